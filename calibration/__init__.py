@@ -1,0 +1,1 @@
+"""Shipped public-domain calibration/evaluation corpus (see README.md in this folder)."""

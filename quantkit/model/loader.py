@@ -1,0 +1,166 @@
+"""Loading a HuggingFace causal LM from a local directory, the hub, or the embedded reference model.
+
+Every user mistake (missing path, a folder without config.json, a truncated weight file, a model that is not a
+supported causal LM) becomes a one-line :class:`QuantkitError`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from quantkit.errors import QuantkitError
+
+BUILTIN_PREFIX = "builtin:"
+BUILTIN_MODELS = {"reference": "reference-model"}
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
+          "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class LoadedModel:
+    """A loaded causal LM with its tokenizer, where it came from, and where it runs."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    source: str  # what the user typed
+    path: str  # resolved local dir or hub id
+    device: str
+    dtype: torch.dtype
+
+
+def builtin_model_dir(name: str = "reference") -> Path:
+    """Directory of an embedded model shipped inside the package (``builtin:reference``)."""
+    if name not in BUILTIN_MODELS:
+        raise QuantkitError(f"unknown built-in model '{name}'; available: "
+                            + ", ".join(BUILTIN_PREFIX + k for k in BUILTIN_MODELS))
+    path = Path(__file__).resolve().parent.parent / "assets" / BUILTIN_MODELS[name]
+    if not (path / "config.json").is_file():
+        raise QuantkitError(f"the built-in model is missing from this install ({path}); reinstall quantkit")
+    return path
+
+
+def resolve_device(device: str = "auto") -> str:
+    """'auto' → 'cuda' when a GPU is visible, else 'cpu'; 'cuda'/'cuda:N'/'cpu' are checked."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise QuantkitError(f"--device {device} asked for, but no CUDA GPU is visible; use --device cpu")
+        return device
+    if device == "cpu":
+        return device
+    raise QuantkitError(f"unknown device '{device}'; use cpu, cuda, cuda:N or auto")
+
+
+def resolve_dtype(dtype: str | None, device: str, config_dtype: object = None) -> torch.dtype:
+    """The compute dtype: as asked, else fp32 on CPU and the checkpoint's fp16/bf16 (fp16 if unknown) on GPU."""
+    if dtype is not None and dtype != "auto":
+        if dtype not in DTYPES:
+            raise QuantkitError(f"unknown dtype '{dtype}'; use fp32, fp16 or bf16")
+        return DTYPES[dtype]
+    if not device.startswith("cuda"):
+        return torch.float32
+    if str(config_dtype).replace("torch.", "") in ("bfloat16", "bf16"):
+        return torch.bfloat16
+    return torch.float16
+
+
+def resolve_model_path(name_or_path: str) -> tuple[str, bool]:
+    """Map what the user typed to (local dir or hub id, is_local) and check a local dir is a model dir."""
+    if name_or_path.startswith(BUILTIN_PREFIX):
+        return str(builtin_model_dir(name_or_path[len(BUILTIN_PREFIX):])), True
+    p = Path(name_or_path).expanduser()
+    looks_local = p.exists() or name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1 \
+        or os.sep == "\\" and "\\" in name_or_path
+    if not looks_local:
+        return name_or_path, False  # a hub id such as meta-llama/Llama-3.1-8B
+    if not p.exists():
+        raise QuantkitError(f"model path '{name_or_path}' does not exist; pass a HF model directory or a hub id")
+    if not p.is_dir():
+        raise QuantkitError(f"model path '{name_or_path}' is a file; pass the directory that holds config.json")
+    if not (p / "config.json").is_file():
+        raise QuantkitError(f"'{name_or_path}' has no config.json; pass a HuggingFace model directory "
+                            "(save_pretrained output)")
+    check_safetensors_files(p)
+    return str(p), True
+
+
+def check_safetensors_files(folder: Path) -> None:
+    """Fail with a one-line error when a .safetensors file is truncated or its header is unreadable.
+
+    A safetensors file is an 8-byte little-endian header length, a JSON header whose tensors carry
+    ``data_offsets`` into the byte buffer that follows; the file must be at least as long as the largest offset.
+    """
+    for f in sorted(folder.glob("*.safetensors")):
+        size = f.stat().st_size
+        try:
+            with open(f, "rb") as fh:
+                (n,) = struct.unpack("<Q", fh.read(8))
+                if n <= 0 or 8 + n > size:
+                    raise ValueError("header runs past the end of the file")
+                header = json.loads(fh.read(n))
+        except (struct.error, ValueError, UnicodeDecodeError) as e:
+            raise QuantkitError(f"weight file '{f}' is truncated or corrupt ({e}); re-download or re-save it") from None
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        if 8 + n + end > size:
+            raise QuantkitError(f"weight file '{f}' is truncated ({size} bytes, needs {8 + n + end}); "
+                                "re-download or re-save it")
+
+
+def _config(path: str, is_local: bool):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        where = "local directory" if is_local else "hub (no network or no cached copy?)"
+        raise QuantkitError(f"could not read the model config of '{path}' from the {where}: {first}") from None
+
+
+def load_model(name_or_path: str, device: str = "auto", dtype: str | None = None,
+               device_map: str | dict | None = None, load_tokenizer: bool = True) -> LoadedModel:
+    """Load a causal LM and its tokenizer for quantization or evaluation.
+
+    ``device`` is where compute runs; ``device_map`` (e.g. 'auto') hands placement to accelerate for models that
+    do not fit one GPU. The model is returned in eval mode.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from quantkit.model.walk import check_supported
+
+    path, is_local = resolve_model_path(name_or_path)
+    dev = resolve_device(device)
+    config = _config(path, is_local)
+    check_supported(config)
+    torch_dtype = resolve_dtype(dtype, dev, getattr(config, "torch_dtype", None) or getattr(config, "dtype", None))
+    kwargs = {"dtype": torch_dtype}
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except (OSError, ValueError, RuntimeError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise QuantkitError(f"could not load the weights of '{name_or_path}': {msg}") from None
+    if device_map is None:
+        model.to(dev)
+    model.eval()
+    tokenizer = None
+    if load_tokenizer:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError) as e:
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise QuantkitError(f"could not load the tokenizer of '{name_or_path}': {msg}") from None
+    return LoadedModel(model, tokenizer, name_or_path, path, dev, torch_dtype)
+
+
+def max_positions(model) -> int | None:
+    """The longest sequence the model's position encoding allows (config.max_position_embeddings)."""
+    return getattr(model.config, "max_position_embeddings", None)

@@ -1,0 +1,85 @@
+"""Architecture-agnostic walk over a causal LM: its decoder layers and every nn.Linear inside them.
+
+Names are the module paths of the loaded model (``model.layers.3.mlp.down_proj``), stable across runs, and are
+the keys of plans, recipes' overrides and packed checkpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch.nn as nn
+
+from quantkit.errors import QuantkitError
+
+# Families the test suite builds and checks; others whose layout matches the walk work too.
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def check_supported(config) -> None:
+    """Reject configs that are not decoder-only causal LMs we can walk, naming what was found."""
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = getattr(config, "model_type", None)
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        archs = ",".join(getattr(config, "architectures", None) or []) or "unknown architecture"
+        raise QuantkitError(f"unsupported model: found model_type '{model_type}' ({archs}), which is not a "
+                            f"causal LM; supported: {', '.join(SUPPORTED_MODEL_TYPES)} and similar decoder-only LMs")
+
+
+def find_decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    """Return (path, ModuleList) of the decoder layers: the longest ModuleList of same-type blocks with Linears."""
+    best: tuple[str, nn.ModuleList] | None = None
+    for name, mod in model.named_modules():
+        if not isinstance(mod, nn.ModuleList) or len(mod) == 0:
+            continue
+        if len({type(m) for m in mod}) != 1:
+            continue
+        if not any(isinstance(s, nn.Linear) for s in mod[0].modules()):
+            continue
+        if best is None or len(mod) > len(best[1]):
+            best = (name, mod)
+    if best is None:
+        raise QuantkitError(f"unsupported model: found {type(model).__name__} with no list of decoder layers; "
+                            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)} and similar decoder-only LMs")
+    return best
+
+
+def layer_linears(layer: nn.Module, prefix: str = "") -> dict[str, nn.Linear]:
+    """Every nn.Linear inside one decoder layer, keyed by full name (prefix + relative path), in module order."""
+    out = {}
+    for rel, mod in layer.named_modules():
+        if isinstance(mod, nn.Linear):
+            out[f"{prefix}.{rel}" if prefix else rel] = mod
+    return out
+
+
+def iter_linears(model: nn.Module, include_lm_head: bool = False) -> Iterator[tuple[str, nn.Linear]]:
+    """Yield (name, Linear) for every linear in the decoder layers (and lm_head when asked)."""
+    path, layers = find_decoder_layers(model)
+    for i, layer in enumerate(layers):
+        yield from layer_linears(layer, f"{path}.{i}").items()
+    if include_lm_head:
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if isinstance(head, nn.Linear):
+            for name, mod in model.named_modules():
+                if mod is head:
+                    yield name, head
+                    break
+
+
+def get_module(model: nn.Module, name: str) -> nn.Module:
+    """The submodule at a dotted path."""
+    return model.get_submodule(name)
+
+
+def set_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    """Replace the submodule at a dotted path (used to swap nn.Linear for QuantLinear)."""
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, new)
+
+
+def projection_kind(name: str) -> str:
+    """Short projection type of a linear's name (q_proj → 'q', down_proj → 'down'), for reports like MixLLM Tab. 7."""
+    leaf = name.rsplit(".", 1)[-1]
+    return leaf[:-5] if leaf.endswith("_proj") else leaf

@@ -1,0 +1,111 @@
+"""Group-wise uniform quantization grids, 2-8 bits, asymmetric (zero point) and symmetric.
+
+MixLLM Sec. 3.1.2 (and Sec. 4.1: 4-bit asymmetric g128 / 8-bit symmetric g128 weights); the affine form
+Q = round(W/s + z), W^ = (Q - z)·s is LiquidGEMM Eq. 1-2. Conventions live in :mod:`quantkit.quant.records`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quantkit.quant.records import QuantizedWeight
+
+
+def check_bits(bits: int) -> None:
+    if not 2 <= int(bits) <= 8:
+        raise ValueError(f"bits must be in 2..8, got {bits}")
+
+
+def num_groups(k: int, group_size: int) -> int:
+    """Groups along K: ceil(K / group_size), or 1 for per-channel (group_size -1)."""
+    return 1 if group_size == -1 else -(-k // group_size)
+
+
+def group_params(w: torch.Tensor, bits: int, sym: bool, clip: torch.Tensor | float = 1.0,
+                 scale_dtype: torch.dtype | None = torch.float16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale and integer zero of each row of ``w`` [R, C] (one group per row) — LiquidGEMM Eq. 1.
+
+    Asymmetric: the range [min, max] (extended to contain 0, as GPTQ does, so the zero point is a valid code)
+    shrunk by ``clip`` maps onto [0, 2^b - 1]. Symmetric: s = clip·absmax / (2^(b-1) - 1), zero = 2^(b-1).
+    ``scale_dtype`` rounds scales to what the checkpoint stores (None keeps fp32).
+    """
+    check_bits(bits)
+    w = w.float()
+    clip = torch.as_tensor(clip, dtype=torch.float32, device=w.device)
+    maxq = 2 ** bits - 1
+    if sym:
+        half = 2 ** (bits - 1) - 1
+        scale = (w.abs().amax(dim=1) * clip).clamp(min=1e-8) / half
+        zero = torch.full_like(scale, 2 ** (bits - 1))
+    else:
+        wmin = (w.amin(dim=1).clamp(max=0) * clip)
+        wmax = (w.amax(dim=1).clamp(min=0) * clip)
+        scale = (wmax - wmin).clamp(min=1e-8) / maxq
+    if scale_dtype is not None:
+        # keep the rounded scale strictly positive and finite in the storage dtype
+        info = torch.finfo(scale_dtype)
+        scale = scale.clamp(min=info.tiny, max=info.max).to(scale_dtype).float()
+    if not sym:
+        zero = torch.clamp(torch.round(-wmin / scale), 0, maxq)
+    return scale, zero
+
+
+def quantize_codes(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) -> torch.Tensor:
+    """Codes q = clamp(round(w / s) + z, 0, 2^b - 1) for per-row ``scale``/``zero`` broadcast over columns."""
+    q = torch.round(w.float() / scale.unsqueeze(-1)) + zero.unsqueeze(-1)
+    return q.clamp_(0, 2 ** bits - 1)
+
+
+def quantize(w: torch.Tensor, bits: int, group_size: int = 128, sym: bool = False,
+             clip: torch.Tensor | float = 1.0, scale_dtype: torch.dtype | None = torch.float16) -> QuantizedWeight:
+    """Round-to-nearest group-wise quantization of a weight [N, K] into a :class:`QuantizedWeight`.
+
+    ``clip`` is a shrink ratio of the range, a float or a tensor [N, G] per group (from the clipping search).
+    K need not be a multiple of ``group_size``: the last group is shorter.
+    """
+    check_bits(bits)
+    if w.dim() != 2:
+        raise ValueError(f"expected a 2-D weight, got shape {tuple(w.shape)}")
+    n, k = w.shape
+    gs = k if group_size == -1 else group_size
+    g = num_groups(k, group_size)
+    clip_t = torch.as_tensor(clip, dtype=torch.float32, device=w.device)
+    if clip_t.dim() == 0:
+        clip_t = clip_t.expand(n, g)
+    codes = torch.empty(n, k, dtype=torch.uint8, device=w.device)
+    scales = torch.empty(n, g, dtype=torch.float32, device=w.device)
+    zeros = torch.empty(n, g, dtype=torch.uint8, device=w.device)
+    full = (k // gs) * gs
+    if full:  # all whole groups at once: view [N, G_full, gs]
+        wg = w[:, :full].reshape(n * (full // gs), gs)
+        s, z = group_params(wg, bits, sym, clip_t[:, : full // gs].reshape(-1), scale_dtype)
+        codes[:, :full] = quantize_codes(wg, s, z, bits).reshape(n, full).to(torch.uint8)
+        scales[:, : full // gs] = s.reshape(n, -1)
+        zeros[:, : full // gs] = z.reshape(n, -1).to(torch.uint8)
+    if full < k:  # the short tail group
+        s, z = group_params(w[:, full:], bits, sym, clip_t[:, -1], scale_dtype)
+        codes[:, full:] = quantize_codes(w[:, full:], s, z, bits).to(torch.uint8)
+        scales[:, -1] = s
+        zeros[:, -1] = z.to(torch.uint8)
+    return QuantizedWeight(codes=codes, scales=scales, zeros=zeros, bits=bits, group_size=group_size, sym=sym)
+
+
+def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """W^ = (codes - zeros[g_idx]) · scales[g_idx] (LiquidGEMM Eq. 2), shape [N, K].
+
+    Two-level LiquidQuant weights go through :func:`quantkit.quant.lqq.dequantize_lqq`.
+    """
+    if qw.channel_scales is not None:
+        from quantkit.quant.lqq import dequantize_lqq
+
+        return dequantize_lqq(qw, dtype)
+    g = qw.group_index()
+    s = qw.scales.float()[:, g]
+    z = qw.zeros.float()[:, g]
+    return ((qw.codes.float() - z) * s).to(dtype)
+
+
+def fake_quantize(w: torch.Tensor, bits: int, group_size: int = 128, sym: bool = False,
+                  clip: torch.Tensor | float = 1.0) -> torch.Tensor:
+    """quantize → dequantize in one call, in w's dtype (RTN)."""
+    return dequantize(quantize(w, bits, group_size, sym, clip), w.dtype)

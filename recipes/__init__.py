@@ -1,0 +1,1 @@
+"""Shipped quantization recipes (YAML), installed as quantkit.recipes."""

@@ -1,0 +1,65 @@
+"""Tiny random models built locally from transformers configs (no network), shared by the tests."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+TINY = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, vocab_size=512)
+
+
+def tiny_config(arch: str = "llama", **over):
+    """A tiny config for one of the supported families (GQA: 4 query heads, 2 KV heads)."""
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[arch]
+    kw = dict(TINY)
+    if arch == "qwen3":
+        kw["head_dim"] = 16
+    kw.update(over)
+    return cls(**kw)
+
+
+def build_tiny_model(arch: str = "llama", seed: int = 0, **over):
+    """A randomly initialised tiny causal LM of the given family, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, **over))
+    # Random init leaves near-uniform predictions; scale weights up so layers do real work in the tests.
+    return model.eval()
+
+
+def shipped_tokenizer():
+    """The embedded reference model's tokenizer (a BPE trained on the shipped corpus)."""
+    from transformers import AutoTokenizer
+
+    from quantkit.model import builtin_model_dir
+
+    return AutoTokenizer.from_pretrained(builtin_model_dir())
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """Factory: save a tiny model of a family (with the shipped tokenizer) and return its directory."""
+    cache = {}
+
+    def make(arch: str = "llama", **over):
+        key = (arch, tuple(sorted(over.items())))
+        if key not in cache:
+            d = tmp_path_factory.mktemp(f"tiny-{arch}")
+            tok = shipped_tokenizer()
+            model = build_tiny_model(arch, vocab_size=len(tok), **over)
+            model.save_pretrained(d)
+            tok.save_pretrained(d)
+            cache[key] = d
+        return cache[key]
+
+    return make

@@ -27,7 +27,7 @@ def group_params(w: torch.Tensor, bits: int, sym: bool, clip: torch.Tensor | flo
 
     Asymmetric: the range [min, max] (extended to contain 0, as GPTQ does, so the zero point is a valid code)
     shrunk by ``clip`` maps onto [0, 2^b - 1]. Symmetric: s = clip·absmax / (2^(b-1) - 1), zero = 2^(b-1).
-    ``scale_dtype`` rounds scales to what the checkpoint stores (None keeps fp32).
+    ``scale_dtype`` rounds scales (upwards) to what the checkpoint stores (None keeps fp32).
     """
     check_bits(bits)
     w = w.float()
@@ -44,16 +44,26 @@ def group_params(w: torch.Tensor, bits: int, sym: bool, clip: torch.Tensor | flo
     if scale_dtype is not None:
         # keep the rounded scale strictly positive and finite in the storage dtype
         info = torch.finfo(scale_dtype)
-        scale = scale.clamp(min=info.tiny, max=info.max).to(scale_dtype).float()
+        scale = scale.clamp(min=info.tiny, max=info.max)
+        stored = scale.to(scale_dtype)
+        # Round up, not to nearest: a scale rounded down no longer spans the range in 2^b - 1 steps, so the
+        # top codes clamp and the error inside the range exceeds s/2 (up to 0.59·s at 8 bits asym).
+        up = torch.nextafter(stored, torch.full_like(stored, float("inf")))
+        scale = torch.where(stored.float() < scale, up, stored).float()
     if not sym:
         zero = torch.clamp(torch.round(-wmin / scale), 0, maxq)
     return scale, zero
 
 
-def quantize_codes(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) -> torch.Tensor:
-    """Codes q = clamp(round(w / s) + z, 0, 2^b - 1) for per-row ``scale``/``zero`` broadcast over columns."""
+def quantize_codes(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int,
+                   sym: bool = False) -> torch.Tensor:
+    """Codes q = clamp(round(w / s) + z, lo, 2^b - 1) for per-row ``scale``/``zero`` broadcast over columns.
+
+    lo = 0, or 1 when ``sym``: symmetric codes stay in [1, 2^b - 1] (records.py) even for values a clip ratio
+    pushed below -absmax, so both sides saturate at ±(2^(b-1) - 1)·s.
+    """
     q = torch.round(w.float() / scale.unsqueeze(-1)) + zero.unsqueeze(-1)
-    return q.clamp_(0, 2 ** bits - 1)
+    return q.clamp_(1 if sym else 0, 2 ** bits - 1)
 
 
 def quantize(w: torch.Tensor, bits: int, group_size: int = 128, sym: bool = False,
@@ -79,12 +89,12 @@ def quantize(w: torch.Tensor, bits: int, group_size: int = 128, sym: bool = Fals
     if full:  # all whole groups at once: view [N, G_full, gs]
         wg = w[:, :full].reshape(n * (full // gs), gs)
         s, z = group_params(wg, bits, sym, clip_t[:, : full // gs].reshape(-1), scale_dtype)
-        codes[:, :full] = quantize_codes(wg, s, z, bits).reshape(n, full).to(torch.uint8)
+        codes[:, :full] = quantize_codes(wg, s, z, bits, sym).reshape(n, full).to(torch.uint8)
         scales[:, : full // gs] = s.reshape(n, -1)
         zeros[:, : full // gs] = z.reshape(n, -1).to(torch.uint8)
     if full < k:  # the short tail group
         s, z = group_params(w[:, full:], bits, sym, clip_t[:, -1], scale_dtype)
-        codes[:, full:] = quantize_codes(w[:, full:], s, z, bits).to(torch.uint8)
+        codes[:, full:] = quantize_codes(w[:, full:], s, z, bits, sym).to(torch.uint8)
         scales[:, -1] = s
         zeros[:, -1] = z.to(torch.uint8)
     return QuantizedWeight(codes=codes, scales=scales, zeros=zeros, bits=bits, group_size=group_size, sym=sym)

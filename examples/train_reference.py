@@ -4,7 +4,7 @@
     python examples/train_reference.py --tokenizer-only --out quantkit/assets/reference-model
 
 Stage 1 trains a byte-level BPE tokenizer (``tokenizers``) on calibration/kjv-train.txt. Stage 2 trains a
-~8.4 M-parameter Llama-architecture model (8 layers, hidden 256, 4 query / 2 KV heads, SwiGLU 768, tied
+~7.6 M-parameter Llama-architecture model (8 layers, hidden 256, 4 query / 2 KV heads, SwiGLU 640, tied
 embeddings) on the train split with AdamW + cosine schedule, evaluates the held-out test split every
 ``--eval-every`` steps and keeps the best weights (the corpus is ~1 M tokens, so more steps overfit).
 Weights are written as fp16 safetensors with the tokenizer, ready for ``quantkit eval-ppl builtin:reference``.
@@ -85,7 +85,7 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     train_ids, test_ids = token_stream(tok, "train"), token_stream(tok, "test")
     print(f"tokens: train {train_ids.numel():,}  test {test_ids.numel():,}  device {device}")
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=256, intermediate_size=768, num_hidden_layers=8,
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=256, intermediate_size=640, num_hidden_layers=8,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=1024,
                          rope_theta=10000.0, tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
                          eos_token_id=tok.eos_token_id, initializer_range=0.02)

@@ -1,0 +1,277 @@
+"""Recipes: what to quantize how, as YAML (``recipes/*.yaml``, shipped as ``quantkit.recipes``).
+
+Schema (every field optional except ``weight.method``; unknown fields are errors)::
+
+    name: mixllm-w4a8
+    description: free text
+    weight:
+      method: gptq            # rtn | gptq | awq | lqq
+      bits: 4                 # default bit-width (2..8)
+      group_size: 128         # 32 | 64 | 128 | ... | -1 (per-channel)
+      sym: false
+      clip: true              # clipping search (AWQ/MixLLM)
+      act_order: false        # GPTQ desc_act
+      static_groups: true     # GPTQ act-order with groups fixed on the original column order
+      damp: 0.01              # GPTQ dampening, fraction of mean diag(H)
+      block_size: 128         # GPTQ lazy-batch block
+      true_sequential: true
+    bit_specs:                # the quantizer of each other bit-width a plan may assign (MixLLM Sec. 4.1:
+      8: {sym: true, group_size: 128}   #   4-bit asym g128, 8-bit sym g128)
+    activation:
+      bits: 8                 # 16 (or null) = no activation quantization
+      group_size: 128         # -1 = per-token
+      sym: true
+    overrides:                # per-layer, by fnmatch pattern on the linear's name; later entries win
+      - {pattern: "*.down_proj", bits: 8}
+      - {pattern: "model.layers.0.*", skip: true}
+    calibration:
+      dataset: kjv
+      samples: 128
+      seqlen: 2048
+      seed: 0
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import asdict, dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from quantkit.errors import QuantkitError
+
+METHODS = ("rtn", "gptq", "awq", "lqq")
+
+
+@dataclass
+class WeightSpec:
+    method: str = "rtn"
+    bits: int = 4
+    group_size: int = 128
+    sym: bool = False
+    clip: bool = False
+    act_order: bool = False
+    static_groups: bool = True
+    damp: float = 0.01
+    block_size: int = 128
+    true_sequential: bool = True
+
+
+@dataclass
+class ActSpec:
+    bits: int | None = None
+    group_size: int = 128
+    sym: bool = True
+
+    @property
+    def enabled(self) -> bool:
+        return self.bits is not None and self.bits < 16
+
+
+@dataclass
+class CalibSpec:
+    dataset: str = "kjv"
+    samples: int = 128
+    seqlen: int = 2048
+    seed: int = 0
+
+
+@dataclass
+class BitSpec:
+    sym: bool | None = None
+    group_size: int | None = None
+
+
+@dataclass
+class Override:
+    pattern: str
+    bits: int | None = None
+    group_size: int | None = None
+    sym: bool | None = None
+    skip: bool = False
+
+
+@dataclass
+class LinearSpec:
+    """The resolved quantizer of one linear (or one bit-width partition of it)."""
+
+    method: str
+    bits: int
+    group_size: int
+    sym: bool
+    clip: bool
+    skip: bool = False
+
+
+@dataclass
+class Recipe:
+    """A parsed, validated recipe."""
+
+    name: str
+    weight: WeightSpec
+    activation: ActSpec = field(default_factory=ActSpec)
+    calibration: CalibSpec = field(default_factory=CalibSpec)
+    bit_specs: dict[int, BitSpec] = field(default_factory=dict)
+    overrides: list[Override] = field(default_factory=list)
+    description: str = ""
+    source: str = ""
+
+    def spec_for(self, name: str, bits: int | None = None) -> LinearSpec:
+        """The quantizer for linear ``name``; ``bits`` (from a plan) picks that bit-width's spec.
+
+        Resolution order: recipe weight defaults → ``bit_specs`` of the bit-width → matching overrides.
+        """
+        w = self.weight
+        spec = LinearSpec(w.method, w.bits, w.group_size, w.sym, w.clip)
+        for o in self.overrides:
+            if fnmatch.fnmatchcase(name, o.pattern):
+                spec.bits = o.bits if o.bits is not None else spec.bits
+                spec.group_size = o.group_size if o.group_size is not None else spec.group_size
+                spec.sym = o.sym if o.sym is not None else spec.sym
+                spec.skip = o.skip or spec.skip
+        if bits is not None:
+            spec.bits = bits
+        bs = self.bit_specs.get(spec.bits)
+        if bs is not None:
+            spec.sym = bs.sym if bs.sym is not None else spec.sym
+            spec.group_size = bs.group_size if bs.group_size is not None else spec.group_size
+        if spec.method == "lqq" and spec.bits != 4:
+            spec.method = "rtn"  # LQQ is a 4-bit scheme; a plan's 8-bit partitions use the plain sym-8 grid
+        return spec
+
+    def to_dict(self) -> dict:
+        """JSON/YAML-serialisable form (written into checkpoint manifests and plans)."""
+        d = {"name": self.name, "description": self.description, "weight": asdict(self.weight),
+             "activation": asdict(self.activation), "calibration": asdict(self.calibration),
+             "bit_specs": {int(k): asdict(v) for k, v in self.bit_specs.items()},
+             "overrides": [asdict(o) for o in self.overrides]}
+        return d
+
+
+def _build(cls, data, where: str):
+    if data is None:
+        return cls()
+    if not isinstance(data, dict):
+        raise QuantkitError(f"recipe field '{where}' must be a mapping, got {type(data).__name__}")
+    known = {f.name: f for f in fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in known:
+            raise QuantkitError(f"recipe field '{where}.{key}' is unknown; allowed: {', '.join(known)}")
+        kwargs[key] = _check_type(value, known[key].type, f"{where}.{key}")
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise QuantkitError(f"recipe field '{where}' is incomplete: {e}") from None
+
+
+def _check_type(value, typ, where: str):
+    t = str(typ)
+    if value is None and "None" in t:
+        return None
+    if t.startswith("bool"):
+        if not isinstance(value, bool):
+            raise QuantkitError(f"recipe field '{where}' must be true or false, got {value!r}")
+    elif t.startswith("int"):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise QuantkitError(f"recipe field '{where}' must be an integer, got {value!r}")
+    elif t.startswith("float"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise QuantkitError(f"recipe field '{where}' must be a number, got {value!r}")
+        value = float(value)
+    elif t.startswith("str"):
+        if not isinstance(value, str):
+            raise QuantkitError(f"recipe field '{where}' must be a string, got {value!r}")
+    return value
+
+
+def _check_bits(bits, where: str, allow_16: bool = False) -> None:
+    if bits is None or (allow_16 and bits == 16):
+        return
+    if not 2 <= bits <= 8:
+        raise QuantkitError(f"recipe field '{where}' must be in 2..8{' or 16' if allow_16 else ''}, got {bits}")
+
+
+def _check_group(gs, where: str) -> None:
+    if gs is not None and gs != -1 and gs < 1:
+        raise QuantkitError(f"recipe field '{where}' must be a positive group size or -1, got {gs}")
+
+
+def parse_recipe(data: dict, source: str = "") -> Recipe:
+    """Validate a recipe mapping (from YAML) into a :class:`Recipe`; errors name the offending field."""
+    if not isinstance(data, dict):
+        raise QuantkitError(f"recipe {source} must be a YAML mapping at the top level")
+    allowed = {"name", "description", "weight", "activation", "calibration", "bit_specs", "overrides"}
+    for key in data:
+        if key not in allowed:
+            raise QuantkitError(f"recipe field '{key}' is unknown; allowed: {', '.join(sorted(allowed))}")
+    if "weight" not in data:
+        raise QuantkitError("recipe field 'weight' is missing; it needs at least weight.method")
+    weight = _build(WeightSpec, data["weight"], "weight")
+    if weight.method not in METHODS:
+        raise QuantkitError(f"recipe field 'weight.method' is '{weight.method}'; use one of {', '.join(METHODS)}")
+    _check_bits(weight.bits, "weight.bits")
+    _check_group(weight.group_size, "weight.group_size")
+    if not 0 <= weight.damp < 1:
+        raise QuantkitError(f"recipe field 'weight.damp' must be in [0, 1), got {weight.damp}")
+    if weight.method == "lqq" and (weight.bits != 4 or weight.sym):
+        raise QuantkitError("recipe field 'weight.bits' must be 4 and 'weight.sym' false for method lqq "
+                            "(LiquidQuant is UINT4 over INT8)")
+    act = _build(ActSpec, data.get("activation"), "activation")
+    _check_bits(act.bits, "activation.bits", allow_16=True)
+    _check_group(act.group_size, "activation.group_size")
+    calib = _build(CalibSpec, data.get("calibration"), "calibration")
+    if calib.samples < 1 or calib.seqlen < 2:
+        raise QuantkitError("recipe field 'calibration.samples'/'calibration.seqlen' must be positive")
+    bit_specs = {}
+    raw_bs = data.get("bit_specs") or {}
+    if not isinstance(raw_bs, dict):
+        raise QuantkitError("recipe field 'bit_specs' must map a bit-width to {sym, group_size}")
+    for k, v in raw_bs.items():
+        if isinstance(k, bool) or not isinstance(k, int):
+            raise QuantkitError(f"recipe field 'bit_specs' key {k!r} must be an integer bit-width")
+        _check_bits(k, f"bit_specs.{k}")
+        bit_specs[k] = _build(BitSpec, v, f"bit_specs.{k}")
+        _check_group(bit_specs[k].group_size, f"bit_specs.{k}.group_size")
+    overrides = []
+    raw_ov = data.get("overrides") or []
+    if not isinstance(raw_ov, list):
+        raise QuantkitError("recipe field 'overrides' must be a list of {pattern, bits, group_size, sym, skip}")
+    for i, o in enumerate(raw_ov):
+        ov = _build(Override, o, f"overrides[{i}]")
+        _check_bits(ov.bits, f"overrides[{i}].bits")
+        _check_group(ov.group_size, f"overrides[{i}].group_size")
+        overrides.append(ov)
+    name = data.get("name") or Path(source).stem or "recipe"
+    return Recipe(name=str(name), weight=weight, activation=act, calibration=calib, bit_specs=bit_specs,
+                  overrides=overrides, description=str(data.get("description", "")), source=source)
+
+
+def shipped_recipes() -> list[str]:
+    """Names of the recipes shipped in recipes/."""
+    root = resources.files("quantkit.recipes")
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_recipe(name_or_path: str) -> Recipe:
+    """A shipped recipe by name (``gptq-w4a16-g128``) or a YAML file path."""
+    p = Path(name_or_path).expanduser()
+    if p.is_file():
+        text, source = p.read_text(encoding="utf-8"), str(p)
+    else:
+        ref = resources.files("quantkit.recipes").joinpath(f"{name_or_path}.yaml")
+        if not ref.is_file():
+            if name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path:
+                raise QuantkitError(f"recipe file '{name_or_path}' does not exist")
+            raise QuantkitError(f"unknown recipe '{name_or_path}'; shipped: {', '.join(shipped_recipes())} "
+                                "(or pass a YAML file path)")
+        text, source = ref.read_text(encoding="utf-8"), name_or_path
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise QuantkitError(f"recipe '{source}' is not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    return parse_recipe(data, source)

@@ -11,6 +11,7 @@ from torch import nn
 from conftest import build_tiny_model
 from quantkit.errors import QuantkitError
 from quantkit.quant import act
+from test_grid import fp16_up
 
 F32 = np.float32
 
@@ -27,9 +28,7 @@ def loop_int(x: np.ndarray, bits: int, group_size: int):
         for g in range(ng):
             cols = range(g * gs, min((g + 1) * gs, k))
             amax = max(abs(F32(x[r, c])) for c in cols)
-            raw = max(max(amax, F32(1e-8)) / F32(half), F32(np.finfo(np.float16).tiny))
-            h = np.float16(raw)
-            s = F32(h) if F32(h) >= raw else F32(np.nextafter(h, np.float16(np.inf)))
+            s = fp16_up(max(max(amax, F32(1e-8)) / F32(half), F32(np.finfo(np.float16).tiny)))
             scales[r, g] = s
             for c in cols:
                 codes[r, c] = min(max(int(np.rint(F32(x[r, c]) / s)), -half), half)

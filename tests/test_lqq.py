@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from quantkit.quant import grid, lqq
+from test_grid import fp16_up
 
 F32 = np.float32
 
@@ -48,13 +49,6 @@ def test_exhaustive_no_wraparound_eq11_eq12():
     assert bool(((2 * (got - rows)).abs() <= s.unsqueeze(1)).all())
     # every code 0..15 occurs with the largest scale s = 16
     assert set(codes[s == 16].unique().tolist()) == set(range(16))
-
-
-def fp16_up(x: np.float32) -> np.float32:
-    h = np.float16(x)
-    if F32(h) < x:
-        h = np.nextafter(h, np.float16(np.inf))
-    return F32(h)
 
 
 def loop_lqq(w: np.ndarray, group_size: int):

@@ -1,0 +1,105 @@
+"""What a plan looks like: high-bit share per projection type (MixLLM Tab. 7), per decoder layer × projection
+(MixLLM Fig. 2, as a heatmap), and a JSON-ready summary."""
+
+from __future__ import annotations
+
+import os
+
+from rich.table import Table
+
+from quantkit.errors import QuantkitError
+from quantkit.model.walk import projection_kind
+from quantkit.search.plan import Plan
+
+
+def _layer_index(name: str) -> int:
+    """Decoder layer number of a linear's name: its first all-digit path component (model.layers.3.… → 3)."""
+    for part in name.split("."):
+        if part.isdigit():
+            return int(part)
+    raise ValueError(f"no layer index in '{name}'")
+
+
+def kinds_in_order(plan: Plan) -> list[str]:
+    """Projection kinds in the order they first appear in the model (q, k, v, o, gate, up, down for Llama)."""
+    out: list[str] = []
+    for name in plan.layers:
+        kind = projection_kind(name)
+        if kind not in out:
+            out.append(kind)
+    return out
+
+
+def projection_shares(plan: Plan) -> dict[str, float]:
+    """Mean over decoder layers of each projection's share (%) of channels above the default width — the
+    statistic of MixLLM Tab. 7 ("average percentage of 8-bit out features" per class of linear)."""
+    acc: dict[str, list[float]] = {k: [] for k in kinds_in_order(plan)}
+    for name, lp in plan.layers.items():
+        hi = sum(len(v) for b, v in lp.channels.items() if b > plan.default_bits)
+        acc[projection_kind(name)].append(100.0 * hi / lp.out_features)
+    return {k: sum(v) / len(v) for k, v in acc.items()}
+
+
+def layer_grid(plan: Plan) -> tuple[list[int], list[str], list[list[float]]]:
+    """(decoder layer numbers, projection kinds, share % [layer][kind]) — the data of MixLLM Fig. 2."""
+    kinds = kinds_in_order(plan)
+    rows: dict[int, list[float]] = {}
+    for name, lp in plan.layers.items():
+        row = rows.setdefault(_layer_index(name), [float("nan")] * len(kinds))
+        hi = sum(len(v) for b, v in lp.channels.items() if b > plan.default_bits)
+        row[kinds.index(projection_kind(name))] = 100.0 * hi / lp.out_features
+    layers = sorted(rows)
+    return layers, kinds, [rows[i] for i in layers]
+
+
+def summary(plan: Plan, path: str | None = None) -> dict:
+    """One JSON-ready record of a plan: bits asked and achieved (with and without metadata), element share per
+    width, per-projection high-bit share, strategy and calibration."""
+    return {"plan": path, "model": plan.model.get("name"), "strategy": plan.search.get("strategy"),
+            "bits": plan.bits, "default_bits": plan.default_bits, "target_bits": plan.target_bits,
+            "fractions": plan.fractions, "achieved_bits": plan.achieved_bits,
+            "achieved_bits_with_metadata": plan.achieved_bits_with_metadata,
+            "element_share": {str(b): round(s, 6) for b, s in plan.element_shares().items()},
+            "high_bit_share_by_projection": {k: round(v, 4) for k, v in projection_shares(plan).items()},
+            "layers": len(plan.layers), "calibration": plan.calibration}
+
+
+def summary_table(plan: Plan) -> Table:
+    """Rich table: high-bit share (%) per projection type, like MixLLM Tab. 7."""
+    shares = projection_shares(plan)
+    high = [b for b in plan.bits if b > plan.default_bits]
+    t = Table(title=f"channels above {plan.default_bits} bits ({'/'.join(map(str, high))}), mean % per layer — "
+                    f"{plan.achieved_bits:.4f} bits avg, {plan.achieved_bits_with_metadata:.4f} with scales/zeros")
+    for kind in shares:
+        t.add_column(kind, justify="right")
+    t.add_row(*(f"{v:.2f}" for v in shares.values()))
+    return t
+
+
+def save_heatmap(plan: Plan, path: str | os.PathLike) -> None:
+    """PNG heatmap of high-bit share per decoder layer × projection (MixLLM Fig. 2). Needs matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise QuantkitError("--plot needs matplotlib, which is not installed; run `pip install matplotlib` "
+                            "(or `pip install quantkit[plot]`)") from None
+    layers, kinds, grid = layer_grid(plan)
+    fig, ax = plt.subplots(figsize=(1.0 + 0.9 * len(kinds), 1.2 + 0.28 * len(layers)))
+    im = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0)
+    ax.set_xticks(range(len(kinds)), [f"{k}" for k in kinds])
+    ax.set_yticks(range(len(layers)), [str(i) for i in layers])
+    ax.set_xlabel("projection")
+    ax.set_ylabel("decoder layer")
+    high = "/".join(str(b) for b in plan.bits if b > plan.default_bits)
+    ax.set_title(f"% channels at {high} bits ({plan.search.get('strategy')}, {plan.achieved_bits:.3f} bits avg)")
+    fig.colorbar(im, ax=ax, label="%")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as e:
+        raise QuantkitError(f"cannot write heatmap '{path}': {e.strerror or e}") from None
+    finally:
+        plt.close(fig)

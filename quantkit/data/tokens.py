@@ -8,7 +8,8 @@ from quantkit.data.sources import documents, joined_text
 from quantkit.errors import QuantkitError
 
 
-def _encode(tokenizer, text: str) -> torch.Tensor:
+def encode(tokenizer, text: str) -> torch.Tensor:
+    """Token ids of ``text`` as a 1-D LongTensor (no special tokens added)."""
     # The tokenizer's own max length would warn about long evaluation streams; we window them ourselves.
     ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
     return torch.tensor(ids, dtype=torch.long)
@@ -16,7 +17,7 @@ def _encode(tokenizer, text: str) -> torch.Tensor:
 
 def eval_token_stream(tokenizer, source: str, split: str = "test") -> torch.Tensor:
     """The whole split joined with "\\n\\n" and tokenized once (GPTQ/MixLLM perplexity protocol); 1-D LongTensor."""
-    return _encode(tokenizer, joined_text(source, split))
+    return encode(tokenizer, joined_text(source, split))
 
 
 def calibration_windows(tokenizer, source: str = "kjv", n: int = 128, seqlen: int = 2048, seed: int = 0,
@@ -37,7 +38,7 @@ def calibration_windows(tokenizer, source: str = "kjv", n: int = 128, seqlen: in
     for i in order:
         if not docs[i].strip():
             continue
-        ids = _encode(tokenizer, docs[i] + "\n\n")
+        ids = encode(tokenizer, docs[i] + "\n\n")
         pieces.append(ids)
         total += ids.numel()
         if total >= want:

@@ -113,8 +113,22 @@ def check_safetensors_files(folder: Path) -> None:
                                 "re-download or re-save it")
 
 
+def quiet_hf() -> None:
+    """Silence transformers/datasets/hub progress bars and info chatter; quantkit draws its own progress."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    for name in ("huggingface_hub", "datasets", "filelock", "accelerate"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def _config(path: str, is_local: bool):
     from transformers import AutoConfig
+
+    quiet_hf()
 
     try:
         return AutoConfig.from_pretrained(path)
@@ -139,7 +153,7 @@ def load_model(name_or_path: str, device: str = "auto", dtype: str | None = None
     dev = resolve_device(device)
     config = _config(path, is_local)
     check_supported(config)
-    torch_dtype = resolve_dtype(dtype, dev, getattr(config, "torch_dtype", None) or getattr(config, "dtype", None))
+    torch_dtype = resolve_dtype(dtype, dev, getattr(config, "dtype", None))
     kwargs = {"dtype": torch_dtype}
     if device_map is not None:
         kwargs["device_map"] = device_map

@@ -18,7 +18,7 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 def check_supported(config) -> None:
     """Reject configs that are not decoder-only causal LMs we can walk, naming what was found."""
-    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     model_type = getattr(config, "model_type", None)
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:

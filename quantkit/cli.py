@@ -1,0 +1,144 @@
+"""The ``quantkit`` command line. Thin: parse options, call the library, render with rich. No numerics here."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from quantkit.errors import QuantkitError
+from quantkit.ui import err_console, out_console, progress_bar
+
+app = typer.Typer(name="quantkit", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="Offline LLM quantization: MixLLM search, GPTQ/AWQ/LiquidQuant, packed GPU checkpoints.")
+
+
+def user_errors(fn):
+    """Turn a QuantkitError into one red line on stderr and exit code 2 (no traceback)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except QuantkitError as e:
+            err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            raise typer.Exit(QuantkitError.exit_code) from None
+
+    return wrapper
+
+
+Device = Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto (GPU when present)")]
+Dtype = Annotated[Optional[str], typer.Option(help="fp32, fp16 or bf16 (default: fp32 on CPU, fp16/bf16 on GPU)")]
+Dataset = Annotated[str, typer.Option(help="kjv (shipped), wikitext2, c4, pile, or a .txt/.jsonl path")]
+Json = Annotated[bool, typer.Option("--json", help="print one JSON object on stdout (tables go to stderr)")]
+
+
+def _ppl_of(model, ids, seqlen, max_windows, label):
+    from quantkit.eval import perplexity
+
+    with progress_bar(f"ppl {label}") as update:
+        return perplexity(model, ids, seqlen, max_windows, progress=update)
+
+
+def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None, max_windows: int | None = None,
+                 device: str = "auto", dtype: str | None = None, recipe: str | None = None,
+                 plan: str | None = None, baseline: bool = True) -> dict:
+    """Run the eval-ppl job and return its result record (used by the CLI and the demo)."""
+    from quantkit.data import joined_text
+    from quantkit.data.tokens import encode
+    from quantkit.eval.ppl import choose_seqlen
+    from quantkit.model import load_model
+    from quantkit.model.loader import max_positions, quiet_hf
+
+    quiet_hf()
+    text = joined_text(dataset, "test")  # a bad --dataset fails before the model loads
+    loaded = load_model(model_ref, device=device, dtype=dtype)
+    seqlen = choose_seqlen(seqlen, max_positions(loaded.model))
+    ids = encode(loaded.tokenizer, text)
+    result = {"model": model_ref, "dataset": dataset, "device": loaded.device,
+              "dtype": str(loaded.dtype).replace("torch.", "")}
+    if recipe is None:
+        if plan is not None:
+            raise QuantkitError("--plan needs --recipe (the plan says which bits, the recipe how to quantize)")
+        r = _ppl_of(loaded.model, ids, seqlen, max_windows, "fp")
+        result.update(r.as_dict())
+        return result
+    from quantkit.quant.apply import quantize_model
+    from quantkit.quant.recipe import load_recipe
+
+    rec = load_recipe(recipe)
+    plan_obj = None
+    if plan is not None:
+        from quantkit.search.plan import load_plan
+
+        plan_obj = load_plan(plan, loaded.model)
+    if baseline:
+        r0 = _ppl_of(loaded.model, ids, seqlen, max_windows, "fp")
+        result.update(ppl_fp16=r0.ppl, nll_fp16=r0.nll)
+    summary = quantize_model(loaded.model, loaded.tokenizer, rec, plan=plan_obj, device=loaded.device,
+                             progress_factory=progress_bar)
+    r = _ppl_of(loaded.model, ids, seqlen, max_windows, rec.name)
+    result.update(r.as_dict())
+    result.update(recipe=rec.name, plan=plan, avg_bits=summary.get("avg_bits"))
+    return result
+
+
+def _ppl_table(title: str, rows: list[tuple[str, dict]]) -> Table:
+    t = Table(title=title)
+    for col in ("model", "dataset", "windows × seqlen", "nll", "ppl"):
+        t.add_column(col, justify="right" if col in ("nll", "ppl") else "left")
+    for label, r in rows:
+        t.add_row(label, r["dataset"], f"{r['windows']} × {r['seqlen']}", f"{r['nll']:.4f}", f"{r['ppl']:.3f}")
+    return t
+
+
+@app.command("eval-ppl")
+@user_errors
+def eval_ppl(
+    model: Annotated[str, typer.Argument(help="HF model dir, hub id, packed quantkit checkpoint or builtin:reference")],
+    dataset: Dataset = "kjv",
+    seqlen: Annotated[Optional[int], typer.Option(help="window length (default 2048, capped at the model's)")] = None,
+    max_windows: Annotated[Optional[int], typer.Option(help="evaluate only the first N windows")] = None,
+    recipe: Annotated[Optional[str], typer.Option(help="fake-quantize in memory with this recipe first")] = None,
+    plan: Annotated[Optional[str], typer.Option(help="precision plan from `quantkit search` (needs --recipe)")] = None,
+    no_baseline: Annotated[bool, typer.Option("--no-baseline", help="with --recipe: skip the FP16 ppl")] = False,
+    device: Device = "auto",
+    dtype: Dtype = None,
+    json_out: Json = False,
+):
+    """Perplexity the way GPTQ/MixLLM report it (non-overlapping windows of the test split joined with blank lines)."""
+    res = evaluate_ppl(model, dataset, seqlen, max_windows, device, dtype, recipe, plan, baseline=not no_baseline)
+    rows = []
+    if "ppl_fp16" in res:
+        rows.append(("fp16" if res["dtype"] != "float32" else "fp32",
+                     dict(res, ppl=res["ppl_fp16"], nll=res["nll_fp16"])))
+    rows.append((res.get("recipe") or res["model"], res))
+    console = err_console if json_out else out_console
+    console.print(_ppl_table(f"perplexity — {res['model']} ({res['device']}, {res['dtype']})", rows))
+    if json_out:
+        sys.stdout.write(json.dumps(res) + "\n")
+
+
+@app.command("demo")
+@user_errors
+def demo(
+    max_windows: Annotated[Optional[int], typer.Option(help="limit windows per evaluation (faster)")] = None,
+    device: Device = "auto",
+):
+    """Tour of quantkit on the embedded reference model (builtin:reference, trained on the shipped corpus)."""
+    from quantkit.demo import run_demo
+
+    run_demo(max_windows=max_windows, device=device)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

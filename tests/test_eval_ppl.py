@@ -1,0 +1,81 @@
+"""Perplexity: the library function against a hand-written HF loop, and the eval-ppl command end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from quantkit.cli import app
+from quantkit.eval import perplexity
+from quantkit.eval.ppl import choose_seqlen
+from quantkit.errors import QuantkitError
+from tests.conftest import build_tiny_model
+
+runner = CliRunner()
+
+
+def test_ppl_matches_hand_written_hf_loop():
+    model = build_tiny_model("qwen2", seed=5)
+    ids = torch.randint(0, model.config.vocab_size, (1000,), generator=torch.Generator().manual_seed(0))
+    seqlen = 96
+    nlls = []
+    with torch.no_grad():
+        for i in range(ids.numel() // seqlen):  # the GPTQ evaluation loop, written out
+            batch = ids[i * seqlen:(i + 1) * seqlen][None]
+            nlls.append(model(batch, labels=batch).loss.item())
+    expected = math.exp(sum(nlls) / len(nlls))
+    res = perplexity(model, ids, seqlen)
+    assert res.windows == 10 and res.seqlen == seqlen
+    assert res.ppl == pytest.approx(expected, rel=1e-6)
+    assert perplexity(model, ids, seqlen, max_windows=3).windows == 3
+
+
+def test_seqlen_rules():
+    assert choose_seqlen(None, 1024) == 1024
+    assert choose_seqlen(None, 4096) == 2048
+    with pytest.raises(QuantkitError, match="larger than the model allows"):
+        choose_seqlen(4096, 1024)
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
+def test_eval_ppl_cli_json_on_tiny_models(tiny_model_dir, arch):
+    d = tiny_model_dir(arch)
+    r = runner.invoke(app, ["eval-ppl", str(d), "--seqlen", "128", "--max-windows", "2", "--json", "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert set(out) >= {"ppl", "nll", "windows", "seqlen", "dataset", "model"}
+    assert out["windows"] == 2 and out["seqlen"] == 128 and out["dataset"] == "kjv"
+    assert out["ppl"] == pytest.approx(math.exp(out["nll"]))
+
+
+def test_eval_ppl_cli_on_shipped_model_beats_chance():
+    r = runner.invoke(app, ["eval-ppl", "builtin:reference", "--max-windows", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["seqlen"] == 1024 and out["ppl"] < 60  # vocab is 8192: chance would be ~8192
+
+
+@pytest.mark.parametrize("args,message", [
+    (["/definitely/not/here"], "does not exist"),
+    (["builtin:reference", "--seqlen", "4096"], "larger than the model allows"),
+    (["builtin:reference", "--dataset", "nosuchset"], "unknown dataset"),
+    (["builtin:reference", "--device", "tpu"], "unknown device"),
+])
+def test_user_errors_are_one_line_exit_2(args, message):
+    r = runner.invoke(app, ["eval-ppl", *args])
+    assert r.exit_code == 2
+    err = r.stderr.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in r.output
+
+
+def test_dir_without_config_and_short_text_errors(tmp_path):
+    r = runner.invoke(app, ["eval-ppl", str(tmp_path)])
+    assert r.exit_code == 2 and "no config.json" in r.stderr
+    short = tmp_path / "short.txt"
+    short.write_text("too short")
+    r = runner.invoke(app, ["eval-ppl", "builtin:reference", "--dataset", str(short)])
+    assert r.exit_code == 2 and "fewer than one window" in r.stderr

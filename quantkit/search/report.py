@@ -30,13 +30,18 @@ def kinds_in_order(plan: Plan) -> list[str]:
     return out
 
 
-def projection_shares(plan: Plan) -> dict[str, float]:
-    """Mean over decoder layers of each projection's share (%) of channels above the default width — the
-    statistic of MixLLM Tab. 7 ("average percentage of 8-bit out features" per class of linear)."""
+def _share(plan: Plan, name: str, bits: int | None) -> float:
+    lp = plan.layers[name]
+    n = sum(len(v) for b, v in lp.channels.items() if (b > plan.default_bits if bits is None else b == bits))
+    return 100.0 * n / lp.out_features
+
+
+def projection_shares(plan: Plan, bits: int | None = None) -> dict[str, float]:
+    """Mean over decoder layers of each projection's share (%) of channels at ``bits`` (None: above the default
+    width) — the statistic of MixLLM Tab. 7 ("average percentage of 8-bit out features" per class of linear)."""
     acc: dict[str, list[float]] = {k: [] for k in kinds_in_order(plan)}
-    for name, lp in plan.layers.items():
-        hi = sum(len(v) for b, v in lp.channels.items() if b > plan.default_bits)
-        acc[projection_kind(name)].append(100.0 * hi / lp.out_features)
+    for name in plan.layers:
+        acc[projection_kind(name)].append(_share(plan, name, bits))
     return {k: sum(v) / len(v) for k, v in acc.items()}
 
 
@@ -44,10 +49,9 @@ def layer_grid(plan: Plan) -> tuple[list[int], list[str], list[list[float]]]:
     """(decoder layer numbers, projection kinds, share % [layer][kind]) — the data of MixLLM Fig. 2."""
     kinds = kinds_in_order(plan)
     rows: dict[int, list[float]] = {}
-    for name, lp in plan.layers.items():
+    for name in plan.layers:
         row = rows.setdefault(_layer_index(name), [float("nan")] * len(kinds))
-        hi = sum(len(v) for b, v in lp.channels.items() if b > plan.default_bits)
-        row[kinds.index(projection_kind(name))] = 100.0 * hi / lp.out_features
+        row[kinds.index(projection_kind(name))] = _share(plan, name, None)
     layers = sorted(rows)
     return layers, kinds, [rows[i] for i in layers]
 
@@ -65,27 +69,36 @@ def summary(plan: Plan, path: str | None = None) -> dict:
 
 
 def summary_table(plan: Plan) -> Table:
-    """Rich table: high-bit share (%) per projection type, like MixLLM Tab. 7."""
-    shares = projection_shares(plan)
-    high = [b for b in plan.bits if b > plan.default_bits]
-    t = Table(title=f"channels above {plan.default_bits} bits ({'/'.join(map(str, high))}), mean % per layer — "
-                    f"{plan.achieved_bits:.4f} bits avg, {plan.achieved_bits_with_metadata:.4f} with scales/zeros")
-    for kind in shares:
+    """Rich table: share (%) of channels at each non-default width per projection type, like MixLLM Tab. 7."""
+    kinds = kinds_in_order(plan)
+    t = Table(title="channels per projection type (mean % over layers)",
+              caption=f"{plan.achieved_bits:.4f} bits/weight, {plan.achieved_bits_with_metadata:.4f} with scales "
+                      f"and zeros; default {plan.default_bits} bits")
+    t.add_column("bits")
+    for kind in kinds:
         t.add_column(kind, justify="right")
-    t.add_row(*(f"{v:.2f}" for v in shares.values()))
+    for b in sorted((b for b in plan.bits if b != plan.default_bits), reverse=True):
+        shares = projection_shares(plan, b)
+        t.add_row(f"{b}-bit", *(f"{shares[k]:.2f}" for k in kinds))
     return t
 
 
-def save_heatmap(plan: Plan, path: str | os.PathLike) -> None:
-    """PNG heatmap of high-bit share per decoder layer × projection (MixLLM Fig. 2). Needs matplotlib."""
+def require_matplotlib():
+    """matplotlib.pyplot on the headless Agg backend, or a QuantkitError saying how to install it (the plot is
+    optional, so matplotlib is an extra)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise QuantkitError("--plot needs matplotlib, which is not installed; run `pip install matplotlib` "
-                            "(or `pip install quantkit[plot]`)") from None
+        raise QuantkitError("--plot needs matplotlib, which is not installed; run `pip install matplotlib`") from None
+    return plt
+
+
+def save_heatmap(plan: Plan, path: str | os.PathLike) -> None:
+    """PNG heatmap of high-bit share per decoder layer × projection (MixLLM Fig. 2). Needs matplotlib."""
+    plt = require_matplotlib()
     layers, kinds, grid = layer_grid(plan)
     fig, ax = plt.subplots(figsize=(1.0 + 0.9 * len(kinds), 1.2 + 0.28 * len(layers)))
     im = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0)

@@ -1,0 +1,76 @@
+"""The job behind ``quantkit search``: parse list options, load, search with rich progress, write plan and plot."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from quantkit.errors import QuantkitError
+from quantkit.search.allocate import BitBudget
+from quantkit.search.run import SearchOptions, search
+from quantkit.search.strategies import check_strategy, uses_salience
+
+DEFAULT_TARGET = 4.4  # MixLLM W4.4A8: 10% of the weight elements at 8 bits
+
+
+def parse_list(text: str | None, kind: type, option: str) -> list | None:
+    """'4,8' → [4, 8] (``kind`` int or float); a QuantkitError naming ``option`` when an item does not parse."""
+    if text is None:
+        return None
+    try:
+        return [kind(x) for x in text.replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise QuantkitError(f"{option} must be a comma-separated list of {kind.__name__}s, got '{text}'") from None
+
+
+@contextlib.contextmanager
+def _bars(enabled: bool) -> Iterator[tuple]:
+    """Two rich bars on stderr in one live display: Δ per linear, then calibration samples."""
+    if not enabled:
+        yield None, None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+        TimeRemainingColumn
+
+    from quantkit.ui import err_console
+
+    with Progress(TextColumn("[bold blue]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=err_console) as prog:
+        layers = prog.add_task("quantize linears (Δ)", total=None)
+        samples = prog.add_task("salience samples", total=None)
+        yield (lambda d, n: prog.update(layers, completed=d, total=n),
+               lambda d, n: prog.update(samples, completed=d, total=n))
+
+
+def run_search(model_ref: str, output: str, recipe: str = "mixllm-w4a8", *, bits: str = "4,8",
+               target_bits: float | None = None, fractions: str | None = None, strategy: str = "global",
+               samples: int | None = None, seqlen: int | None = None, seed: int | None = None,
+               dataset: str | None = None, first_order: bool = True, batch_size: int = 1, device: str = "auto",
+               dtype: str | None = None, device_map: str | None = None, plot: str | None = None,
+               show_progress: bool = True):
+    """Load the model, run the search, write ``output`` (and the heatmap ``plot``); returns the Plan."""
+    from quantkit.model import load_model
+    from quantkit.quant.recipe import load_recipe
+    from quantkit.search.report import require_matplotlib, save_heatmap
+
+    fr = parse_list(fractions, float, "--fractions")
+    budget = BitBudget.parse(parse_list(bits, int, "--bits"),
+                             DEFAULT_TARGET if target_bits is None and fr is None else target_bits, fr)
+    check_strategy(strategy)
+    out = Path(output)
+    if not out.parent.is_dir():
+        raise QuantkitError(f"cannot write plan '{out}': folder '{out.parent}' does not exist")
+    if plot is not None:
+        require_matplotlib()  # fail before the search, not after it
+    rec = load_recipe(recipe)
+    loaded = load_model(model_ref, device=device, dtype=dtype, device_map=device_map,
+                        load_tokenizer=uses_salience(strategy))
+    opts = SearchOptions(budget=budget, strategy=strategy, dataset=dataset, samples=samples, seqlen=seqlen,
+                         seed=seed, first_order=first_order, batch_size=batch_size)
+    with _bars(show_progress and uses_salience(strategy)) as (layer_bar, sample_bar):
+        plan, _ = search(loaded, rec, opts, progress=sample_bar, layer_progress=layer_bar)
+    plan.save(out)
+    if plot is not None:
+        save_heatmap(plan, plot)
+    return plan

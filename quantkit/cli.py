@@ -135,6 +135,51 @@ def demo(
     run_demo(max_windows=max_windows, device=device)
 
 
+@app.command("search")
+@user_errors
+def search(
+    model: Annotated[str, typer.Argument(help="HF model dir, hub id or builtin:reference")],
+    output: Annotated[str, typer.Option("-o", "--output", help="where to write the plan (plan.json)")],
+    recipe: Annotated[str, typer.Option(help="recipe giving the quantizer of each bit-width")] = "mixllm-w4a8",
+    target_bits: Annotated[Optional[float], typer.Option(help="average bits per weight element "
+                                                               "(default 4.4 unless --fractions)")] = None,
+    bits: Annotated[str, typer.Option(help="bit-widths to mix, e.g. 4,8 or 3,4,6")] = "4,8",
+    fractions: Annotated[Optional[str], typer.Option(help="element share of each --bits entry, e.g. 0.3,0.6,0.1 "
+                                                          "(most salient channels get the highest bits)")] = None,
+    strategy: Annotated[str, typer.Option(help="global (MixLLM), local (per layer), random, magnitude")] = "global",
+    samples: Annotated[Optional[int], typer.Option(help="calibration windows (default: the recipe's, 128)")] = None,
+    seqlen: Annotated[Optional[int], typer.Option(help="tokens per window (default: the recipe's, capped at "
+                                                       "the model's context)")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="window sampling / random-strategy seed")] = None,
+    dataset: Annotated[Optional[str], typer.Option(help="calibration text: kjv (shipped), wikitext2, c4, pile, "
+                                                        "or a .txt/.jsonl path (default: the recipe's)")] = None,
+    no_first_order: Annotated[bool, typer.Option("--no-first-order", help="drop the first-order Taylor term "
+                                                                          "of Eq. 4 (ablation)")] = False,
+    batch_size: Annotated[int, typer.Option(help="windows per backward (each keeps its own gradient)")] = 1,
+    device: Device = "auto",
+    dtype: Dtype = None,
+    device_map: Annotated[Optional[str], typer.Option(help="accelerate device_map (e.g. auto) for models that "
+                                                           "do not fit one GPU")] = None,
+    plot: Annotated[Optional[str], typer.Option(help="write a layer × projection heatmap PNG (needs "
+                                                     "matplotlib)")] = None,
+    json_out: Json = False,
+):
+    """MixLLM global precision search: Eq. 4 salience per output channel, ranked over the whole model, written
+    as a precision plan for `pack` and `eval-ppl --plan`."""
+    from quantkit.search.command import run_search
+    from quantkit.search.report import summary, summary_table
+
+    plan = run_search(model, output, recipe, bits=bits, target_bits=target_bits, fractions=fractions,
+                      strategy=strategy, samples=samples, seqlen=seqlen, seed=seed, dataset=dataset,
+                      first_order=not no_first_order, batch_size=batch_size, device=device, dtype=dtype,
+                      device_map=device_map, plot=plot)
+    console = err_console if json_out else out_console
+    console.print(summary_table(plan))
+    console.print(f"plan written to {output}", highlight=False)
+    if json_out:
+        sys.stdout.write(json.dumps(summary(plan, output)) + "\n")
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

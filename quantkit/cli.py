@@ -79,11 +79,11 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
     if baseline:
         r0 = _ppl_of(loaded.model, ids, seqlen, max_windows, "fp")
         result.update(ppl_fp16=r0.ppl, nll_fp16=r0.nll)
-    summary = quantize_model(loaded.model, loaded.tokenizer, rec, plan=plan_obj, device=loaded.device,
-                             progress_factory=progress_bar)
+    qres = quantize_model(loaded.model, loaded.tokenizer, rec, plan=plan_obj, device=loaded.device,
+                          progress_factory=progress_bar)
     r = _ppl_of(loaded.model, ids, seqlen, max_windows, rec.name)
     result.update(r.as_dict())
-    result.update(recipe=rec.name, plan=plan, avg_bits=summary.get("avg_bits"))
+    result.update(recipe=rec.name, plan=plan, avg_bits=qres.avg_bits, calibration=qres.calibration)
     return result
 
 

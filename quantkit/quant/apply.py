@@ -1,0 +1,192 @@
+"""Quantize a whole model following a recipe (and optionally a MixLLM precision plan), in memory.
+
+RTN/LiquidQuant without clipping quantize each linear on its own. GPTQ, AWQ and clipping need calibration inputs:
+they run through :func:`quantkit.model.run_layerwise`, one decoder layer on the compute device at a time, the
+inputs of layer i+1 taken from the already-quantized layer i (GPTQ Sec. 4 "Step 3"). Each linear's weight is
+replaced by its dequantized value (fake-quant), and the integer records are returned for packing, so a packed
+checkpoint holds exactly the codes the fake-quant evaluation used. With A8 recipes, forward pre-hooks quantize the
+linears' inputs (MixLLM Sec. 3.1.2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from quantkit.errors import QuantkitError
+from quantkit.model.layerwise import run_layerwise
+from quantkit.model.walk import iter_linears
+from quantkit.quant.layerquant import write_weight
+from quantkit.quant.partition import WeightRecord, dequantize_record, quantize_partitioned, record_bits
+from quantkit.quant.recipe import Recipe
+
+ProgressFactory = Callable[[str, int | None], AbstractContextManager]
+
+
+@dataclass
+class QuantizeResult:
+    """What :func:`quantize_model` did: integer records per linear, activation hooks, bit statistics."""
+
+    weights: dict[str, WeightRecord]
+    recipe: Recipe
+    avg_bits: float
+    calibration: dict | None = None
+    act_handles: list = field(default_factory=list)
+
+    def summary(self) -> dict:
+        return {"recipe": self.recipe.name, "linears": len(self.weights), "avg_bits": self.avg_bits,
+                "calibration": self.calibration}
+
+
+def _row_bits_for(plan, name: str, linear: nn.Linear, default_bits: int) -> torch.Tensor:
+    if plan is None:
+        return torch.full((linear.out_features,), default_bits, dtype=torch.int64)
+    return plan.row_bits(name)
+
+
+def _rows_quantizer(recipe: Recipe, name: str, inputs=None):
+    """quantize_rows(sub_weight, bits) for RTN / LiquidQuant partitions of linear ``name``."""
+    from quantkit.quant.lqq import lqq_quantize
+    from quantkit.quant.rtn import rtn_quantize
+
+    def quantize_rows(w: torch.Tensor, bits: int):
+        spec = recipe.spec_for(name, bits)
+        if spec.method == "lqq":
+            return lqq_quantize(w, spec.group_size)
+        if spec.clip:
+            return rtn_quantize(w, spec.bits, spec.group_size, spec.sym, clip=True, inputs=inputs)
+        return rtn_quantize(w, spec.bits, spec.group_size, spec.sym)
+
+    return quantize_rows
+
+
+def _layer_config(recipe: Recipe, method: str):
+    """GPTQ/AWQ layer config from the recipe: defaults, per-name overrides, per-bit-width partition grids."""
+    w = recipe.weight
+
+    def override(name: str):
+        s = recipe.spec_for(name)
+        return (s.bits, s.group_size, s.sym)
+
+    bit_specs = {}
+    for b in range(2, 9):
+        s = recipe.spec_for("", b)
+        bit_specs[b] = (s.group_size, s.sym)
+    common = dict(bits=w.bits, group_size=w.group_size, sym=w.sym, override=override, bit_specs=bit_specs)
+    if method == "gptq":
+        from quantkit.quant.gptq import GPTQConfig
+
+        return GPTQConfig(**common, act_order=w.act_order, static_groups=w.static_groups, percdamp=w.damp,
+                          blocksize=w.block_size, true_sequential=w.true_sequential, clip=w.clip)
+    from quantkit.quant.awq import AWQConfig
+
+    return AWQConfig(**common, clip=w.clip)
+
+
+def calibration_inputs(tokenizer, recipe: Recipe, max_positions: int | None, dataset: str | None = None,
+                       samples: int | None = None, seqlen: int | None = None) -> tuple[torch.Tensor, dict]:
+    """Calibration windows per the recipe (options override it); seqlen is capped at the model's max positions."""
+    from quantkit.data import calibration_windows
+
+    c = recipe.calibration
+    dataset = dataset or c.dataset
+    samples = samples or c.samples
+    seqlen = seqlen or c.seqlen
+    if max_positions:
+        seqlen = min(seqlen, max_positions)
+    ids = calibration_windows(tokenizer, dataset, samples, seqlen, c.seed)
+    return ids, {"dataset": dataset, "samples": samples, "seqlen": seqlen, "seed": c.seed}
+
+
+def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, device: str | None = None,
+                   progress_factory: ProgressFactory | None = None, dataset: str | None = None,
+                   samples: int | None = None, seqlen: int | None = None) -> QuantizeResult:
+    """Quantize every decoder-layer linear of ``model`` per ``recipe`` (and ``plan``), in place (fake-quant).
+
+    Returns the integer records (what ``quantkit pack`` writes) and attaches A8 input hooks when the recipe
+    quantizes activations. ``device`` is where layer-by-layer calibration runs (default: the model's device).
+    """
+    device = device or str(next(model.parameters()).device)
+    targets = {n: lin for n, lin in iter_linears(model) if not recipe.spec_for(n).skip}
+    if not targets:
+        raise QuantkitError("the recipe skips every linear layer; nothing to quantize")
+    if plan is not None:
+        missing = [n for n in targets if n not in plan.layers]
+        if missing:
+            raise QuantkitError(f"the plan has no entry for '{missing[0]}' ({len(missing)} linears missing); "
+                                "re-run `quantkit search` for this model")
+    method = recipe.weight.method
+    needs_data = method in ("gptq", "awq") or any(recipe.spec_for(n).clip for n in targets)
+    records: dict[str, WeightRecord] = {}
+    calib = None
+    if not needs_data:
+        ctx = progress_factory("quantize", len(targets)) if progress_factory else None
+        update = ctx.__enter__() if ctx else None
+        try:
+            for i, (name, lin) in enumerate(targets.items()):
+                rb = _row_bits_for(plan, name, lin, recipe.spec_for(name).bits)
+                rec = quantize_partitioned(lin.weight.data.float(), rb, _rows_quantizer(recipe, name))
+                write_weight(lin, dequantize_record(rec))
+                records[name] = rec
+                if update:
+                    update(i + 1, len(targets))
+        finally:
+            if ctx:
+                ctx.__exit__(None, None, None)
+    else:
+        from quantkit.model.loader import max_positions
+
+        ids, calib = calibration_inputs(tokenizer, recipe, max_positions(model), dataset, samples, seqlen)
+        records = _quantize_layerwise(model, recipe, plan, targets, ids, device, method, progress_factory)
+    handles = []
+    if recipe.activation.enabled:
+        from quantkit.quant.act import attach_act_quant
+
+        handles = attach_act_quant(targets, recipe.activation.bits, recipe.activation.group_size,
+                                   recipe.activation.sym)
+    total = sum(record_bits(r)[0] for r in records.values())
+    elems = sum(record_bits(r)[1] for r in records.values())
+    return QuantizeResult(records, recipe, total / elems, calib, handles)
+
+
+def _quantize_layerwise(model, recipe, plan, targets, ids, device, method, progress_factory):
+    records: dict[str, WeightRecord] = {}
+    config = _layer_config(recipe, method) if method in ("gptq", "awq") else None
+
+    def on_layer(i, prefix, layer, batches):
+        names = {n: lin for n, lin in targets.items() if n.startswith(prefix + ".")}
+        row_bits = {n: plan.row_bits(n) for n in names} if plan is not None else None
+        if method == "gptq":
+            from quantkit.quant.gptq import gptq_quantize_layer
+
+            records.update(gptq_quantize_layer(layer, batches, names, config, row_bits=row_bits))
+        elif method == "awq":
+            from quantkit.quant.awq import awq_quantize_layer
+
+            records.update(awq_quantize_layer(layer, batches, names, config, row_bits=row_bits))
+        else:  # rtn / lqq with clipping: the clip search needs each linear's inputs
+            from quantkit.quant.layerquant import linear_input, pre_hooks
+            from quantkit.model.layerwise import layer_output
+
+            seen: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+            with torch.no_grad(), pre_hooks(names, lambda n, a, k: seen[n].append(linear_input(a, k))):
+                for b in batches:
+                    layer_output(layer, b)
+            for n, lin in names.items():
+                rb = _row_bits_for(plan, n, lin, recipe.spec_for(n).bits)
+                rec = quantize_partitioned(lin.weight.data.float(), rb, _rows_quantizer(recipe, n, seen[n]))
+                write_weight(lin, dequantize_record(rec))
+                records[n] = rec
+
+    ctx = progress_factory(f"{method} layers", None) if progress_factory else None
+    update = ctx.__enter__() if ctx else None
+    try:
+        run_layerwise(model, ids, device, on_layer=on_layer, progress=update)
+    finally:
+        if ctx:
+            ctx.__exit__(None, None, None)
+    return records

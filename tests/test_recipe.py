@@ -1,0 +1,62 @@
+"""Recipes: every shipped one parses; malformed ones name the offending field."""
+
+from __future__ import annotations
+
+import pytest
+
+from quantkit.errors import QuantkitError
+from quantkit.quant.recipe import load_recipe, parse_recipe, shipped_recipes
+
+REQUIRED = {"rtn-w4a16-g128", "gptq-w4a16-g128", "awq-w4a16-g128", "lqq-w4a8", "mixllm-w4a8", "w8a8"}
+
+
+def test_shipped_recipes_parse():
+    names = set(shipped_recipes())
+    assert REQUIRED <= names
+    for n in names:
+        r = load_recipe(n)
+        assert r.name == n
+
+
+def test_mixllm_configuration():
+    r = load_recipe("mixllm-w4a8")
+    low, high = r.spec_for("model.layers.0.mlp.up_proj"), r.spec_for("model.layers.0.mlp.up_proj", 8)
+    assert (low.bits, low.group_size, low.sym) == (4, 128, False)  # MixLLM Sec. 4.1: 4-bit asym g128
+    assert (high.bits, high.group_size, high.sym) == (8, 128, True)  # 8-bit sym g128
+    assert r.activation.enabled and r.activation.bits == 8 and r.activation.group_size == 128
+
+
+def test_overrides_by_pattern(tmp_path):
+    f = tmp_path / "r.yaml"
+    f.write_text("weight: {method: rtn, bits: 4}\noverrides:\n  - {pattern: '*.down_proj', bits: 8, sym: true}\n"
+                 "  - {pattern: 'model.layers.0.*', skip: true}\n")
+    r = load_recipe(str(f))
+    assert r.spec_for("model.layers.3.mlp.down_proj").bits == 8
+    assert r.spec_for("model.layers.3.mlp.up_proj").bits == 4
+    assert r.spec_for("model.layers.0.mlp.up_proj").skip
+
+
+@pytest.mark.parametrize("data,field", [
+    ({"weight": {"method": "xyz"}}, "weight.method"),
+    ({"weight": {"method": "rtn", "bits": 9}}, "weight.bits"),
+    ({"weight": {"method": "rtn", "bits": "four"}}, "weight.bits"),
+    ({"weight": {"method": "rtn", "group_size": 0}}, "weight.group_size"),
+    ({"weight": {"method": "rtn", "colour": 1}}, "weight.colour"),
+    ({"weight": {"method": "rtn"}, "activation": {"bits": 3.5}}, "activation.bits"),
+    ({"weight": {"method": "rtn"}, "overrides": [{"bits": 8}]}, "overrides[0]"),
+    ({"weight": {"method": "rtn"}, "extra": 1}, "extra"),
+    ({"activation": {"bits": 8}}, "weight"),
+    ({"weight": {"method": "lqq", "bits": 8}}, "weight.bits"),
+])
+def test_malformed_recipe_names_the_field(data, field):
+    with pytest.raises(QuantkitError, match=f"'{field}'".replace("[", r"\[").replace("]", r"\]")):
+        parse_recipe(data, "test.yaml")
+
+
+def test_unknown_recipe_and_bad_yaml(tmp_path):
+    with pytest.raises(QuantkitError, match="unknown recipe 'nope'; shipped:"):
+        load_recipe("nope")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("weight: {method: rtn\n")
+    with pytest.raises(QuantkitError, match="not valid YAML"):
+        load_recipe(str(bad))

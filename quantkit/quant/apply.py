@@ -104,11 +104,13 @@ def calibration_inputs(tokenizer, recipe: Recipe, max_positions: int | None, dat
 
 def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, device: str | None = None,
                    progress_factory: ProgressFactory | None = None, dataset: str | None = None,
-                   samples: int | None = None, seqlen: int | None = None) -> QuantizeResult:
+                   samples: int | None = None, seqlen: int | None = None,
+                   calib_ids: torch.Tensor | None = None) -> QuantizeResult:
     """Quantize every decoder-layer linear of ``model`` per ``recipe`` (and ``plan``), in place (fake-quant).
 
     Returns the integer records (what ``quantkit pack`` writes) and attaches A8 input hooks when the recipe
     quantizes activations. ``device`` is where layer-by-layer calibration runs (default: the model's device).
+    ``calib_ids`` [n, T] replaces the recipe's calibration windows (benchmarks, tests).
     """
     device = device or str(next(model.parameters()).device)
     targets = {n: lin for n, lin in iter_linears(model) if not recipe.spec_for(n).skip}
@@ -140,7 +142,10 @@ def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, devic
     else:
         from quantkit.model.loader import max_positions
 
-        ids, calib = calibration_inputs(tokenizer, recipe, max_positions(model), dataset, samples, seqlen)
+        if calib_ids is not None:
+            ids, calib = calib_ids, {"dataset": "given", "samples": calib_ids.shape[0], "seqlen": calib_ids.shape[1]}
+        else:
+            ids, calib = calibration_inputs(tokenizer, recipe, max_positions(model), dataset, samples, seqlen)
         records = _quantize_layerwise(model, recipe, plan, targets, ids, device, method, progress_factory)
     handles = []
     if recipe.activation.enabled:

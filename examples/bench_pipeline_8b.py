@@ -1,0 +1,100 @@
+"""Time quantkit's heavy jobs on a Llama-3.1-8B-architecture model with random weights (timing only — random
+weights say nothing about accuracy). Prints wall time and peak GPU memory per job.
+
+    python examples/bench_pipeline_8b.py --job gptq   --samples 128 --seqlen 2048   # issue: GPTQ W4A16 speed
+    python examples/bench_pipeline_8b.py --job search --samples 128 --seqlen 2048   # MixLLM salience search speed
+    python examples/bench_pipeline_8b.py --job rtn    --pack-dir /tmp/packed          # RTN quantize + pack speed
+
+The model is built on the CPU in fp16 (weights ~ N(0, 0.02)), and the jobs run the same library code as the CLI:
+GPTQ goes decoder layer by decoder layer to the GPU (quantkit.quant.apply.quantize_model), the search keeps the
+whole model on the GPU with gradient checkpointing (quantkit.search.salience.compute_salience).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+LLAMA_31_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                   num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
+                   rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False)
+
+
+def build_model(layers: int, device: str):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.modeling_utils import no_init_weights
+
+    cfg = LlamaConfig(**dict(LLAMA_31_8B, num_hidden_layers=layers))
+    with no_init_weights(), torch.device(device):
+        model = LlamaForCausalLM(cfg).to(torch.float16)
+    gen = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+    return model.eval()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--job", choices=["gptq", "search", "rtn"], required=True)
+    ap.add_argument("--samples", type=int, default=128)
+    ap.add_argument("--seqlen", type=int, default=2048)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--recipe", default=None)
+    ap.add_argument("--pack-dir", default=None)
+    args = ap.parse_args()
+
+    from quantkit.quant.recipe import load_recipe
+
+    t0 = time.time()
+    model = build_model(args.layers, "cuda" if args.job == "search" else "cpu")
+    build_s = time.time() - t0
+    ids = torch.randint(0, LLAMA_31_8B["vocab_size"], (args.samples, args.seqlen),
+                        generator=torch.Generator().manual_seed(0))
+    torch.cuda.reset_peak_memory_stats()
+    torch.cuda.synchronize()
+    t0 = time.time()
+    extra = {}
+    if args.job == "gptq":
+        from quantkit.quant.apply import quantize_model
+
+        recipe = load_recipe(args.recipe or "gptq-w4a16-g128")
+        res = quantize_model(model, None, recipe, device="cuda", calib_ids=ids)
+        extra["linears"] = len(res.weights)
+    elif args.job == "search":
+        from quantkit.search.run import salience_quantizer
+        from quantkit.search.salience import compute_salience
+
+        recipe = load_recipe(args.recipe or "mixllm-w4a8")
+        result = compute_salience(model, ids, salience_quantizer(recipe, 4), first_order=True)
+        extra["channels"] = sum(s.numel() for s in result.scores.values())
+    else:
+        from quantkit.quant.apply import quantize_model
+
+        recipe = load_recipe(args.recipe or "rtn-w4a16-g128")
+        model.to("cuda")
+        res = quantize_model(model, None, recipe, device="cuda")
+        extra["linears"] = len(res.weights)
+        if args.pack_dir:
+            from quantkit.pack import write_packed  # the pack job's writer
+
+            torch.cuda.synchronize()
+            extra["quantize_s"] = round(time.time() - t0, 1)
+            write_packed(model, res, args.pack_dir)
+    torch.cuda.synchronize()
+    wall = time.time() - t0
+    out = {"job": args.job, "layers": args.layers, "samples": args.samples, "seqlen": args.seqlen,
+           "recipe": recipe.name, "wall_s": round(wall, 1), "peak_gpu_gib": round(torch.cuda.max_memory_allocated()
+                                                                                  / 2**30, 2),
+           "build_model_s": round(build_s, 1), "device": torch.cuda.get_device_name(), **extra}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -323,3 +323,18 @@ def test_awq_quantization_config():
     other = awq.layout_meta(random_record(7, 200, 4, 64, False, False, 0))
     with pytest.raises(QuantkitError, match="one group_size"):
         awq.quantization_config(metas + [other])
+
+
+def test_transformers_reads_the_configs():
+    """transformers' own config classes parse what we write into config.json (no GPU or gptqmodel needed)."""
+    from transformers import AwqConfig, GPTQConfig
+
+    gptq = get_layout("gptq_v2")
+    cfg = gptq.quantization_config(gptq.layout_meta(random_record(7, 200, 3, 64, False, True, 0)))
+    parsed = GPTQConfig.from_dict(cfg)
+    assert (parsed.bits, parsed.group_size, parsed.desc_act, parsed.sym, parsed.format) == (3, 64, True, False,
+                                                                                            "gptq_v2")
+    awq = get_layout("awq")
+    parsed = AwqConfig.from_dict(awq.quantization_config(awq.layout_meta(random_record(7, 200, 4, 128, False,
+                                                                                         False, 0))))
+    assert (parsed.bits, parsed.group_size, parsed.zero_point, parsed.format) == (4, 128, True, "gemm")

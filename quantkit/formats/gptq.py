@@ -15,9 +15,10 @@ Tensors of a linear layer with K = in_features, N = out_features, G = ceil(K / g
 
 Zero points, "v1" (``checkpoint_format: "gptq"``, what engines expect by default): the stored value is
 zero - 1 and loaders add 1 back — a historical offset of the original GPTQ code. An asymmetric zero of 0 has no
-v1 value every engine decodes alike (AutoGPTQ masks (stored + 1) to b bits; exllama-style kernels do not; GPTQModel
-converts with a packed word subtraction), so :func:`supports` refuses it and points to ``gptq_v2``, GPTQModel's
-format that stores the zero itself (``checkpoint_format: "gptq_v2"``, :mod:`quantkit.formats.gptq_v2`).
+v1 value that every reader decodes to 0 (readers that mask (stored + 1) to b bits get 0 from 2^b - 1, readers that
+add 1 after masking get 2^b, writers that clamp zero - 1 at 0 turn it into 1; docs/formats.md), so
+:func:`supports` refuses it and points to ``gptq_v2``, GPTQModel's format that stores the zero itself
+(``checkpoint_format: "gptq_v2"``, :mod:`quantkit.formats.gptq_v2`).
 Symmetric weights store 2^(b-1) - 1 everywhere (zero 2^(b-1), records.py).
 N or K that are not whole words are padded and the real sizes are kept in the layout metadata; engines that
 derive shapes from config.json need K a multiple of the packing unit (and usually of group_size) and N a multiple

@@ -243,6 +243,12 @@ def test_reference_refusals_and_inconsistent_records():
     huge = random_record(7, 200, 4, 128, False, False, 0)
     huge.scales[0, 0] = 1e6
     assert "fp16" in ref.supports(huge)
+    wide = random_record(7, 200, 3, 128, False, False, 0)
+    wide.zeros[1, 1] = 8
+    assert "zeros must lie in [0, 7]" in ref.supports(wide)
+    wide.zeros[1, 1] = 7
+    wide.codes[0, 5] = 9
+    assert "codes must lie in [0, 7]" in get_layout("gptq").supports(wide)
 
 
 def test_layouts_for_lists_every_layout_with_its_verdict():

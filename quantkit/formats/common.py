@@ -15,7 +15,7 @@ FP16_MAX = torch.finfo(torch.float16).max
 
 def record_problem(qw: QuantizedWeight) -> str | None:
     """Why ``qw`` is not a consistent record (shapes of scales/zeros/g_idx/channel_scales against codes [N, K],
-    fp16-storable scales), or None. Every layout's ``supports`` starts here."""
+    codes/zeros within their bit-width, fp16-storable scales), or None. Every layout's ``supports`` uses it."""
     if qw.codes.dim() != 2:
         return f"codes must be 2-D [N, K], got shape {tuple(qw.codes.shape)}"
     n, k = qw.codes.shape
@@ -30,6 +30,10 @@ def record_problem(qw: QuantizedWeight) -> str | None:
             return f"g_idx values must lie in [0, {g - 1}]"
     if qw.channel_scales is not None and tuple(qw.channel_scales.shape) != (n,):
         return f"channel_scales has shape {tuple(qw.channel_scales.shape)}, expected ({n},)"
+    zero_bits = 8 if qw.channel_scales is not None else qw.bits  # LiquidQuant offsets a are full bytes
+    for name, t, b in (("codes", qw.codes, qw.bits), ("zeros", qw.zeros, zero_bits)):
+        if t.numel() and (int(t.min()) < 0 or int(t.max()) > 2 ** b - 1):
+            return f"{name} must lie in [0, {2 ** b - 1}] for {b}-bit storage"
     for name, t in (("scales", qw.scales), ("channel_scales", qw.channel_scales)):
         if t is not None and t.numel() and float(t.float().abs().max()) > FP16_MAX:
             return f"{name} exceed the fp16 range the checkpoint stores them in"

@@ -80,7 +80,7 @@ def unpack(tensors: dict[str, torch.Tensor], meta: dict) -> QuantizedWeight:
     qweight = require(tensors, "qweight", (n, bitpack.words_for(k, bits)), torch.int32, NAME)
     scales = require(tensors, "scales", (n, g), torch.float16, NAME)
     qzeros = require(tensors, "qzeros", (n, bitpack.words_for(g, zb)), torch.int32, NAME)
-    g_idx = require(tensors, "g_idx", (k,), torch.int32, NAME) if meta.get("has_g_idx") else None
+    g_idx = require(tensors, "g_idx", (k,), torch.int32, NAME) if meta_field(meta, "has_g_idx", NAME) else None
     cs = require(tensors, "channel_scales", (n,), torch.float16, NAME) if two_level else None
     return QuantizedWeight(
         codes=bitpack.unpack_bits(qweight, bits, k).to(torch.uint8),

@@ -1,0 +1,258 @@
+"""AWQ: activation-aware weight quantization (Lin et al. 2023).
+
+Sec. 3.2: scaling up the input channels that carry large activations before quantization protects the salient
+weights; with W' = W·diag(s) and the preceding operator divided by s, the FP function is unchanged and
+Q(W·diag(s))·diag(s)⁻¹ X has a smaller error. Sec. 3.3: s = s_X^α with s_X the mean |x| per input channel, α
+found by a grid search over [0, 1) minimising the output error of the block the scaled linears feed
+(self-attention, the MLP, or the linear itself), measured on calibration activations. The released AWQ then
+searches a clipping range per group (:mod:`quantkit.quant.clip`) and quantizes with round-to-nearest.
+
+Scaling groups are found by module names shared by Llama, Mistral, Qwen2 and Qwen3 decoder layers:
+input_layernorm → q,k,v; v_proj → o_proj (only without GQA, when o_proj's inputs are v_proj's outputs);
+post_attention_layernorm → gate,up; up_proj → down_proj. Linears outside any group are clipped and rounded only.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from quantkit.errors import QuantkitError
+from quantkit.model.layerwise import LayerBatch, layer_output
+from quantkit.quant import grid
+from quantkit.quant.clip import search_clip
+from quantkit.quant.layerquant import LayerQuantConfig, QuantSpec, linear_input, pre_hooks, write_weight
+from quantkit.quant.records import QuantizedWeight
+
+# (preceding op, scaled linears, block whose output measures the error), paths relative to the decoder layer
+GROUP_PATTERNS = (
+    ("input_layernorm", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "self_attn"),
+    ("self_attn.v_proj", ("self_attn.o_proj",), "self_attn.o_proj"),
+    ("post_attention_layernorm", ("mlp.gate_proj", "mlp.up_proj"), "mlp"),
+    ("mlp.up_proj", ("mlp.down_proj",), "mlp.down_proj"),
+)
+
+
+@dataclass
+class ScaleGroup:
+    """Linears sharing one input whose columns get the same AWQ scales, the op before them that absorbs 1/s,
+    and the block whose output the scale search compares against FP."""
+
+    prev_name: str
+    prev: nn.Module
+    names: list[str]
+    linears: list[nn.Linear]
+    block_name: str
+    block: nn.Module
+
+
+@dataclass
+class ScaleSearch:
+    """Result of the α grid search of one group: the scales, the chosen α and the block error of each α."""
+
+    scales: torch.Tensor
+    alpha: float
+    losses: list[float]
+
+
+@dataclass
+class AWQConfig(LayerQuantConfig):
+    """AWQ settings (defaults of the AWQ paper / release: 4-bit g128, 20-point α grid, clipping with 20 ratios
+    down to 0.5 on 512 tokens). ``clip_skip`` lists linear leaf names left unclipped: the release skips q/k,
+    whose errors act through the attention softmax rather than the projection output the clip search measures."""
+
+    n_grid: int = 20
+    clip: bool = True
+    clip_grid: int = 20
+    clip_max_shrink: float = 0.5
+    clip_n_tokens: int = 512
+    clip_skip: tuple[str, ...] = field(default=("q_proj", "k_proj"))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if int(self.n_grid) < 1:
+            raise QuantkitError(f"AWQ n_grid must be >= 1, got {self.n_grid}; use e.g. 20")
+
+
+def scaling_groups(layer: nn.Module, linear_names: dict[str, nn.Linear]) -> list[ScaleGroup]:
+    """The AWQ scaling groups of a decoder layer (GROUP_PATTERNS) whose linears are all being quantized and
+    whose shapes chain: the preceding op produces exactly the linears' input features."""
+    modules = dict(layer.named_modules())
+    full = {id(m): n for n, m in linear_names.items()}
+    groups = []
+    for prev_name, lin_names, block_name in GROUP_PATTERNS:
+        if prev_name not in modules or block_name not in modules or any(n not in modules for n in lin_names):
+            continue
+        linears = [modules[n] for n in lin_names]
+        if any(not isinstance(m, nn.Linear) or id(m) not in full for m in linears):
+            continue  # a linear the recipe leaves in FP keeps its weights; its group is not rescaled
+        k = linears[0].in_features
+        if any(m.in_features != k for m in linears):
+            continue
+        prev = modules[prev_name]
+        if isinstance(prev, nn.Linear):
+            if prev.out_features != k:  # GQA: o_proj reads the repeated heads, v_proj's rows do not map 1:1
+                continue
+        elif getattr(prev, "weight", None) is None or tuple(prev.weight.shape) != (k,):
+            continue
+        groups.append(ScaleGroup(prev_name, prev, [full[id(m)] for m in linears], linears, block_name,
+                                 modules[block_name]))
+    return groups
+
+
+@torch.no_grad()
+def _fold_into_norm(norm: nn.Module, s: torch.Tensor) -> None:
+    """norm.weight /= s (and its bias): exact only for norms computing weight · normalized(x) (+ bias). Checked
+    on a random input first, so a norm of another form (e.g. Gemma's (1 + weight)) raises instead of silently
+    changing the model."""
+    probe = copy.deepcopy(norm).float()
+    x = torch.randn(4, s.numel(), generator=torch.Generator().manual_seed(0)).to(s.device)
+    before = probe(x)
+    probe.weight.div_(s)
+    if getattr(probe, "bias", None) is not None:
+        probe.bias.div_(s)
+    if not torch.allclose(probe(x) * s, before, rtol=1e-4, atol=1e-6 * float(before.abs().max())):
+        raise QuantkitError(f"AWQ cannot fold scales into {type(norm).__name__}: it does not compute "
+                            "weight * normalized(x); quantize this model with method gptq or rtn instead")
+    norm.weight.copy_((norm.weight.float() / s).to(norm.weight.dtype))
+    if getattr(norm, "bias", None) is not None:
+        norm.bias.copy_((norm.bias.float() / s).to(norm.bias.dtype))
+
+
+@torch.no_grad()
+def fold_scales(group: ScaleGroup, s: torch.Tensor) -> None:
+    """Apply AWQ scales s [K] in place (AWQ Sec. 3.2): the preceding op's output is divided by s (norm weight,
+    or the preceding linear's rows and bias) and the group's linear columns multiplied by s — the FP function
+    of the layer is unchanged."""
+    s = s.float()
+    prev = group.prev
+    if isinstance(prev, nn.Linear):
+        s_dev = s.to(prev.weight.device)
+        write_weight(prev, prev.weight.float() / s_dev[:, None])
+        if prev.bias is not None:
+            prev.bias.copy_((prev.bias.float() / s_dev).to(prev.bias.dtype))
+    else:
+        _fold_into_norm(prev, s.to(prev.weight.device))
+    for lin in group.linears:
+        write_weight(lin, lin.weight.float() * s.to(lin.weight.device)[None, :])
+
+
+def _first(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def channel_magnitude(inputs: list[torch.Tensor]) -> torch.Tensor:
+    """s_X: mean |x| per input channel over every token of the inputs (AWQ Sec. 3.3), float32 [K]."""
+    k = inputs[0].shape[-1]
+    total = torch.zeros(k, dtype=torch.float32, device=inputs[0].device)
+    count = 0
+    for x in inputs:
+        x = x.reshape(-1, k)
+        total += x.float().abs().sum(0)
+        count += x.shape[0]
+    return total / max(count, 1)
+
+
+def awq_scales(magnitude: torch.Tensor, alpha: float) -> torch.Tensor:
+    """s = s_X^α (AWQ Sec. 3.3, Eq. 5), floored at 1e-4 and normalised by sqrt(max · min) so that the scaled
+    weights stay in the original range on average."""
+    s = magnitude.float().pow(alpha).clamp(min=1e-4)
+    return s / (s.max() * s.min()).sqrt()
+
+
+@torch.no_grad()
+def search_scale(group: ScaleGroup, inputs: list[torch.Tensor], calls: list[tuple[tuple, dict]],
+                 specs: list[QuantSpec], n_grid: int = 20) -> ScaleSearch:
+    """AWQ Sec. 3.3 grid search: for α = i / n_grid (i = 0..n_grid-1), fake-quantize W·diag(s) and run the block
+    with weights Q(W·diag(s))·diag(s)⁻¹ on its captured calls; keep the α of least mean squared output error
+    against the FP block. The linears are restored before returning (nothing is folded)."""
+    magnitude = channel_magnitude(inputs)
+    reference = [_first(group.block(*a, **kw)) for a, kw in calls]
+    originals = [lin.weight.detach().clone() for lin in group.linears]
+    losses: list[float] = []
+    best = (float("inf"), 0.0, None)
+    try:
+        for i in range(int(n_grid)):
+            alpha = i / n_grid
+            s = awq_scales(magnitude, alpha)
+            for lin, w0, spec in zip(group.linears, originals, specs):
+                s_dev = s.to(w0.device)
+                write_weight(lin, grid.fake_quantize(w0.float() * s_dev, *spec) / s_dev)
+            err = 0.0
+            numel = 0
+            for (a, kw), ref in zip(calls, reference):
+                err += float((_first(group.block(*a, **kw)).float() - ref.float()).pow(2).sum())
+                numel += ref.numel()
+            loss = err / max(numel, 1)
+            losses.append(loss)
+            if loss < best[0]:
+                best = (loss, alpha, s)
+    finally:
+        for lin, w0 in zip(group.linears, originals):
+            write_weight(lin, w0)
+    if best[2] is None:
+        raise QuantkitError(f"AWQ scale search for {', '.join(group.names)} gave no finite error; the "
+                            "calibration activations contain NaN/inf")
+    return ScaleSearch(scales=best[2], alpha=best[1], losses=losses)
+
+
+def _capture(layer: nn.Module, batches: list[LayerBatch], linear_names: dict[str, nn.Linear],
+             groups: list[ScaleGroup]) -> tuple[dict[str, list[torch.Tensor]], dict[str, list[tuple[tuple, dict]]]]:
+    """One FP forward over the batches recording every linear's input and every group block's call."""
+    inputs: dict[str, list[torch.Tensor]] = {n: [] for n in linear_names}
+    calls: dict[str, list[tuple[tuple, dict]]] = {g.block_name: [] for g in groups}
+    blocks = {g.block_name: g.block for g in groups}
+
+    def on_linear(name, args, kwargs):
+        inputs[name].append(linear_input(args, kwargs))
+
+    def on_block(name, args, kwargs):
+        calls[name].append((args, dict(kwargs)))
+
+    with pre_hooks(linear_names, on_linear), pre_hooks(blocks, on_block):
+        for b in batches:
+            layer_output(layer, b)
+    return inputs, calls
+
+
+@torch.no_grad()
+def awq_quantize_layer(layer: nn.Module, batches: list[LayerBatch], linear_names: dict[str, nn.Linear],
+                       config: AWQConfig | dict) -> dict[str, QuantizedWeight]:
+    """AWQ on one decoder layer: per scaling group search α (:func:`search_scale`) and fold the scales into the
+    layer (:func:`fold_scales`: the layer's norms / preceding linears change, the FP output does not), then per
+    linear search clip ratios on its (scaled) inputs and round to nearest; the fake-quantized weights are
+    written back. The returned QuantizedWeights quantize the *scaled* weights, which pair with the folded norms
+    left in the layer — a checkpoint must save those norms too.
+    """
+    config = AWQConfig.coerce(config)
+    if not linear_names:
+        return {}
+    groups = scaling_groups(layer, linear_names)
+    inputs, calls = _capture(layer, batches, linear_names, groups)
+    alpha_of: dict[str, tuple[str, float]] = {}
+    for g in groups:
+        x = inputs[g.names[0]]
+        if any(any(a is not b for a, b in zip(inputs[n], x)) for n in g.names[1:]):
+            continue  # the linears did not read one shared tensor: not a scaling group in this architecture
+        found = search_scale(g, x, calls[g.block_name], [config.spec(n) for n in g.names], config.n_grid)
+        fold_scales(g, found.scales)
+        scaled = [xi / found.scales.to(device=xi.device, dtype=xi.dtype) for xi in x]
+        for n in g.names:
+            inputs[n] = scaled
+            alpha_of[n] = (g.prev_name, found.alpha)
+    out: dict[str, QuantizedWeight] = {}
+    for name, lin in linear_names.items():
+        spec = config.spec(name)
+        clip = config.clip and name.rsplit(".", 1)[-1] not in config.clip_skip
+        w = lin.weight.detach().float()
+        ratios = search_clip(w, *spec, inputs=inputs[name], grid=config.clip_grid,
+                             max_shrink=config.clip_max_shrink, n_tokens=config.clip_n_tokens) if clip else 1.0
+        qw = grid.quantize(w, *spec, clip=ratios)
+        prev_name, alpha = alpha_of.get(name, (None, None))
+        qw.meta = {"method": "awq", "scaled_by": prev_name, "alpha": alpha, "clip": "output" if clip else None}
+        write_weight(lin, grid.dequantize(qw))
+        out[name] = qw
+    return out

@@ -1,0 +1,167 @@
+"""Which on-disk layout each quantized weight gets, and which recipe/format/target combinations a checkpoint can
+hold at all.
+
+``--format quantkit`` stores every partition in quantkit's own layouts: ``--target reference`` → ``reference``
+(plain bit-packing, torch reference kernels); ``--target sm80|sm90`` → the GPU kernel layout of the partition's
+kind (4-bit asymmetric → ``w4a16``, LiquidQuant → ``w4a8-lqq``, 8-bit symmetric → ``w8``), falling back to
+``reference`` with a warning when no kernel layout exists or it cannot hold the weight. ``--format gptq|awq``
+writes the engines' formats for every linear, which exist only for uniform weight-only models: refusals are
+decided from the recipe and plan alone, before any model is loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from quantkit.errors import QuantkitError
+from quantkit.quant.partition import WeightRecord
+from quantkit.quant.recipe import Recipe
+from quantkit.quant.records import QuantizedWeight
+
+TARGETS = ("reference", "sm80", "sm90")
+EXPORTS = ("quantkit", "gptq", "awq")
+GPTQ_BITS = (2, 3, 4, 8)
+ALLOWED = {
+    "gptq": "--format gptq holds uniform weight-only (A16) 2/3/4/8-bit rtn/gptq/awq recipes without a "
+            "mixed-precision plan, LQQ or per-layer overrides",
+    "awq": "--format awq holds uniform weight-only (A16) 4-bit rtn/gptq/awq recipes without act-order, a "
+           "mixed-precision plan, LQQ or per-layer overrides",
+}
+
+
+def check_target_export(target: str | None, export: str) -> str:
+    """Validate --target/--format; returns the effective target ('reference' when none was given)."""
+    if export not in EXPORTS:
+        raise QuantkitError(f"unknown --format '{export}'; use one of {', '.join(EXPORTS)}")
+    if target is not None and target not in TARGETS:
+        raise QuantkitError(f"unknown --target '{target}'; use one of {', '.join(TARGETS)}")
+    if export != "quantkit" and target not in (None, "reference"):
+        raise QuantkitError(f"--target {target} cannot be combined with --format {export} (GPTQ/AWQ checkpoints "
+                            f"have their engines' own layout); allowed: --format quantkit with --target "
+                            f"{'|'.join(TARGETS)}, or --format gptq|awq without --target")
+    return target or "reference"
+
+
+def _refuse(export: str, recipe: Recipe, why: str) -> QuantkitError:
+    return QuantkitError(f"--format {export} cannot hold recipe '{recipe.name}' ({why}); {ALLOWED[export]} — "
+                         "use --format quantkit for this one")
+
+
+def check_recipe_export(recipe: Recipe, export: str, plan_is_mixed: bool) -> None:
+    """Refuse, from the recipe and plan alone, what a GPTQ/AWQ checkpoint cannot represent: activation
+    quantization (W4A8/W8A8), LiquidQuant two-level weights, a mixed-precision plan, per-layer overrides
+    (config.json holds one bits/group_size/sym), bit-widths the format lacks, AWQ with GPTQ act-order."""
+    if export == "quantkit":
+        return
+    w = recipe.weight
+    if recipe.activation.enabled:
+        raise _refuse(export, recipe, f"it quantizes activations to {recipe.activation.bits} bits")
+    if w.method == "lqq":
+        raise _refuse(export, recipe, "LiquidQuant two-level weights")
+    if plan_is_mixed:
+        raise _refuse(export, recipe, "the plan mixes bit-widths across output channels")
+    if recipe.overrides:
+        raise _refuse(export, recipe, f"it has {len(recipe.overrides)} per-layer override(s)")
+    if export == "gptq" and w.bits not in GPTQ_BITS:
+        raise _refuse(export, recipe, f"{w.bits}-bit weights")
+    if export == "awq":
+        if w.bits != 4:
+            raise _refuse(export, recipe, f"{w.bits}-bit weights")
+        if w.method == "gptq" and w.act_order:
+            raise _refuse(export, recipe, "GPTQ act-order (AWQ checkpoints have no g_idx)")
+
+
+def kernel_layout(qw: QuantizedWeight) -> str | None:
+    """The GPU kernel layout for a weight of this kind, or None when no kernel covers it."""
+    if qw.channel_scales is not None:
+        return "w4a8-lqq"
+    if qw.bits == 4 and not qw.sym:
+        return "w4a16"
+    if qw.bits == 8 and qw.sym:
+        return "w8"
+    return None
+
+
+def record_parts(record: WeightRecord) -> list[QuantizedWeight]:
+    """The quantized sub-matrices of a record in storage order (one for a plain weight)."""
+    if isinstance(record, QuantizedWeight):
+        return [record]
+    return [p.weight for p in record.partitions]
+
+
+def _get(name: str):
+    from quantkit.formats.registry import get_layout
+
+    return get_layout(name)
+
+
+def _kind(qw: QuantizedWeight) -> str:
+    if qw.channel_scales is not None:
+        return "LiquidQuant 4-bit"
+    return f"{qw.bits}-bit {'sym' if qw.sym else 'asym'}"
+
+
+def _quantkit_layouts(records: dict[str, WeightRecord], target: str,
+                      warn: Callable[[str], None]) -> dict[str, list[str]]:
+    fallbacks: dict[str, list[str]] = {}  # warning text → linears it concerns
+    out: dict[str, list[str]] = {}
+    for name, rec in records.items():
+        chosen = []
+        for qw in record_parts(rec):
+            layout = "reference"
+            if target != "reference":
+                want = kernel_layout(qw)
+                if want is None:
+                    why = f"no {target} kernel layout for {_kind(qw)} weights"
+                else:
+                    try:
+                        why = _get(want).supports(qw)
+                        why = None if why is None else f"layout '{want}' cannot hold them: {why}"
+                    except QuantkitError:
+                        why = f"kernel layout '{want}' is not available in this install"
+                if why is None:
+                    layout = want
+                else:
+                    fallbacks.setdefault(why, []).append(name)
+            problem = _get(layout).supports(qw)
+            if problem is not None:
+                raise QuantkitError(f"linear '{name}' cannot be stored in layout '{layout}': {problem}")
+            chosen.append(layout)
+        out[name] = chosen
+    for why, names in fallbacks.items():
+        warn(f"{len(names)} linear(s) stored in the 'reference' layout (torch reference kernel), e.g. "
+             f"'{names[0]}': {why}")
+    return out
+
+
+def _engine_layouts(records: dict[str, WeightRecord], export: str,
+                    warn: Callable[[str], None]) -> dict[str, list[str]]:
+    parts = {}
+    for name, rec in records.items():
+        if not isinstance(rec, QuantizedWeight):
+            raise QuantkitError(f"--format {export} cannot hold linear '{name}': it mixes bit-widths across output "
+                                f"channels; {ALLOWED[export]}")
+        parts[name] = rec
+    layout = export
+    refusals = {n: _get(export).supports(qw) for n, qw in parts.items()}
+    refusals = {n: why for n, why in refusals.items() if why is not None}
+    if refusals and export == "gptq" and all(_get("gptq_v2").supports(parts[n]) is None for n in refusals):
+        # GPTQ v1 stores zero - 1, so an asymmetric zero point of 0 has no portable encoding (formats/gptq.py)
+        layout = "gptq_v2"
+        first = next(iter(refusals))
+        warn(f"writing checkpoint_format gptq_v2 (zero points stored as they are): {len(refusals)} linear(s), "
+             f"e.g. '{first}', have a zero point GPTQ v1 cannot encode; GPTQModel reads v2, some engines only v1")
+        refusals = {}
+    if refusals:
+        name, why = next(iter(refusals.items()))
+        raise QuantkitError(f"--format {export} cannot hold linear '{name}': {why}")
+    return {n: [layout] for n in parts}
+
+
+def choose_layouts(records: dict[str, WeightRecord], target: str, export: str,
+                   warn: Callable[[str], None]) -> dict[str, list[str]]:
+    """Linear name → layout name per partition (order of :func:`record_parts`), every choice checked with the
+    layout's ``supports``; unavailable kernel layouts fall back to 'reference' through ``warn``."""
+    if export == "quantkit":
+        return _quantkit_layouts(records, target, warn)
+    return _engine_layouts(records, export, warn)

@@ -1,0 +1,137 @@
+"""The job behind ``quantkit pack``: check the options, load the model, quantize it per recipe (and plan) layer by
+layer on the compute device, choose each partition's layout, and write the checkpoint atomically.
+
+Everything that can be refused from the options, the recipe and the plan alone (unknown target/format, GPTQ/AWQ
+export of what those formats cannot hold, an existing output without --force, a bad --max-shard-size) is refused
+before the model is loaded; a plan made for another model is refused right after loading, before quantizing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from quantkit.errors import QuantkitError
+
+
+def _warn_line(msg: str) -> None:
+    from quantkit.ui import err_console
+
+    err_console.print(f"[bold yellow]warning:[/] {msg}", highlight=False, soft_wrap=True)
+
+
+def _plan_bytes(plan: str | None) -> bytes | None:
+    if plan is None:
+        return None
+    try:
+        return Path(plan).expanduser().read_bytes()
+    except OSError as e:
+        raise QuantkitError(f"cannot read plan '{plan}': {e.strerror or e}") from None
+
+
+def _source_dtype(model_ref: str) -> torch.dtype:
+    """The dtype the source checkpoint stores (config.json ``dtype``/``torch_dtype``; float32, HF's default,
+    when it says nothing)."""
+    from transformers import AutoConfig
+
+    from quantkit.model.loader import DTYPES, quiet_hf, resolve_model_path
+
+    path, _ = resolve_model_path(model_ref)
+    quiet_hf()
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError):
+        return torch.float32  # load_model reports an unreadable config with its own one-line error
+    name = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "").replace("torch.", "")
+    return DTYPES.get(name, torch.float32)
+
+
+def _parameters(model: torch.nn.Module) -> int:
+    """Parameter count with shared tensors (tied embeddings) counted once."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = None, target: str | None = None,
+             export: str = "quantkit", max_shard_size: str | int = "2GB", device: str = "auto",
+             dtype: str | None = None, calib_samples: int | None = None, force: bool = False,
+             progress: bool = True, warn: Callable[[str], None] | None = None) -> dict:
+    """Quantize ``model_ref`` with ``recipe`` (and ``plan``) and write a packed checkpoint to ``output``
+    (docs/checkpoint-format.md); returns :func:`quantkit.checkpoint.summarize` of what was written plus any
+    warnings."""
+    from quantkit import __version__
+    from quantkit.checkpoint.atomic import check_output
+    from quantkit.checkpoint.choose import check_recipe_export, check_target_export, choose_layouts
+    from quantkit.checkpoint.report import summarize
+    from quantkit.checkpoint.shards import parse_size
+    from quantkit.checkpoint.writer import build_checkpoint, tokenizer_files, write_checkpoint
+    from quantkit.model import load_model
+    from quantkit.model.loader import resolve_device, resolve_dtype
+    from quantkit.quant.apply import quantize_model
+    from quantkit.quant.recipe import load_recipe
+
+    warnings: list[str] = []
+
+    def warn_all(msg: str) -> None:
+        warnings.append(msg)
+        (warn or _warn_line)(msg)
+
+    target = check_target_export(target, export)
+    max_bytes = parse_size(max_shard_size)
+    if calib_samples is not None and calib_samples < 1:
+        raise QuantkitError(f"--calib-samples must be at least 1, got {calib_samples}")
+    out = Path(output).expanduser()
+    check_output(out.absolute(), force)
+    rec = load_recipe(recipe)
+    plan_raw = _plan_bytes(plan)
+    plan_obj = None
+    if plan is not None:
+        from quantkit.search.plan_check import read_plan
+
+        plan_obj = read_plan(plan)
+        check_recipe_export(rec, export, any(lp.channels for lp in plan_obj.layers.values()))
+    else:
+        check_recipe_export(rec, export, False)
+
+    compute = resolve_device(device)
+    # weights stay in CPU memory; run_layerwise moves one decoder layer at a time to the compute device
+    source_dtype = _source_dtype(model_ref)
+    load_dtype = resolve_dtype(dtype, compute, source_dtype)
+    loaded = load_model(model_ref, device="cpu", dtype=str(load_dtype).replace("torch.", ""))
+    if plan is not None:
+        from quantkit.search.plan_check import check_plan_model
+
+        check_plan_model(plan_obj, loaded.model, f"plan '{plan}'")
+    n_params = _parameters(loaded.model)
+    progress_factory = None
+    if progress:
+        from quantkit.ui import progress_bar
+
+        progress_factory = progress_bar
+    result = quantize_model(loaded.model, loaded.tokenizer, rec, plan=plan_obj, device=compute,
+                            progress_factory=progress_factory, samples=calib_samples)
+    layouts = choose_layouts(result.weights, target, export, warn_all)
+    act = None
+    if rec.activation.enabled:
+        act = {"bits": rec.activation.bits, "group_size": rec.activation.group_size, "sym": rec.activation.sym}
+    info = {"quantkit_version": __version__,
+            "source": {"model": model_ref, "model_type": loaded.model.config.model_type,
+                       "dtype": str(source_dtype).replace("torch.", ""), "parameters": n_params},
+            "recipe": rec.to_dict(), "plan_sha256": hashlib.sha256(plan_raw).hexdigest() if plan_raw else None,
+            "plan_file": Path(plan).name if plan else None, "target": target, "export": export,
+            "activation": act, "calibration": result.calibration, "avg_bits": result.avg_bits}
+    packed = build_checkpoint(loaded.model, result.weights, layouts, info, source_dtype)
+    is_local = Path(loaded.path).is_dir()
+    packed.extra_files = tokenizer_files(loaded.path if is_local else None)
+    if progress:
+        from quantkit.ui import progress_bar
+
+        with progress_bar("write shards") as update:
+            write_checkpoint(out, packed, max_bytes, force, loaded.tokenizer, update)
+    else:
+        write_checkpoint(out, packed, max_bytes, force, loaded.tokenizer)
+    summary = summarize(out, packed.manifest)
+    summary["warnings"] = warnings
+    return summary

@@ -1,0 +1,171 @@
+"""QuantLinear: an nn.Linear replacement that holds packed weights, optionally split into output-channel
+partitions of different bit-widths (MixLLM Sec. 3.4: each partition is an ordinary quantized sub-matrix whose
+results scatter to their output columns).
+
+Buffers are named as in the checkpoint: a linear with one partition holds the layout's tensors directly
+(``qweight``, ``scales`` …, so its state_dict keys are ``<linear>.qweight`` …); a mixed-precision linear holds one
+child module ``part{bits}`` per partition with the layout's tensors and ``rows`` (int32 output indices).
+
+Forward: activation fake-quant when the recipe has A8 (:func:`quantkit.quant.act.quantize_activation`, the same
+computation as the fake-quant pre-hooks), then per partition the registered kernel of its layout
+(:mod:`quantkit.runtime.dispatch`) or the torch reference — unpack → dequantize → ``F.linear`` — and the scatter.
+A single-partition reference forward is ``F.linear(x, Ŵ, bias)`` with the Ŵ fake-quant evaluation wrote into the
+nn.Linear, so packed and fake-quant logits are bit-identical.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from quantkit.quant.records import QuantizedWeight
+from quantkit.runtime.dispatch import ActQuant, kernel_for
+
+
+@dataclass
+class PackedPart:
+    """One partition as stored: its layout name and metadata, the layout's tensors, the output rows (None = all)."""
+
+    layout: str
+    meta: dict
+    tensors: dict[str, torch.Tensor]
+    rows: torch.Tensor | None = None
+    bits: int = 0
+
+
+class _PartHolder(nn.Module):
+    """Container of one partition's buffers inside a mixed-precision QuantLinear (``part{bits}``)."""
+
+
+def _layout(name: str) -> ModuleType:
+    from quantkit.formats.registry import get_layout
+
+    return get_layout(name)
+
+
+class QuantLinear(nn.Module):
+    """y = x·Ŵᵀ + b with Ŵ held packed in one or more layouts (see the module docstring)."""
+
+    def __init__(self, in_features: int, out_features: int, parts: list[PackedPart],
+                 bias: torch.Tensor | None = None, act: ActQuant | None = None, cache_dense: bool = True):
+        super().__init__()
+        if not parts:
+            raise ValueError("QuantLinear needs at least one partition")
+        self.in_features = int(in_features)
+        self.out_features = int(out_features)
+        self.act = act
+        self.cache_dense = cache_dense
+        self._parts: list[tuple[str, str, dict, int]] = []  # (holder name, layout, meta, bits)
+        self._dense: dict[str, torch.Tensor] = {}
+        mixed = len(parts) > 1 or parts[0].rows is not None
+        covered = 0
+        for p in parts:
+            holder_name = f"part{p.bits}" if mixed else ""
+            holder = self
+            if mixed:
+                if p.rows is None:
+                    raise ValueError("every partition of a mixed-precision linear needs its output rows")
+                holder = _PartHolder()
+                self.add_module(holder_name, holder)
+                holder.register_buffer("rows", p.rows.to(torch.int32))
+                covered += p.rows.numel()
+            for tname, t in p.tensors.items():
+                holder.register_buffer(tname, t)
+            self._parts.append((holder_name, p.layout, dict(p.meta), int(p.bits)))
+        if mixed and covered != self.out_features:
+            raise ValueError(f"partitions cover {covered} output rows, the linear has {self.out_features}")
+        if bias is not None:
+            self.register_buffer("bias", bias)
+        else:
+            self.bias = None
+
+    def _holder(self, name: str) -> nn.Module:
+        return getattr(self, name) if name else self
+
+    def _tensors(self, holder_name: str) -> dict[str, torch.Tensor]:
+        """The layout's packed tensors of one partition (its buffers minus ``rows`` and the linear's ``bias``)."""
+        holder = self._holder(holder_name)
+        skip = {"rows"} if holder_name else {"bias"}
+        return {n: b for n, b in holder.named_buffers(recurse=False) if n not in skip}
+
+    def quantized_weights(self) -> list[tuple[torch.Tensor | None, QuantizedWeight]]:
+        """(output rows or None, the unpacked QuantizedWeight) per partition — the layouts' ``unpack``."""
+        out = []
+        for holder_name, layout, meta, _ in self._parts:
+            qw = _layout(layout).unpack(self._tensors(holder_name), meta)
+            rows = self._holder(holder_name).rows.long() if holder_name else None
+            out.append((rows, qw))
+        return out
+
+    def dense_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The full dequantized Ŵ [N, K] (partitions scattered to their rows), for checks and export."""
+        from quantkit.quant.partition import dequantize_record
+
+        out = None
+        for rows, qw in self.quantized_weights():
+            w = dequantize_record(qw, dtype)
+            if rows is None:
+                return w
+            if out is None:
+                out = torch.empty(self.out_features, self.in_features, dtype=dtype, device=w.device)
+            out[rows.to(out.device)] = w
+        return out
+
+    def _reference_weight(self, holder_name: str, layout: str, meta: dict, dtype: torch.dtype) -> torch.Tensor:
+        """Ŵ of one partition in ``dtype`` (dequantize in fp32 then cast, as fake-quant writes it), cached."""
+        from quantkit.quant.partition import dequantize_record
+
+        cached = self._dense.get(holder_name)
+        if cached is not None and cached.dtype == dtype:
+            return cached
+        qw = _layout(layout).unpack(self._tensors(holder_name), meta)
+        w = dequantize_record(qw, torch.float32).to(dtype)
+        if self.cache_dense:
+            self._dense[holder_name] = w
+        return w
+
+    def clear_cache(self) -> None:
+        """Drop the cached dense weights (they are rebuilt lazily on the next reference forward)."""
+        self._dense.clear()
+
+    def _apply(self, fn, recurse=True):
+        self._dense.clear()  # .to()/.half() move the packed buffers; a cached Ŵ would be stale
+        return super()._apply(fn, recurse)
+
+    def _part_forward(self, x: torch.Tensor, xq: torch.Tensor, holder_name: str, layout: str, meta: dict,
+                      bias: torch.Tensor | None) -> torch.Tensor:
+        kernel = kernel_for(layout, x.device)
+        if kernel is None:
+            return F.linear(xq, self._reference_weight(holder_name, layout, meta, x.dtype), bias)
+        lead = x.shape[:-1]
+        inp = x if kernel.quantizes_activations else xq
+        y = kernel.fn(inp.reshape(-1, self.in_features), self._tensors(holder_name), meta, self.act)
+        y = y.reshape(*lead, y.shape[-1]).to(x.dtype)
+        return y if bias is None else y + bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xq = x
+        if self.act is not None:
+            from quantkit.quant.act import quantize_activation
+
+            xq = quantize_activation(x, self.act.bits, self.act.group_size, self.act.sym)
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        if len(self._parts) == 1 and not self._parts[0][0]:
+            _, layout, meta, _ = self._parts[0]
+            return self._part_forward(x, xq, "", layout, meta, bias)
+        y = x.new_empty(*x.shape[:-1], self.out_features)
+        for holder_name, layout, meta, _ in self._parts:
+            rows = self._holder(holder_name).rows.long()
+            part_bias = None if bias is None else bias[rows]
+            y[..., rows] = self._part_forward(x, xq, holder_name, layout, meta, part_bias)
+        return y
+
+    def extra_repr(self) -> str:
+        parts = ", ".join(f"{layout}:{bits}b" for _, layout, _, bits in self._parts)
+        act = f", act=A{self.act.bits}" if self.act else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, parts=[{parts}]{act}, " \
+               f"bias={self.bias is not None}"

@@ -48,6 +48,7 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
                  device: str = "auto", dtype: str | None = None, recipe: str | None = None,
                  plan: str | None = None, baseline: bool = True) -> dict:
     """Run the eval-ppl job and return its result record (used by the CLI and the demo)."""
+    from quantkit.checkpoint import is_checkpoint, load_packed
     from quantkit.data import joined_text
     from quantkit.data.tokens import encode
     from quantkit.eval.ppl import choose_seqlen
@@ -56,7 +57,10 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
 
     quiet_hf()
     text = joined_text(dataset, "test")  # a bad --dataset fails before the model loads
-    loaded = load_model(model_ref, device=device, dtype=dtype)
+    packed = is_checkpoint(model_ref)
+    if packed and (recipe or plan):
+        raise QuantkitError(f"'{model_ref}' is a packed checkpoint (already quantized); drop --recipe/--plan")
+    loaded = (load_packed if packed else load_model)(model_ref, device=device, dtype=dtype)
     seqlen = choose_seqlen(seqlen, max_positions(loaded.model))
     ids = encode(loaded.tokenizer, text)
     result = {"model": model_ref, "dataset": dataset, "device": loaded.device,
@@ -64,7 +68,7 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
     if recipe is None:
         if plan is not None:
             raise QuantkitError("--plan needs --recipe (the plan says which bits, the recipe how to quantize)")
-        r = _ppl_of(loaded.model, ids, seqlen, max_windows, "fp")
+        r = _ppl_of(loaded.model, ids, seqlen, max_windows, "packed" if packed else "fp")
         result.update(r.as_dict())
         return result
     from quantkit.quant.apply import quantize_model
@@ -178,6 +182,65 @@ def search(
     console.print(f"plan written to {output}", highlight=False)
     if json_out:
         sys.stdout.write(json.dumps(summary(plan, output)) + "\n")
+
+
+@app.command("pack")
+@user_errors
+def pack(
+    model: Annotated[str, typer.Argument(help="HF model dir, hub id or builtin:reference")],
+    output: Annotated[str, typer.Option("-o", "--output", help="checkpoint directory to write (atomically)")],
+    recipe: Annotated[str, typer.Option(help="shipped recipe name or YAML path")],
+    plan: Annotated[Optional[str], typer.Option(help="precision plan from `quantkit search`")] = None,
+    target: Annotated[Optional[str], typer.Option(help="reference, sm80 or sm90 (kernel layouts; --format "
+                                                       "quantkit only; default reference)")] = None,
+    format: Annotated[str, typer.Option("--format", help="quantkit, gptq or awq")] = "quantkit",
+    max_shard_size: Annotated[str, typer.Option(help="largest shard, e.g. 500MB or 2GB")] = "2GB",
+    calib_samples: Annotated[Optional[int], typer.Option(help="calibration windows (default: the "
+                                                              "recipe's)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="replace an existing checkpoint at -o")] = False,
+    device: Device = "auto",
+    dtype: Dtype = None,
+    json_out: Json = False,
+):
+    """Quantize a model with a recipe (and plan) and write a packed checkpoint: config.json with a
+    quantization_config, quantkit.json manifest, sharded safetensors, tokenizer."""
+    from quantkit.checkpoint.report import summary_table
+    from quantkit.pack import run_pack
+
+    res = run_pack(model, recipe, output, plan=plan, target=target, export=format, max_shard_size=max_shard_size,
+                   device=device, dtype=dtype, calib_samples=calib_samples, force=force)
+    console = err_console if json_out else out_console
+    console.print(summary_table(res, f"packed — {output}"))
+    if json_out:
+        sys.stdout.write(json.dumps(res) + "\n")
+
+
+@app.command("inspect")
+@user_errors
+def inspect(
+    checkpoint: Annotated[str, typer.Argument(help="packed checkpoint directory")],
+    verify: Annotated[bool, typer.Option("--verify", help="recompute every tensor's sha256 (exit 2 on a "
+                                                          "mismatch)")] = False,
+    json_out: Json = False,
+):
+    """Summary of a packed checkpoint (source, recipe, layers, bits, layouts, size); --verify checks its bytes."""
+    from quantkit.checkpoint import read_manifest, summarize, verify_checkpoint
+    from quantkit.checkpoint.report import summary_table
+
+    manifest = read_manifest(checkpoint)
+    res = summarize(checkpoint, manifest)
+    if verify:
+        res["mismatches"] = verify_checkpoint(checkpoint, manifest)
+    console = err_console if json_out else out_console
+    console.print(summary_table(res))
+    for m in res.get("mismatches", []):
+        err_console.print(f"[bold red]sha256 mismatch:[/] tensor '{m['tensor']}' in {m['shard']}", highlight=False)
+    if verify and not res["mismatches"]:
+        console.print(f"verified: all {res['tensors']} tensors match their sha256", highlight=False)
+    if json_out:
+        sys.stdout.write(json.dumps(res) + "\n")
+    if res.get("mismatches"):
+        raise typer.Exit(QuantkitError.exit_code)
 
 
 def main() -> None:

@@ -94,6 +94,7 @@ def search(loaded: LoadedModel, recipe, opts: SearchOptions, progress: Progress 
                                   calibration["seqlen"], calibration["seed"])
         calibration["tokens"] = int(ids.numel())
         low = budget.bits[0]
+        # recorded as the first linear's spec; per-layer recipe overrides still apply inside the quantizer
         spec = recipe.spec_for(linears[0][0], low)
         result = compute_salience(model, ids, salience_quantizer(recipe, low), first_order=opts.first_order,
                                   batch_size=opts.batch_size, checkpoint_layers=opts.checkpoint_layers,

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from quantkit.errors import QuantkitError
 from quantkit.ui import err_console, out_console, progress_bar
@@ -25,7 +26,7 @@ def user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except QuantkitError as e:
-            err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            err_console.print(Text.assemble(("error: ", "bold red"), str(e)), highlight=False, soft_wrap=True)
             raise typer.Exit(QuantkitError.exit_code) from None
 
     return wrapper
@@ -193,7 +194,7 @@ def pack(
     plan: Annotated[Optional[str], typer.Option(help="precision plan from `quantkit search`")] = None,
     target: Annotated[Optional[str], typer.Option(help="reference, sm80 or sm90 (kernel layouts; --format "
                                                        "quantkit only; default reference)")] = None,
-    format: Annotated[str, typer.Option("--format", help="quantkit, gptq or awq")] = "quantkit",
+    export_format: Annotated[str, typer.Option("--format", help="quantkit, gptq or awq")] = "quantkit",
     max_shard_size: Annotated[str, typer.Option(help="largest shard, e.g. 500MB or 2GB")] = "2GB",
     calib_samples: Annotated[Optional[int], typer.Option(help="calibration windows (default: the "
                                                               "recipe's)")] = None,
@@ -207,8 +208,8 @@ def pack(
     from quantkit.checkpoint.report import summary_table
     from quantkit.pack import run_pack
 
-    res = run_pack(model, recipe, output, plan=plan, target=target, export=format, max_shard_size=max_shard_size,
-                   device=device, dtype=dtype, calib_samples=calib_samples, force=force)
+    res = run_pack(model, recipe, output, plan=plan, target=target, export=export_format,
+                   max_shard_size=max_shard_size, device=device, dtype=dtype, calib_samples=calib_samples, force=force)
     console = err_console if json_out else out_console
     console.print(summary_table(res, f"packed — {output}"))
     if json_out:
@@ -217,7 +218,7 @@ def pack(
 
 @app.command("inspect")
 @user_errors
-def inspect(
+def inspect_checkpoint(
     checkpoint: Annotated[str, typer.Argument(help="packed checkpoint directory")],
     verify: Annotated[bool, typer.Option("--verify", help="recompute every tensor's sha256 (exit 2 on a "
                                                           "mismatch)")] = False,

@@ -1,0 +1,108 @@
+"""The ``quantkit pack`` / ``inspect`` commands and ``eval-ppl`` on a packed checkpoint: exit codes, one-line
+errors, the summary table and --json records, and the same perplexity as fake-quant evaluation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from quantkit.cli import app
+from quantkit.checkpoint import read_manifest
+
+EVAL = ["--device", "cpu", "--seqlen", "64", "--max-windows", "2", "--json"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_dir):
+    return tiny_model_dir("qwen3")
+
+
+@pytest.fixture(scope="module")
+def packed(model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "out"
+    res = CliRunner().invoke(app, ["pack", str(model_dir), "--recipe", "mixllm-w4a8-rtn", "-o", str(out),
+                                   "--device", "cpu", "--max-shard-size", "500KB", "--json"])
+    assert res.exit_code == 0, res.output
+    return out, json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _last_json(res) -> dict:
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_pack_writes_and_reports(packed):
+    out, summary = packed
+    assert summary["linears"] == 14 and summary["bits_histogram"] == {"4": 1.0}
+    assert summary["avg_bits"] == 4.0 and summary["activation_bits"] == 8
+    assert summary["shards"] > 1 and summary["bytes_on_disk"] > 0 and summary["bytes_fp16"] > 0
+    assert read_manifest(out)["recipe"]["name"] == "mixllm-w4a8-rtn"
+
+
+def test_pack_table_without_json(model_dir, tmp_path):
+    res = CliRunner().invoke(app, ["pack", str(model_dir), "--recipe", "rtn-w4a16-g128", "-o", str(tmp_path / "o"),
+                                   "--device", "cpu", "--target", "sm80"])
+    assert res.exit_code == 0, res.output
+    for field in ("quantized linears", "bits histogram", "average bits", "size on disk", "vs FP16"):
+        assert field in res.output
+
+
+def test_eval_ppl_of_packed_equals_fake_quant(packed, model_dir):
+    out, _ = packed
+    runner = CliRunner()
+    res_packed = runner.invoke(app, ["eval-ppl", str(out), *EVAL])
+    res_fake = runner.invoke(app, ["eval-ppl", str(model_dir), "--recipe", "mixllm-w4a8-rtn", "--no-baseline", *EVAL])
+    assert res_packed.exit_code == 0, res_packed.output
+    assert res_fake.exit_code == 0, res_fake.output
+    a, b = _last_json(res_packed), _last_json(res_fake)
+    assert a["ppl"] == b["ppl"] and a["nll"] == b["nll"] and a["windows"] == b["windows"] == 2
+    again = runner.invoke(app, ["eval-ppl", str(out), "--recipe", "w8a8", *EVAL])
+    assert again.exit_code == 2 and "already quantized" in again.output
+
+
+def test_inspect_and_verify(packed, tmp_path):
+    import shutil
+
+    out, summary = packed
+    res = CliRunner().invoke(app, ["inspect", str(out), "--verify", "--json"])
+    assert res.exit_code == 0, res.output
+    info = _last_json(res)
+    assert info["mismatches"] == [] and info["linears"] == summary["linears"]
+    assert info["recipe"] == "mixllm-w4a8-rtn" and info["layouts"] == {"reference": 14}
+    bad = shutil.copytree(out, tmp_path / "bad")
+    manifest = read_manifest(bad)
+    name = "model.layers.0.mlp.down_proj.scales"
+    shard = bad / manifest["tensors"][name]["shard"]
+    raw = bytearray(shard.read_bytes())
+    raw[-1] ^= 0xFF  # the last byte belongs to the last tensor of the shard
+    shard.write_bytes(bytes(raw))
+    res = CliRunner().invoke(app, ["inspect", str(bad), "--verify"])
+    assert res.exit_code == 2 and "sha256 mismatch" in res.output
+    assert CliRunner().invoke(app, ["inspect", str(bad)]).exit_code == 0  # no --verify: bytes not read
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--recipe", "lqq-w4a8", "--format", "awq"], "--format awq cannot hold recipe 'lqq-w4a8'"),
+    (["--recipe", "rtn-w4a16-g128", "--format", "gptq", "--target", "sm90"], "cannot be combined"),
+    (["--recipe", "rtn-w4a16-g128", "--max-shard-size", "big"], "--max-shard-size 'big' is not a size"),
+    (["--recipe", "rtn-w4a16-g128", "--plan", "/nonexistent/plan.json"], "cannot read plan"),
+])
+def test_pack_errors_are_one_line(model_dir, tmp_path, args, message):
+    res = CliRunner().invoke(app, ["pack", str(model_dir), "-o", str(tmp_path / "o"), "--device", "cpu", *args])
+    assert res.exit_code == 2
+    assert message in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_existing_output_and_force(packed, model_dir):
+    out, _ = packed
+    res = CliRunner().invoke(app, ["pack", str(model_dir), "--recipe", "rtn-w4a16-g128", "-o", str(out),
+                                   "--device", "cpu"])
+    assert res.exit_code == 2 and "already exists; pass --force" in res.output
+    assert read_manifest(out)["recipe"]["name"] == "mixllm-w4a8-rtn"
+
+
+def test_inspect_of_a_non_checkpoint(model_dir):
+    res = CliRunner().invoke(app, ["inspect", str(model_dir)])
+    assert res.exit_code == 2 and "not a packed quantkit checkpoint" in res.output

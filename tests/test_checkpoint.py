@@ -91,7 +91,7 @@ def _packed_logits(out, ids, verify=True):
 # --------------------------------------------------------------------------------------------- pack → load
 
 
-@pytest.mark.parametrize("recipe,exports", [("rtn-w4a16-g128", ["quantkit"]), ("lqq-w4a8", ["quantkit"]),
+@pytest.mark.parametrize("recipe,exports", [("rtn-w4a16-g128", ["quantkit", "awq"]), ("lqq-w4a8", ["quantkit"]),
                                             ("gptq", ["quantkit", "gptq"])])
 def test_packed_logits_equal_fake_quant_exactly(model_dir, gptq_recipe, tmp_path, recipe, exports):
     recipe = gptq_recipe if recipe == "gptq" else recipe
@@ -103,7 +103,7 @@ def test_packed_logits_equal_fake_quant_exactly(model_dir, gptq_recipe, tmp_path
         assert torch.equal(_packed_logits(out, ids), want), export
         manifest = read_manifest(out)
         layouts = {p["layout"] for lin in manifest["linears"].values() for p in lin["partitions"]}
-        assert layouts == {"gptq" if export == "gptq" else "reference"}
+        assert layouts == {"reference" if export == "quantkit" else export}
         assert manifest["export"] == export
         assert (manifest["activation"] is not None) == load_recipe(recipe).activation.enabled
         qc = json.loads((out / "config.json").read_text())["quantization_config"]
@@ -112,6 +112,8 @@ def test_packed_logits_equal_fake_quant_exactly(model_dir, gptq_recipe, tmp_path
                           "checkpoint_format": "gptq"}
             assert {f"model.layers.0.mlp.down_proj.{t}" for t in ("qweight", "qzeros", "scales", "g_idx")} \
                 <= set(manifest["tensors"])
+        elif export == "awq":  # AutoAWQ GEMM's config
+            assert qc == {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}
         else:
             assert qc["quant_method"] == "quantkit" and qc["recipe"] == load_recipe(recipe).name
 

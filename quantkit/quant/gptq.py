@@ -128,7 +128,7 @@ def gptq_solve(weight: torch.Tensor, hessian: torch.Tensor, specs: list[RowSpec]
     # column j of the sweep is original column orig[j]; static groups are looked up by the original index
     orig = perm.tolist() if perm is not None else range(k)
 
-    codes = torch.zeros(n, k, dtype=torch.float32, device=dev)
+    codes = torch.zeros(n, k, dtype=torch.uint8, device=dev)  # q is integer-valued in [0, 255]
     decided = torch.zeros(n, k, dtype=torch.float32, device=dev)
     scale = torch.zeros(n, dtype=torch.float32, device=dev)
     zero = torch.zeros(n, dtype=torch.float32, device=dev)
@@ -178,7 +178,7 @@ def gptq_solve(weight: torch.Tensor, hessian: torch.Tensor, specs: list[RowSpec]
             g_idx = None
         meta = {"method": "gptq", "act_order": act_order, "static_groups": static_groups,
                 "percdamp": damp_used, "blocksize": blocksize}
-        parts.append(QuantizedWeight(codes=codes[rg.rows].to(torch.uint8), scales=rg.scales,
+        parts.append(QuantizedWeight(codes=codes[rg.rows], scales=rg.scales,
                                      zeros=rg.zeros.to(torch.uint8), bits=rg.spec.bits,
                                      group_size=rg.spec.group_size, sym=rg.spec.sym, g_idx=g_idx, meta=meta))
     return GPTQResult(weight=decided, parts=parts, loss=float(loss), percdamp=damp_used)

@@ -15,7 +15,9 @@ from quantkit.model.layerwise import capture_layer_inputs, layer_output
 from quantkit.quant import grid
 from quantkit.quant.awq import (AWQConfig, ScaleGroup, awq_quantize_layer, awq_scales, channel_magnitude,
                                 fold_scales, scaling_groups, search_scale)
-from quantkit.quant.layerquant import pre_hooks
+from quantkit.quant.layerquant import QuantSpec, pre_hooks
+from quantkit.quant.partition import dequantize_record
+from quantkit.quant.records import PartitionedWeight
 from tests.layerquant_helpers import correlated_tiny_model, token_ids
 
 # (family, config overrides): the default tiny configs use GQA (o_proj cannot be scaled against v_proj);
@@ -101,7 +103,7 @@ def test_search_scale_takes_the_grid_minimum_and_alpha_zero_is_rtn():
         for b in calib:
             layer_output(layer, b)
     before = [lin.weight.detach().clone() for lin in group.linears]
-    found = search_scale(group, inputs, calls, [(3, 32, False)] * 3, n_grid=10)
+    found = search_scale(group, inputs, calls, [[(None, QuantSpec(3, 32, False))]] * 3, n_grid=10)
     assert all(torch.equal(lin.weight, w) for lin, w in zip(group.linears, before))  # nothing folded
     assert len(found.losses) == 10 and found.losses[int(round(found.alpha * 10))] == min(found.losses)
     torch.testing.assert_close(found.scales, awq_scales(channel_magnitude(inputs), found.alpha))
@@ -151,6 +153,28 @@ def test_awq_layer_beats_rtn_on_outlier_channels(arch, over):
         assert scaled["o_proj"] == ("self_attn.v_proj" if over else None)
     assert errors[False] < 0.85 * errors["rtn"], errors
     assert errors[True] < 0.7 * errors["rtn"], errors
+
+
+def test_awq_with_row_bit_widths_returns_partitions():
+    """A plan's 4/8-bit rows (8-bit sym g64 per bit_specs): the search and the rounding use each row's grid, the
+    record is a PartitionedWeight and its dense dequantization is what the linear now holds."""
+    _, layer, calib, held_out = layer_setup("llama", num_key_value_heads=4)
+    linears = layer_linears(layer, "layer0")
+    up, down = "layer0.mlp.up_proj", "layer0.mlp.down_proj"
+    rows_up = torch.full((160,), 4)
+    rows_up[1::4] = 8
+    rows_down = torch.full((64,), 8)  # one bit-width: a plain record on the 8-bit grid
+    cfg = AWQConfig(bits=4, group_size=32, bit_specs={8: (64, True)})
+    out = awq_quantize_layer(layer, calib, linears, cfg, row_bits={up: rows_up, down: rows_down})
+    rec = out[up]
+    assert isinstance(rec, PartitionedWeight) and rec.bits_per_row().tolist() == rows_up.tolist()
+    assert [(p.weight.bits, p.weight.group_size, p.weight.sym) for p in rec.partitions] == [(4, 32, False),
+                                                                                           (8, 64, True)]
+    assert torch.equal(dequantize_record(rec), linears[up].weight)
+    assert (out[down].bits, out[down].group_size, out[down].sym) == (8, 64, True)
+    assert torch.equal(grid.dequantize(out[down]), linears[down].weight)
+    with pytest.raises(QuantkitError, match="not linears of this layer"):
+        awq_quantize_layer(layer, calib, linears, cfg, row_bits={"nope": rows_up})
 
 
 def test_awq_through_run_layerwise_beats_rtn_on_final_logits():

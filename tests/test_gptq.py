@@ -204,6 +204,20 @@ def test_mixed_row_bits_equal_separate_runs(act_order):
         assert (part.weight.g_idx is None) == (alone.g_idx is None)
 
 
+def test_row_grids_resolve_plans():
+    """A linear's own grid (override) applies to rows at its own bit-width; other bit-widths take bit_specs."""
+    cfg = GPTQConfig(bits=4, group_size=128, override=lambda name: (4, 64, False) if name == "a" else None,
+                     bit_specs={4: (128, True), 8: (128, True)})
+    assert cfg.row_grids("a", 5, None) == [(None, (4, 64, False))]
+    assert cfg.row_grids("a", 5, torch.full((5,), 4)) == [(None, (4, 64, False))]
+    assert cfg.row_grids("b", 5, torch.full((5,), 3)) == [(None, (3, 128, False))]
+    (rows4, g4), (rows8, g8) = cfg.row_grids("a", 5, torch.tensor([8, 4, 4, 8, 4]))
+    assert rows4.tolist() == [1, 2, 4] and g4 == (4, 64, False)
+    assert rows8.tolist() == [0, 3] and g8 == (8, 128, True)
+    with pytest.raises(QuantkitError, match="output channels"):
+        cfg.row_grids("a", 6, torch.full((5,), 4))
+
+
 def test_bad_row_specs_and_options():
     w = torch.randn(4, 16)
     h = torch.eye(16)

@@ -24,8 +24,10 @@ from quantkit.errors import QuantkitError
 from quantkit.model.layerwise import LayerBatch, layer_output
 from quantkit.quant import grid
 from quantkit.quant.clip import search_clip
-from quantkit.quant.layerquant import LayerQuantConfig, QuantSpec, linear_input, pre_hooks, write_weight
-from quantkit.quant.records import QuantizedWeight
+from quantkit.quant.layerquant import (LayerQuantConfig, RowGrids, fake_quantize_rows, linear_input, pre_hooks,
+                                       write_weight)
+from quantkit.quant.partition import WeightRecord, dequantize_record
+from quantkit.quant.records import Partition, PartitionedWeight
 
 # (preceding op, scaled linears, block whose output measures the error), paths relative to the decoder layer
 GROUP_PATTERNS = (
@@ -165,10 +167,11 @@ def awq_scales(magnitude: torch.Tensor, alpha: float) -> torch.Tensor:
 
 @torch.no_grad()
 def search_scale(group: ScaleGroup, inputs: list[torch.Tensor], calls: list[tuple[tuple, dict]],
-                 specs: list[QuantSpec], n_grid: int = 20) -> ScaleSearch:
-    """AWQ Sec. 3.3 grid search: for α = i / n_grid (i = 0..n_grid-1), fake-quantize W·diag(s) and run the block
-    with weights Q(W·diag(s))·diag(s)⁻¹ on its captured calls; keep the α of least mean squared output error
-    against the FP block. The linears are restored before returning (nothing is folded)."""
+                 grids: list[RowGrids], n_grid: int = 20) -> ScaleSearch:
+    """AWQ Sec. 3.3 grid search: for α = i / n_grid (i = 0..n_grid-1), fake-quantize W·diag(s) (each linear on
+    its ``grids``, row partitions included) and run the block with weights Q(W·diag(s))·diag(s)⁻¹ on its captured
+    calls; keep the α of least mean squared output error against the FP block. The linears are restored before
+    returning (nothing is folded)."""
     magnitude = channel_magnitude(inputs)
     reference = [_first(group.block(*a, **kw)) for a, kw in calls]
     originals = [lin.weight.detach().clone() for lin in group.linears]
@@ -178,9 +181,9 @@ def search_scale(group: ScaleGroup, inputs: list[torch.Tensor], calls: list[tupl
         for i in range(int(n_grid)):
             alpha = i / n_grid
             s = awq_scales(magnitude, alpha)
-            for lin, w0, spec in zip(group.linears, originals, specs):
+            for lin, w0, rows_grids in zip(group.linears, originals, grids):
                 s_dev = s.to(w0.device)
-                write_weight(lin, grid.fake_quantize(w0.float() * s_dev, *spec) / s_dev)
+                write_weight(lin, fake_quantize_rows(w0.float() * s_dev, rows_grids) / s_dev)
             err = 0.0
             numel = 0
             for (a, kw), ref in zip(calls, reference):
@@ -218,41 +221,64 @@ def _capture(layer: nn.Module, batches: list[LayerBatch], linear_names: dict[str
     return inputs, calls
 
 
+def _round_linear(name: str, weight: torch.Tensor, grids: RowGrids, inputs: list[torch.Tensor],
+                  config: AWQConfig, scaled: tuple[str | None, float | None]) -> WeightRecord:
+    """Clip search (unless skipped) and RTN of one linear's (scaled) weight, per row partition."""
+    clip = config.clip and name.rsplit(".", 1)[-1] not in config.clip_skip
+    meta = {"method": "awq", "scaled_by": scaled[0], "alpha": scaled[1], "clip": "output" if clip else None}
+    parts = []
+    for rows, spec in grids:
+        w = weight if rows is None else weight[rows.to(weight.device)]
+        ratios = search_clip(w, *spec, inputs=inputs, grid=config.clip_grid, max_shrink=config.clip_max_shrink,
+                             n_tokens=config.clip_n_tokens) if clip else 1.0
+        qw = grid.quantize(w, *spec, clip=ratios)
+        qw.meta = dict(meta)
+        parts.append((rows, qw))
+    if parts[0][0] is None:
+        return parts[0][1]
+    return PartitionedWeight(out_features=weight.shape[0], in_features=weight.shape[1],
+                             partitions=[Partition(rows, qw) for rows, qw in parts])
+
+
 @torch.no_grad()
 def awq_quantize_layer(layer: nn.Module, batches: list[LayerBatch], linear_names: dict[str, nn.Linear],
-                       config: AWQConfig | dict) -> dict[str, QuantizedWeight]:
+                       config: AWQConfig | dict,
+                       row_bits: dict[str, torch.Tensor] | None = None) -> dict[str, WeightRecord]:
     """AWQ on one decoder layer: per scaling group search α (:func:`search_scale`) and fold the scales into the
     layer (:func:`fold_scales`: the layer's norms / preceding linears change, the FP output does not), then per
     linear search clip ratios on its (scaled) inputs and round to nearest; the fake-quantized weights are
-    written back. The returned QuantizedWeights quantize the *scaled* weights, which pair with the folded norms
-    left in the layer — a checkpoint must save those norms too.
+    written back. ``row_bits[name]`` (a bit-width per output channel, MixLLM plans) quantizes that linear's rows
+    of each bit-width on their own grid, in the search too, and returns a :class:`PartitionedWeight`.
+
+    The returned records quantize the *scaled* weights, which pair with the folded norms left in the layer — a
+    checkpoint must save those norms too.
     """
     config = AWQConfig.coerce(config)
     if not linear_names:
         return {}
+    row_bits = row_bits or {}
+    unknown = [n for n in row_bits if n not in linear_names]
+    if unknown:
+        raise QuantkitError(f"row bit-widths given for {', '.join(unknown)}, which are not linears of this "
+                            "layer; check the plan matches the model")
+    grids = {n: config.row_grids(n, lin.out_features, row_bits.get(n)) for n, lin in linear_names.items()}
     groups = scaling_groups(layer, linear_names)
     inputs, calls = _capture(layer, batches, linear_names, groups)
-    alpha_of: dict[str, tuple[str, float]] = {}
+    scaled_by: dict[str, tuple[str, float]] = {}
     for g in groups:
         x = inputs[g.names[0]]
         if any(any(a is not b for a, b in zip(inputs[n], x)) for n in g.names[1:]):
             continue  # the linears did not read one shared tensor: not a scaling group in this architecture
-        found = search_scale(g, x, calls[g.block_name], [config.spec(n) for n in g.names], config.n_grid)
+        found = search_scale(g, x, calls[g.block_name], [grids[n] for n in g.names], config.n_grid)
         fold_scales(g, found.scales)
         scaled = [xi / found.scales.to(device=xi.device, dtype=xi.dtype) for xi in x]
         for n in g.names:
             inputs[n] = scaled
-            alpha_of[n] = (g.prev_name, found.alpha)
-    out: dict[str, QuantizedWeight] = {}
+            scaled_by[n] = (g.prev_name, found.alpha)
+    out: dict[str, WeightRecord] = {}
     for name, lin in linear_names.items():
-        spec = config.spec(name)
-        clip = config.clip and name.rsplit(".", 1)[-1] not in config.clip_skip
-        w = lin.weight.detach().float()
-        ratios = search_clip(w, *spec, inputs=inputs[name], grid=config.clip_grid,
-                             max_shrink=config.clip_max_shrink, n_tokens=config.clip_n_tokens) if clip else 1.0
-        qw = grid.quantize(w, *spec, clip=ratios)
-        prev_name, alpha = alpha_of.get(name, (None, None))
-        qw.meta = {"method": "awq", "scaled_by": prev_name, "alpha": alpha, "clip": "output" if clip else None}
-        write_weight(lin, grid.dequantize(qw))
-        out[name] = qw
+        record = _round_linear(name, lin.weight.detach().float(), grids[name], inputs[name], config,
+                               scaled_by.get(name, (None, None)))
+        write_weight(lin, dequantize_record(record))
+        out[name] = record
     return out

@@ -344,21 +344,10 @@ def _collect(layer: nn.Module, batches: list[LayerBatch], stage: dict[str, nn.Li
 
 def _row_specs(name: str, linear: nn.Linear, bits_of_rows: torch.Tensor | None, config: GPTQConfig,
                samples: list[torch.Tensor]) -> list[RowSpec]:
-    """The RowSpecs of one linear: one for all rows, or one per bit-width of a plan's row assignment."""
-    if bits_of_rows is None:
-        parts = [(None, config.spec(name))]
-    else:
-        bits_of_rows = torch.as_tensor(bits_of_rows).reshape(-1).long().cpu()
-        if bits_of_rows.numel() != linear.out_features:
-            raise QuantkitError(f"row bit-widths for {name} have {bits_of_rows.numel()} entries, the layer has "
-                                f"{linear.out_features} output channels; re-run the search for this model")
-        values = bits_of_rows.unique().tolist()
-        if len(values) == 1:
-            parts = [(None, config.partition_spec(name, values[0]))]
-        else:
-            parts = [((bits_of_rows == b).nonzero().reshape(-1), config.partition_spec(name, b)) for b in values]
+    """The RowSpecs of one linear (one per bit-width of a plan's row assignment), with clip ratios searched on
+    the linear's sampled inputs when ``config.clip``."""
     specs = []
-    for rows, spec in parts:
+    for rows, spec in config.row_grids(name, linear.out_features, bits_of_rows):
         clip = None
         if config.clip:
             w = linear.weight if rows is None else linear.weight[rows.to(linear.weight.device)]

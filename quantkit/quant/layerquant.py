@@ -17,6 +17,8 @@ import torch
 import torch.nn as nn
 
 from quantkit.errors import QuantkitError
+from quantkit.quant import grid
+from quantkit.quant.partition import split_rows
 
 
 class QuantSpec(NamedTuple):
@@ -29,6 +31,8 @@ class QuantSpec(NamedTuple):
 
 # name of a linear -> (bits, group_size, sym) for it, or None to keep the config's defaults
 Override = Callable[[str], "tuple[int, int, bool] | None"]
+# the grids of one linear: (sorted output rows, or None for all rows; the grid of those rows)
+RowGrids = list[tuple["torch.Tensor | None", QuantSpec]]
 
 
 def check_spec(bits: int, group_size: int, where: str) -> None:
@@ -64,12 +68,28 @@ class LayerQuantConfig:
         return spec
 
     def partition_spec(self, name: str, bits: int) -> QuantSpec:
-        """The grid of the rows of ``name`` that a plan assigns ``bits``: ``bit_specs[bits]`` if given, else the
-        linear's own group size and symmetry at that bit-width."""
+        """The grid of the rows of ``name`` that a plan assigns ``bits``: the linear's own grid at its own
+        bit-width, else ``bit_specs[bits]`` if given, else the linear's group size and symmetry at ``bits``."""
         base = self.spec(name)
+        if int(bits) == base.bits:
+            return base
         gs, sym = self.bit_specs.get(int(bits), (base.group_size, base.sym))
         check_spec(int(bits), gs, f"partition of {name}:")
         return QuantSpec(int(bits), gs, sym)
+
+    def row_grids(self, name: str, out_features: int, bits_of_rows: torch.Tensor | None) -> RowGrids:
+        """The grids of linear ``name``: [(None, its grid)] without a plan, else one (sorted rows, grid) per
+        bit-width a plan's per-row assignment ``bits_of_rows`` [N] uses (a single bit-width gives rows None)."""
+        if bits_of_rows is None:
+            return [(None, self.spec(name))]
+        bits_of_rows = torch.as_tensor(bits_of_rows).reshape(-1)
+        if bits_of_rows.numel() != out_features:
+            raise QuantkitError(f"row bit-widths for {name} have {bits_of_rows.numel()} entries, the layer has "
+                                f"{out_features} output channels; re-run the search for this model")
+        parts = split_rows(bits_of_rows)
+        if len(parts) == 1:
+            return [(None, self.partition_spec(name, next(iter(parts))))]
+        return [(rows, self.partition_spec(name, b)) for b, rows in parts.items()]
 
     @classmethod
     def coerce(cls, config):
@@ -84,6 +104,17 @@ class LayerQuantConfig:
                                     f"allowed: {', '.join(sorted(known))}")
             return cls(**config)
         raise QuantkitError(f"{cls.__name__}: expected a {cls.__name__} or a dict, got {type(config).__name__}")
+
+
+def fake_quantize_rows(weight: torch.Tensor, grids: RowGrids) -> torch.Tensor:
+    """Quantize → dequantize ``weight`` [N, K] (float32) with each row subset on its own grid (RTN)."""
+    if len(grids) == 1 and grids[0][0] is None:
+        return grid.fake_quantize(weight.float(), *grids[0][1])
+    out = torch.empty(weight.shape, dtype=torch.float32, device=weight.device)
+    for rows, spec in grids:
+        rows = rows.to(weight.device)
+        out[rows] = grid.fake_quantize(weight[rows].float(), *spec)
+    return out
 
 
 @contextmanager

@@ -213,6 +213,7 @@ class GPTQ:
 
     @property
     def nsamples(self) -> int:
+        """Input rows (tokens) accumulated so far."""
         return self.accumulator.count
 
     def add_batch(self, inp: torch.Tensor) -> None:

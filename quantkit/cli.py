@@ -47,7 +47,8 @@ def _ppl_of(model, ids, seqlen, max_windows, label):
 
 def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None, max_windows: int | None = None,
                  device: str = "auto", dtype: str | None = None, recipe: str | None = None,
-                 plan: str | None = None, baseline: bool = True) -> dict:
+                 plan: str | None = None, baseline: bool = True, calib_samples: int | None = None,
+                 calib_dataset: str | None = None) -> dict:
     """Run the eval-ppl job and return its result record (used by the CLI and the demo)."""
     from quantkit.checkpoint import is_checkpoint, load_packed
     from quantkit.data import joined_text
@@ -85,7 +86,7 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
         r0 = _ppl_of(loaded.model, ids, seqlen, max_windows, "fp")
         result.update(ppl_fp16=r0.ppl, nll_fp16=r0.nll)
     qres = quantize_model(loaded.model, loaded.tokenizer, rec, plan=plan_obj, device=loaded.device,
-                          progress_factory=progress_bar)
+                          progress_factory=progress_bar, dataset=calib_dataset, samples=calib_samples)
     r = _ppl_of(loaded.model, ids, seqlen, max_windows, rec.name)
     result.update(r.as_dict())
     result.update(recipe=rec.name, plan=plan, avg_bits=qres.avg_bits, calibration=qres.calibration)
@@ -111,12 +112,15 @@ def eval_ppl(
     recipe: Annotated[Optional[str], typer.Option(help="fake-quantize in memory with this recipe first")] = None,
     plan: Annotated[Optional[str], typer.Option(help="precision plan from `quantkit search` (needs --recipe)")] = None,
     no_baseline: Annotated[bool, typer.Option("--no-baseline", help="with --recipe: skip the FP16 ppl")] = False,
+    calib_samples: Annotated[Optional[int], typer.Option(help="calibration windows (default: the recipe's)")] = None,
+    calib_dataset: Annotated[Optional[str], typer.Option(help="calibration text (default: the recipe's)")] = None,
     device: Device = "auto",
     dtype: Dtype = None,
     json_out: Json = False,
 ):
     """Perplexity the way GPTQ/MixLLM report it (non-overlapping windows of the test split joined with blank lines)."""
-    res = evaluate_ppl(model, dataset, seqlen, max_windows, device, dtype, recipe, plan, baseline=not no_baseline)
+    res = evaluate_ppl(model, dataset, seqlen, max_windows, device, dtype, recipe, plan, baseline=not no_baseline,
+                       calib_samples=calib_samples, calib_dataset=calib_dataset)
     rows = []
     if "ppl_fp16" in res:
         rows.append(("fp16" if res["dtype"] != "float32" else "fp32",
@@ -131,13 +135,15 @@ def eval_ppl(
 @app.command("demo")
 @user_errors
 def demo(
-    max_windows: Annotated[Optional[int], typer.Option(help="limit windows per evaluation (faster)")] = None,
+    max_windows: Annotated[int, typer.Option(help="test windows per evaluation (90 = the whole split)")] = 40,
+    calib_samples: Annotated[int, typer.Option(help="calibration windows for GPTQ/AWQ/search")] = 32,
     device: Device = "auto",
 ):
-    """Tour of quantkit on the embedded reference model (builtin:reference, trained on the shipped corpus)."""
+    """Tour of quantkit on the embedded reference model (builtin:reference, trained on the shipped corpus):
+    FP vs RTN/GPTQ/AWQ W4A16, MixLLM W4A8 with 0/10/20% 8-bit channels from the global search, W8A8."""
     from quantkit.demo import run_demo
 
-    run_demo(max_windows=max_windows, device=device)
+    run_demo(max_windows=max_windows, device=device, calib_samples=calib_samples)
 
 
 @app.command("search")

@@ -48,7 +48,7 @@ def _ppl_of(model, ids, seqlen, max_windows, label):
 def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None, max_windows: int | None = None,
                  device: str = "auto", dtype: str | None = None, recipe: str | None = None,
                  plan: str | None = None, baseline: bool = True, calib_samples: int | None = None,
-                 calib_dataset: str | None = None) -> dict:
+                 calib_dataset: str | None = None, device_map: str | None = None) -> dict:
     """Run the eval-ppl job and return its result record (used by the CLI and the demo)."""
     from quantkit.checkpoint import is_checkpoint, load_packed
     from quantkit.data import joined_text
@@ -62,7 +62,8 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
     packed = is_checkpoint(model_ref)
     if packed and (recipe or plan):
         raise QuantkitError(f"'{model_ref}' is a packed checkpoint (already quantized); drop --recipe/--plan")
-    loaded = (load_packed if packed else load_model)(model_ref, device=device, dtype=dtype)
+    loaded = (load_packed(model_ref, device=device, dtype=dtype) if packed
+              else load_model(model_ref, device=device, dtype=dtype, device_map=device_map))
     seqlen = choose_seqlen(seqlen, max_positions(loaded.model))
     ids = encode(loaded.tokenizer, text)
     result = {"model": model_ref, "dataset": dataset, "device": loaded.device,
@@ -116,11 +117,13 @@ def eval_ppl(
     calib_dataset: Annotated[Optional[str], typer.Option(help="calibration text (default: the recipe's)")] = None,
     device: Device = "auto",
     dtype: Dtype = None,
+    device_map: Annotated[Optional[str], typer.Option(help="accelerate device_map (e.g. auto) for models that do "
+                                                          "not fit one GPU")] = None,
     json_out: Json = False,
 ):
     """Perplexity the way GPTQ/MixLLM report it (non-overlapping windows of the test split joined with blank lines)."""
     res = evaluate_ppl(model, dataset, seqlen, max_windows, device, dtype, recipe, plan, baseline=not no_baseline,
-                       calib_samples=calib_samples, calib_dataset=calib_dataset)
+                       calib_samples=calib_samples, calib_dataset=calib_dataset, device_map=device_map)
     rows = []
     if "ppl_fp16" in res:
         rows.append(("fp16" if res["dtype"] != "float32" else "fp32",

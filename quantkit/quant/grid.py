@@ -21,6 +21,13 @@ def num_groups(k: int, group_size: int) -> int:
     return 1 if group_size == -1 else -(-k // group_size)
 
 
+def device_scalar(value: float, like: torch.Tensor) -> torch.Tensor:
+    """``value`` as a float32 0-dim tensor on ``like``'s device, to divide by. CUDA turns ``x / python_scalar``
+    into ``x * (1 / scalar)`` (one rounding more than a true division), so dividing by a plain number gives
+    different codes on GPU and CPU; a device tensor makes both take the IEEE division."""
+    return torch.tensor(float(value), dtype=torch.float32, device=like.device)
+
+
 def round_scale_up(scale: torch.Tensor, dtype: torch.dtype = torch.float16) -> torch.Tensor:
     """The smallest value of ``dtype`` >= ``scale`` (clamped to the dtype's positive normal range), as float32.
 
@@ -48,12 +55,12 @@ def group_params(w: torch.Tensor, bits: int, sym: bool, clip: torch.Tensor | flo
     maxq = 2 ** bits - 1
     if sym:
         half = 2 ** (bits - 1) - 1
-        scale = (w.abs().amax(dim=1) * clip).clamp(min=1e-8) / half
+        scale = (w.abs().amax(dim=1) * clip).clamp(min=1e-8) / device_scalar(half, w)
         zero = torch.full_like(scale, 2 ** (bits - 1))
     else:
         wmin = (w.amin(dim=1).clamp(max=0) * clip)
         wmax = (w.amax(dim=1).clamp(min=0) * clip)
-        scale = (wmax - wmin).clamp(min=1e-8) / maxq
+        scale = (wmax - wmin).clamp(min=1e-8) / device_scalar(maxq, w)
     if scale_dtype is not None:
         scale = round_scale_up(scale, scale_dtype)
     if not sym:

@@ -33,7 +33,7 @@ def lqq_first_level(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel symmetric INT8 in the protective range (LiquidGEMM Eq. 1 + Sec. 3.2): returns
     (Q_i8 int16 [N, K] in [-119, 119], s_c float32 [N] fp16-representable)."""
     w = weight.float()
-    s_c = grid.round_scale_up(w.abs().amax(dim=1) / PROTECT)
+    s_c = grid.round_scale_up(w.abs().amax(dim=1) / grid.device_scalar(PROTECT, w))
     q = torch.round(w / s_c.unsqueeze(1)).clamp_(-PROTECT, PROTECT)
     return q.to(torch.int16), s_c
 

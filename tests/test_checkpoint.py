@@ -1,6 +1,6 @@
-"""Packed checkpoints: pack → load gives the fake-quant model's logits (bit-exact for one bit-width per linear,
-1e-5 for MixLLM partitions computed separately and scattered), QuantLinear against a dense reference on awkward
-shapes, kernel dispatch, layout choice, sharding, and every way a checkpoint or an output path can be wrong."""
+"""Packed checkpoints: pack → load gives the fake-quant model's logits bit-exactly (plain and MixLLM-partitioned
+linears), QuantLinear against a dense reference on awkward shapes, kernel dispatch with per-partition sub-GEMMs
+and scatter, layout choice, sharding, and every way a checkpoint or an output path can be wrong."""
 
 from __future__ import annotations
 
@@ -132,8 +132,7 @@ def test_mixed_plan_partitions_scatter_to_fake_quant(model_dir, gptq_recipe, pla
     assert manifest["plan_sha256"] == __import__("hashlib").sha256(Path(plan_path).read_bytes()).hexdigest()
     assert summary["avg_bits"] == pytest.approx(load_plan(plan_path).achieved_bits, abs=1e-6)
     ids = _ids(len(shipped_tokenizer()), seed=1)
-    torch.testing.assert_close(_packed_logits(out, ids), _fake_quant_logits(model_dir, gptq_recipe, ids, plan_path),
-                               rtol=0, atol=1e-5)
+    assert torch.equal(_packed_logits(out, ids), _fake_quant_logits(model_dir, gptq_recipe, ids, plan_path))
 
 
 def test_tied_fp16_source_keeps_dtype_and_writes_embedding_once(tmp_path):
@@ -195,22 +194,24 @@ def test_quant_linear_single_partition_is_exact(n, k):
     assert set(ql.state_dict()) == {"qweight", "scales", "qzeros", "bias"}
 
 
-def test_quant_linear_partitions_scatter_to_their_rows():
-    torch.manual_seed(0)
-    n, k = 33, 200
-    w, b = torch.randn(n, k), torch.randn(n)
+def _mixed_record(n=33, k=200, seed=0):
+    torch.manual_seed(seed)
+    w = torch.randn(n, k)
     row_bits = torch.full((n,), 4)
     row_bits[[0, 5, 17, 32]] = 8
-    rec = quantize_partitioned(w, row_bits, lambda sub, bits: rtn_quantize(sub, bits, 128, sym=bits == 8))
-    ql = QuantLinear(k, n, [_part(p.weight, p.rows) for p in rec.partitions], bias=b)
+    return quantize_partitioned(w, row_bits, lambda sub, bits: rtn_quantize(sub, bits, 128, sym=bits == 8))
+
+
+def test_quant_linear_mixed_reference_is_the_dense_product():
+    rec = _mixed_record()
+    b = torch.randn(33)
+    ql = QuantLinear(200, 33, [_part(p.weight, p.rows) for p in rec.partitions], bias=b)
     assert set(ql.state_dict()) == {f"part{b}.{t}" for b in (4, 8) for t in ("qweight", "scales", "qzeros", "rows")} \
         | {"bias"}
-    x = torch.randn(1, k)
-    y = ql(x)
-    for p in rec.partitions:  # each partition's sub-GEMM lands exactly on its rows
-        assert torch.equal(y[..., p.rows], F.linear(x, dequantize(p.weight), b[p.rows]))
-    torch.testing.assert_close(y, F.linear(x, dequantize_record(rec), b), rtol=0, atol=1e-5)
     assert torch.equal(ql.dense_weight(), dequantize_record(rec))
+    for shape in ((1, 200), (2, 3, 200)):
+        x = torch.randn(*shape)
+        assert torch.equal(ql(x), F.linear(x, dequantize_record(rec), b))
 
 
 def test_quant_linear_lqq_with_a8_matches_fake_quant():
@@ -268,6 +269,22 @@ def test_dispatch_calls_registered_kernel(cpu_kernel, quantizes):
     dispatch.unregister("reference", devices=("cpu",))
     assert dispatch.kernel_for("reference", "cpu") is None
     assert torch.equal(ql(x), F.linear(quantize_activation(x, 8, 16, True), dequantize(qw)))
+
+
+def test_mixed_partitions_run_as_sub_gemms_scattered_to_their_rows(cpu_kernel):
+    """MixLLM Sec. 3.4 with a kernel for one layout only: the 4-bit partition ('reference') runs the kernel, the
+    8-bit one (stored as 'gptq') the torch sub-GEMM; each output lands on its partition's rows."""
+    calls, kernel = cpu_kernel
+    dispatch.register("reference", kernel, devices=("cpu",))
+    rec = _mixed_record(seed=6)
+    four, eight = rec.partitions
+    b = torch.randn(33)
+    ql = QuantLinear(200, 33, [_part(four.weight, four.rows), _part(eight.weight, eight.rows, layout="gptq")], bias=b)
+    x = torch.randn(1, 200)
+    y = ql(x)
+    assert len(calls) == 1 and calls[0][0].shape == (1, 200)
+    assert torch.equal(y[..., four.rows], x @ dequantize(four.weight).t() + 1000.0 + b[four.rows])
+    assert torch.equal(y[..., eight.rows], F.linear(x, dequantize(eight.weight), b[eight.rows]))
 
 
 # ------------------------------------------------------------------------------------------- layout choice
@@ -477,3 +494,36 @@ def test_parse_size(text, size):
 def test_parse_size_rejects(text):
     with pytest.raises(QuantkitError, match="max-shard-size"):
         parse_size(text)
+
+
+# ------------------------------------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("recipe,use_plan", [("lqq-w4a8", False), ("gptq", False), ("mixllm-w4a8-rtn", True)])
+def test_gpu_pack_sm90_equals_fake_quant_on_gpu(gptq_recipe, tmp_path, recipe, use_plan):
+    """builtin:reference (fp16 source) packed for sm90 with quantization on the GPU, evaluated in fp16 on the GPU:
+    the same perplexity and logits as fake-quant on the GPU (data-free codes are computed on the CPU by pack and
+    on the GPU by fake-quant — grid divides by device tensors so both agree)."""
+    from quantkit.data import joined_text
+    from quantkit.data.tokens import encode
+    from quantkit.eval import perplexity
+
+    recipe = gptq_recipe if recipe == "gptq" else recipe
+    plan = None
+    if use_plan:
+        plan = str(tmp_path / "plan.json")
+        run_search("builtin:reference", plan, "mixllm-w4a8-rtn", strategy="random", target_bits=4.4, samples=2,
+                   seqlen=64, device="cuda", show_progress=False)
+    out = tmp_path / "ck"
+    run_pack("builtin:reference", recipe, str(out), plan=plan, target="sm90", device="cuda", progress=False)
+    packed = load_packed(out, device="cuda")
+    ref = load_model("builtin:reference", device="cuda")
+    quantize_model(ref.model, ref.tokenizer, load_recipe(recipe), plan=load_plan(plan, ref.model) if plan else None,
+                   device="cuda")
+    ids = encode(packed.tokenizer, joined_text("kjv", "test"))
+    assert perplexity(packed.model, ids, 256, 8).ppl == perplexity(ref.model, ids, 256, 8).ppl
+    x = _ids(8192).cuda()
+    with torch.no_grad():
+        assert torch.equal(packed.model(x).logits, ref.model(x).logits)

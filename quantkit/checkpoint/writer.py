@@ -164,17 +164,16 @@ def tokenizer_files(source_dir: str | None) -> dict[str, Path]:
 def write_checkpoint(out: str | Path, packed: PackedModel, max_shard_bytes: int, force: bool = False,
                      tokenizer=None, progress: Callable[[int, int], None] | None = None) -> Path:
     """Write ``packed`` to ``out`` atomically (see :mod:`quantkit.checkpoint.atomic`); tokenizer files are
-    copied from ``packed.extra_files``, or saved from ``tokenizer`` when there are none (hub sources)."""
+    copied from ``packed.extra_files``, or saved from ``tokenizer`` when that holds none (hub sources)."""
     out = Path(out)
     with atomic_directory(out, force) as tmp:
         weight_map = write_shards(tmp, packed.tensors, max_shard_bytes, progress)
         for name, shard in weight_map.items():
             packed.manifest["tensors"][name]["shard"] = shard
         packed.config.save_pretrained(tmp)
-        if packed.extra_files:
-            for name, src in packed.extra_files.items():
-                shutil.copyfile(src, tmp / name)
-        elif tokenizer is not None:
+        for name, src in packed.extra_files.items():
+            shutil.copyfile(src, tmp / name)
+        if tokenizer is not None and not set(packed.extra_files) - {"generation_config.json"}:
             tokenizer.save_pretrained(tmp)
         write_json(tmp / MANIFEST_NAME, packed.manifest)
     return out

@@ -7,10 +7,11 @@ Buffers are named as in the checkpoint: a linear with one partition holds the la
 child module ``part{bits}`` per partition with the layout's tensors and ``rows`` (int32 output indices).
 
 Forward: activation fake-quant when the recipe has A8 (:func:`quantkit.quant.act.quantize_activation`, the same
-computation as the fake-quant pre-hooks), then per partition the registered kernel of its layout
-(:mod:`quantkit.runtime.dispatch`) or the torch reference — unpack → dequantize → ``F.linear`` — and the scatter.
-A single-partition reference forward is ``F.linear(x, Ŵ, bias)`` with the Ŵ fake-quant evaluation wrote into the
-nn.Linear, so packed and fake-quant logits are bit-identical.
+computation as the fake-quant pre-hooks). When a kernel is registered for a partition's layout on the input's
+device (:mod:`quantkit.runtime.dispatch`), every partition runs as its own sub-GEMM (kernel, or torch for a
+partition without one) and its outputs are scattered to its rows. Without kernels the torch reference runs one
+``F.linear(x, Ŵ, bias)`` with the dense Ŵ (layouts' unpack → dequantize, partition rows scattered into it) — the
+product fake-quant evaluation computes, so packed and fake-quant logits are bit-identical, mixed precision too.
 """
 
 from __future__ import annotations
@@ -115,17 +116,22 @@ class QuantLinear(nn.Module):
             out[rows.to(out.device)] = w
         return out
 
-    def _reference_weight(self, holder_name: str, layout: str, meta: dict, dtype: torch.dtype) -> torch.Tensor:
-        """Ŵ of one partition in ``dtype`` (dequantize in fp32 then cast, as fake-quant writes it), cached."""
+    def _reference_weight(self, holder_name: str | None, dtype: torch.dtype) -> torch.Tensor:
+        """Ŵ in ``dtype`` — of the whole linear (``holder_name`` None: partitions' rows scattered into one dense
+        matrix) or of one partition — dequantized in fp32 then cast, as fake-quant writes it; cached lazily."""
         from quantkit.quant.partition import dequantize_record
 
-        cached = self._dense.get(holder_name)
+        key = "*" if holder_name is None else holder_name
+        cached = self._dense.get(key)
         if cached is not None and cached.dtype == dtype:
             return cached
-        qw = _layout(layout).unpack(self._tensors(holder_name), meta)
-        w = dequantize_record(qw, torch.float32).to(dtype)
+        if holder_name is None:
+            w = self.dense_weight(torch.float32).to(dtype)
+        else:
+            _, layout, meta, _ = next(p for p in self._parts if p[0] == holder_name)
+            w = dequantize_record(_layout(layout).unpack(self._tensors(holder_name), meta), torch.float32).to(dtype)
         if self.cache_dense:
-            self._dense[holder_name] = w
+            self._dense[key] = w
         return w
 
     def clear_cache(self) -> None:
@@ -136,16 +142,12 @@ class QuantLinear(nn.Module):
         self._dense.clear()  # .to()/.half() move the packed buffers; a cached Ŵ would be stale
         return super()._apply(fn, recurse)
 
-    def _part_forward(self, x: torch.Tensor, xq: torch.Tensor, holder_name: str, layout: str, meta: dict,
-                      bias: torch.Tensor | None) -> torch.Tensor:
-        kernel = kernel_for(layout, x.device)
-        if kernel is None:
-            return F.linear(xq, self._reference_weight(holder_name, layout, meta, x.dtype), bias)
+    def _kernel_forward(self, kernel, x: torch.Tensor, xq: torch.Tensor, holder_name: str,
+                        meta: dict) -> torch.Tensor:
         lead = x.shape[:-1]
         inp = x if kernel.quantizes_activations else xq
         y = kernel.fn(inp.reshape(-1, self.in_features), self._tensors(holder_name), meta, self.act)
-        y = y.reshape(*lead, y.shape[-1]).to(x.dtype)
-        return y if bias is None else y + bias
+        return y.reshape(*lead, y.shape[-1]).to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xq = x
@@ -154,14 +156,24 @@ class QuantLinear(nn.Module):
 
             xq = quantize_activation(x, self.act.bits, self.act.group_size, self.act.sym)
         bias = None if self.bias is None else self.bias.to(x.dtype)
-        if len(self._parts) == 1 and not self._parts[0][0]:
-            _, layout, meta, _ = self._parts[0]
-            return self._part_forward(x, xq, "", layout, meta, bias)
+        kernels = [kernel_for(layout, x.device) for _, layout, _, _ in self._parts]
+        if all(k is None for k in kernels):
+            # torch reference: one GEMM with the dense Ŵ (a mixed linear's partition rows scattered into it, which
+            # equals scattering the partitions' outputs) — the very product fake-quant evaluation computes
+            return F.linear(xq, self._reference_weight(None, x.dtype), bias)
+        if not self._parts[0][0]:
+            y = self._kernel_forward(kernels[0], x, xq, "", self._parts[0][2])
+            return y if bias is None else y + bias
+        # MixLLM Sec. 3.4: each partition is its own sub-GEMM; its outputs land on its rows
         y = x.new_empty(*x.shape[:-1], self.out_features)
-        for holder_name, layout, meta, _ in self._parts:
+        for (holder_name, _, meta, _), kernel in zip(self._parts, kernels):
             rows = self._holder(holder_name).rows.long()
             part_bias = None if bias is None else bias[rows]
-            y[..., rows] = self._part_forward(x, xq, holder_name, layout, meta, part_bias)
+            if kernel is None:
+                y[..., rows] = F.linear(xq, self._reference_weight(holder_name, x.dtype), part_bias)
+            else:
+                out = self._kernel_forward(kernel, x, xq, holder_name, meta)
+                y[..., rows] = out if part_bias is None else out + part_bias
         return y
 
     def extra_repr(self) -> str:

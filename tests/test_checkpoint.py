@@ -4,6 +4,7 @@ and scatter, layout choice, sharding, and every way a checkpoint or an output pa
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import struct
@@ -502,10 +503,12 @@ def test_parse_size_rejects(text):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("recipe,use_plan", [("lqq-w4a8", False), ("gptq", False), ("mixllm-w4a8-rtn", True)])
-def test_gpu_pack_sm90_equals_fake_quant_on_gpu(gptq_recipe, tmp_path, recipe, use_plan):
-    """builtin:reference (fp16 source) packed for sm90 with quantization on the GPU, evaluated in fp16 on the GPU:
-    the same perplexity and logits as fake-quant on the GPU (data-free codes are computed on the CPU by pack and
-    on the GPU by fake-quant — grid divides by device tensors so both agree)."""
+def test_gpu_pack_sm90_equals_fake_quant_on_gpu(gptq_recipe, tmp_path, monkeypatch, recipe, use_plan):
+    """builtin:reference (fp16 source) packed for sm90 with quantization on the GPU, evaluated in fp16 on the GPU
+    through the torch reference (QUANTKIT_KERNELS=0): the same perplexity and logits as fake-quant on the GPU
+    (data-free codes are computed on the CPU by pack and on the GPU by fake-quant — grid divides by device tensors
+    so both agree)."""
+    monkeypatch.setenv(dispatch.ENV_SWITCH, "0")
     from quantkit.data import joined_text
     from quantkit.data.tokens import encode
     from quantkit.eval import perplexity
@@ -527,3 +530,41 @@ def test_gpu_pack_sm90_equals_fake_quant_on_gpu(gptq_recipe, tmp_path, recipe, u
     x = _ids(8192).cuda()
     with torch.no_grad():
         assert torch.equal(packed.model(x).logits, ref.model(x).logits)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_kernels_are_dispatched(tmp_path, monkeypatch):
+    """With the kernel package registered, a W4.4A8 LQQ/w8 checkpoint runs the kernels of its layouts on the GPU
+    (each layout's kernel is called) and its perplexity stays within a coarse 1% of the torch reference path's
+    (kernels accumulate in another order than torch's GEMM; a wrong layout or scatter is far outside this)."""
+    from transformers import AutoTokenizer
+
+    from quantkit.data import joined_text
+    from quantkit.data.tokens import encode
+    from quantkit.eval import perplexity
+
+    if not dispatch.load_kernel_modules():
+        pytest.skip("quantkit.runtime.kernels is not importable here")
+    plan = str(tmp_path / "plan.json")
+    run_search("builtin:reference", plan, "lqq-w4a8", strategy="random", target_bits=4.4, samples=2, seqlen=64,
+               device="cuda", show_progress=False)
+    out = tmp_path / "ck"
+    run_pack("builtin:reference", "lqq-w4a8", str(out), plan=plan, target="sm90", device="cuda", progress=False)
+    model = load_packed(out, device="cuda").model
+    calls: dict[str, int] = {}
+    for (layout, dev), kernel in list(dispatch.registered().items()):
+        if dev == "cuda":
+            def counted(x, tensors, meta, act, _fn=kernel.fn, _layout=layout):
+                calls[_layout] = calls.get(_layout, 0) + 1
+                return _fn(x, tensors, meta, act)
+            monkeypatch.setitem(dispatch._KERNELS, (layout, dev), dataclasses.replace(kernel, fn=counted))
+    ids = encode(AutoTokenizer.from_pretrained(out), joined_text("kjv", "test"))
+    with_kernels = perplexity(model, ids, 256, 8).ppl
+    layouts = {p["layout"] for lin in read_manifest(out)["linears"].values() for p in lin["partitions"]}
+    print(f"kernel calls {calls}, layouts {layouts}")
+    assert set(calls) == layouts - {"reference"}
+    monkeypatch.setenv(dispatch.ENV_SWITCH, "0")
+    reference = perplexity(model, ids, 256, 8).ppl
+    print(f"ppl with kernels {with_kernels!r}, torch reference {reference!r}")
+    assert abs(with_kernels - reference) / reference < 1e-2

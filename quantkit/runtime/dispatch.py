@@ -2,7 +2,8 @@
 
 :class:`quantkit.runtime.quant_linear.QuantLinear` asks :func:`kernel_for` before every forward; with no kernel
 registered for its layout and device it runs the torch reference (unpack → dequantize → matmul). Kernel modules
-(``quantkit/runtime/kernels/``) register themselves when that package is imported::
+(``quantkit/runtime/kernels/``) register themselves when that package is imported (on the first lookup for a GPU
+device)::
 
     from quantkit.runtime import dispatch
     dispatch.register("w4a16", w4a16_matmul)                          # fp16 activations
@@ -19,6 +20,8 @@ activations already fake-quantized with ``act`` (so every path computes the same
 from __future__ import annotations
 
 import importlib
+import os
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -50,7 +53,8 @@ class Kernel:
 
 
 _KERNELS: dict[tuple[str, str], Kernel] = {}
-_LOADED = False
+ENV_SWITCH = "QUANTKIT_KERNELS"  # "0": every QuantLinear runs the torch reference (exact fake-quant parity)
+_LOADED: bool | None = None  # None: the kernel package was not imported yet
 
 
 def register(layout: str, fn: KernelFn, *, quantizes_activations: bool = False,
@@ -69,26 +73,35 @@ def unregister(layout: str, devices: tuple[str, ...] = ("cuda",)) -> None:
         _KERNELS.pop((layout, dev), None)
 
 
-def _load_kernel_modules() -> None:
-    """Import quantkit.runtime.kernels once so its modules register their kernels. Kernels are optional (they
-    need triton and a GPU): when the package cannot be imported, every layout runs the torch reference."""
+def load_kernel_modules() -> bool:
+    """Import quantkit.runtime.kernels once so its modules register their kernels; returns whether they loaded.
+    Kernels are optional (they need triton and a GPU): when the package cannot be imported, a warning names the
+    reason and every layout runs the torch reference."""
     global _LOADED
-    if _LOADED:
-        return
-    _LOADED = True
-    try:
-        importlib.import_module("quantkit.runtime.kernels")
-    except ImportError:
-        return
+    if _LOADED is None:
+        try:
+            importlib.import_module("quantkit.runtime.kernels")
+            _LOADED = True
+        except ImportError as e:
+            warnings.warn(f"quantkit GPU kernels are unavailable ({e}); QuantLinear uses the torch reference",
+                          RuntimeWarning, stacklevel=2)
+            _LOADED = False
+    return _LOADED
 
 
 def kernel_for(layout: str, device: torch.device | str) -> Kernel | None:
-    """The kernel registered for ``layout`` on the device type of ``device``, or None (→ torch reference)."""
-    _load_kernel_modules()
-    return _KERNELS.get((layout, torch.device(device).type))
+    """The kernel registered for ``layout`` on the device type of ``device``, or None (→ torch reference;
+    always None with the environment variable QUANTKIT_KERNELS=0). The kernel package is imported on the first
+    lookup for a non-CPU device (CPU runs never import triton)."""
+    if os.environ.get(ENV_SWITCH) == "0":
+        return None
+    dev = torch.device(device).type
+    if dev != "cpu":
+        load_kernel_modules()
+    return _KERNELS.get((layout, dev))
 
 
 def registered() -> dict[tuple[str, str], Kernel]:
-    """A copy of the registry, (layout, device type) → Kernel (for reports and tests)."""
-    _load_kernel_modules()
+    """A copy of the registry, (layout, device type) → Kernel, after loading the kernel package."""
+    load_kernel_modules()
     return dict(_KERNELS)

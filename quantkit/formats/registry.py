@@ -17,6 +17,9 @@ _LAYOUTS: dict[str, str] = {
     "gptq": "quantkit.formats.gptq",
     "gptq_v2": "quantkit.formats.gptq_v2",
     "awq": "quantkit.formats.awq",
+    "w4a16": "quantkit.formats.w4a16",
+    "w4a8-lqq": "quantkit.formats.w4a8_lqq",
+    "w8": "quantkit.formats.w8",
 }
 
 REQUIRED = ("NAME", "supports", "layout_meta", "pack", "unpack")

@@ -48,6 +48,7 @@ def tensor_sha256(t: torch.Tensor) -> str:
 
 
 def nbytes(t: torch.Tensor) -> int:
+    """Bytes of ``t``'s data as stored (elements × element size)."""
     return t.numel() * t.element_size()
 
 

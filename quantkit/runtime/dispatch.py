@@ -39,6 +39,7 @@ class ActQuant:
     sym: bool = True
 
     def to_dict(self) -> dict:
+        """The manifest's ``activation`` entry."""
         return {"bits": self.bits, "group_size": self.group_size, "sym": self.sym}
 
 

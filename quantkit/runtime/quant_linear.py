@@ -150,6 +150,8 @@ class QuantLinear(nn.Module):
         return y.reshape(*lead, y.shape[-1]).to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """y [..., N] = act(x) · Ŵᵀ + b for x [..., K] (module docstring: kernels per partition, else the
+        dense torch reference)."""
         xq = x
         if self.act is not None:
             from quantkit.quant.act import quantize_activation

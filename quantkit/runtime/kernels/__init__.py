@@ -1,0 +1,15 @@
+"""quantkit's Triton GPU kernels (W4A16, W8A8, W4A8 MixLLM / LiquidQuant, mixed W4.4A8, activation
+quantization), each with a torch reference over the same packed tensors (:mod:`.reference`).
+
+Importing this package registers the kernels with :mod:`quantkit.runtime.dispatch` for the ``w4a16``,
+``w4a8-lqq`` and ``w8`` layouts on CUDA devices. :mod:`.jit` is imported first: it chooses Triton's CPU
+interpreter (before triton itself is imported) on machines without a CUDA device.
+"""
+
+from quantkit.runtime.kernels import jit  # noqa: F401  (must precede every triton import)
+
+from quantkit.runtime import dispatch  # noqa: E402
+from quantkit.runtime.kernels.entry import layout_kernel  # noqa: E402
+
+for _layout in ("w4a16", "w4a8-lqq", "w8"):
+    dispatch.register(_layout, layout_kernel(_layout), quantizes_activations=True)

@@ -1,0 +1,100 @@
+"""Fused activation quantization (Triton): fp16/bf16/fp32 activations [M, K] → int8 codes [M, K] and float32
+scales [M, G] in one pass over the tile, bit-identical to :func:`quantkit.quant.act.quantize_activation_int`
+(MixLLM Sec. 3.1.2: 8-bit symmetric, group size 128 along K, or per token with group_size -1).
+
+Per (row, group): s = absmax / 127 (absmax floored at 1e-8) rounded *up* to fp16 (grid.round_scale_up: the
+nearest fp16, bumped one ulp when it fell below s), codes = round-half-even(x / s) clamped to [-127, 127].
+The division is IEEE round-to-nearest (tl.math.div_rn) and rounding uses the 1.5·2^23 magic add — both exactly
+what torch computes — so the codes match bit for bit. Per-token rows are read twice (absmax, then codes);
+a group tile is read once.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+
+from quantkit.errors import QuantkitError
+from quantkit.quant.grid import num_groups
+from quantkit.runtime.kernels.jit import check_device, kernel
+
+FP16_TINY = tl.constexpr(6.103515625e-05)  # smallest normal fp16 (round_scale_up clamps to it)
+FP16_MAX = tl.constexpr(65504.0)
+ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5·2^23: (y + M) - M rounds y half-to-even for |y| < 2^22
+
+
+@kernel
+def _scale_up(absmax, QMAX: tl.constexpr):
+    """fp16-representable scale >= absmax / QMAX, as float32 (quantkit.quant.grid.round_scale_up)."""
+    s = tl.math.div_rn(tl.maximum(absmax, 1e-8), QMAX)
+    s = tl.minimum(tl.maximum(s, FP16_TINY), FP16_MAX)
+    h = s.to(tl.float16)
+    up = (h.to(tl.int16, bitcast=True) + 1).to(tl.float16, bitcast=True)
+    return tl.where(h.to(tl.float32) < s, up.to(tl.float32), h.to(tl.float32))
+
+
+@kernel
+def _codes(x, s, QMAX: tl.constexpr):
+    """clamp(round_half_even(x / s), -QMAX, QMAX) as int8."""
+    y = tl.math.div_rn(x, s)
+    y = (y + ROUND_MAGIC) - ROUND_MAGIC
+    return tl.minimum(tl.maximum(y, -QMAX), QMAX).to(tl.int8)
+
+
+@kernel
+def _act_quant_group_kernel(x_ptr, c_ptr, s_ptr, M, K, G, stride_xm, stride_cm, stride_sm,
+                            GS: tl.constexpr, BM: tl.constexpr, QMAX: tl.constexpr):
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    g = tl.program_id(1)
+    k = g * GS + tl.arange(0, GS)
+    mask = (rm < M)[:, None] & (k < K)[None, :]
+    x = tl.load(x_ptr + rm[:, None] * stride_xm + k[None, :], mask=mask, other=0.0).to(tl.float32)
+    s = _scale_up(tl.max(tl.abs(x), axis=1), QMAX)
+    tl.store(c_ptr + rm[:, None] * stride_cm + k[None, :], _codes(x, s[:, None], QMAX), mask=mask)
+    tl.store(s_ptr + rm * stride_sm + g, s, mask=rm < M)
+
+
+@kernel
+def _act_quant_token_kernel(x_ptr, c_ptr, s_ptr, M, K, stride_xm, stride_cm, stride_sm,
+                            BK: tl.constexpr, BM: tl.constexpr, QMAX: tl.constexpr):
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    m_ok = rm < M
+    absmax = tl.full((BM,), 0.0, tl.float32)
+    for k0 in range(0, K, BK):
+        k = k0 + tl.arange(0, BK)
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + k[None, :], mask=m_ok[:, None] & (k < K)[None, :], other=0.0)
+        absmax = tl.maximum(absmax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
+    s = _scale_up(absmax, QMAX)
+    for k0 in range(0, K, BK):
+        k = k0 + tl.arange(0, BK)
+        mask = m_ok[:, None] & (k < K)[None, :]
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + k[None, :], mask=mask, other=0.0).to(tl.float32)
+        tl.store(c_ptr + rm[:, None] * stride_cm + k[None, :], _codes(x, s[:, None], QMAX), mask=mask)
+    tl.store(s_ptr + rm * stride_sm, s, mask=m_ok)
+
+
+def quantize_activation_triton(x: torch.Tensor, bits: int = 8, group_size: int = 128,
+                               block_m: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes int8 [M, K], scales float32 [M, G]) of activations ``x`` [M, K] — the same values as
+    :func:`quantkit.quant.act.quantize_activation_int` (module docstring). ``group_size``: a power of two >= 16
+    or -1 (per token)."""
+    if not 2 <= int(bits) <= 8:
+        raise QuantkitError(f"activation bits must be in 2..8, got {bits}; MixLLM uses 8")
+    if group_size != -1 and (group_size < 16 or group_size & (group_size - 1)):
+        raise QuantkitError(f"the activation-quantization kernel takes group sizes that are powers of two >= 16 "
+                            f"or -1 (per token), got {group_size}")
+    if x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(f"x must be [M, K] with unit column stride, got shape {tuple(x.shape)}")
+    check_device(x)
+    m, k = x.shape
+    g = num_groups(k, group_size)
+    codes = torch.empty(m, k, dtype=torch.int8, device=x.device)
+    scales = torch.empty(m, g, dtype=torch.float32, device=x.device)
+    qmax = float(2 ** (bits - 1) - 1)
+    if group_size == -1:
+        _act_quant_token_kernel[(-(-m // block_m),)](x, codes, scales, m, k, x.stride(0), codes.stride(0),
+                                                     scales.stride(0), BK=256, BM=block_m, QMAX=qmax)
+    else:
+        _act_quant_group_kernel[(-(-m // block_m), g)](x, codes, scales, m, k, g, x.stride(0), codes.stride(0),
+                                                      scales.stride(0), GS=group_size, BM=block_m, QMAX=qmax)
+    return codes, scales

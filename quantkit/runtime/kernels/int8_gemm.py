@@ -1,0 +1,257 @@
+"""Int8 tensor-core Triton kernels over A8 activations: W8A8 (``w8``), MixLLM W4A8 (``w4a16`` asymmetric 4-bit
+weights), LiquidQuant W4A8 (``w4a8-lqq``), and a one-launch mixed-precision W4.4A8 (MixLLM Sec. 3.4).
+
+One tile body serves all three weight kinds; a program owns BN weight rows × BM tokens and walks K in 256-column
+tiles, each two 128-column halves:
+
+* weights → int8 operand in registers: ``w8`` loads its int8 bytes as they are; the 4-bit layouts dequantize
+  the 8 planes of a tile with :func:`quantkit.runtime.kernels.dequant.planes_i8` — (q·s + a) XOR 0x80 with
+  (s, a) = (s_u8, a) for LiquidQuant (LiquidGEMM Eq. 12) or (1, 128 - z) for MixLLM's q - z (MixLLM Sec. 3.3
+  two-step dequantization, step 1);
+* int8 × int8 → int32 tensor-core products (tl.dot), transposed Y^T = W·X^T (LiquidGEMM Sec. 5.4);
+* group-tile accumulation (MixLLM Sec. 3.3, Fig. 3): each half's int32 partial sum starts at the bit pattern
+  0x4b400000, so after the products ``bitcast(acc) - 12582912.0`` is its exact float value (the fast I2F,
+  valid while |sum| < 2^22: 128·127·128 < 2^21), then it is scaled by weight-group × activation-group scale
+  (step 2) into the fp32 accumulator;
+* LiquidQuant weights with per-token activations have no per-group float scale at all: one int32 accumulator
+  spans K and the per-channel scale s_c and token scale are applied once in the epilogue (LiquidGEMM Sec. 4);
+* the epilogue stores to ``cols[n]`` — the output column of the partition's row n — so partitions of a
+  mixed-precision layer scatter into one output (MixLLM Sec. 3.4, "fused epilogue … basically costless").
+"""
+
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+
+from quantkit.formats.nibble_planes import padded_k
+from quantkit.runtime.kernels.configs import TileConfig, gemm_config
+from quantkit.runtime.kernels.dequant import planes_i8
+from quantkit.runtime.kernels.jit import USE_ASM, check_device, kernel
+from quantkit.runtime.kernels.launch import (act_groups_in_halves, finish_split, groups_in_halves, outputs,
+                                             split_plan)
+
+W8, ASYM4, LQQ = 0, 1, 2
+MODES = {"w8": W8, "w4a16": ASYM4, "w4a8-lqq": LQQ}
+_W8, _LQQ = tl.constexpr(W8), tl.constexpr(LQQ)  # the same, readable inside @jit code
+I2F_BIAS_INT = tl.constexpr(0x4B400000)  # bit pattern of 12582912.0 = 1.5·2^23 (MixLLM Sec. 3.3, Fig. 4)
+I2F_BIAS_FLOAT = tl.constexpr(12582912.0)
+
+
+@kernel
+def _load_act(a_ptr, rm_in, stride_am, K, k0, WIDTH: tl.constexpr, EVEN_K: tl.constexpr):
+    """Activation codes [WIDTH, BM] of columns k0 .. k0 + WIDTH - 1 (zero past K) of tokens ``rm_in``."""
+    k = k0 + tl.arange(0, WIDTH)
+    ptrs = a_ptr + rm_in[None, :] * stride_am + k[:, None]
+    if EVEN_K:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=(k < K)[:, None], other=0)
+
+
+@kernel
+def _int8_tile(a_ptr, sa_ptr, w_ptr, p0_ptr, p1_ptr, cs_ptr, cols_ptr, out_ptr, pid_n, pid_m, pid_k,
+               M, N, K, stride_am, stride_sm, act_hpg, act_groups, w_row, n_tiles, tiles_per_split, hpg, groups,
+               stride_om, MODE: tl.constexpr, HALF_EPI: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+               SPLIT_K: tl.constexpr, SCATTER: tl.constexpr, EVEN_K: tl.constexpr, USE_ASM: tl.constexpr):
+    """One [BN, BM] output tile (module docstring). p0/p1: scales/- (w8), scales/zeros (asym 4-bit),
+    s_u8/a (LiquidQuant); cs: LiquidQuant channel scales; hpg/act_hpg: weight/activation group size in
+    128-column halves, groups/act_groups their counts (group indices are clamped: a half-tile past K has no
+    group of its own, and its zero activations make any finite scale harmless)."""
+    rn = pid_n * BN + tl.arange(0, BN)
+    rm = pid_m * BM + tl.arange(0, BM)
+    # rows past N / tokens past M read row N-1 / token M-1 (never stored): no masks in the main loop
+    rn_in = tl.minimum(rn, N - 1)
+    rm_in = tl.minimum(rm, M - 1)
+    acc = tl.full((BN, BM), 0.0, tl.float32)
+    if not HALF_EPI:
+        acc_i = tl.full((BN, BM), 0, tl.int32)
+    t_begin = pid_k * tiles_per_split
+    t_end = tl.minimum(t_begin + tiles_per_split, n_tiles)
+    for t in range(t_begin, t_end):
+        g_lo = tl.minimum((2 * t) // hpg, groups - 1)
+        g_hi = tl.minimum((2 * t + 1) // hpg, groups - 1)
+        if MODE == _W8:
+            w_rows = w_ptr + rn_in[:, None] * w_row + t * 256 + tl.arange(0, 128)[None, :]
+            w_lo = tl.load(w_rows)
+            w_hi = tl.load(w_rows + 128)
+        else:
+            words = tl.load(w_ptr + rn_in[:, None] * w_row + t * 32 + tl.arange(0, 32)[None, :])
+            if MODE == _LQQ:
+                s_lo = tl.load(p0_ptr + g_lo * N + rn_in).to(tl.int32)[:, None]
+                s_hi = tl.load(p0_ptr + g_hi * N + rn_in).to(tl.int32)[:, None]
+                a_lo = tl.load(p1_ptr + g_lo * N + rn_in).to(tl.int32)[:, None]
+                a_hi = tl.load(p1_ptr + g_hi * N + rn_in).to(tl.int32)[:, None]
+            else:  # MixLLM q - z == ((q·1 + 128 - z) mod 256) XOR 0x80
+                s_lo = tl.full((BN, 1), 1, tl.int32)
+                s_hi = s_lo
+                a_lo = 128 - tl.load(p1_ptr + g_lo * N + rn_in).to(tl.int32)[:, None]
+                a_hi = 128 - tl.load(p1_ptr + g_hi * N + rn_in).to(tl.int32)[:, None]
+            planes = planes_i8(words, s_lo, a_lo, s_hi, a_hi, USE_ASM)
+        for h in tl.static_range(2):
+            if HALF_EPI:
+                part = tl.full((BN, BM), I2F_BIAS_INT, tl.int32)
+            else:
+                part = acc_i
+            if MODE == _W8:
+                a = _load_act(a_ptr, rm_in, stride_am, K, t * 256 + h * 128, 128, EVEN_K)
+                if h == 0:
+                    part = tl.dot(w_lo, a, part, out_dtype=tl.int32)
+                else:
+                    part = tl.dot(w_hi, a, part, out_dtype=tl.int32)
+            else:
+                for q in tl.static_range(4):
+                    a = _load_act(a_ptr, rm_in, stride_am, K, t * 256 + (4 * h + q) * 32, 32, EVEN_K)
+                    part = tl.dot(planes[4 * h + q], a, part, out_dtype=tl.int32)
+            if HALF_EPI:
+                f = part.to(tl.float32, bitcast=True) - I2F_BIAS_FLOAT
+                ga = tl.minimum((2 * t + h) // act_hpg, act_groups - 1)
+                sa = tl.load(sa_ptr + rm_in * stride_sm + ga)
+                if MODE == _LQQ:
+                    acc += f * sa[None, :]
+                else:
+                    if h == 0:
+                        sw = tl.load(p0_ptr + g_lo * N + rn_in).to(tl.float32)
+                    else:
+                        sw = tl.load(p0_ptr + g_hi * N + rn_in).to(tl.float32)
+                    acc += f * (sw[:, None] * sa[None, :])
+            else:
+                acc_i = part
+    if not HALF_EPI:
+        acc = acc_i.to(tl.float32) * tl.load(sa_ptr + rm_in * stride_sm)[None, :]
+    if MODE == _LQQ:
+        acc = acc * tl.load(cs_ptr + rn_in).to(tl.float32)[:, None]
+    if SCATTER:
+        cols = tl.load(cols_ptr + rn_in)
+    else:
+        cols = rn
+    n_ok = rn < N
+    m_ok = rm < M
+    out_ptrs = out_ptr + rm[None, :] * stride_om + cols[:, None]
+    mask = m_ok[None, :] & n_ok[:, None]
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.atomic_add(out_ptrs, acc, mask=mask)
+
+
+@kernel
+def _int8_kernel(a_ptr, sa_ptr, w_ptr, p0_ptr, p1_ptr, cs_ptr, cols_ptr, out_ptr, M, N, K, stride_am, stride_sm,
+                 act_hpg, act_groups, w_row, n_tiles, tiles_per_split, hpg, groups, stride_om,
+                 MODE: tl.constexpr, HALF_EPI: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+                 SPLIT_K: tl.constexpr, SCATTER: tl.constexpr, EVEN_K: tl.constexpr, USE_ASM: tl.constexpr):
+    _int8_tile(a_ptr, sa_ptr, w_ptr, p0_ptr, p1_ptr, cs_ptr, cols_ptr, out_ptr, tl.program_id(0), tl.program_id(1),
+               tl.program_id(2), M, N, K, stride_am, stride_sm, act_hpg, act_groups, w_row, n_tiles, tiles_per_split,
+               hpg, groups, stride_om, MODE, HALF_EPI, BN, BM, SPLIT_K, SCATTER, EVEN_K, USE_ASM)
+
+
+@kernel
+def _int8_mixed_kernel(a_ptr, sa_ptr, M, K, stride_am, stride_sm, act_hpg, act_groups, n_tiles, tiles_per_split,
+                       stride_om, out_ptr, tiles_a,
+                       w_a, p0_a, p1_a, cs_a, cols_a, N_a, w_row_a, hpg_a, groups_a,
+                       w_b, p0_b, p1_b, cs_b, cols_b, N_b, w_row_b, hpg_b, groups_b,
+                       MODE_A: tl.constexpr, HALF_EPI_A: tl.constexpr, MODE_B: tl.constexpr,
+                       HALF_EPI_B: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, SPLIT_K: tl.constexpr,
+                       EVEN_K: tl.constexpr, USE_ASM: tl.constexpr):
+    pid_n = tl.program_id(0)
+    if pid_n < tiles_a:
+        _int8_tile(a_ptr, sa_ptr, w_a, p0_a, p1_a, cs_a, cols_a, out_ptr, pid_n, tl.program_id(1), tl.program_id(2),
+                   M, N_a, K, stride_am, stride_sm, act_hpg, act_groups, w_row_a, n_tiles, tiles_per_split, hpg_a,
+                   groups_a, stride_om, MODE_A, HALF_EPI_A, BN, BM, SPLIT_K, True, EVEN_K, USE_ASM)
+    else:
+        _int8_tile(a_ptr, sa_ptr, w_b, p0_b, p1_b, cs_b, cols_b, out_ptr, pid_n - tiles_a, tl.program_id(1),
+                   tl.program_id(2), M, N_b, K, stride_am, stride_sm, act_hpg, act_groups, w_row_b, n_tiles,
+                   tiles_per_split, hpg_b, groups_b, stride_om, MODE_B, HALF_EPI_B, BN, BM, SPLIT_K, True, EVEN_K,
+                   USE_ASM)
+
+
+def _weight_args(layout: str, tensors: dict, meta: dict, n_tiles: int, act_group_size: int) -> dict:
+    """Kernel arguments of one weight: pointers, row stride, group size in halves, mode, epilogue kind."""
+    if layout not in MODES:
+        raise ValueError(f"no int8 kernel reads layout '{layout}' (known: {sorted(MODES)})")
+    mode = MODES[layout]
+    w = tensors["qweight"]
+    if mode == LQQ:
+        p0, p1, cs = tensors["s_u8"], tensors["a_u8"], tensors["channel_scales"]
+    else:
+        p0 = tensors["scales"]
+        p1 = tensors["qzeros"] if mode == ASYM4 else p0
+        cs = p0
+    return {"w": w, "p0": p0, "p1": p1, "cs": cs, "n": int(meta["out_features"]), "w_row": w.shape[1],
+            "hpg": groups_in_halves(meta, n_tiles), "groups": int(meta["num_groups"]), "mode": mode,
+            "half_epi": mode != LQQ or act_group_size != -1}
+
+
+def _check_act(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, k: int) -> None:
+    if a_codes.dtype != torch.int8 or a_codes.dim() != 2 or a_codes.shape[1] != k or a_codes.stride(1) != 1:
+        raise ValueError(f"activation codes must be int8 [M, {k}] with unit column stride, got "
+                         f"{a_codes.dtype} {tuple(a_codes.shape)}")
+    if act_group_size != -1 and (act_group_size <= 0 or act_group_size % 128):
+        raise ValueError(f"the int8 kernels need activation groups of a multiple of 128 or -1, got {act_group_size}")
+    if a_scales.dtype != torch.float32 or a_scales.shape[0] != a_codes.shape[0]:
+        raise ValueError(f"activation scales must be float32 [M, G], got {a_scales.dtype} {tuple(a_scales.shape)}")
+
+
+def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, layout: str, tensors: dict,
+                meta: dict, out_dtype: torch.dtype = torch.float16, config: TileConfig | None = None,
+                out: torch.Tensor | None = None, use_asm: bool | None = None) -> torch.Tensor:
+    """Y [M, N] (``out_dtype``) = dequant(A)·Ŵᵀ for int8 activation codes [M, K] with float32 scales [M, G]
+    (:func:`quantkit.quant.act.quantize_activation_int` or the Triton kernel in :mod:`.act_quant`) and a ``w8``,
+    ``w4a16`` (MixLLM W4A8) or ``w4a8-lqq`` weight; ``out`` an optional [M, N] result tensor; ``use_asm`` False
+    forces the plain-Triton dequantization. Reference: :func:`.reference.int8_reference`."""
+    k = int(meta["in_features"])
+    _check_act(a_codes, a_scales, act_group_size, k)
+    m = a_codes.shape[0]
+    n_tiles = padded_k(k) // 256
+    wa = _weight_args(layout, tensors, meta, n_tiles, act_group_size)
+    check_device(a_codes, a_scales, wa["w"], wa["p0"], wa["p1"], wa["cs"])
+    cfg = config or gemm_config(m, wa["n"], k)
+    tiles_per_split, split = split_plan(n_tiles, cfg.split_k)
+    out, target = outputs(m, wa["n"], out_dtype, a_codes.device, split, out)
+    grid = (-(-wa["n"] // cfg.bn), -(-m // cfg.bm), split)
+    _int8_kernel[grid](a_codes, a_scales, wa["w"], wa["p0"], wa["p1"], wa["cs"], wa["w"], target, m, wa["n"], k,
+                       a_codes.stride(0), a_scales.stride(0), act_groups_in_halves(act_group_size, k),
+                       a_scales.shape[1], wa["w_row"], n_tiles, tiles_per_split, wa["hpg"], wa["groups"],
+                       target.stride(0), MODE=wa["mode"],
+                       HALF_EPI=wa["half_epi"], BN=cfg.bn, BM=cfg.bm, SPLIT_K=split, SCATTER=False,
+                       EVEN_K=k % 256 == 0, USE_ASM=USE_ASM if use_asm is None else use_asm, num_warps=cfg.num_warps,
+                       num_stages=cfg.num_stages)
+    return finish_split(out, target)
+
+
+def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, parts: list,
+                      out_features: int, out_dtype: torch.dtype = torch.float16,
+                      config: TileConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Y [M, out_features] of a mixed-precision layer in ONE launch (MixLLM Sec. 3.4): ``parts`` is two
+    (layout, tensors, meta, rows) partitions — e.g. the 4-bit ``w4a16`` and 8-bit ``w8`` rows of a W4.4A8
+    layer — sharing the activation codes (quantized once); programs 0..tiles_a-1 run the first partition,
+    the rest the second, and each epilogue scatters into its rows (int32 [N_part] output indices)."""
+    if len(parts) != 2:
+        raise ValueError(f"the one-launch mixed kernel takes 2 partitions, got {len(parts)}")
+    k = int(parts[0][2]["in_features"])
+    _check_act(a_codes, a_scales, act_group_size, k)
+    m = a_codes.shape[0]
+    n_tiles = padded_k(k) // 256
+    args = []
+    for layout, tensors, meta, rows in parts:
+        if int(meta["in_features"]) != k:
+            raise ValueError("partitions of one layer must share in_features")
+        wa = _weight_args(layout, tensors, meta, n_tiles, act_group_size)
+        wa["cols"] = rows.to(torch.int32).contiguous()
+        check_device(a_codes, a_scales, wa["w"], wa["p0"], wa["p1"], wa["cs"], wa["cols"])
+        args.append(wa)
+    a, b = args
+    cfg = config or gemm_config(m, a["n"] + b["n"], k)
+    tiles_per_split, split = split_plan(n_tiles, cfg.split_k)
+    out, target = outputs(m, out_features, out_dtype, a_codes.device, split, out)
+    tiles_a = -(-a["n"] // cfg.bn)
+    grid = (tiles_a + -(-b["n"] // cfg.bn), -(-m // cfg.bm), split)
+    _int8_mixed_kernel[grid](a_codes, a_scales, m, k, a_codes.stride(0), a_scales.stride(0),
+                             act_groups_in_halves(act_group_size, k), a_scales.shape[1], n_tiles, tiles_per_split,
+                             target.stride(0), target, tiles_a,
+                             a["w"], a["p0"], a["p1"], a["cs"], a["cols"], a["n"], a["w_row"], a["hpg"], a["groups"],
+                             b["w"], b["p0"], b["p1"], b["cs"], b["cols"], b["n"], b["w_row"], b["hpg"], b["groups"],
+                             MODE_A=a["mode"], HALF_EPI_A=a["half_epi"], MODE_B=b["mode"], HALF_EPI_B=b["half_epi"],
+                             BN=cfg.bn, BM=cfg.bm, SPLIT_K=split, EVEN_K=k % 256 == 0, USE_ASM=USE_ASM,
+                             num_warps=cfg.num_warps,
+                             num_stages=cfg.num_stages)
+    return finish_split(out, target)

@@ -1,0 +1,101 @@
+"""W4A16 Triton kernel: 4-bit group-wise weights in the ``w4a16`` layout × fp16/bf16 activations.
+
+Per 256-column tile a program loads its BN rows' 32 words each (128 contiguous bytes a row), dequantizes the 8
+planes in registers (:func:`quantkit.runtime.kernels.dequant.planes_f16`: magic-number int→float, exact
+(q - z)·s) and issues 8 tensor-core products against the matching [32, BM] activation slices, accumulating in
+fp32 (TurboMind Sec. 4.1/4.3: the packed layout follows the MMA operand, dequantization overlaps the MMA). The
+product is computed transposed, Y^T = W·X^T (LiquidGEMM Sec. 5.4), so a one-token GEMV still fills the MMA's
+64-row side with weights. Small M splits K over programs (fp32 atomics into a workspace); see
+:mod:`quantkit.runtime.kernels.configs`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+
+from quantkit.formats.nibble_planes import PLANE_K
+from quantkit.runtime.kernels.configs import TileConfig, gemm_config
+from quantkit.runtime.kernels.dequant import planes_f16
+from quantkit.runtime.kernels.jit import INTERPRET, USE_ASM, check_device, kernel
+from quantkit.runtime.kernels.launch import finish_split, groups_in_halves, outputs, split_plan
+
+
+@kernel
+def _w4a16_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K, stride_xm, stride_om, w_row, n_tiles,
+                  tiles_per_split, halves_per_group, n_groups,
+                  BN: tl.constexpr, BM: tl.constexpr, SPLIT_K: tl.constexpr, BF16: tl.constexpr,
+                  EVEN_K: tl.constexpr, USE_ASM: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rj = tl.arange(0, 32)
+    # rows past N / tokens past M read row N-1 / token M-1 (never stored): no masks in the main loop
+    rn_in = tl.minimum(rn, N - 1)
+    rm_in = tl.minimum(rm, M - 1)
+    w_ptrs = w_ptr + rn_in[:, None] * w_row + rj[None, :]
+    x_ptrs = x_ptr + rm_in[None, :] * stride_xm + rj[:, None]
+    acc = tl.zeros((BN, BM), dtype=tl.float32)
+    t_begin = pid_k * tiles_per_split
+    t_end = tl.minimum(t_begin + tiles_per_split, n_tiles)
+    for t in range(t_begin, t_end):
+        words = tl.load(w_ptrs + t * 32)
+        # clamped: a half-tile past K (K not a multiple of 256) has no group; its codes meet zero activations
+        g_lo = tl.minimum((2 * t) // halves_per_group, n_groups - 1)
+        g_hi = tl.minimum((2 * t + 1) // halves_per_group, n_groups - 1)
+        s_lo = tl.load(s_ptr + g_lo * N + rn_in)[:, None]
+        s_hi = tl.load(s_ptr + g_hi * N + rn_in)[:, None]
+        z_lo = tl.load(z_ptr + g_lo * N + rn_in)[:, None]
+        z_hi = tl.load(z_ptr + g_hi * N + rn_in)[:, None]
+        planes = planes_f16(words, z_lo, s_lo, z_hi, s_hi, BF16, USE_ASM)
+        for p in tl.static_range(8):
+            if EVEN_K:
+                xp = tl.load(x_ptrs + t * 256 + p * 32)
+            else:
+                k = t * 256 + p * 32 + rj
+                xp = tl.load(x_ptrs + t * 256 + p * 32, mask=(k < K)[:, None], other=0.0)
+            if UPCAST_DOT:  # the CPU interpreter's bf16 tl.dot is wrong; fp32 holds bf16 products exactly
+                acc = tl.dot(planes[p].to(tl.float32), xp.to(tl.float32), acc)
+            else:
+                acc = tl.dot(planes[p], xp, acc)
+    n_ok = rn < N
+    m_ok = rm < M
+    out_ptrs = out_ptr + rm[None, :] * stride_om + rn[:, None]
+    mask = m_ok[None, :] & n_ok[:, None]
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.atomic_add(out_ptrs, acc, mask=mask)
+
+
+def w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: TileConfig | None = None,
+                 out: torch.Tensor | None = None, use_asm: bool | None = None) -> torch.Tensor:
+    """Y = X·Ŵᵀ [M, N] in x's dtype (fp16 or bf16) for a ``w4a16`` weight, Ŵ = (q - z)·s rounded to x's dtype
+    per element (bf16: s rounded to bf16 first); fp32 accumulation. ``x`` [M, K] (any row stride, unit column
+    stride); ``out`` an optional [M, N] result tensor; ``use_asm`` False forces the plain-Triton dequantization
+    (tests compare it with the PTX path). Reference: :func:`.reference.w4a16_reference`."""
+    if x.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"w4a16 kernel takes fp16/bf16 activations, got {x.dtype}")
+    qweight, scales, qzeros = tensors["qweight"], tensors["scales"], tensors["qzeros"]
+    check_device(x, qweight, scales, qzeros)
+    bf16 = x.dtype == torch.bfloat16
+    if bf16:  # round-to-nearest-even in torch (the interpreter's fp16→bf16 conversion truncates)
+        scales = scales.to(torch.bfloat16)
+    m, k = x.shape
+    n = int(meta["out_features"])
+    if k != int(meta["in_features"]) or x.stride(1) != 1:
+        raise ValueError(f"x must be [M, {meta['in_features']}] with unit column stride, got {tuple(x.shape)}")
+    n_tiles = qweight.shape[1] // PLANE_K
+    cfg = config or gemm_config(m, n, k)
+    tiles_per_split, split = split_plan(n_tiles, cfg.split_k)
+    out, target = outputs(m, n, x.dtype, x.device, split, out)
+    grid = (-(-n // cfg.bn), -(-m // cfg.bm), split)
+    _w4a16_kernel[grid](x, qweight, scales, qzeros, target, m, n, k, x.stride(0), target.stride(0),
+                        qweight.shape[1], n_tiles, tiles_per_split, groups_in_halves(meta, n_tiles), scales.shape[0],
+                        BN=cfg.bn, BM=cfg.bm, SPLIT_K=split, BF16=bf16, EVEN_K=k % 256 == 0,
+                        USE_ASM=USE_ASM if use_asm is None else use_asm,
+                        UPCAST_DOT=INTERPRET and bf16,
+                        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return finish_split(out, target)

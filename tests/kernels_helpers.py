@@ -1,0 +1,40 @@
+"""Shared by tests/test_kernels_*.py: the device the kernels run on (CUDA, else Triton's CPU interpreter — the
+importing test module must set TRITON_INTERPRET before triton is imported), random records packed in the
+kernel layouts, and the comparison rule."""
+
+from __future__ import annotations
+
+import torch
+
+from quantkit.formats import get_layout
+from quantkit.quant import grid
+from quantkit.quant.lqq import lqq_quantize
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def packed(layout: str, n: int, k: int, group_size: int = 128, seed: int = 0, sym: bool = False):
+    """(QuantizedWeight, tensors on DEVICE, meta) of a random weight [N, K] quantized for ``layout``."""
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
+    if layout == "w4a8-lqq":
+        qw = lqq_quantize(w * 0.05, group_size)
+    elif layout == "w8":
+        qw = grid.quantize(w, 8, group_size, sym=True)
+    else:
+        qw = grid.quantize(w, 4, group_size, sym=sym)
+    lay = get_layout(layout)
+    tensors = {key: t.to(DEVICE) for key, t in lay.pack(qw).items()}
+    return qw, tensors, lay.layout_meta(qw)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64 (NaN anywhere counts as infinite error)."""
+    out, ref = out.double().cpu(), ref.double().cpu()
+    if not torch.isfinite(out).all():
+        return float("inf")
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def poisoned(m: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """An output buffer full of NaN: a kernel that skips an element leaves a NaN behind."""
+    return torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)

@@ -1,0 +1,128 @@
+"""Int8 tensor-core Triton kernels — W8A8 (w8), MixLLM W4A8 (w4a16 asym), LiquidQuant W4A8 (w4a8-lqq), the
+one-launch mixed W4.4A8 scatter — against the torch reference over the same packed tensors, and the reference
+against the dense fake-quant product. The dispatch entry is checked against QuantLinear's reference numbers."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (quantkit.runtime.kernels.jit)
+
+import pytest  # noqa: E402
+
+from quantkit.quant import grid  # noqa: E402
+from quantkit.quant.act import quantize_activation, quantize_activation_int  # noqa: E402
+from quantkit.runtime.dispatch import ActQuant  # noqa: E402
+from quantkit.runtime.kernels.configs import TileConfig, gemm_config  # noqa: E402
+from quantkit.runtime.kernels.entry import layout_kernel  # noqa: E402
+from quantkit.runtime.kernels.int8_gemm import int8_matmul, mixed_int8_matmul  # noqa: E402
+from quantkit.runtime.kernels.reference import int8_reference, int8_weight  # noqa: E402
+from tests.kernels_helpers import DEVICE, packed, poisoned, rel_err  # noqa: E402
+
+TOL = 1e-3  # fp16 output rounding; the sums themselves are exact integers times fp32 scales
+CASES = [  # layout, M, N, K, weight group, activation group, split-K
+    ("w8", 1, 33, 200, 128, 128, 1), ("w8", 33, 20, 300, 128, -1, 2),
+    ("w4a16", 3, 33, 328, 128, 128, 2), ("w4a16", 16, 7, 200, -1, 128, 1),
+    ("w4a8-lqq", 1, 33, 328, 128, -1, 1), ("w4a8-lqq", 33, 9, 200, 128, 128, 1), ("w4a8-lqq", 16, 33, 512, -1, -1, 2),
+]
+
+
+def _acts(m: int, k: int, act_group: int, seed: int):
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed)) * 3
+    codes, scales = quantize_activation_int(x, 8, act_group)
+    return x, codes.to(DEVICE), scales.float().to(DEVICE)
+
+
+@pytest.mark.parametrize("layout,m,n,k,group_size,act_group,split", CASES)
+def test_int8_kernel_matches_reference_and_dense(layout, m, n, k, group_size, act_group, split):
+    qw, tensors, meta = packed(layout, n, k, group_size, seed=m * n)
+    x, codes, scales = _acts(m, k, act_group, seed=k)
+    out = int8_matmul(codes, scales, act_group, layout, tensors, meta, config=TileConfig(16, 16, split),
+                      out=poisoned(m, n, torch.float16))
+    ref = int8_reference(codes, scales, act_group, layout, tensors, meta)
+    assert rel_err(out, ref) < TOL
+    dense = quantize_activation(x, 8, act_group).double() @ grid.dequantize(qw).double().t()
+    assert rel_err(ref, dense) < 1e-12
+
+
+def test_int8_operand_is_liquidquant_eq12_and_mixllm_q_minus_z():
+    from quantkit.quant.lqq import lqq_int8_codes
+
+    qw, tensors, meta = packed("w4a8-lqq", 5, 200, 128)
+    assert torch.equal(int8_weight("w4a8-lqq", tensors, meta)[:, :200].cpu(), lqq_int8_codes(qw))
+    qw, tensors, meta = packed("w4a16", 5, 200, 128)
+    expect = qw.codes.to(torch.int16) - qw.zeros.to(torch.int16)[:, qw.group_index()]
+    assert torch.equal(int8_weight("w4a16", tensors, meta)[:, :200].cpu().to(torch.int16), expect)
+
+
+@pytest.mark.parametrize("m,act_group,split", [(1, 128, 1), (5, 128, 2), (17, -1, 1)])
+def test_mixed_one_launch_scatters_both_partitions(m, act_group, split):
+    """A W4.4A8 layer: rows {1, 4, 30} at 8 bits, the rest asymmetric 4-bit, one launch, one activation."""
+    n, k = 33, 328
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(m))
+    rows8 = torch.tensor([1, 4, 30])
+    rows4 = torch.tensor([r for r in range(n) if r not in (1, 4, 30)])
+    from quantkit.formats import get_layout
+
+    parts, ref = [], torch.empty(m, n, dtype=torch.float64)
+    x, codes, scales = _acts(m, k, act_group, seed=m)
+    for layout, qw, rows in (("w4a16", grid.quantize(w[rows4], 4, 128), rows4),
+                             ("w8", grid.quantize(w[rows8], 8, 128, sym=True), rows8)):
+        lay = get_layout(layout)
+        tensors = {key: t.to(DEVICE) for key, t in lay.pack(qw).items()}
+        parts.append((layout, tensors, lay.layout_meta(qw), rows.to(DEVICE)))
+        ref[:, rows] = int8_reference(codes, scales, act_group, layout, tensors, lay.layout_meta(qw)).cpu()
+    out = mixed_int8_matmul(codes, scales, act_group, parts, n, config=TileConfig(16, 16, split),
+                            out=poisoned(m, n, torch.float16))
+    assert rel_err(out, ref) < TOL
+
+
+def test_int8_kernel_rejects_bad_activations():
+    _, tensors, meta = packed("w8", 8, 256)
+    codes = torch.zeros(2, 256, dtype=torch.int8, device=DEVICE)
+    scales = torch.ones(2, 2, device=DEVICE)
+    with pytest.raises(ValueError, match="int8"):
+        int8_matmul(codes.float(), scales, 128, "w8", tensors, meta)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        int8_matmul(codes, scales, 64, "w8", tensors, meta)
+    with pytest.raises(ValueError, match="no int8 kernel reads layout 'awq'"):
+        int8_matmul(codes, scales, 128, "awq", tensors, meta)
+
+
+@pytest.mark.parametrize("layout,act", [("w4a16", ActQuant(8, 128)), ("w4a16", None), ("w8", ActQuant(8, -1)),
+                                        ("w4a8-lqq", ActQuant(8, 64)), ("w8", None)])
+def test_dispatch_entry_computes_the_quantlinear_reference(layout, act):
+    """The registered entry gives QuantLinear's reference numbers: F.linear(fake_quant(x), Ŵ) — through the int8
+    kernel (A8 g128 / per token), the W4A16 kernel (A16), or the torch fallback (A8 g64, A16 int8 layouts)."""
+    qw, tensors, meta = packed(layout, 33, 256, 128, seed=7)
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(1)).half()
+    xq = x if act is None else quantize_activation(x, act.bits, act.group_size, act.sym)
+    ref = xq.double() @ grid.dequantize(qw).half().double().t()
+    out = layout_kernel(layout)(x.to(DEVICE), tensors, meta, act)
+    assert out.shape == (3, 33) and out.dtype == torch.float16
+    assert rel_err(out, ref) < 2e-3
+
+
+def test_default_config_grows_tiles_with_m():
+    assert gemm_config(1, 4096, 4096).bm == 16
+    assert gemm_config(4096, 4096, 4096).bn == 128
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("layout,act_group", [("w8", 128), ("w4a16", 128), ("w4a8-lqq", -1), ("w4a8-lqq", 128)])
+@pytest.mark.parametrize("m", [1, 16, 300])
+def test_int8_ptx_equals_plain_triton_and_reference_on_gpu(layout, act_group, m):
+    n, k = 1000, 2048 + 256
+    _, tensors, meta = packed(layout, n, k, 128, seed=m)
+    _, codes, scales = _acts(m, k, act_group, seed=m)
+    cfg = gemm_config(m, n, k)
+    fast = int8_matmul(codes, scales, act_group, layout, tensors, meta, config=cfg, use_asm=True)
+    plain = int8_matmul(codes, scales, act_group, layout, tensors, meta, config=cfg, use_asm=False)
+    if cfg.split_k == 1:
+        assert torch.equal(fast, plain)
+    assert rel_err(fast, plain) < 1e-3
+    assert rel_err(fast, int8_reference(codes, scales, act_group, layout, tensors, meta)) < TOL

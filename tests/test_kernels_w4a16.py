@@ -1,0 +1,78 @@
+"""W4A16 Triton kernel against its torch reference over the same packed tensors (and the reference against the
+dense product of the QuantizedWeight). Without a GPU the kernel runs in Triton's CPU interpreter; tests marked
+gpu also compare the inline-PTX dequantization with the plain-Triton one bit for bit."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (quantkit.runtime.kernels.jit)
+
+import pytest  # noqa: E402
+
+from quantkit.quant import grid  # noqa: E402
+from quantkit.runtime.kernels.configs import TileConfig, gemm_config  # noqa: E402
+from quantkit.runtime.kernels.reference import w4a16_reference, w4a16_weight  # noqa: E402
+from quantkit.runtime.kernels.w4a16 import w4a16_matmul  # noqa: E402
+from tests.kernels_helpers import DEVICE, packed, poisoned, rel_err  # noqa: E402
+
+TOL = {torch.float16: 1e-3, torch.bfloat16: 8e-3}
+
+
+@pytest.mark.parametrize("m,n,k,group_size,split", [(1, 33, 200, 128, 1), (3, 33, 328, -1, 2), (16, 7, 200, 128, 2),
+                                                    (33, 33, 512, 256, 1)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_w4a16_matches_reference(m, n, k, group_size, split, dtype):
+    qw, tensors, meta = packed("w4a16", n, k, group_size, seed=m + k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype).to(DEVICE)
+    out = w4a16_matmul(x, tensors, meta, TileConfig(16, 16, split), out=poisoned(m, n, dtype))
+    ref = w4a16_reference(x, tensors, meta)
+    assert out.dtype == dtype and out.shape == (m, n)
+    assert rel_err(out, ref) < TOL[dtype]
+    # the reference reads the packed tensors exactly as the record dequantizes (fp16: bit-identical weights)
+    dense = grid.dequantize(qw).to(dtype)
+    if dtype == torch.float16:
+        assert torch.equal(w4a16_weight(tensors, meta, dtype).cpu(), dense)
+    assert rel_err(ref, x.double().cpu() @ dense.double().t()) < TOL[dtype]
+
+
+def test_w4a16_symmetric_and_strided_activations():
+    """Symmetric 4-bit (zero 8) weights and activations that are a column slice of a wider tensor."""
+    _, tensors, meta = packed("w4a16", 9, 328, 128, seed=5, sym=True)
+    wide = torch.randn(4, 400).half().to(DEVICE)
+    x = wide[:, 10:338]
+    out = w4a16_matmul(x, tensors, meta, TileConfig(16, 16, 1))
+    assert rel_err(out, w4a16_reference(x, tensors, meta)) < TOL[torch.float16]
+
+
+def test_w4a16_rejects_bad_inputs():
+    _, tensors, meta = packed("w4a16", 8, 256)
+    with pytest.raises(ValueError, match="fp16/bf16"):
+        w4a16_matmul(torch.randn(2, 256, device=DEVICE), tensors, meta)
+    with pytest.raises(ValueError, match=r"\[M, 256\]"):
+        w4a16_matmul(torch.randn(2, 255, device=DEVICE).half(), tensors, meta)
+
+
+def test_default_config_splits_k_for_small_m_only():
+    small, large = gemm_config(1, 14336, 4096), gemm_config(4096, 14336, 4096)
+    assert small.bm == 16 and small.split_k >= 1 and small.bn * small.bm <= 64 * 64
+    assert large.split_k == 1 and large.bm >= 64
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 16, 200])
+def test_w4a16_ptx_equals_plain_triton_and_reference_on_gpu(m, dtype):
+    _, tensors, meta = packed("w4a16", 1000, 2048 + 256, 128, seed=m)
+    x = torch.randn(m, 2048 + 256, device="cuda").to(dtype)
+    cfg = gemm_config(m, 1000, 2304)
+    fast = w4a16_matmul(x, tensors, meta, cfg, use_asm=True)
+    plain = w4a16_matmul(x, tensors, meta, cfg, use_asm=False)
+    if cfg.split_k == 1:  # atomics make split-K sums order-dependent
+        assert torch.equal(fast, plain)
+    assert rel_err(fast, plain) < 1e-3
+    assert rel_err(fast, w4a16_reference(x, tensors, meta)) < TOL[dtype]

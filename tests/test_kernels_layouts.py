@@ -130,7 +130,7 @@ def test_kernel_layouts_refuse_with_reasons():
         get_layout("w8").pack(asym4)
 
 
-@pytest.mark.parametrize("name,missing", [("w4a16", "qzeros"), ("w4a8-lqq", "a_u8"), ("w8", "scales")])
+@pytest.mark.parametrize("name,missing", [("w4a16", "qparams"), ("w4a8-lqq", "qparams"), ("w8", "scales")])
 def test_unpack_reports_a_corrupt_checkpoint(name, missing):
     w = torch.randn(7, 200)
     qw = lqq.lqq_quantize(w) if name == "w4a8-lqq" else grid.quantize(w, 8 if name == "w8" else 4, 128,

@@ -5,11 +5,13 @@ dequantization, MixLLM Sec. 3.3) read the same tensors.
 Tensors (N = out_features, K = in_features, Kp = K rounded up to 256, G = groups):
 
 * ``qweight`` int32 [N, Kp/8]: codes in tile-planar order (:mod:`quantkit.formats.nibble_planes`).
-* ``scales`` fp16 [G, N]: group-major, so a kernel tile of consecutive output rows reads one contiguous run per
-  group (no gather).
-* ``qzeros`` uint8 [G, N]: the zero points as they are (0..15).
+* ``qparams`` int32 [G, N]: scale and zero point of group g of row n in one word — bits 0-15 the fp16 scale,
+  bits 16-23 the zero point (0..15), bits 24-31 zero. Group-major, so a kernel tile of consecutive rows reads
+  one contiguous run per group; one 32-bit word per row because Triton streams only loads of >= 4 bytes per
+  element through its asynchronous shared-memory pipeline — separate fp16 scales and uint8 zeros were loaded
+  synchronously, a memory round trip per tile that halved the decode-GEMV bandwidth (docs/BENCHMARKS.md).
 
-Dequantization: W[n, k] = (code[n, k] - qzeros[g, n]) · scales[g, n], g = k // group_size. Groups must be
+Dequantization: W[n, k] = (code[n, k] - zero[g, n]) · scale[g, n], g = k // group_size. Groups must be
 multiples of 128 columns (or one per row) and consecutive: :func:`supports` says why otherwise.
 """
 
@@ -45,23 +47,33 @@ def layout_meta(qw: QuantizedWeight) -> dict:
     return meta
 
 
+def pack_params(scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
+    """int32 [G, N] words (fp16 bits of scale | zero << 16) from per-row scales and zeros [N, G]."""
+    bits = fp16(scales.t()).view(torch.int16).to(torch.int32) & 0xFFFF
+    return (bits | (zeros.t().to(torch.int32) << 16)).contiguous()
+
+
+def unpack_params(qparams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scales float32 [N, G], zeros uint8 [N, G]) from :func:`pack_params` words."""
+    scales = (qparams & 0xFFFF).to(torch.int16).view(torch.float16).float()
+    zeros = ((qparams >> 16) & 0xFF).to(torch.uint8)
+    return scales.t().contiguous(), zeros.t().contiguous()
+
+
 def pack(qw: QuantizedWeight) -> dict[str, torch.Tensor]:
-    """{"qweight", "scales", "qzeros"} of ``qw`` (module docstring); QuantkitError when :func:`supports` refuses."""
+    """{"qweight", "qparams"} of ``qw`` (module docstring); QuantkitError when :func:`supports` refuses it."""
     refuse_unsupported(NAME, supports(qw))
-    return {"qweight": nibble_planes.pack_codes(qw.codes),
-            "scales": fp16(qw.scales.t()),
-            "qzeros": qw.zeros.t().to(torch.uint8).contiguous()}
+    return {"qweight": nibble_planes.pack_codes(qw.codes), "qparams": pack_params(qw.scales, qw.zeros)}
 
 
 def unpack(tensors: dict[str, torch.Tensor], meta: dict) -> QuantizedWeight:
-    """Rebuild the QuantizedWeight :func:`pack` stored (scales float32 of the fp16 values, zeros uint8)."""
+    """Rebuild the QuantizedWeight :func:`pack` stored (scales float32 of the fp16 values, zeros uint8);
+    QuantkitError on missing or mis-shaped tensors."""
     gs = int(meta_field(meta, "group_size", NAME))
     n = int(meta_field(meta, "out_features", NAME))
     k = int(meta_field(meta, "in_features", NAME))
     g = num_groups(k, gs)
     qweight = require(tensors, "qweight", (n, nibble_planes.padded_k(k) // nibble_planes.PLANES), torch.int32, NAME)
-    scales = require(tensors, "scales", (g, n), torch.float16, NAME)
-    qzeros = require(tensors, "qzeros", (g, n), torch.uint8, NAME)
-    return QuantizedWeight(codes=nibble_planes.unpack_codes(qweight, k), scales=scales.t().float().contiguous(),
-                           zeros=qzeros.t().contiguous(), bits=BITS, group_size=gs,
-                           sym=bool(meta_field(meta, "sym", NAME)))
+    scales, zeros = unpack_params(require(tensors, "qparams", (g, n), torch.int32, NAME))
+    return QuantizedWeight(codes=nibble_planes.unpack_codes(qweight, k), scales=scales, zeros=zeros, bits=BITS,
+                           group_size=gs, sym=bool(meta_field(meta, "sym", NAME)))

@@ -7,8 +7,9 @@ Tensors (N = out_features, K = in_features, Kp = K rounded up to 256, G = groups
 * ``qweight`` int32 [N, Kp/8]: UINT4 codes Q_u4 in tile-planar order (:mod:`quantkit.formats.nibble_planes`):
   one byte carries the codes of two 128-column groups, so four byte lanes masked with 0x0F0F0F0F share one
   (s, a) pair — LiquidGEMM's "dual-MMA" idea (Sec. 5.2: one load feeds two MMAs) in tile form.
-* ``s_u8`` uint8 [G, N]: the integer second-level scales s_u8 in [1, 16] (Eq. 7).
-* ``a_u8`` uint8 [G, N]: the offsets a = 2^7 + min(Q_i8) (Eq. 10).
+* ``qparams`` int32 [G, N]: the second-level pair of group g of row n in one word — bits 0-7 the integer
+  scale s_u8 in [1, 16] (Eq. 7), bits 8-15 the offset a = 2^7 + min(Q_i8) (Eq. 10), bits 16-31 zero (one
+  32-bit word, so Triton's asynchronous pipeline streams it with the codes; see ``w4a16``).
 * ``channel_scales`` fp16 [N]: the first-level per-channel scale s_c (Eq. 1).
 
 Dequantization: Q^_i8 = ((q·s_u8 + a) mod 256) XOR 0x80 read as int8, W^ = Q^_i8 · s_c.
@@ -56,12 +57,12 @@ def layout_meta(qw: QuantizedWeight) -> dict:
 
 
 def pack(qw: QuantizedWeight) -> dict[str, torch.Tensor]:
-    """{"qweight", "s_u8", "a_u8", "channel_scales"} of ``qw`` (module docstring); QuantkitError when
+    """{"qweight", "qparams", "channel_scales"} of ``qw`` (module docstring); QuantkitError when
     :func:`supports` refuses it."""
     refuse_unsupported(NAME, supports(qw))
-    return {"qweight": nibble_planes.pack_codes(qw.codes),
-            "s_u8": qw.scales.t().round().to(torch.uint8).contiguous(),
-            "a_u8": qw.zeros.t().to(torch.uint8).contiguous(),
+    s_u8 = qw.scales.t().round().to(torch.int32)
+    a = qw.zeros.t().to(torch.int32)
+    return {"qweight": nibble_planes.pack_codes(qw.codes), "qparams": (s_u8 | (a << 8)).contiguous(),
             "channel_scales": fp16(qw.channel_scales)}
 
 
@@ -73,9 +74,10 @@ def unpack(tensors: dict[str, torch.Tensor], meta: dict) -> QuantizedWeight:
     k = int(meta_field(meta, "in_features", NAME))
     g = num_groups(k, gs)
     qweight = require(tensors, "qweight", (n, nibble_planes.padded_k(k) // nibble_planes.PLANES), torch.int32, NAME)
-    s_u8 = require(tensors, "s_u8", (g, n), torch.uint8, NAME)
-    a_u8 = require(tensors, "a_u8", (g, n), torch.uint8, NAME)
+    qparams = require(tensors, "qparams", (g, n), torch.int32, NAME)
     cs = require(tensors, "channel_scales", (n,), torch.float16, NAME)
-    return QuantizedWeight(codes=nibble_planes.unpack_codes(qweight, k), scales=s_u8.t().float().contiguous(),
-                           zeros=a_u8.t().contiguous(), bits=BITS, group_size=gs, sym=False,
+    return QuantizedWeight(codes=nibble_planes.unpack_codes(qweight, k),
+                           scales=(qparams & 0xFF).t().float().contiguous(),
+                           zeros=((qparams >> 8) & 0xFF).t().to(torch.uint8).contiguous(), bits=BITS, group_size=gs,
+                           sym=False,
                            channel_scales=cs.float())

@@ -6,7 +6,8 @@ Tensors (N = out_features, K = in_features, Kp = K rounded up to 256, G = groups
 
 * ``qweight`` int8 [N, Kp]: code - 128, i.e. the signed value in [-127, 127] (symmetric codes lie in [1, 255]);
   row-major along K, zero-padded — a kernel tile row is 128 contiguous bytes per half-tile.
-* ``scales`` fp16 [G, N]: group-major, as in ``w4a16``.
+* ``scales`` float32 [G, N]: group-major, as in ``w4a16``; the values are the record's fp16 scales, stored in
+  32 bits because Triton streams only loads of >= 4 bytes per element through its asynchronous pipeline.
 
 Dequantization: W[n, k] = qweight[n, k] · scales[k // group_size, n]. Only symmetric weights (every zero point
 128): an asymmetric 8-bit (q - z) can reach ±255 and no longer fits the int8 operand.
@@ -55,7 +56,7 @@ def pack(qw: QuantizedWeight) -> dict[str, torch.Tensor]:
     refuse_unsupported(NAME, supports(qw))
     signed = qw.codes.to(torch.int16) - ZERO
     return {"qweight": pad_last(signed, padded_k(qw.codes.shape[1])).to(torch.int8).contiguous(),
-            "scales": fp16(qw.scales.t())}
+            "scales": fp16(qw.scales.t()).float()}
 
 
 def unpack(tensors: dict[str, torch.Tensor], meta: dict) -> QuantizedWeight:
@@ -65,8 +66,8 @@ def unpack(tensors: dict[str, torch.Tensor], meta: dict) -> QuantizedWeight:
     k = int(meta_field(meta, "in_features", NAME))
     g = num_groups(k, gs)
     qweight = require(tensors, "qweight", (n, padded_k(k)), torch.int8, NAME)
-    scales = require(tensors, "scales", (g, n), torch.float16, NAME)
+    scales = require(tensors, "scales", (g, n), torch.float32, NAME)
     codes = (qweight[:, :k].to(torch.int16) + ZERO).to(torch.uint8)
-    return QuantizedWeight(codes=codes.contiguous(), scales=scales.t().float().contiguous(),
+    return QuantizedWeight(codes=codes.contiguous(), scales=scales.t().half().float().contiguous(),
                            zeros=torch.full((n, g), ZERO, dtype=torch.uint8, device=qweight.device),
                            bits=BITS, group_size=gs, sym=bool(meta_field(meta, "sym", NAME)))

@@ -49,14 +49,25 @@ def _load_act(a_ptr, rm_in, stride_am, K, k0, WIDTH: tl.constexpr, EVEN_K: tl.co
 
 
 @kernel
-def _int8_tile(a_ptr, sa_ptr, w_ptr, p0_ptr, p1_ptr, cs_ptr, cols_ptr, out_ptr, pid_n, pid_m, pid_k,
+def _weight_scale(p, MODE: tl.constexpr):
+    """Float32 weight-group scale from a per-group word: stored as float32 (w8) or fp16 in bits 0-15 (w4a16)."""
+    if MODE == _W8:
+        s = p
+    else:
+        s = (p & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return s
+
+
+@kernel
+def _int8_tile(a_ptr, sa_ptr, w_ptr, p_ptr, cs_ptr, cols_ptr, out_ptr, pid_n, pid_m, pid_k,
                M, N, K, stride_am, stride_sm, act_hpg, act_groups, w_row, n_tiles, tiles_per_split, hpg, groups,
                stride_om, MODE: tl.constexpr, HALF_EPI: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
                SPLIT_K: tl.constexpr, SCATTER: tl.constexpr, EVEN_K: tl.constexpr, USE_ASM: tl.constexpr):
-    """One [BN, BM] output tile (module docstring). p0/p1: scales/- (w8), scales/zeros (asym 4-bit),
-    s_u8/a (LiquidQuant); cs: LiquidQuant channel scales; hpg/act_hpg: weight/activation group size in
-    128-column halves, groups/act_groups their counts (group indices are clamped: a half-tile past K has no
-    group of its own, and its zero activations make any finite scale harmless)."""
+    """One [BN, BM] output tile (module docstring). p: the layout's per-group words — float32 scales (w8),
+    fp16 scale | zero << 16 (w4a16), s_u8 | a << 8 (LiquidQuant); cs: LiquidQuant channel scales; hpg/act_hpg:
+    weight/activation group size in 128-column halves, groups/act_groups their counts (group indices are
+    clamped: a half-tile past K has no group of its own, and its zero activations make any finite scale
+    harmless)."""
     rn = pid_n * BN + tl.arange(0, BN)
     rm = pid_m * BM + tl.arange(0, BM)
     # rows past N / tokens past M read row N-1 / token M-1 (never stored): no masks in the main loop
@@ -70,6 +81,8 @@ def _int8_tile(a_ptr, sa_ptr, w_ptr, p0_ptr, p1_ptr, cs_ptr, cols_ptr, out_ptr, 
     for t in range(t_begin, t_end):
         g_lo = tl.minimum((2 * t) // hpg, groups - 1)
         g_hi = tl.minimum((2 * t + 1) // hpg, groups - 1)
+        p_lo = tl.load(p_ptr + g_lo * N + rn_in)
+        p_hi = tl.load(p_ptr + g_hi * N + rn_in)
         if MODE == _W8:
             w_rows = w_ptr + rn_in[:, None] * w_row + t * 256 + tl.arange(0, 128)[None, :]
             w_lo = tl.load(w_rows)
@@ -77,15 +90,15 @@ def _int8_tile(a_ptr, sa_ptr, w_ptr, p0_ptr, p1_ptr, cs_ptr, cols_ptr, out_ptr, 
         else:
             words = tl.load(w_ptr + rn_in[:, None] * w_row + t * 32 + tl.arange(0, 32)[None, :])
             if MODE == _LQQ:
-                s_lo = tl.load(p0_ptr + g_lo * N + rn_in).to(tl.int32)[:, None]
-                s_hi = tl.load(p0_ptr + g_hi * N + rn_in).to(tl.int32)[:, None]
-                a_lo = tl.load(p1_ptr + g_lo * N + rn_in).to(tl.int32)[:, None]
-                a_hi = tl.load(p1_ptr + g_hi * N + rn_in).to(tl.int32)[:, None]
+                s_lo = (p_lo & 0xFF)[:, None]
+                s_hi = (p_hi & 0xFF)[:, None]
+                a_lo = ((p_lo >> 8) & 0xFF)[:, None]
+                a_hi = ((p_hi >> 8) & 0xFF)[:, None]
             else:  # MixLLM q - z == ((q·1 + 128 - z) mod 256) XOR 0x80
                 s_lo = tl.full((BN, 1), 1, tl.int32)
                 s_hi = s_lo
-                a_lo = 128 - tl.load(p1_ptr + g_lo * N + rn_in).to(tl.int32)[:, None]
-                a_hi = 128 - tl.load(p1_ptr + g_hi * N + rn_in).to(tl.int32)[:, None]
+                a_lo = 128 - ((p_lo >> 16) & 0xFF)[:, None]
+                a_hi = 128 - ((p_hi >> 16) & 0xFF)[:, None]
             planes = planes_i8(words, s_lo, a_lo, s_hi, a_hi, USE_ASM)
         for h in tl.static_range(2):
             if HALF_EPI:
@@ -110,9 +123,9 @@ def _int8_tile(a_ptr, sa_ptr, w_ptr, p0_ptr, p1_ptr, cs_ptr, cols_ptr, out_ptr, 
                     acc += f * sa[None, :]
                 else:
                     if h == 0:
-                        sw = tl.load(p0_ptr + g_lo * N + rn_in).to(tl.float32)
+                        sw = _weight_scale(p_lo, MODE)
                     else:
-                        sw = tl.load(p0_ptr + g_hi * N + rn_in).to(tl.float32)
+                        sw = _weight_scale(p_hi, MODE)
                     acc += f * (sw[:, None] * sa[None, :])
             else:
                 acc_i = part
@@ -135,11 +148,11 @@ def _int8_tile(a_ptr, sa_ptr, w_ptr, p0_ptr, p1_ptr, cs_ptr, cols_ptr, out_ptr, 
 
 
 @kernel
-def _int8_kernel(a_ptr, sa_ptr, w_ptr, p0_ptr, p1_ptr, cs_ptr, cols_ptr, out_ptr, M, N, K, stride_am, stride_sm,
+def _int8_kernel(a_ptr, sa_ptr, w_ptr, p_ptr, cs_ptr, cols_ptr, out_ptr, M, N, K, stride_am, stride_sm,
                  act_hpg, act_groups, w_row, n_tiles, tiles_per_split, hpg, groups, stride_om,
                  MODE: tl.constexpr, HALF_EPI: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
                  SPLIT_K: tl.constexpr, SCATTER: tl.constexpr, EVEN_K: tl.constexpr, USE_ASM: tl.constexpr):
-    _int8_tile(a_ptr, sa_ptr, w_ptr, p0_ptr, p1_ptr, cs_ptr, cols_ptr, out_ptr, tl.program_id(0), tl.program_id(1),
+    _int8_tile(a_ptr, sa_ptr, w_ptr, p_ptr, cs_ptr, cols_ptr, out_ptr, tl.program_id(0), tl.program_id(1),
                tl.program_id(2), M, N, K, stride_am, stride_sm, act_hpg, act_groups, w_row, n_tiles, tiles_per_split,
                hpg, groups, stride_om, MODE, HALF_EPI, BN, BM, SPLIT_K, SCATTER, EVEN_K, USE_ASM)
 
@@ -147,18 +160,18 @@ def _int8_kernel(a_ptr, sa_ptr, w_ptr, p0_ptr, p1_ptr, cs_ptr, cols_ptr, out_ptr
 @kernel
 def _int8_mixed_kernel(a_ptr, sa_ptr, M, K, stride_am, stride_sm, act_hpg, act_groups, n_tiles, tiles_per_split,
                        stride_om, out_ptr, tiles_a,
-                       w_a, p0_a, p1_a, cs_a, cols_a, N_a, w_row_a, hpg_a, groups_a,
-                       w_b, p0_b, p1_b, cs_b, cols_b, N_b, w_row_b, hpg_b, groups_b,
+                       w_a, p_a, cs_a, cols_a, N_a, w_row_a, hpg_a, groups_a,
+                       w_b, p_b, cs_b, cols_b, N_b, w_row_b, hpg_b, groups_b,
                        MODE_A: tl.constexpr, HALF_EPI_A: tl.constexpr, MODE_B: tl.constexpr,
                        HALF_EPI_B: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, SPLIT_K: tl.constexpr,
                        EVEN_K: tl.constexpr, USE_ASM: tl.constexpr):
     pid_n = tl.program_id(0)
     if pid_n < tiles_a:
-        _int8_tile(a_ptr, sa_ptr, w_a, p0_a, p1_a, cs_a, cols_a, out_ptr, pid_n, tl.program_id(1), tl.program_id(2),
+        _int8_tile(a_ptr, sa_ptr, w_a, p_a, cs_a, cols_a, out_ptr, pid_n, tl.program_id(1), tl.program_id(2),
                    M, N_a, K, stride_am, stride_sm, act_hpg, act_groups, w_row_a, n_tiles, tiles_per_split, hpg_a,
                    groups_a, stride_om, MODE_A, HALF_EPI_A, BN, BM, SPLIT_K, True, EVEN_K, USE_ASM)
     else:
-        _int8_tile(a_ptr, sa_ptr, w_b, p0_b, p1_b, cs_b, cols_b, out_ptr, pid_n - tiles_a, tl.program_id(1),
+        _int8_tile(a_ptr, sa_ptr, w_b, p_b, cs_b, cols_b, out_ptr, pid_n - tiles_a, tl.program_id(1),
                    tl.program_id(2), M, N_b, K, stride_am, stride_sm, act_hpg, act_groups, w_row_b, n_tiles,
                    tiles_per_split, hpg_b, groups_b, stride_om, MODE_B, HALF_EPI_B, BN, BM, SPLIT_K, True, EVEN_K,
                    USE_ASM)
@@ -170,13 +183,9 @@ def _weight_args(layout: str, tensors: dict, meta: dict, n_tiles: int, act_group
         raise ValueError(f"no int8 kernel reads layout '{layout}' (known: {sorted(MODES)})")
     mode = MODES[layout]
     w = tensors["qweight"]
-    if mode == LQQ:
-        p0, p1, cs = tensors["s_u8"], tensors["a_u8"], tensors["channel_scales"]
-    else:
-        p0 = tensors["scales"]
-        p1 = tensors["qzeros"] if mode == ASYM4 else p0
-        cs = p0
-    return {"w": w, "p0": p0, "p1": p1, "cs": cs, "n": int(meta["out_features"]), "w_row": w.shape[1],
+    params = tensors["scales"] if mode == W8 else tensors["qparams"]
+    cs = tensors["channel_scales"] if mode == LQQ else params
+    return {"w": w, "p": params, "cs": cs, "n": int(meta["out_features"]), "w_row": w.shape[1],
             "hpg": groups_in_halves(meta, n_tiles), "groups": int(meta["num_groups"]), "mode": mode,
             "half_epi": mode != LQQ or act_group_size != -1}
 
@@ -203,12 +212,12 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
     m = a_codes.shape[0]
     n_tiles = padded_k(k) // 256
     wa = _weight_args(layout, tensors, meta, n_tiles, act_group_size)
-    check_device(a_codes, a_scales, wa["w"], wa["p0"], wa["p1"], wa["cs"])
+    check_device(a_codes, a_scales, wa["w"], wa["p"], wa["cs"])
     cfg = config or gemm_config(m, wa["n"], k)
     tiles_per_split, split = split_plan(n_tiles, cfg.split_k)
     out, target = outputs(m, wa["n"], out_dtype, a_codes.device, split, out)
     grid = (-(-wa["n"] // cfg.bn), -(-m // cfg.bm), split)
-    _int8_kernel[grid](a_codes, a_scales, wa["w"], wa["p0"], wa["p1"], wa["cs"], wa["w"], target, m, wa["n"], k,
+    _int8_kernel[grid](a_codes, a_scales, wa["w"], wa["p"], wa["cs"], wa["w"], target, m, wa["n"], k,
                        a_codes.stride(0), a_scales.stride(0), act_groups_in_halves(act_group_size, k),
                        a_scales.shape[1], wa["w_row"], n_tiles, tiles_per_split, wa["hpg"], wa["groups"],
                        target.stride(0), MODE=wa["mode"],
@@ -237,7 +246,7 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
             raise ValueError("partitions of one layer must share in_features")
         wa = _weight_args(layout, tensors, meta, n_tiles, act_group_size)
         wa["cols"] = rows.to(torch.int32).contiguous()
-        check_device(a_codes, a_scales, wa["w"], wa["p0"], wa["p1"], wa["cs"], wa["cols"])
+        check_device(a_codes, a_scales, wa["w"], wa["p"], wa["cs"], wa["cols"])
         args.append(wa)
     a, b = args
     cfg = config or gemm_config(m, a["n"] + b["n"], k)
@@ -248,8 +257,8 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
     _int8_mixed_kernel[grid](a_codes, a_scales, m, k, a_codes.stride(0), a_scales.stride(0),
                              act_groups_in_halves(act_group_size, k), a_scales.shape[1], n_tiles, tiles_per_split,
                              target.stride(0), target, tiles_a,
-                             a["w"], a["p0"], a["p1"], a["cs"], a["cols"], a["n"], a["w_row"], a["hpg"], a["groups"],
-                             b["w"], b["p0"], b["p1"], b["cs"], b["cols"], b["n"], b["w_row"], b["hpg"], b["groups"],
+                             a["w"], a["p"], a["cs"], a["cols"], a["n"], a["w_row"], a["hpg"], a["groups"],
+                             b["w"], b["p"], b["cs"], b["cols"], b["n"], b["w_row"], b["hpg"], b["groups"],
                              MODE_A=a["mode"], HALF_EPI_A=a["half_epi"], MODE_B=b["mode"], HALF_EPI_B=b["half_epi"],
                              BN=cfg.bn, BM=cfg.bm, SPLIT_K=split, EVEN_K=k % 256 == 0, USE_ASM=USE_ASM,
                              num_warps=cfg.num_warps,

@@ -12,6 +12,7 @@ import torch
 
 from quantkit.formats import nibble_planes
 from quantkit.formats.kernel_common import HALF_K
+from quantkit.formats.w4a16 import unpack_params
 
 LQQ_LAYOUT = "w4a8-lqq"
 
@@ -28,10 +29,10 @@ def w4a16_weight(tensors: dict, meta: dict, dtype: torch.dtype) -> torch.Tensor:
     k = int(meta["in_features"])
     codes = nibble_planes.unpack_codes(tensors["qweight"], k).float()
     g = _group_of_columns(meta, k, codes.device)
-    z = tensors["qzeros"].float()[g].t()
-    s = tensors["scales"]
-    s = (s.to(torch.bfloat16) if dtype == torch.bfloat16 else s).float()[g].t()
-    return ((codes - z) * s).to(dtype)
+    scales, zeros = unpack_params(tensors["qparams"])  # [N, G]
+    s = scales.half()
+    s = (s.to(torch.bfloat16) if dtype == torch.bfloat16 else s).float()[:, g]
+    return ((codes - zeros.float()[:, g]) * s).to(dtype)
 
 
 def w4a16_reference(x: torch.Tensor, tensors: dict, meta: dict) -> torch.Tensor:
@@ -50,12 +51,13 @@ def int8_weight(layout: str, tensors: dict, meta: dict) -> torch.Tensor:
     kp = nibble_planes.padded_k(k)
     codes = nibble_planes.unpack_codes(tensors["qweight"], kp)
     g = _group_of_columns(meta, kp, codes.device)
+    params = tensors["qparams"][g].t()  # [N, Kp] words of each column's group
     if layout == LQQ_LAYOUT:
-        s = tensors["s_u8"][g].t()
-        a = tensors["a_u8"][g].t()
+        s = (params & 0xFF).to(torch.uint8)
+        a = ((params >> 8) & 0xFF).to(torch.uint8)
         return ((codes * s + a) ^ 0x80).view(torch.int8)
     if layout == "w4a16":
-        return (codes.to(torch.int16) - tensors["qzeros"][g].t().to(torch.int16)).to(torch.int8)
+        return (codes.to(torch.int16) - ((params >> 16) & 0xFF).to(torch.int16)).to(torch.int8)
     raise ValueError(f"no int8 kernel reads layout '{layout}'")
 
 
@@ -83,5 +85,6 @@ def int8_reference(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size
     if layout == LQQ_LAYOUT:
         y = (partial * sa[:, None, :]).sum(-1)
         return y * tensors["channel_scales"].double()[None, :]
-    sw = _half_scales(tensors["scales"].t().double(), int(meta["group_size"]), halves)  # [N, halves]
+    per_group = tensors["scales"].t() if layout == "w8" else unpack_params(tensors["qparams"])[0]  # [N, G]
+    sw = _half_scales(per_group.double(), int(meta["group_size"]), halves)  # [N, halves]
     return (partial * sa[:, None, :] * sw[None, :, :]).sum(-1)

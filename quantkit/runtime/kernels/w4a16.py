@@ -22,7 +22,26 @@ from quantkit.runtime.kernels.launch import finish_split, groups_in_halves, outp
 
 
 @kernel
-def _w4a16_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K, stride_xm, stride_om, w_row, n_tiles,
+def _bf16_rne(h):
+    """fp16 → bf16 rounded to nearest even, in integer arithmetic (the CPU interpreter's conversion truncates;
+    on a GPU this equals cvt.rn.bf16.f16)."""
+    b = h.to(tl.float32).to(tl.int32, bitcast=True)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    return b.to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@kernel
+def _group_params(p_ptr, g, N, rn_in, BF16: tl.constexpr):
+    """(scale [BN, 1] in the activation dtype, zero point [BN, 1] uint8) of group g from ``qparams`` words."""
+    p = tl.load(p_ptr + g * N + rn_in)
+    s = (p & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+    if BF16:
+        s = _bf16_rne(s)
+    return s[:, None], ((p >> 16) & 0xFF).to(tl.uint8)[:, None]
+
+
+@kernel
+def _w4a16_kernel(x_ptr, w_ptr, p_ptr, out_ptr, M, N, K, stride_xm, stride_om, w_row, n_tiles,
                   tiles_per_split, halves_per_group, n_groups,
                   BN: tl.constexpr, BM: tl.constexpr, SPLIT_K: tl.constexpr, BF16: tl.constexpr,
                   EVEN_K: tl.constexpr, USE_ASM: tl.constexpr, UPCAST_DOT: tl.constexpr):
@@ -37,7 +56,7 @@ def _w4a16_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K, stride_xm, strid
     rm_in = tl.minimum(rm, M - 1)
     w_ptrs = w_ptr + rn_in[:, None] * w_row + rj[None, :]
     x_ptrs = x_ptr + rm_in[None, :] * stride_xm + rj[:, None]
-    acc = tl.zeros((BN, BM), dtype=tl.float32)
+    acc = tl.full((BN, BM), 0.0, tl.float32)
     t_begin = pid_k * tiles_per_split
     t_end = tl.minimum(t_begin + tiles_per_split, n_tiles)
     for t in range(t_begin, t_end):
@@ -45,10 +64,8 @@ def _w4a16_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K, stride_xm, strid
         # clamped: a half-tile past K (K not a multiple of 256) has no group; its codes meet zero activations
         g_lo = tl.minimum((2 * t) // halves_per_group, n_groups - 1)
         g_hi = tl.minimum((2 * t + 1) // halves_per_group, n_groups - 1)
-        s_lo = tl.load(s_ptr + g_lo * N + rn_in)[:, None]
-        s_hi = tl.load(s_ptr + g_hi * N + rn_in)[:, None]
-        z_lo = tl.load(z_ptr + g_lo * N + rn_in)[:, None]
-        z_hi = tl.load(z_ptr + g_hi * N + rn_in)[:, None]
+        s_lo, z_lo = _group_params(p_ptr, g_lo, N, rn_in, BF16)
+        s_hi, z_hi = _group_params(p_ptr, g_hi, N, rn_in, BF16)
         planes = planes_f16(words, z_lo, s_lo, z_hi, s_hi, BF16, USE_ASM)
         for p in tl.static_range(8):
             if EVEN_K:
@@ -78,11 +95,9 @@ def w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: TileConfig 
     (tests compare it with the PTX path). Reference: :func:`.reference.w4a16_reference`."""
     if x.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"w4a16 kernel takes fp16/bf16 activations, got {x.dtype}")
-    qweight, scales, qzeros = tensors["qweight"], tensors["scales"], tensors["qzeros"]
-    check_device(x, qweight, scales, qzeros)
+    qweight, qparams = tensors["qweight"], tensors["qparams"]
+    check_device(x, qweight, qparams)
     bf16 = x.dtype == torch.bfloat16
-    if bf16:  # round-to-nearest-even in torch (the interpreter's fp16→bf16 conversion truncates)
-        scales = scales.to(torch.bfloat16)
     m, k = x.shape
     n = int(meta["out_features"])
     if k != int(meta["in_features"]) or x.stride(1) != 1:
@@ -92,8 +107,8 @@ def w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: TileConfig 
     tiles_per_split, split = split_plan(n_tiles, cfg.split_k)
     out, target = outputs(m, n, x.dtype, x.device, split, out)
     grid = (-(-n // cfg.bn), -(-m // cfg.bm), split)
-    _w4a16_kernel[grid](x, qweight, scales, qzeros, target, m, n, k, x.stride(0), target.stride(0),
-                        qweight.shape[1], n_tiles, tiles_per_split, groups_in_halves(meta, n_tiles), scales.shape[0],
+    _w4a16_kernel[grid](x, qweight, qparams, target, m, n, k, x.stride(0), target.stride(0),
+                        qweight.shape[1], n_tiles, tiles_per_split, groups_in_halves(meta, n_tiles), qparams.shape[0],
                         BN=cfg.bn, BM=cfg.bm, SPLIT_K=split, BF16=bf16, EVEN_K=k % 256 == 0,
                         USE_ASM=USE_ASM if use_asm is None else use_asm,
                         UPCAST_DOT=INTERPRET and bf16,

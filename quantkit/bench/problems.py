@@ -1,0 +1,141 @@
+"""Benchmark problems: for one method and shape, random weights quantized and packed in the method's layout,
+several copies of every operand (:func:`quantkit.bench.timing.copies_to_defeat_l2`), and the call to time.
+
+Methods (activations fp16; "+aq" variants include the activation quantization kernel in the timed call):
+
+=================  ==========================================================================================
+fp16               torch F.linear (cuBLAS), the baseline every speedup is quoted against
+int_mm             torch._int_mm int8 × int8 → int32 (cuBLAS, no scales: a lower bound for any W8A8), M > 16
+w4a16              quantkit W4A16 kernel, 4-bit asym g128 weights (``w4a16`` layout)
+w8a8[+aq]          int8 kernel, sym-8 g128 weights (``w8``), A8 g128 activations (MixLLM W8A8)
+w4a8[+aq]          int8 kernel, asym-4 g128 weights (``w4a16``), A8 g128 activations (MixLLM W4A8)
+w4a8-lqq[+aq]      int8 kernel, LiquidQuant weights (``w4a8-lqq``), A8 per-token activations (LiquidGEMM)
+mixed[+aq]         one launch over a MixLLM W4.4A8 layer: 10 % of rows sym-8 (``w8``), 90 % asym-4
+act-quant          the Triton activation quantizer alone (fp16 [M, K] → int8 + g128 scales)
+=================  ==========================================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from quantkit.bench.roofline import tensor_bytes
+from quantkit.bench.timing import copies_to_defeat_l2
+from quantkit.errors import QuantkitError
+
+METHODS = ("fp16", "int_mm", "w4a16", "w8a8", "w8a8+aq", "w4a8", "w4a8+aq", "w4a8-lqq", "w4a8-lqq+aq", "mixed",
+           "mixed+aq", "act-quant")
+MIXED_8BIT_SHARE = 0.10  # MixLLM W4.4A8 (p10): 10 % of output channels at 8 bits
+
+
+@dataclass
+class Problem:
+    """What to time: ``fn(*inputs[i])`` for rotating copies, and the byte/op counts of one call. The quantkit
+    kernels read their TileConfig from ``state["config"]`` at call time, so one problem (its weights quantized
+    and packed once) can be timed under several configs."""
+
+    fn: Callable
+    inputs: list[tuple]
+    weight_bytes: int
+    act_bytes_per_elem: float
+    int8: bool
+    state: dict = field(default_factory=dict)
+
+
+def _quantize(kind: str, w: torch.Tensor):
+    from quantkit.quant import grid
+    from quantkit.quant.lqq import lqq_quantize
+
+    if kind == "w4a8-lqq":
+        return lqq_quantize(w, 128)
+    if kind == "w8":
+        return grid.quantize(w, 8, 128, sym=True)
+    return grid.quantize(w, 4, 128, sym=False)
+
+
+def _packed(layout: str, w: torch.Tensor) -> tuple[dict, dict]:
+    from quantkit.formats.registry import get_layout
+
+    qw = _quantize(layout, w)
+    lay = get_layout(layout)
+    return lay.pack(qw), lay.layout_meta(qw)
+
+
+def build_problem(method: str, m: int, n: int, k: int, config=None, seed: int = 0) -> Problem:
+    """The :class:`Problem` of ``method`` (module docstring) at [M, K] × [K, N]; ``config`` a TileConfig for
+    the quantkit kernels (None: the default rule)."""
+    from quantkit.runtime.kernels.act_quant import quantize_activation_triton
+    from quantkit.runtime.kernels.int8_gemm import int8_matmul, mixed_int8_matmul
+    from quantkit.runtime.kernels.w4a16 import w4a16_matmul
+
+    if method not in METHODS:
+        raise QuantkitError(f"unknown benchmark method '{method}'; known: {', '.join(METHODS)}")
+    dev = "cuda"
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    state = {"config": config}
+
+    def randn(*shape, dtype=torch.float16):
+        return torch.randn(*shape, generator=gen, device=dev, dtype=torch.float32).to(dtype)
+
+    if method == "fp16":
+        copies = copies_to_defeat_l2(2 * n * k + 2 * m * k + 2 * m * n)
+        inputs = [(randn(m, k), randn(n, k)) for _ in range(copies)]
+        return Problem(lambda x, w: F.linear(x, w), inputs, 2 * n * k, 2.0, False)
+    if method == "int_mm":
+        if m <= 16:
+            raise QuantkitError("torch._int_mm needs M > 16")
+        copies = copies_to_defeat_l2(n * k + m * k + 4 * m * n)
+        mk = lambda *s: torch.randint(-127, 128, s, generator=gen, device=dev, dtype=torch.int8)  # noqa: E731
+        inputs = [(mk(m, k), mk(n, k).t()) for _ in range(copies)]
+        return Problem(lambda a, b: torch._int_mm(a, b), inputs, n * k, 1.0, True)
+    if method == "act-quant":
+        copies = copies_to_defeat_l2(3 * m * k)
+        inputs = [(randn(m, k),) for _ in range(copies)]
+        return Problem(lambda x: quantize_activation_triton(x, 8, 128), inputs, 0, 3.0, False)
+    if method == "w4a16":
+        t, meta = _packed("w4a16", randn(n, k, dtype=torch.float32))
+        wb = tensor_bytes(t)
+        copies = copies_to_defeat_l2(wb + 2 * m * k + 2 * m * n)
+        inputs = [(randn(m, k), {key: v.clone() for key, v in t.items()}) for _ in range(copies)]
+        return Problem(lambda x, tt: w4a16_matmul(x, tt, meta, state["config"]), inputs, wb, 2.0, False, state)
+    base, with_aq = method.split("+")[0], method.endswith("+aq")
+    act_group = -1 if base == "w4a8-lqq" else 128
+    if base == "mixed":
+        n8 = max(1, int(round(MIXED_8BIT_SHARE * n)))
+        perm = torch.randperm(n, generator=gen, device=dev)
+        rows8, rows4 = perm[:n8].sort().values, perm[n8:].sort().values
+        w = randn(n, k, dtype=torch.float32)
+        parts_t = [("w4a16",) + _packed("w4a16", w[rows4]) + (rows4.to(torch.int32),),
+                   ("w8",) + _packed("w8", w[rows8]) + (rows8.to(torch.int32),)]
+        wb = sum(tensor_bytes(p[1]) + p[3].numel() * 4 for p in parts_t)
+
+        def call(a, s, parts):
+            return mixed_int8_matmul(a, s, act_group, parts, n, config=state["config"])
+        clone = lambda: [(p[0], {key: v.clone() for key, v in p[1].items()}, p[2], p[3]) for p in parts_t]  # noqa
+    else:
+        layout = {"w8a8": "w8", "w4a8": "w4a16", "w4a8-lqq": "w4a8-lqq"}[base]
+        t, meta = _packed(layout, randn(n, k, dtype=torch.float32))
+        wb = tensor_bytes(t)
+
+        def call(a, s, tt):
+            return int8_matmul(a, s, act_group, layout, tt, meta, config=state["config"])
+        clone = lambda: {key: v.clone() for key, v in t.items()}  # noqa: E731
+    copies = copies_to_defeat_l2(wb + 2 * m * k + 2 * m * n)
+    inputs = []
+    for _ in range(copies):
+        x = randn(m, k)
+        if with_aq:
+            inputs.append((x, clone()))
+        else:
+            a, s = quantize_activation_triton(x, 8, act_group)
+            inputs.append((a, s, clone()))
+    if with_aq:
+        def fn(x, tt):
+            a, s = quantize_activation_triton(x, 8, act_group)
+            return call(a, s, tt)
+        return Problem(fn, inputs, wb, 2.0, True, state)
+    return Problem(call, inputs, wb, 1.0 + 4.0 / (128 if act_group == 128 else k), True, state)

@@ -1,0 +1,81 @@
+"""``run_bench``: time methods × shapes × token counts against ceilings measured in the same run, with the
+speedup over torch fp16 (cuBLAS); ``tune``: time candidate tile configs of one quantkit kernel problem."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from quantkit.bench.problems import build_problem
+from quantkit.bench.roofline import Ceilings, gemm_flops, measure_ceilings, roofline_row, traffic_bytes
+from quantkit.bench.timing import time_rotating
+from quantkit.errors import QuantkitError
+from quantkit.runtime.kernels.configs import TileConfig
+
+
+def _require_cuda() -> None:
+    if not torch.cuda.is_available():
+        raise QuantkitError("kernel benchmarks need a CUDA GPU (none is visible); run them on a GPU machine")
+
+
+def time_problem(method: str, m: int, n: int, k: int, config: TileConfig | None = None, reps: int = 50,
+                 use_graph: bool = True) -> tuple[dict, object]:
+    """(timing dict of :func:`quantkit.bench.timing.time_rotating`, the Problem) of one method at one size."""
+    prob = build_problem(method, m, n, k, config)
+    return time_rotating(prob.fn, prob.inputs, reps=reps, use_graph=use_graph), prob
+
+
+def run_bench(shapes: Iterable[tuple[int, int]], ms: Sequence[int], methods: Sequence[str],
+              ceilings: Ceilings | None = None, configs: dict | None = None, reps: int = 50) -> list[dict]:
+    """One row per (method, N, K, M): median ms, TFLOP/s, GB/s, % of measured HBM bandwidth and matmul ceiling,
+    % of the roofline floor, and ``speedup_vs_fp16`` (the fp16 method is always timed as the baseline).
+    ``shapes`` are (N, K) = (out_features, in_features); ``configs`` optionally maps (method, M, N, K) to a
+    TileConfig. Methods that cannot run a size (torch._int_mm with M <= 16) get a row with ``skipped``."""
+    _require_cuda()
+    ceilings = ceilings or measure_ceilings()
+    rows = []
+    for n, k in shapes:
+        for m in ms:
+            base_ms = None
+            for method in ["fp16"] + [x for x in methods if x != "fp16"]:
+                cfg = (configs or {}).get((method, m, n, k))
+                row = {"method": method, "m": m, "n": n, "k": k, "device": ceilings.device}
+                try:
+                    timing, prob = time_problem(method, m, n, k, cfg, reps)
+                except QuantkitError as e:
+                    rows.append({**row, "skipped": str(e)})
+                    continue
+                nbytes = traffic_bytes(prob.weight_bytes, m, k, n, prob.act_bytes_per_elem)
+                flops = gemm_flops(m, n, k) if method != "act-quant" else 0
+                row.update(timing)
+                row.update(roofline_row(timing["ms"], flops, nbytes, ceilings, prob.int8))
+                row["bytes"] = nbytes
+                if cfg is not None:
+                    row["config"] = cfg.to_dict()
+                if method == "fp16":
+                    base_ms = timing["ms"]
+                row["speedup_vs_fp16"] = base_ms / timing["ms"] if base_ms else None
+                if method in methods:
+                    rows.append(row)
+                del prob
+                torch.cuda.empty_cache()
+    return rows
+
+
+def tune(method: str, m: int, n: int, k: int, candidates: Sequence[TileConfig], reps: int = 30) -> list[dict]:
+    """Time every candidate config of a quantkit kernel method on one problem (weights packed once; compile
+    failures, e.g. too much shared memory, are reported, not raised); rows sorted fastest first."""
+    _require_cuda()
+    prob = build_problem(method, m, n, k)
+    out = []
+    for cfg in candidates:
+        prob.state["config"] = cfg
+        try:
+            out.append({"config": cfg.to_dict(), **time_rotating(prob.fn, prob.inputs, reps=reps)})
+        except Exception as e:  # noqa: BLE001 — a config the compiler rejects is a result of the sweep
+            msg = str(e).strip().splitlines()
+            out.append({"config": cfg.to_dict(), "error": f"{type(e).__name__}: {(msg[0] if msg else '')[:200]}"})
+    del prob
+    torch.cuda.empty_cache()
+    return sorted(out, key=lambda r: r.get("ms", float("inf")))

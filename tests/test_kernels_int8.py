@@ -24,7 +24,7 @@ from tests.kernels_helpers import DEVICE, packed, poisoned, rel_err  # noqa: E40
 
 TOL = 1e-3  # fp16 output rounding; the sums themselves are exact integers times fp32 scales
 CASES = [  # layout, M, N, K, weight group, activation group, split-K
-    ("w8", 1, 33, 200, 128, 128, 1), ("w8", 33, 20, 300, 128, -1, 2),
+    ("w8", 1, 33, 200, 128, 128, 1), ("w8", 33, 20, 300, 128, -1, 2), ("w8", 5, 9, 512, 256, 128, 1),
     ("w4a16", 3, 33, 328, 128, 128, 2), ("w4a16", 16, 7, 200, -1, 128, 1),
     ("w4a8-lqq", 1, 33, 328, 128, -1, 1), ("w4a8-lqq", 33, 9, 200, 128, 128, 1), ("w4a8-lqq", 16, 33, 512, -1, -1, 2),
 ]
@@ -107,8 +107,9 @@ def test_dispatch_entry_computes_the_quantlinear_reference(layout, act):
 
 
 def test_default_config_grows_tiles_with_m():
-    assert gemm_config(1, 4096, 4096).bm == 16
-    assert gemm_config(4096, 4096, 4096).bn == 128
+    for kind in ("lqq", "asym", "w8", "mixed"):
+        assert gemm_config(1, 4096, 4096, kind).bm == 16
+        assert gemm_config(4096, 4096, 4096, kind).bm >= 128
 
 
 @pytest.mark.gpu
@@ -119,7 +120,7 @@ def test_int8_ptx_equals_plain_triton_and_reference_on_gpu(layout, act_group, m)
     n, k = 1000, 2048 + 256
     _, tensors, meta = packed(layout, n, k, 128, seed=m)
     _, codes, scales = _acts(m, k, act_group, seed=m)
-    cfg = gemm_config(m, n, k)
+    cfg = gemm_config(m, n, k, {"w8": "w8", "w4a16": "asym", "w4a8-lqq": "lqq"}[layout])
     fast = int8_matmul(codes, scales, act_group, layout, tensors, meta, config=cfg, use_asm=True)
     plain = int8_matmul(codes, scales, act_group, layout, tensors, meta, config=cfg, use_asm=False)
     if cfg.split_k == 1:

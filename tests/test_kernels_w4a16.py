@@ -57,9 +57,12 @@ def test_w4a16_rejects_bad_inputs():
 
 
 def test_default_config_splits_k_for_small_m_only():
-    small, large = gemm_config(1, 14336, 4096), gemm_config(4096, 14336, 4096)
-    assert small.bm == 16 and small.split_k >= 1 and small.bn * small.bm <= 64 * 64
-    assert large.split_k == 1 and large.bm >= 64
+    small, large = gemm_config(1, 14336, 4096, "w4a16"), gemm_config(4096, 14336, 4096, "w4a16")
+    assert small.bm == 16 and small.split_k >= 1 and large.split_k == 1 and large.bm >= 64
+    narrow = gemm_config(1, 1024, 4096, "w4a16")  # 8 row tiles: split K until ~2 programs per SM
+    assert narrow.split_k > small.split_k and (1024 // narrow.bn) * narrow.split_k >= 16
+    with pytest.raises(ValueError, match="unknown kernel kind"):
+        gemm_config(1, 1, 1, "fp8")
 
 
 @pytest.mark.gpu
@@ -69,7 +72,7 @@ def test_default_config_splits_k_for_small_m_only():
 def test_w4a16_ptx_equals_plain_triton_and_reference_on_gpu(m, dtype):
     _, tensors, meta = packed("w4a16", 1000, 2048 + 256, 128, seed=m)
     x = torch.randn(m, 2048 + 256, device="cuda").to(dtype)
-    cfg = gemm_config(m, 1000, 2304)
+    cfg = gemm_config(m, 1000, 2304, "w4a16")
     fast = w4a16_matmul(x, tensors, meta, cfg, use_asm=True)
     plain = w4a16_matmul(x, tensors, meta, cfg, use_asm=False)
     if cfg.split_k == 1:  # atomics make split-K sums order-dependent

@@ -40,14 +40,19 @@ def run_bench(shapes: Iterable[tuple[int, int]], ms: Sequence[int], methods: Seq
             base_ms = None
             for method in ["fp16"] + [x for x in methods if x != "fp16"]:
                 cfg = (configs or {}).get((method, m, n, k))
-                row = {"method": method, "m": m, "n": n, "k": k, "device": ceilings.device}
+                row = {"method": method, "m": m, "n": n, "k": k, "device": ceilings.device,
+                       "hbm_tbps": ceilings.hbm_bytes_per_s / 1e12, "fp16_peak_tflops": ceilings.fp16_flops / 1e12,
+                       "int8_peak_tops": ceilings.int8_ops / 1e12}
                 try:
                     timing, prob = time_problem(method, m, n, k, cfg, reps)
                 except QuantkitError as e:
                     rows.append({**row, "skipped": str(e)})
                     continue
-                nbytes = traffic_bytes(prob.weight_bytes, m, k, n, prob.act_bytes_per_elem)
-                flops = gemm_flops(m, n, k) if method != "act-quant" else 0
+                if method == "act-quant":  # reads fp16 [M, K], writes int8 codes and fp32 g128 scales
+                    nbytes, flops = m * k * 3 + m * (-(-k // 128)) * 4, 0
+                else:
+                    nbytes = traffic_bytes(prob.weight_bytes, m, k, n, prob.act_bytes_per_elem)
+                    flops = gemm_flops(m, n, k)
                 row.update(timing)
                 row.update(roofline_row(timing["ms"], flops, nbytes, ceilings, prob.int8))
                 row["bytes"] = nbytes

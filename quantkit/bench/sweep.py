@@ -21,7 +21,7 @@ SMALL = [TileConfig(64, 16, s, 4, 4) for s in (1, 2, 4)] + [TileConfig(128, 16, 
 MEDIUM = [TileConfig(64, 64, 1, 4, 3), TileConfig(128, 64, 1, 8, 3), TileConfig(64, 64, 2, 4, 3),
           TileConfig(128, 32, 1, 4, 4)]
 LARGE = [TileConfig(128, 128, 1, 8, 3), TileConfig(128, 64, 1, 8, 3), TileConfig(64, 128, 1, 4, 3),
-         TileConfig(64, 256, 1, 8, 2), TileConfig(128, 128, 1, 8, 2)]
+         TileConfig(64, 256, 1, 8, 2)]
 
 
 def candidates_for(m: int) -> list[TileConfig]:
@@ -38,38 +38,35 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m quantkit.bench.sweep", description=__doc__.splitlines()[0])
     p.add_argument("--methods", default="w4a16,w4a8-lqq,w4a8,w8a8,mixed")
     p.add_argument("--ms", default="1,16,64,256,1024,4096")
-    p.add_argument("--shape", default="14336x4096", help="NxK")
+    p.add_argument("--shapes", default="14336x4096", help="NxK, comma-separated")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--out", required=True)
-    p.add_argument("--bench-shapes", default="",
-                   help="NxK list: after the sweep, run_bench these shapes with the fastest configs found")
+    p.add_argument("--bench", action="store_true",
+                   help="after the sweep, run_bench the same shapes with the fastest configs found")
     p.add_argument("--bench-methods", default="w4a16,int_mm,w8a8,w4a8,w4a8-lqq,mixed,w4a8+aq,w4a8-lqq+aq,mixed+aq")
     args = p.parse_args(argv)
-    n, k = (int(v) for v in args.shape.split("x"))
-    results = {"shape": [n, k], "runs": [], "best": {}}
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    results = {"shapes": shapes, "runs": [], "best": {}}
     for method in args.methods.split(","):
-        for m in (int(v) for v in args.ms.split(",")):
-            t0 = time.time()
-            rows = tune(method, m, n, k, candidates_for(m), reps=args.reps)
-            results["runs"].append({"method": method, "m": m, "rows": rows})
-            best = rows[0]
-            results["best"][f"{method}:{m}"] = best
-            print(f"{method:10s} M={m:5d} best {best.get('ms', float('nan')):.4f} ms {best['config']} "
-                  f"({time.time() - t0:.0f}s)", flush=True)
-            with open(args.out, "w") as f:
-                json.dump(results, f, indent=1)
-    if args.bench_shapes:
+        for n, k in shapes:
+            for m in (int(v) for v in args.ms.split(",")):
+                t0 = time.time()
+                rows = tune(method, m, n, k, candidates_for(m), reps=args.reps)
+                results["runs"].append({"method": method, "m": m, "n": n, "k": k, "rows": rows})
+                best = rows[0]
+                results["best"][f"{method}:{m}:{n}:{k}"] = best
+                print(f"{method:10s} {n}x{k} M={m:5d} best {best.get('ms', float('nan')) * 1e3:.1f} us "
+                      f"{best['config']} ({time.time() - t0:.0f}s)", flush=True)
+                with open(args.out, "w") as f:
+                    json.dump(results, f, indent=1)
+    if args.bench:
         ms = [int(v) for v in args.ms.split(",")]
-        shapes = [tuple(int(v) for v in s.split("x")) for s in args.bench_shapes.split(",")]
         configs = {}
         for key, row in results["best"].items():
-            method, m = key.split(":")
-            if "ms" not in row:
-                continue
-            cfg = TileConfig(**row["config"])
-            for bn, bk in shapes:
+            method, m, n, k = key.split(":")
+            if "ms" in row:
                 for variant in (method, method + "+aq"):
-                    configs[(variant, int(m), bn, bk)] = cfg
+                    configs[(variant, int(m), int(n), int(k))] = TileConfig(**row["config"])
         rows = run_bench(shapes, ms, args.bench_methods.split(","), configs=configs)
         results["bench"] = rows
         with open(args.out, "w") as f:

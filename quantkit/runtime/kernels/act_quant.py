@@ -5,13 +5,14 @@ scales [M, G] in one pass over the tile, bit-identical to :func:`quantkit.quant.
 Per (row, group): s = absmax / 127 (absmax floored at 1e-8) rounded *up* to fp16 (grid.round_scale_up: the
 nearest fp16, bumped one ulp when it fell below s), codes = round-half-even(x / s) clamped to [-127, 127].
 The division is IEEE round-to-nearest (tl.math.div_rn) and rounding uses the 1.5·2^23 magic add — both exactly
-what torch computes — so the codes match bit for bit. Per-token rows are read twice (absmax, then codes);
-a group tile is read once.
+what torch computes — so the codes match bit for bit. Every element is read once: a program holds whole groups
+(or whole rows, per token) in registers.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
 import triton.language as tl
 
 from quantkit.errors import QuantkitError
@@ -21,6 +22,8 @@ from quantkit.runtime.kernels.jit import check_device, kernel
 FP16_TINY = tl.constexpr(6.103515625e-05)  # smallest normal fp16 (round_scale_up clamps to it)
 FP16_MAX = tl.constexpr(65504.0)
 ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5·2^23: (y + M) - M rounds y half-to-even for |y| < 2^22
+MAX_ROW = 65536  # per-token rows up to this many features are quantized by one program
+ROW_TILE = 8192  # elements per program (rows × padded K) for per-token quantization
 
 
 @kernel
@@ -57,20 +60,15 @@ def _act_quant_group_kernel(x_ptr, c_ptr, s_ptr, M, K, G, stride_xm, stride_cm, 
 @kernel
 def _act_quant_token_kernel(x_ptr, c_ptr, s_ptr, M, K, stride_xm, stride_cm, stride_sm,
                             BK: tl.constexpr, BM: tl.constexpr, QMAX: tl.constexpr):
+    """Per-token scales: BM whole rows (BK >= K) per program, read once — a loop over K chunks would chain one
+    memory round trip per chunk, which dominates a decode step with one token."""
     rm = tl.program_id(0) * BM + tl.arange(0, BM)
-    m_ok = rm < M
-    absmax = tl.full((BM,), 0.0, tl.float32)
-    for k0 in range(0, K, BK):
-        k = k0 + tl.arange(0, BK)
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + k[None, :], mask=m_ok[:, None] & (k < K)[None, :], other=0.0)
-        absmax = tl.maximum(absmax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
-    s = _scale_up(absmax, QMAX)
-    for k0 in range(0, K, BK):
-        k = k0 + tl.arange(0, BK)
-        mask = m_ok[:, None] & (k < K)[None, :]
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + k[None, :], mask=mask, other=0.0).to(tl.float32)
-        tl.store(c_ptr + rm[:, None] * stride_cm + k[None, :], _codes(x, s[:, None], QMAX), mask=mask)
-    tl.store(s_ptr + rm * stride_sm, s, mask=m_ok)
+    k = tl.arange(0, BK)
+    mask = (rm < M)[:, None] & (k < K)[None, :]
+    x = tl.load(x_ptr + rm[:, None] * stride_xm + k[None, :], mask=mask, other=0.0).to(tl.float32)
+    s = _scale_up(tl.max(tl.abs(x), axis=1), QMAX)
+    tl.store(c_ptr + rm[:, None] * stride_cm + k[None, :], _codes(x, s[:, None], QMAX), mask=mask)
+    tl.store(s_ptr + rm * stride_sm, s, mask=rm < M)
 
 
 def quantize_activation_triton(x: torch.Tensor, bits: int = 8, group_size: int = 128,
@@ -92,8 +90,13 @@ def quantize_activation_triton(x: torch.Tensor, bits: int = 8, group_size: int =
     scales = torch.empty(m, g, dtype=torch.float32, device=x.device)
     qmax = float(2 ** (bits - 1) - 1)
     if group_size == -1:
-        _act_quant_token_kernel[(-(-m // block_m),)](x, codes, scales, m, k, x.stride(0), codes.stride(0),
-                                                     scales.stride(0), BK=256, BM=block_m, QMAX=qmax)
+        bk = triton.next_power_of_2(k)
+        if bk > MAX_ROW:
+            raise QuantkitError(f"per-token activation quantization holds whole rows of at most {MAX_ROW} "
+                                f"features in one program, got K = {k}; use group_size 128")
+        bm = max(1, min(block_m, ROW_TILE // bk))
+        _act_quant_token_kernel[(-(-m // bm),)](x, codes, scales, m, k, x.stride(0), codes.stride(0),
+                                                scales.stride(0), BK=bk, BM=bm, QMAX=qmax)
     else:
         _act_quant_group_kernel[(-(-m // block_m), g)](x, codes, scales, m, k, g, x.stride(0), codes.stride(0),
                                                       scales.stride(0), GS=group_size, BM=block_m, QMAX=qmax)

@@ -2,9 +2,13 @@
 
 Both kernels compute the transposed product Y^T = W·X^T (LiquidGEMM Sec. 5.4): a program owns BN weight rows
 (the tensor-core M dimension, 64 per warpgroup for wgmma) and BM tokens (the N dimension, as small as 16), so a
-decode step with one token wastes no weight-side work. Small M is memory-bound: the weight stream must be split
+decode step with one token wastes no weight-side work. Small M is memory-bound: the weight stream must be spread
 over enough programs to keep every SM loading (split-K adds programs along K and sums partial results with fp32
-atomics). Large M is compute-bound: big tiles, 8 warps.
+atomics, at the price of a zeroed workspace and a final cast). Large M is compute-bound: big tiles, 8 warps.
+
+The table below is the fastest config per kernel kind and token-count class measured by
+``python -m quantkit.bench.sweep`` on an H100 (docs/BENCHMARKS.md); for narrow layers (few row tiles) the
+small-M split is raised until about one program per SM streams weights.
 """
 
 from __future__ import annotations
@@ -28,30 +32,40 @@ class TileConfig:
         return asdict(self)
 
 
-def _bm_for(m: int) -> int:
-    """Token tile: the smallest power of two >= M, between 16 (tl.dot minimum) and 128."""
-    bm = 16
-    while bm < m and bm < 128:
-        bm *= 2
-    return bm
+KINDS = ("w4a16", "lqq", "asym", "w8", "mixed")
+# kind → [(largest M of the class, config)], measured at N = 14336, K = 4096 (docs/BENCHMARKS.md)
+TABLE: dict[str, list[tuple[int, TileConfig]]] = {
+    "w4a16": [(1, TileConfig(128, 16, 2, 4, 4)), (16, TileConfig(64, 16, 1, 4, 4)),
+              (64, TileConfig(128, 64, 1, 8, 3)), (1 << 30, TileConfig(128, 128, 1, 8, 3))],
+    "lqq": [(16, TileConfig(128, 16, 1, 4, 4)), (64, TileConfig(128, 32, 1, 4, 4)),
+            (1 << 30, TileConfig(128, 128, 1, 8, 3))],
+    "asym": [(16, TileConfig(128, 16, 1, 4, 4)), (64, TileConfig(128, 32, 1, 4, 4)),
+             (1 << 30, TileConfig(128, 128, 1, 8, 3))],
+    "w8": [(1, TileConfig(128, 16, 1, 4, 4)), (16, TileConfig(64, 16, 1, 4, 4)), (64, TileConfig(64, 64, 1, 4, 3)),
+           (1 << 30, TileConfig(64, 256, 1, 8, 2))],
+    "mixed": [(1, TileConfig(64, 16, 1, 4, 4)), (16, TileConfig(128, 16, 1, 4, 4)), (64, TileConfig(64, 64, 1, 4, 3)),
+              (1 << 30, TileConfig(64, 128, 1, 4, 3))],
+}
 
 
 def _split_for(programs: int, tiles: int, sms: int) -> int:
-    """Split-K factor giving at least ~2 programs per SM without splits shorter than 4 tiles of 256 columns."""
+    """Split-K factor giving about one program per SM without splits shorter than 4 tiles of 256 columns."""
     split = 1
-    while programs * split < 2 * sms and tiles // (split * 2) >= 4:
+    while programs * split < sms and tiles // (split * 2) >= 4:
         split *= 2
     return split
 
 
-def gemm_config(m: int, n: int, k: int, sms: int = SMS_H100) -> TileConfig:
-    """Default tile config of the W4A16 and int8 kernels for an [M, K] × [K, N] product (module docstring)."""
-    tiles = -(-k // 256)
-    if m <= 64:
-        bn = 64
-        bm = _bm_for(m)
-        programs = -(-n // bn) * -(-m // bm)
-        return TileConfig(bn, bm, _split_for(programs, tiles, sms), num_warps=4, num_stages=4)
-    if m <= 128:
-        return TileConfig(128, _bm_for(m), 1, num_warps=8, num_stages=3)
-    return TileConfig(128, 128, 1, num_warps=8, num_stages=3)
+def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100) -> TileConfig:
+    """The tile config of kernel ``kind`` (w4a16, lqq, asym, w8, mixed) for an [M, K] × [K, N] product: the
+    measured table entry of M's class, with split-K raised for small M when the layer has fewer row tiles than
+    half the SMs."""
+    if kind not in TABLE:
+        raise ValueError(f"unknown kernel kind '{kind}'; known: {', '.join(KINDS)}")
+    cfg = next(c for top, c in TABLE[kind] if m <= top)
+    programs = -(-n // cfg.bn) * -(-m // cfg.bm)
+    if m <= 16 and programs < sms // 2:
+        split = max(cfg.split_k, _split_for(programs, -(-k // 256), sms))
+        if split != cfg.split_k:
+            cfg = TileConfig(cfg.bn, cfg.bm, split, cfg.num_warps, cfg.num_stages)
+    return cfg

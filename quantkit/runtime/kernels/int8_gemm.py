@@ -33,6 +33,7 @@ from quantkit.runtime.kernels.launch import (act_groups_in_halves, finish_split,
 
 W8, ASYM4, LQQ = 0, 1, 2
 MODES = {"w8": W8, "w4a16": ASYM4, "w4a8-lqq": LQQ}
+KIND = {W8: "w8", ASYM4: "asym", LQQ: "lqq"}  # configs.gemm_config kinds
 _W8, _LQQ = tl.constexpr(W8), tl.constexpr(LQQ)  # the same, readable inside @jit code
 I2F_BIAS_INT = tl.constexpr(0x4B400000)  # bit pattern of 12582912.0 = 1.5·2^23 (MixLLM Sec. 3.3, Fig. 4)
 I2F_BIAS_FLOAT = tl.constexpr(12582912.0)
@@ -59,10 +60,42 @@ def _weight_scale(p, MODE: tl.constexpr):
 
 
 @kernel
+def _half_dot(a_ptr, rm_in, stride_am, K, t, h: tl.constexpr, w_lo, w_hi, planes, part, MODE: tl.constexpr,
+              EVEN_K: tl.constexpr):
+    """``part`` + the int8 × int8 → int32 products of half h (128 columns) of tile t."""
+    if MODE == _W8:
+        a = _load_act(a_ptr, rm_in, stride_am, K, t * 256 + h * 128, 128, EVEN_K)
+        if h == 0:
+            part = tl.dot(w_lo, a, part, out_dtype=tl.int32)
+        else:
+            part = tl.dot(w_hi, a, part, out_dtype=tl.int32)
+    else:
+        for q in tl.static_range(4):
+            a = _load_act(a_ptr, rm_in, stride_am, K, t * 256 + (4 * h + q) * 32, 32, EVEN_K)
+            part = tl.dot(planes[4 * h + q], a, part, out_dtype=tl.int32)
+    return part
+
+
+@kernel
+def _half_epilogue(acc, part, sa_ptr, rm_in, stride_sm, act_hpg, act_groups, half, p, MODE: tl.constexpr):
+    """acc + float(part) · weight scale · activation scale of one half-tile (MixLLM Sec. 3.3 step 2; ``part``
+    started at 0x4b400000, so its float value is bitcast - 1.5·2^23, the fast I2F)."""
+    f = part.to(tl.float32, bitcast=True) - I2F_BIAS_FLOAT
+    ga = tl.minimum(half // act_hpg, act_groups - 1)
+    sa = tl.load(sa_ptr + rm_in * stride_sm + ga)
+    if MODE == _LQQ:
+        acc += f * sa[None, :]
+    else:
+        acc += f * (_weight_scale(p, MODE)[:, None] * sa[None, :])
+    return acc
+
+
+@kernel
 def _int8_tile(a_ptr, sa_ptr, w_ptr, p_ptr, cs_ptr, cols_ptr, out_ptr, pid_n, pid_m, pid_k,
                M, N, K, stride_am, stride_sm, act_hpg, act_groups, w_row, n_tiles, tiles_per_split, hpg, groups,
                stride_om, MODE: tl.constexpr, HALF_EPI: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
-               SPLIT_K: tl.constexpr, SCATTER: tl.constexpr, EVEN_K: tl.constexpr, USE_ASM: tl.constexpr):
+               SPLIT_K: tl.constexpr, SCATTER: tl.constexpr, EVEN_K: tl.constexpr,
+               USE_ASM: tl.constexpr):
     """One [BN, BM] output tile (module docstring). p: the layout's per-group words — float32 scales (w8),
     fp16 scale | zero << 16 (w4a16), s_u8 | a << 8 (LiquidQuant); cs: LiquidQuant channel scales; hpg/act_hpg:
     weight/activation group size in 128-column halves, groups/act_groups their counts (group indices are
@@ -87,7 +120,10 @@ def _int8_tile(a_ptr, sa_ptr, w_ptr, p_ptr, cs_ptr, cols_ptr, out_ptr, pid_n, pi
             w_rows = w_ptr + rn_in[:, None] * w_row + t * 256 + tl.arange(0, 128)[None, :]
             w_lo = tl.load(w_rows)
             w_hi = tl.load(w_rows + 128)
+            planes = (w_lo,)  # unused: w8 multiplies its stored int8 directly
         else:
+            w_lo = 0  # unused by the 4-bit modes
+            w_hi = 0
             words = tl.load(w_ptr + rn_in[:, None] * w_row + t * 32 + tl.arange(0, 32)[None, :])
             if MODE == _LQQ:
                 s_lo = (p_lo & 0xFF)[:, None]
@@ -100,35 +136,17 @@ def _int8_tile(a_ptr, sa_ptr, w_ptr, p_ptr, cs_ptr, cols_ptr, out_ptr, pid_n, pi
                 a_lo = 128 - ((p_lo >> 16) & 0xFF)[:, None]
                 a_hi = 128 - ((p_hi >> 16) & 0xFF)[:, None]
             planes = planes_i8(words, s_lo, a_lo, s_hi, a_hi, USE_ASM)
-        for h in tl.static_range(2):
-            if HALF_EPI:
-                part = tl.full((BN, BM), I2F_BIAS_INT, tl.int32)
-            else:
-                part = acc_i
-            if MODE == _W8:
-                a = _load_act(a_ptr, rm_in, stride_am, K, t * 256 + h * 128, 128, EVEN_K)
-                if h == 0:
-                    part = tl.dot(w_lo, a, part, out_dtype=tl.int32)
-                else:
-                    part = tl.dot(w_hi, a, part, out_dtype=tl.int32)
-            else:
-                for q in tl.static_range(4):
-                    a = _load_act(a_ptr, rm_in, stride_am, K, t * 256 + (4 * h + q) * 32, 32, EVEN_K)
-                    part = tl.dot(planes[4 * h + q], a, part, out_dtype=tl.int32)
-            if HALF_EPI:
-                f = part.to(tl.float32, bitcast=True) - I2F_BIAS_FLOAT
-                ga = tl.minimum((2 * t + h) // act_hpg, act_groups - 1)
-                sa = tl.load(sa_ptr + rm_in * stride_sm + ga)
-                if MODE == _LQQ:
-                    acc += f * sa[None, :]
-                else:
-                    if h == 0:
-                        sw = _weight_scale(p_lo, MODE)
-                    else:
-                        sw = _weight_scale(p_hi, MODE)
-                    acc += f * (sw[:, None] * sa[None, :])
-            else:
-                acc_i = part
+        if HALF_EPI:
+            bias = tl.full((BN, BM), I2F_BIAS_INT, tl.int32)
+            # Triton waits for each half's products before its epilogue (issuing the second half first was
+            # measured to compile to the same wgmma waits in Triton 3.6, so the halves run back to back)
+            part = _half_dot(a_ptr, rm_in, stride_am, K, t, 0, w_lo, w_hi, planes, bias, MODE, EVEN_K)
+            acc = _half_epilogue(acc, part, sa_ptr, rm_in, stride_sm, act_hpg, act_groups, 2 * t, p_lo, MODE)
+            part = _half_dot(a_ptr, rm_in, stride_am, K, t, 1, w_lo, w_hi, planes, bias, MODE, EVEN_K)
+            acc = _half_epilogue(acc, part, sa_ptr, rm_in, stride_sm, act_hpg, act_groups, 2 * t + 1, p_hi, MODE)
+        else:
+            acc_i = _half_dot(a_ptr, rm_in, stride_am, K, t, 0, w_lo, w_hi, planes, acc_i, MODE, EVEN_K)
+            acc_i = _half_dot(a_ptr, rm_in, stride_am, K, t, 1, w_lo, w_hi, planes, acc_i, MODE, EVEN_K)
     if not HALF_EPI:
         acc = acc_i.to(tl.float32) * tl.load(sa_ptr + rm_in * stride_sm)[None, :]
     if MODE == _LQQ:
@@ -213,7 +231,7 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
     n_tiles = padded_k(k) // 256
     wa = _weight_args(layout, tensors, meta, n_tiles, act_group_size)
     check_device(a_codes, a_scales, wa["w"], wa["p"], wa["cs"])
-    cfg = config or gemm_config(m, wa["n"], k)
+    cfg = config or gemm_config(m, wa["n"], k, KIND[wa["mode"]])
     tiles_per_split, split = split_plan(n_tiles, cfg.split_k)
     out, target = outputs(m, wa["n"], out_dtype, a_codes.device, split, out)
     grid = (-(-wa["n"] // cfg.bn), -(-m // cfg.bm), split)
@@ -222,7 +240,8 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
                        a_scales.shape[1], wa["w_row"], n_tiles, tiles_per_split, wa["hpg"], wa["groups"],
                        target.stride(0), MODE=wa["mode"],
                        HALF_EPI=wa["half_epi"], BN=cfg.bn, BM=cfg.bm, SPLIT_K=split, SCATTER=False,
-                       EVEN_K=k % 256 == 0, USE_ASM=USE_ASM if use_asm is None else use_asm, num_warps=cfg.num_warps,
+                       EVEN_K=k % 256 == 0, USE_ASM=USE_ASM if use_asm is None else use_asm,
+                       num_warps=cfg.num_warps,
                        num_stages=cfg.num_stages)
     return finish_split(out, target)
 
@@ -249,7 +268,7 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
         check_device(a_codes, a_scales, wa["w"], wa["p"], wa["cs"], wa["cols"])
         args.append(wa)
     a, b = args
-    cfg = config or gemm_config(m, a["n"] + b["n"], k)
+    cfg = config or gemm_config(m, a["n"] + b["n"], k, "mixed")
     tiles_per_split, split = split_plan(n_tiles, cfg.split_k)
     out, target = outputs(m, out_features, out_dtype, a_codes.device, split, out)
     tiles_a = -(-a["n"] // cfg.bn)
@@ -260,7 +279,8 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
                              a["w"], a["p"], a["cs"], a["cols"], a["n"], a["w_row"], a["hpg"], a["groups"],
                              b["w"], b["p"], b["cs"], b["cols"], b["n"], b["w_row"], b["hpg"], b["groups"],
                              MODE_A=a["mode"], HALF_EPI_A=a["half_epi"], MODE_B=b["mode"], HALF_EPI_B=b["half_epi"],
-                             BN=cfg.bn, BM=cfg.bm, SPLIT_K=split, EVEN_K=k % 256 == 0, USE_ASM=USE_ASM,
+                             BN=cfg.bn, BM=cfg.bm, SPLIT_K=split, EVEN_K=k % 256 == 0,
+                             USE_ASM=USE_ASM,
                              num_warps=cfg.num_warps,
                              num_stages=cfg.num_stages)
     return finish_split(out, target)

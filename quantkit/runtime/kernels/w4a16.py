@@ -103,7 +103,7 @@ def w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: TileConfig 
     if k != int(meta["in_features"]) or x.stride(1) != 1:
         raise ValueError(f"x must be [M, {meta['in_features']}] with unit column stride, got {tuple(x.shape)}")
     n_tiles = qweight.shape[1] // PLANE_K
-    cfg = config or gemm_config(m, n, k)
+    cfg = config or gemm_config(m, n, k, "w4a16")
     tiles_per_split, split = split_plan(n_tiles, cfg.split_k)
     out, target = outputs(m, n, x.dtype, x.device, split, out)
     grid = (-(-n // cfg.bn), -(-m // cfg.bm), split)

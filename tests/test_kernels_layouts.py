@@ -143,3 +143,20 @@ def test_unpack_reports_a_corrupt_checkpoint(name, missing):
         layout.unpack({**tensors, "qweight": tensors["qweight"][:, :-1]}, meta)
     with pytest.raises(QuantkitError, match="lacks 'in_features'"):
         layout.unpack(tensors, {key: v for key, v in meta.items() if key != "in_features"})
+
+
+def test_group_words_by_hand():
+    """w4a16 qparams: fp16 scale bits | zero << 16; w4a8-lqq: s_u8 | a << 8; w8: float32 scales, group-major."""
+    codes = torch.zeros(2, 256, dtype=torch.uint8)
+    qw = QuantizedWeight(codes=codes, scales=torch.tensor([[1.0, 0.5], [2.0, 0.25]]),
+                         zeros=torch.tensor([[5, 0], [15, 8]], dtype=torch.uint8), bits=4, group_size=128, sym=False)
+    words = get_layout("w4a16").pack(qw)["qparams"]
+    assert [[int(v) for v in row] for row in words] == [[0x00053C00, 0x000F4000], [0x00003800, 0x00083400]]
+    lq = QuantizedWeight(codes=codes, scales=torch.tensor([[3.0, 16.0], [1.0, 7.0]]),
+                         zeros=torch.tensor([[200, 9], [128, 255]], dtype=torch.uint8), bits=4, group_size=128,
+                         sym=False, channel_scales=torch.tensor([0.5, 0.25]))
+    words = get_layout("w4a8-lqq").pack(lq)["qparams"]
+    assert [[int(v) for v in row] for row in words] == [[3 | 200 << 8, 1 | 128 << 8], [16 | 9 << 8, 7 | 255 << 8]]
+    w8 = grid.quantize(torch.randn(3, 256), 8, 128, sym=True)
+    scales = get_layout("w8").pack(w8)["scales"]
+    assert scales.dtype == torch.float32 and torch.equal(scales, w8.scales.t().half().float())

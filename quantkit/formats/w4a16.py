@@ -9,7 +9,7 @@ Tensors (N = out_features, K = in_features, Kp = K rounded up to 256, G = groups
   bits 16-23 the zero point (0..15), bits 24-31 zero. Group-major, so a kernel tile of consecutive rows reads
   one contiguous run per group; one 32-bit word per row because Triton streams only loads of >= 4 bytes per
   element through its asynchronous shared-memory pipeline — separate fp16 scales and uint8 zeros were loaded
-  synchronously, a memory round trip per tile that halved the decode-GEMV bandwidth (docs/BENCHMARKS.md).
+  synchronously, a memory round trip per tile (docs/formats.md gives the measured cost).
 
 Dequantization: W[n, k] = (code[n, k] - zero[g, n]) · scale[g, n], g = k // group_size. Groups must be
 multiples of 128 columns (or one per row) and consecutive: :func:`supports` says why otherwise.

@@ -7,8 +7,9 @@ over enough programs to keep every SM loading (split-K adds programs along K and
 atomics, at the price of a zeroed workspace and a final cast). Large M is compute-bound: big tiles, 8 warps.
 
 The table below is the fastest config per kernel kind and token-count class measured by
-``python -m quantkit.bench.sweep`` on an H100 (docs/BENCHMARKS.md); for narrow layers (few row tiles) the
-small-M split is raised until about one program per SM streams weights.
+``python -m quantkit.bench.sweep`` on an H100 at N = 14336, K = 4096 (docs/BENCHMARKS.md). For narrow layers
+at small M (fewer row tiles than half the SMs, e.g. N = 4096) the rule switches to 64-row tiles and splits K
+until about one program per SM streams weights — the config the same sweep found fastest at N = 4096.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ KINDS = ("w4a16", "lqq", "asym", "w8", "mixed")
 # kind → [(largest M of the class, config)], measured at N = 14336, K = 4096 (docs/BENCHMARKS.md)
 TABLE: dict[str, list[tuple[int, TileConfig]]] = {
     "w4a16": [(1, TileConfig(128, 16, 2, 4, 4)), (16, TileConfig(64, 16, 1, 4, 4)),
-              (64, TileConfig(128, 64, 1, 8, 3)), (1 << 30, TileConfig(128, 128, 1, 8, 3))],
+              (64, TileConfig(64, 64, 1, 4, 3)), (1 << 30, TileConfig(128, 128, 1, 8, 3))],
     "lqq": [(16, TileConfig(128, 16, 1, 4, 4)), (64, TileConfig(128, 32, 1, 4, 4)),
             (1 << 30, TileConfig(128, 128, 1, 8, 3))],
     "asym": [(16, TileConfig(128, 16, 1, 4, 4)), (64, TileConfig(128, 32, 1, 4, 4)),
@@ -58,14 +59,12 @@ def _split_for(programs: int, tiles: int, sms: int) -> int:
 
 def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100) -> TileConfig:
     """The tile config of kernel ``kind`` (w4a16, lqq, asym, w8, mixed) for an [M, K] × [K, N] product: the
-    measured table entry of M's class, with split-K raised for small M when the layer has fewer row tiles than
-    half the SMs."""
+    measured table entry of M's class; for small M on a layer with fewer row tiles than half the SMs, 64-row
+    tiles with K split until about one program per SM (module docstring)."""
     if kind not in TABLE:
         raise ValueError(f"unknown kernel kind '{kind}'; known: {', '.join(KINDS)}")
     cfg = next(c for top, c in TABLE[kind] if m <= top)
-    programs = -(-n // cfg.bn) * -(-m // cfg.bm)
-    if m <= 16 and programs < sms // 2:
-        split = max(cfg.split_k, _split_for(programs, -(-k // 256), sms))
-        if split != cfg.split_k:
-            cfg = TileConfig(cfg.bn, cfg.bm, split, cfg.num_warps, cfg.num_stages)
+    if m <= 16 and -(-n // cfg.bn) * -(-m // cfg.bm) < sms // 2:
+        programs = -(-n // 64) * -(-m // cfg.bm)
+        cfg = TileConfig(64, cfg.bm, max(cfg.split_k, _split_for(programs, -(-k // 256), sms)), 4, 4)
     return cfg

@@ -1,0 +1,72 @@
+"""quantkit.bench: the byte/op counting and roofline arithmetic, L2-defeating copy counts, the report table and
+the CLI's refusals run on CPU; a tiny real benchmark runs on a GPU (marked gpu)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantkit.bench.report import format_table
+from quantkit.bench.roofline import Ceilings, gemm_flops, roofline_row, tensor_bytes, traffic_bytes
+from quantkit.bench.timing import copies_to_defeat_l2
+from quantkit.errors import QuantkitError
+
+CEIL = Ceilings(hbm_bytes_per_s=3e12, fp16_flops=750e12, int8_ops=950e12, device="test")
+
+
+def test_gemm_counts_and_traffic():
+    assert gemm_flops(1, 14336, 4096) == 2 * 14336 * 4096
+    assert tensor_bytes({"a": torch.zeros(3, 4, dtype=torch.int32), "b": torch.zeros(5, dtype=torch.float16)}) == 58
+    # weight once + fp16 activations [M, K] + fp16 output [M, N]
+    assert traffic_bytes(1000, 2, 8, 16, 2.0) == 1000 + 2 * 8 * 2 + 2 * 16 * 2
+
+
+def test_roofline_row_memory_bound_and_compute_bound():
+    mem = roofline_row(ms=0.010, flops=2 * 14336 * 4096, nbytes=30_000_000, ceilings=CEIL, int8=False)
+    assert mem["gbps"] == pytest.approx(3000.0) and mem["pct_hbm"] == pytest.approx(100.0)
+    assert mem["roofline_ms"] == pytest.approx(0.010) and mem["pct_roofline"] == pytest.approx(100.0)
+    comp = roofline_row(ms=1.0, flops=int(950e9), nbytes=1000, ceilings=CEIL, int8=True)
+    assert comp["tflops"] == pytest.approx(950.0) and comp["pct_peak"] == pytest.approx(100.0)
+    assert comp["roofline_ms"] == pytest.approx(1.0)
+
+
+def test_rotation_copies_exceed_l2():
+    l2 = 50 * 2 ** 20
+    for per_call in (2 ** 20, 30 * 2 ** 20, 200 * 2 ** 20):
+        copies = copies_to_defeat_l2(per_call, l2_bytes=l2)
+        assert copies >= 2 and (copies * per_call >= 2 * l2 or copies == 16)
+
+
+def test_report_table_lists_rows_and_skips():
+    rows = [{"method": "w4a16", "m": 1, "n": 8, "k": 256, "ms": 0.01, "tflops": 1.0, "gbps": 10.0, "pct_hbm": 1.0,
+             "pct_peak": 0.1, "speedup_vs_fp16": 2.0},
+            {"method": "int_mm", "m": 1, "n": 8, "k": 256, "skipped": "torch._int_mm needs M > 16"}]
+    text = format_table(rows)
+    assert "w4a16 | 1 | 8 | 256 | 0.0100" in text and "2.00" in text
+    assert "skipped: torch._int_mm needs M > 16" in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
+def test_bench_refuses_without_a_gpu_and_cli_reports_it(capsys):
+    from quantkit.bench.__main__ import main
+    from quantkit.bench.runner import run_bench
+
+    with pytest.raises(QuantkitError, match="need a CUDA GPU"):
+        run_bench([(8, 256)], [1], ["w4a16"])
+    assert main(["--shapes", "8x256", "--ms", "1", "--methods", "w4a16"]) == 2
+    assert "need a CUDA GPU" in capsys.readouterr().out
+    assert main(["--methods", "w4a17"]) == 2
+    assert "unknown --methods" in capsys.readouterr().out
+    assert main(["--shapes", "8by256"]) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_run_bench_on_gpu():
+    from quantkit.bench.runner import run_bench
+
+    rows = run_bench([(1024, 512)], [1, 32], ["w4a16", "w4a8-lqq", "mixed+aq", "int_mm"], ceilings=CEIL, reps=5)
+    timed = [r for r in rows if "ms" in r]
+    assert {r["method"] for r in timed} >= {"w4a16", "w4a8-lqq", "mixed+aq"}
+    assert all(r["ms"] > 0 and r["speedup_vs_fp16"] > 0 for r in timed)
+    assert any(r.get("skipped") for r in rows if r["method"] == "int_mm" and r["m"] == 1)

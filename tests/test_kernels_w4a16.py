@@ -79,3 +79,19 @@ def test_w4a16_ptx_equals_plain_triton_and_reference_on_gpu(m, dtype):
         assert torch.equal(fast, plain)
     assert rel_err(fast, plain) < 1e-3
     assert rel_err(fast, w4a16_reference(x, tensors, meta)) < TOL[dtype]
+
+
+def test_split_k_leaves_its_workspace_zeroed_between_calls():
+    """The last program of each tile resets the shared workspace and ticket, so repeated and differently-shaped
+    split-K launches give the same sums (quantkit.runtime.kernels.splitk)."""
+    from quantkit.runtime.kernels.splitk import split_workspace
+
+    _, tensors, meta = packed("w4a16", 33, 1024, 128, seed=3)
+    x = torch.randn(3, 1024, generator=torch.Generator().manual_seed(0)).half().to(DEVICE)
+    first = w4a16_matmul(x, tensors, meta, TileConfig(16, 16, 4))
+    _, small_t, small_meta = packed("w4a16", 7, 328, 128, seed=4)
+    w4a16_matmul(x[:1, :328].contiguous(), small_t, small_meta, TileConfig(16, 16, 2))
+    again = w4a16_matmul(x, tensors, meta, TileConfig(16, 16, 4))
+    assert torch.equal(first, again) and rel_err(first, w4a16_reference(x, tensors, meta)) < TOL[torch.float16]
+    ws, tickets = split_workspace(x.device, 1, 1)
+    assert not ws.any() and not tickets.any()

@@ -28,8 +28,8 @@ from quantkit.formats.nibble_planes import padded_k
 from quantkit.runtime.kernels.configs import TileConfig, gemm_config
 from quantkit.runtime.kernels.dequant import planes_i8
 from quantkit.runtime.kernels.jit import USE_ASM, check_device, kernel
-from quantkit.runtime.kernels.launch import (act_groups_in_halves, finish_split, groups_in_halves, outputs,
-                                             split_plan)
+from quantkit.runtime.kernels.launch import act_groups_in_halves, groups_in_halves, split_plan
+from quantkit.runtime.kernels.splitk import split_workspace, store_tile
 
 W8, ASYM4, LQQ = 0, 1, 2
 MODES = {"w8": W8, "w4a16": ASYM4, "w4a8-lqq": LQQ}
@@ -91,7 +91,7 @@ def _half_epilogue(acc, part, sa_ptr, rm_in, stride_sm, act_hpg, act_groups, hal
 
 
 @kernel
-def _int8_tile(a_ptr, sa_ptr, w_ptr, p_ptr, cs_ptr, cols_ptr, out_ptr, pid_n, pid_m, pid_k,
+def _int8_tile(a_ptr, sa_ptr, w_ptr, p_ptr, cs_ptr, cols_ptr, out_ptr, ws_ptr, ticket_ptr, pid_n, pid_m, pid_k,
                M, N, K, stride_am, stride_sm, act_hpg, act_groups, w_row, n_tiles, tiles_per_split, hpg, groups,
                stride_om, MODE: tl.constexpr, HALF_EPI: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
                SPLIT_K: tl.constexpr, SCATTER: tl.constexpr, EVEN_K: tl.constexpr,
@@ -157,27 +157,27 @@ def _int8_tile(a_ptr, sa_ptr, w_ptr, p_ptr, cs_ptr, cols_ptr, out_ptr, pid_n, pi
         cols = rn
     n_ok = rn < N
     m_ok = rm < M
-    out_ptrs = out_ptr + rm[None, :] * stride_om + cols[:, None]
     mask = m_ok[None, :] & n_ok[:, None]
-    if SPLIT_K == 1:
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-    else:
-        tl.atomic_add(out_ptrs, acc, mask=mask)
+    store_tile(out_ptr, out_ptr + rm[None, :] * stride_om + cols[:, None],
+               ws_ptr + rm[None, :] * stride_om + cols[:, None], acc, mask,
+               ticket_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), SPLIT_K)
 
 
 @kernel
-def _int8_kernel(a_ptr, sa_ptr, w_ptr, p_ptr, cs_ptr, cols_ptr, out_ptr, M, N, K, stride_am, stride_sm,
+def _int8_kernel(a_ptr, sa_ptr, w_ptr, p_ptr, cs_ptr, cols_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, K, stride_am,
+                 stride_sm,
                  act_hpg, act_groups, w_row, n_tiles, tiles_per_split, hpg, groups, stride_om,
                  MODE: tl.constexpr, HALF_EPI: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
                  SPLIT_K: tl.constexpr, SCATTER: tl.constexpr, EVEN_K: tl.constexpr, USE_ASM: tl.constexpr):
-    _int8_tile(a_ptr, sa_ptr, w_ptr, p_ptr, cs_ptr, cols_ptr, out_ptr, tl.program_id(0), tl.program_id(1),
+    _int8_tile(a_ptr, sa_ptr, w_ptr, p_ptr, cs_ptr, cols_ptr, out_ptr, ws_ptr, ticket_ptr, tl.program_id(0),
+               tl.program_id(1),
                tl.program_id(2), M, N, K, stride_am, stride_sm, act_hpg, act_groups, w_row, n_tiles, tiles_per_split,
                hpg, groups, stride_om, MODE, HALF_EPI, BN, BM, SPLIT_K, SCATTER, EVEN_K, USE_ASM)
 
 
 @kernel
 def _int8_mixed_kernel(a_ptr, sa_ptr, M, K, stride_am, stride_sm, act_hpg, act_groups, n_tiles, tiles_per_split,
-                       stride_om, out_ptr, tiles_a,
+                       stride_om, out_ptr, ws_ptr, ticket_ptr, tiles_a,
                        w_a, p_a, cs_a, cols_a, N_a, w_row_a, hpg_a, groups_a,
                        w_b, p_b, cs_b, cols_b, N_b, w_row_b, hpg_b, groups_b,
                        MODE_A: tl.constexpr, HALF_EPI_A: tl.constexpr, MODE_B: tl.constexpr,
@@ -185,11 +185,11 @@ def _int8_mixed_kernel(a_ptr, sa_ptr, M, K, stride_am, stride_sm, act_hpg, act_g
                        EVEN_K: tl.constexpr, USE_ASM: tl.constexpr):
     pid_n = tl.program_id(0)
     if pid_n < tiles_a:
-        _int8_tile(a_ptr, sa_ptr, w_a, p_a, cs_a, cols_a, out_ptr, pid_n, tl.program_id(1), tl.program_id(2),
+        _int8_tile(a_ptr, sa_ptr, w_a, p_a, cs_a, cols_a, out_ptr, ws_ptr, ticket_ptr, pid_n, tl.program_id(1), tl.program_id(2),
                    M, N_a, K, stride_am, stride_sm, act_hpg, act_groups, w_row_a, n_tiles, tiles_per_split, hpg_a,
                    groups_a, stride_om, MODE_A, HALF_EPI_A, BN, BM, SPLIT_K, True, EVEN_K, USE_ASM)
     else:
-        _int8_tile(a_ptr, sa_ptr, w_b, p_b, cs_b, cols_b, out_ptr, pid_n - tiles_a, tl.program_id(1),
+        _int8_tile(a_ptr, sa_ptr, w_b, p_b, cs_b, cols_b, out_ptr, ws_ptr, ticket_ptr, pid_n - tiles_a, tl.program_id(1),
                    tl.program_id(2), M, N_b, K, stride_am, stride_sm, act_hpg, act_groups, w_row_b, n_tiles,
                    tiles_per_split, hpg_b, groups_b, stride_om, MODE_B, HALF_EPI_B, BN, BM, SPLIT_K, True, EVEN_K,
                    USE_ASM)
@@ -233,17 +233,18 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
     check_device(a_codes, a_scales, wa["w"], wa["p"], wa["cs"])
     cfg = config or gemm_config(m, wa["n"], k, KIND[wa["mode"]])
     tiles_per_split, split = split_plan(n_tiles, cfg.split_k)
-    out, target = outputs(m, wa["n"], out_dtype, a_codes.device, split, out)
+    out = torch.empty(m, wa["n"], dtype=out_dtype, device=a_codes.device) if out is None else out
     grid = (-(-wa["n"] // cfg.bn), -(-m // cfg.bm), split)
-    _int8_kernel[grid](a_codes, a_scales, wa["w"], wa["p"], wa["cs"], wa["w"], target, m, wa["n"], k,
+    ws, tickets = split_workspace(a_codes.device, m * out.stride(0), grid[0] * grid[1])
+    _int8_kernel[grid](a_codes, a_scales, wa["w"], wa["p"], wa["cs"], wa["w"], out, ws, tickets, m, wa["n"], k,
                        a_codes.stride(0), a_scales.stride(0), act_groups_in_halves(act_group_size, k),
                        a_scales.shape[1], wa["w_row"], n_tiles, tiles_per_split, wa["hpg"], wa["groups"],
-                       target.stride(0), MODE=wa["mode"],
+                       out.stride(0), MODE=wa["mode"],
                        HALF_EPI=wa["half_epi"], BN=cfg.bn, BM=cfg.bm, SPLIT_K=split, SCATTER=False,
                        EVEN_K=k % 256 == 0, USE_ASM=USE_ASM if use_asm is None else use_asm,
                        num_warps=cfg.num_warps,
                        num_stages=cfg.num_stages)
-    return finish_split(out, target)
+    return out
 
 
 def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, parts: list,
@@ -270,12 +271,13 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
     a, b = args
     cfg = config or gemm_config(m, a["n"] + b["n"], k, "mixed")
     tiles_per_split, split = split_plan(n_tiles, cfg.split_k)
-    out, target = outputs(m, out_features, out_dtype, a_codes.device, split, out)
+    out = torch.empty(m, out_features, dtype=out_dtype, device=a_codes.device) if out is None else out
     tiles_a = -(-a["n"] // cfg.bn)
     grid = (tiles_a + -(-b["n"] // cfg.bn), -(-m // cfg.bm), split)
+    ws, tickets = split_workspace(a_codes.device, m * out.stride(0), grid[0] * grid[1])
     _int8_mixed_kernel[grid](a_codes, a_scales, m, k, a_codes.stride(0), a_scales.stride(0),
                              act_groups_in_halves(act_group_size, k), a_scales.shape[1], n_tiles, tiles_per_split,
-                             target.stride(0), target, tiles_a,
+                             out.stride(0), out, ws, tickets, tiles_a,
                              a["w"], a["p"], a["cs"], a["cols"], a["n"], a["w_row"], a["hpg"], a["groups"],
                              b["w"], b["p"], b["cs"], b["cols"], b["n"], b["w_row"], b["hpg"], b["groups"],
                              MODE_A=a["mode"], HALF_EPI_A=a["half_epi"], MODE_B=b["mode"], HALF_EPI_B=b["half_epi"],
@@ -283,4 +285,4 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
                              USE_ASM=USE_ASM,
                              num_warps=cfg.num_warps,
                              num_stages=cfg.num_stages)
-    return finish_split(out, target)
+    return out

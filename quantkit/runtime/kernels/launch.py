@@ -1,8 +1,6 @@
-"""Launch bookkeeping shared by the GEMM kernels: split-K ranges, group indexing in half-tiles, output buffers."""
+"""Launch bookkeeping shared by the GEMM kernels: split-K ranges and group indexing in half-tiles."""
 
 from __future__ import annotations
-
-import torch
 
 from quantkit.formats.kernel_common import HALF_K
 
@@ -25,21 +23,3 @@ def groups_in_halves(meta: dict, n_tiles: int) -> int:
 def act_groups_in_halves(group_size: int, k: int) -> int:
     """The same for activation groups (per-token activations: -1)."""
     return 2 * (-(-k // HALF_K)) + 2 if group_size == -1 else group_size // HALF_K
-
-
-def outputs(m: int, n: int, dtype: torch.dtype, device: torch.device, split: int,
-            out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(result, tensor the kernel writes): the same tensor for one split; with split-K an fp32 zeroed workspace
-    that the programs add their partial sums into (:func:`finish_split` casts it into the result)."""
-    if out is None:
-        out = torch.empty(m, n, dtype=dtype, device=device)
-    if split == 1:
-        return out, out
-    return out, torch.zeros(out.shape, dtype=torch.float32, device=device)
-
-
-def finish_split(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """The result of a launch: ``out`` itself, or the split-K workspace cast into it."""
-    if target is not out:
-        out.copy_(target)
-    return out

@@ -5,7 +5,7 @@ planes in registers (:func:`quantkit.runtime.kernels.dequant.planes_f16`: magic-
 (q - z)·s) and issues 8 tensor-core products against the matching [32, BM] activation slices, accumulating in
 fp32 (TurboMind Sec. 4.1/4.3: the packed layout follows the MMA operand, dequantization overlaps the MMA). The
 product is computed transposed, Y^T = W·X^T (LiquidGEMM Sec. 5.4), so a one-token GEMV still fills the MMA's
-64-row side with weights. Small M splits K over programs (fp32 atomics into a workspace); see
+64-row side with weights. Small M splits K over programs (:mod:`quantkit.runtime.kernels.splitk`); see
 :mod:`quantkit.runtime.kernels.configs`.
 """
 
@@ -18,7 +18,8 @@ from quantkit.formats.nibble_planes import PLANE_K
 from quantkit.runtime.kernels.configs import TileConfig, gemm_config
 from quantkit.runtime.kernels.dequant import planes_f16
 from quantkit.runtime.kernels.jit import INTERPRET, USE_ASM, check_device, kernel
-from quantkit.runtime.kernels.launch import finish_split, groups_in_halves, outputs, split_plan
+from quantkit.runtime.kernels.launch import groups_in_halves, split_plan
+from quantkit.runtime.kernels.splitk import split_workspace, store_tile
 
 
 @kernel
@@ -41,7 +42,7 @@ def _group_params(p_ptr, g, N, rn_in, BF16: tl.constexpr):
 
 
 @kernel
-def _w4a16_kernel(x_ptr, w_ptr, p_ptr, out_ptr, M, N, K, stride_xm, stride_om, w_row, n_tiles,
+def _w4a16_kernel(x_ptr, w_ptr, p_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, K, stride_xm, stride_om, w_row, n_tiles,
                   tiles_per_split, halves_per_group, n_groups,
                   BN: tl.constexpr, BM: tl.constexpr, SPLIT_K: tl.constexpr, BF16: tl.constexpr,
                   EVEN_K: tl.constexpr, USE_ASM: tl.constexpr, UPCAST_DOT: tl.constexpr):
@@ -79,12 +80,9 @@ def _w4a16_kernel(x_ptr, w_ptr, p_ptr, out_ptr, M, N, K, stride_xm, stride_om, w
                 acc = tl.dot(planes[p], xp, acc)
     n_ok = rn < N
     m_ok = rm < M
-    out_ptrs = out_ptr + rm[None, :] * stride_om + rn[:, None]
     mask = m_ok[None, :] & n_ok[:, None]
-    if SPLIT_K == 1:
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-    else:
-        tl.atomic_add(out_ptrs, acc, mask=mask)
+    store_tile(out_ptr, out_ptr + rm[None, :] * stride_om + rn[:, None], ws_ptr + rm[None, :] * N + rn[:, None],
+               acc, mask, ticket_ptr + pid_m * tl.num_programs(0) + pid_n, SPLIT_K)
 
 
 def w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: TileConfig | None = None,
@@ -105,12 +103,13 @@ def w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: TileConfig 
     n_tiles = qweight.shape[1] // PLANE_K
     cfg = config or gemm_config(m, n, k, "w4a16")
     tiles_per_split, split = split_plan(n_tiles, cfg.split_k)
-    out, target = outputs(m, n, x.dtype, x.device, split, out)
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
     grid = (-(-n // cfg.bn), -(-m // cfg.bm), split)
-    _w4a16_kernel[grid](x, qweight, qparams, target, m, n, k, x.stride(0), target.stride(0),
+    ws, tickets = split_workspace(x.device, m * n, grid[0] * grid[1])
+    _w4a16_kernel[grid](x, qweight, qparams, out, ws, tickets, m, n, k, x.stride(0), out.stride(0),
                         qweight.shape[1], n_tiles, tiles_per_split, groups_in_halves(meta, n_tiles), qparams.shape[0],
                         BN=cfg.bn, BM=cfg.bm, SPLIT_K=split, BF16=bf16, EVEN_K=k % 256 == 0,
                         USE_ASM=USE_ASM if use_asm is None else use_asm,
                         UPCAST_DOT=INTERPRET and bf16,
                         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return finish_split(out, target)
+    return out

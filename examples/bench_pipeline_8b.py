@@ -3,16 +3,19 @@ weights say nothing about accuracy). Prints wall time and peak GPU memory per jo
 
     python examples/bench_pipeline_8b.py --job gptq   --samples 128 --seqlen 2048   # issue: GPTQ W4A16 speed
     python examples/bench_pipeline_8b.py --job search --samples 128 --seqlen 2048   # MixLLM salience search speed
-    python examples/bench_pipeline_8b.py --job rtn    --pack-dir /tmp/packed          # RTN quantize + pack speed
+    python examples/bench_pipeline_8b.py --job pack   --save-dir /tmp/l8b --pack-dir /tmp/l8b-w4  # RTN pack speed
 
 The model is built on the CPU in fp16 (weights ~ N(0, 0.02)), and the jobs run the same library code as the CLI:
 GPTQ goes decoder layer by decoder layer to the GPU (quantkit.quant.apply.quantize_model), the search keeps the
-whole model on the GPU with gradient checkpointing (quantkit.search.salience.compute_salience).
+whole model on the GPU with layer recomputation (quantkit.search.salience.compute_salience), and the pack job saves
+the model as an ordinary HF folder and times `quantkit pack` on it (quantkit.pack.run_pack: load, RTN on the GPU,
+repack for sm90, write shards) — the path a user takes.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 
@@ -40,14 +43,26 @@ def build_model(layers: int, device: str):
     return model.eval()
 
 
+@contextlib.contextmanager
+def layer_printer(desc: str, total: int | None):
+    """Progress as plain timestamped lines (the device log has no terminal)."""
+    t0 = time.time()
+
+    def update(done: int, tot: int) -> None:
+        print(f"{desc}: {done}/{tot} at {time.time() - t0:.1f}s", flush=True)
+
+    yield update
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--job", choices=["gptq", "search", "rtn"], required=True)
+    ap.add_argument("--job", choices=["gptq", "search", "pack"], required=True)
     ap.add_argument("--samples", type=int, default=128)
     ap.add_argument("--seqlen", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--recipe", default=None)
-    ap.add_argument("--pack-dir", default=None)
+    ap.add_argument("--save-dir", default="/tmp/llama8b-random")
+    ap.add_argument("--pack-dir", default="/tmp/llama8b-random-packed")
     args = ap.parse_args()
 
     from quantkit.quant.recipe import load_recipe
@@ -55,17 +70,28 @@ def main() -> None:
     t0 = time.time()
     model = build_model(args.layers, "cuda" if args.job == "search" else "cpu")
     build_s = time.time() - t0
+    extra = {}
+    if args.job == "pack":
+        from transformers import AutoTokenizer
+
+        from quantkit.model import builtin_model_dir
+
+        t0 = time.time()
+        model.save_pretrained(args.save_dir, safe_serialization=True)
+        # pack copies a tokenizer along; any will do for timing random weights
+        AutoTokenizer.from_pretrained(builtin_model_dir()).save_pretrained(args.save_dir)
+        extra["save_fp16_s"] = round(time.time() - t0, 1)
+        del model
     ids = torch.randint(0, LLAMA_31_8B["vocab_size"], (args.samples, args.seqlen),
                         generator=torch.Generator().manual_seed(0))
     torch.cuda.reset_peak_memory_stats()
     torch.cuda.synchronize()
     t0 = time.time()
-    extra = {}
     if args.job == "gptq":
         from quantkit.quant.apply import quantize_model
 
         recipe = load_recipe(args.recipe or "gptq-w4a16-g128")
-        res = quantize_model(model, None, recipe, device="cuda", calib_ids=ids)
+        res = quantize_model(model, None, recipe, device="cuda", calib_ids=ids, progress_factory=layer_printer)
         extra["linears"] = len(res.weights)
     elif args.job == "search":
         from quantkit.search.run import salience_quantizer
@@ -75,18 +101,12 @@ def main() -> None:
         result = compute_salience(model, ids, salience_quantizer(recipe, 4), first_order=True)
         extra["channels"] = sum(s.numel() for s in result.scores.values())
     else:
-        from quantkit.quant.apply import quantize_model
+        from quantkit.pack import run_pack
 
         recipe = load_recipe(args.recipe or "rtn-w4a16-g128")
-        model.to("cuda")
-        res = quantize_model(model, None, recipe, device="cuda")
-        extra["linears"] = len(res.weights)
-        if args.pack_dir:
-            from quantkit.pack import write_packed  # the pack job's writer
-
-            torch.cuda.synchronize()
-            extra["quantize_s"] = round(time.time() - t0, 1)
-            write_packed(model, res, args.pack_dir)
+        summary = run_pack(args.save_dir, recipe.name, args.pack_dir, target="sm90", device="cuda", dtype="fp16",
+                           force=True, progress=False, warn=print)
+        extra["pack_summary"] = {k: summary[k] for k in list(summary)[:12]}
     torch.cuda.synchronize()
     wall = time.time() - t0
     out = {"job": args.job, "layers": args.layers, "samples": args.samples, "seqlen": args.seqlen,

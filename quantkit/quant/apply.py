@@ -21,7 +21,8 @@ from quantkit.errors import QuantkitError
 from quantkit.model.layerwise import run_layerwise
 from quantkit.model.walk import iter_linears
 from quantkit.quant.layerquant import write_weight
-from quantkit.quant.partition import WeightRecord, dequantize_record, quantize_partitioned, record_bits
+from quantkit.quant.partition import (WeightRecord, dequantize_record, quantize_partitioned, record_bits,
+                                      record_to)
 from quantkit.quant.recipe import Recipe
 
 ProgressFactory = Callable[[str, int | None], AbstractContextManager]
@@ -164,6 +165,11 @@ def _quantize_layerwise(model, recipe, plan, targets, ids, device, method, progr
 
     def on_layer(i, prefix, layer, batches):
         names = {n: lin for n, lin in targets.items() if n.startswith(prefix + ".")}
+        layer_records: dict[str, WeightRecord] = {}
+        _quantize_one_layer(layer, batches, names, layer_records)
+        records.update({n: record_to(r, "cpu") for n, r in layer_records.items()})
+
+    def _quantize_one_layer(layer, batches, names, records):
         row_bits = {n: plan.row_bits(n) for n in names} if plan is not None else None
         if method == "gptq":
             from quantkit.quant.gptq import gptq_quantize_layer
@@ -174,11 +180,19 @@ def _quantize_layerwise(model, recipe, plan, targets, ids, device, method, progr
 
             records.update(awq_quantize_layer(layer, batches, names, config, row_bits=row_bits))
         else:  # rtn / lqq with clipping: the clip search needs each linear's inputs
-            from quantkit.quant.layerquant import linear_input, pre_hooks
             from quantkit.model.layerwise import layer_output
+            from quantkit.quant.clip import sample_tokens
+            from quantkit.quant.layerquant import linear_input, pre_hooks
 
+            # the clip search reads at most 512 tokens: keep only a per-batch sample, never every activation
+            per_batch = -(-512 // max(1, len(batches)))
             seen: dict[str, list[torch.Tensor]] = {n: [] for n in names}
-            with torch.no_grad(), pre_hooks(names, lambda n, a, k: seen[n].append(linear_input(a, k))):
+
+            def keep(n, a, k):
+                x = linear_input(a, k)
+                seen[n].append(sample_tokens(x, x.shape[-1], per_batch))
+
+            with torch.no_grad(), pre_hooks(names, keep):
                 for b in batches:
                     layer_output(layer, b)
             for n, lin in names.items():

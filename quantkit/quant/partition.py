@@ -43,6 +43,21 @@ def dequantize_record(record: WeightRecord, dtype: torch.dtype = torch.float32) 
     return out
 
 
+def record_to(record: WeightRecord, device: str | torch.device) -> WeightRecord:
+    """The same record with every tensor on ``device`` (records leave the GPU layer by layer, so a large model's
+    codes never pile up there)."""
+    import dataclasses
+
+    def move(qw: QuantizedWeight) -> QuantizedWeight:
+        return dataclasses.replace(qw, **{f.name: getattr(qw, f.name).to(device) for f in dataclasses.fields(qw)
+                                          if isinstance(getattr(qw, f.name), torch.Tensor)})
+
+    if isinstance(record, QuantizedWeight):
+        return move(record)
+    return PartitionedWeight(record.out_features, record.in_features,
+                             [Partition(p.rows.to(device), move(p.weight)) for p in record.partitions])
+
+
 def record_bits(record: WeightRecord) -> tuple[int, int]:
     """(Σ bits × elements, elements) of a record — for average bit-width reports."""
     if isinstance(record, QuantizedWeight):

@@ -28,7 +28,10 @@ LLAMA_31_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
 
 def build_model(layers: int, device: str):
     from transformers import LlamaConfig, LlamaForCausalLM
-    from transformers.modeling_utils import no_init_weights
+    try:
+        from transformers.initialization import no_init_weights  # transformers 5
+    except ImportError:
+        from transformers.modeling_utils import no_init_weights  # transformers 4
 
     cfg = LlamaConfig(**dict(LLAMA_31_8B, num_hidden_layers=layers))
     with no_init_weights(), torch.device(device):
@@ -61,6 +64,7 @@ def main() -> None:
     ap.add_argument("--seqlen", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--recipe", default=None)
+    ap.add_argument("--device", default="cuda", help="cuda (the benchmark) or cpu (a smoke test of the script)")
     ap.add_argument("--save-dir", default="/tmp/llama8b-random")
     ap.add_argument("--pack-dir", default="/tmp/llama8b-random-packed")
     args = ap.parse_args()
@@ -68,7 +72,12 @@ def main() -> None:
     from quantkit.quant.recipe import load_recipe
 
     t0 = time.time()
-    model = build_model(args.layers, "cuda" if args.job == "search" else "cpu")
+    recipe = load_recipe(args.recipe or {"gptq": "gptq-w4a16-g128", "search": "mixllm-w4a8",
+                                         "pack": "rtn-w4a16-g128"}[args.job])  # fail before the slow build
+    # random init is fast on the GPU; GPTQ and pack then start from a model in CPU memory like a real one
+    model = build_model(args.layers, args.device)
+    if args.job != "search":
+        model.to("cpu")
     build_s = time.time() - t0
     extra = {}
     if args.job == "pack":
@@ -84,35 +93,34 @@ def main() -> None:
         del model
     ids = torch.randint(0, LLAMA_31_8B["vocab_size"], (args.samples, args.seqlen),
                         generator=torch.Generator().manual_seed(0))
-    torch.cuda.reset_peak_memory_stats()
-    torch.cuda.synchronize()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.synchronize()
     t0 = time.time()
     if args.job == "gptq":
         from quantkit.quant.apply import quantize_model
 
-        recipe = load_recipe(args.recipe or "gptq-w4a16-g128")
-        res = quantize_model(model, None, recipe, device="cuda", calib_ids=ids, progress_factory=layer_printer)
+        res = quantize_model(model, None, recipe, device=args.device, calib_ids=ids, progress_factory=layer_printer)
         extra["linears"] = len(res.weights)
     elif args.job == "search":
         from quantkit.search.run import salience_quantizer
         from quantkit.search.salience import compute_salience
 
-        recipe = load_recipe(args.recipe or "mixllm-w4a8")
         result = compute_salience(model, ids, salience_quantizer(recipe, 4), first_order=True)
         extra["channels"] = sum(s.numel() for s in result.scores.values())
     else:
         from quantkit.pack import run_pack
 
-        recipe = load_recipe(args.recipe or "rtn-w4a16-g128")
-        summary = run_pack(args.save_dir, recipe.name, args.pack_dir, target="sm90", device="cuda", dtype="fp16",
+        summary = run_pack(args.save_dir, recipe.name, args.pack_dir, target="sm90", device=args.device, dtype="fp16",
                            force=True, progress=False, warn=print)
         extra["pack_summary"] = {k: summary[k] for k in list(summary)[:12]}
-    torch.cuda.synchronize()
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
     wall = time.time() - t0
     out = {"job": args.job, "layers": args.layers, "samples": args.samples, "seqlen": args.seqlen,
-           "recipe": recipe.name, "wall_s": round(wall, 1), "peak_gpu_gib": round(torch.cuda.max_memory_allocated()
-                                                                                  / 2**30, 2),
-           "build_model_s": round(build_s, 1), "device": torch.cuda.get_device_name(), **extra}
+           "recipe": recipe.name, "wall_s": round(wall, 1), "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+           "build_model_s": round(build_s, 1), "device": torch.cuda.get_device_name() if cuda else "cpu", **extra}
     print(json.dumps(out))
 
 

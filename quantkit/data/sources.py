@@ -12,10 +12,10 @@ A source name is one of:
 from __future__ import annotations
 
 import json
-from importlib import resources
 from pathlib import Path
 
 from quantkit.errors import QuantkitError
+from quantkit.resources import shipped_dir
 
 BUILTIN_NAMES = ("kjv", "builtin")
 HUB_NAMES = ("wikitext2", "c4", "pile")
@@ -34,7 +34,7 @@ def _check_split(split: str) -> None:
 def builtin_text(split: str) -> str:
     """The shipped KJV corpus split (calibration/kjv-{split}.txt, installed as quantkit.calibration)."""
     _check_split(split)
-    return resources.files("quantkit.calibration").joinpath(f"kjv-{split}.txt").read_text(encoding="utf-8")
+    return shipped_dir("quantkit.calibration", "calibration").joinpath(f"kjv-{split}.txt").read_text(encoding="utf-8")
 
 
 def _read_local_file(path: Path) -> list[str]:

@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import asdict, dataclass, field, fields
-from importlib import resources
 from pathlib import Path
 
 import yaml
 
 from quantkit.errors import QuantkitError
+from quantkit.resources import shipped_dir
 
 METHODS = ("rtn", "gptq", "awq", "lqq")
 
@@ -251,7 +251,7 @@ def parse_recipe(data: dict, source: str = "") -> Recipe:
 
 def shipped_recipes() -> list[str]:
     """Names of the recipes shipped in recipes/."""
-    root = resources.files("quantkit.recipes")
+    root = shipped_dir("quantkit.recipes", "recipes")
     return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
 
 
@@ -261,7 +261,7 @@ def load_recipe(name_or_path: str) -> Recipe:
     if p.is_file():
         text, source = p.read_text(encoding="utf-8"), str(p)
     else:
-        ref = resources.files("quantkit.recipes").joinpath(f"{name_or_path}.yaml")
+        ref = shipped_dir("quantkit.recipes", "recipes").joinpath(f"{name_or_path}.yaml")
         if not ref.is_file():
             if name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path:
                 raise QuantkitError(f"recipe file '{name_or_path}' does not exist")

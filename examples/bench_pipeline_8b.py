@@ -106,7 +106,13 @@ def main() -> None:
         from quantkit.search.run import salience_quantizer
         from quantkit.search.salience import compute_salience
 
-        result = compute_salience(model, ids, salience_quantizer(recipe, 4), first_order=True)
+        t_start = time.time()
+
+        def every16(done, total):
+            if done % 16 == 0 or done == total:
+                print(f"salience samples: {done}/{total} at {time.time() - t_start:.1f}s", flush=True)
+
+        result = compute_salience(model, ids, salience_quantizer(recipe, 4), first_order=True, progress=every16)
         extra["channels"] = sum(s.numel() for s in result.scores.values())
     else:
         from quantkit.pack import run_pack

@@ -253,6 +253,50 @@ def inspect_checkpoint(
         raise typer.Exit(QuantkitError.exit_code)
 
 
+PRESETS = {  # (N, K) of every distinct linear shape of one decoder layer
+    "llama-3.1-8b": "6144x4096,4096x4096,28672x4096,4096x14336",
+    "llama-2-7b": "12288x4096,4096x4096,22016x4096,4096x11008",
+    "qwen2.5-7b": "4608x3584,3584x3584,37888x3584,3584x18944",
+}
+
+
+@app.command("bench")
+@user_errors
+def bench(
+    shapes: Annotated[Optional[str], typer.Option(help="NxK (out × in features), comma-separated")] = None,
+    preset: Annotated[Optional[str], typer.Option(help=f"a model's linear shapes: {', '.join(PRESETS)}")] = None,
+    m: Annotated[str, typer.Option("--m", help="token counts M, comma-separated")] = "1,16,64,256,1024,4096",
+    methods: Annotated[str, typer.Option(help="fp16, int_mm, w4a16, w8a8, w4a8, w4a8-lqq, mixed, act-quant and "
+                                              "the +aq variants (activation quantization timed in)")] =
+        "fp16,w4a16,w8a8,w4a8,w4a8-lqq,mixed",
+    reps: Annotated[int, typer.Option(help="timed samples per point (median reported)")] = 50,
+    json_out: Json = False,
+):
+    """Kernel speed on this GPU against torch FP16 (cuBLAS): median µs (CUDA events, rotating inputs, CUDA graphs),
+    TFLOP/s, GB/s, % of the HBM and matmul ceilings measured in the same run, speedup vs FP16."""
+    from quantkit.bench.__main__ import _shapes
+    from quantkit.bench.problems import METHODS
+    from quantkit.bench.report import format_table
+    from quantkit.bench.runner import run_bench
+
+    if (shapes is None) == (preset is None):
+        raise QuantkitError("give exactly one of --shapes NxK,... or --preset " + "|".join(PRESETS))
+    if preset is not None and preset not in PRESETS:
+        raise QuantkitError(f"unknown --preset '{preset}'; known: {', '.join(PRESETS)}")
+    wanted = [x for x in methods.split(",") if x]  # fp16 is timed as the baseline either way
+    unknown = [x for x in wanted if x not in METHODS]
+    if unknown:
+        raise QuantkitError(f"unknown --methods {', '.join(unknown)}; known: {', '.join(METHODS)}")
+    try:
+        ms = [int(v) for v in m.split(",") if v]
+    except ValueError:
+        raise QuantkitError(f"--m takes comma-separated integers, got '{m}'") from None
+    rows = run_bench(_shapes(shapes or PRESETS[preset]), ms, wanted, reps=reps)
+    (err_console if json_out else out_console).print(format_table(rows), markup=False, highlight=False)
+    if json_out:
+        sys.stdout.write(json.dumps(rows) + "\n")
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

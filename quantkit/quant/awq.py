@@ -24,8 +24,8 @@ from quantkit.errors import QuantkitError
 from quantkit.model.layerwise import LayerBatch, layer_output
 from quantkit.quant import grid
 from quantkit.quant.clip import search_clip
-from quantkit.quant.layerquant import (LayerQuantConfig, RowGrids, fake_quantize_rows, linear_input, pre_hooks,
-                                       write_weight)
+from quantkit.quant.layerquant import (LayerQuantConfig, RowGrids, check_row_bits, fake_quantize_rows, linear_input,
+                                       pre_hooks, write_weight)
 from quantkit.quant.partition import WeightRecord, dequantize_record
 from quantkit.quant.records import Partition, PartitionedWeight
 
@@ -256,11 +256,7 @@ def awq_quantize_layer(layer: nn.Module, batches: list[LayerBatch], linear_names
     config = AWQConfig.coerce(config)
     if not linear_names:
         return {}
-    row_bits = row_bits or {}
-    unknown = [n for n in row_bits if n not in linear_names]
-    if unknown:
-        raise QuantkitError(f"row bit-widths given for {', '.join(unknown)}, which are not linears of this "
-                            "layer; check the plan matches the model")
+    row_bits = check_row_bits(row_bits, linear_names)
     grids = {n: config.row_grids(n, lin.out_features, row_bits.get(n)) for n, lin in linear_names.items()}
     groups = scaling_groups(layer, linear_names)
     inputs, calls = _capture(layer, batches, linear_names, groups)

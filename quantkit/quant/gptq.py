@@ -24,7 +24,7 @@ from quantkit.model.layerwise import LayerBatch, layer_output
 from quantkit.quant import grid
 from quantkit.quant.clip import sample_tokens, search_clip
 from quantkit.quant.hessian import HessianAccumulator, damped_inverse_cholesky
-from quantkit.quant.layerquant import LayerQuantConfig, linear_input, pre_hooks, write_weight
+from quantkit.quant.layerquant import LayerQuantConfig, check_row_bits, linear_input, pre_hooks, write_weight
 from quantkit.quant.records import Partition, PartitionedWeight, QuantizedWeight
 
 
@@ -374,11 +374,7 @@ def gptq_quantize_layer(layer: nn.Module, batches: list[LayerBatch], linear_name
     config = GPTQConfig.coerce(config)
     if not linear_names:
         return {}
-    row_bits = row_bits or {}
-    unknown = [n for n in row_bits if n not in linear_names]
-    if unknown:
-        raise QuantkitError(f"row bit-widths given for {', '.join(unknown)}, which are not linears of this "
-                            "layer; check the plan matches the model")
+    row_bits = check_row_bits(row_bits, linear_names)
     if config.true_sequential:
         stages = sequential_stages(layer, batches[0], linear_names)
     else:

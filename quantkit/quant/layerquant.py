@@ -143,3 +143,14 @@ def linear_input(args: tuple, kwargs: dict) -> torch.Tensor:
 def write_weight(linear: nn.Linear, weight: torch.Tensor) -> None:
     """Replace the linear's weight values in place (its dtype and device), keeping the Parameter object."""
     linear.weight.data.copy_(weight.to(device=linear.weight.device, dtype=linear.weight.dtype))
+
+
+def check_row_bits(row_bits: Mapping[str, torch.Tensor] | None,
+                   linear_names: Mapping[str, nn.Module]) -> Mapping[str, torch.Tensor]:
+    """A plan's per-row bit-widths for one layer ({} when none), refusing names that are not its linears."""
+    row_bits = row_bits or {}
+    unknown = [n for n in row_bits if n not in linear_names]
+    if unknown:
+        raise QuantkitError(f"row bit-widths given for {', '.join(unknown)}, which are not linears of this "
+                            "layer; check the plan matches the model")
+    return row_bits

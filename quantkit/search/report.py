@@ -7,8 +7,8 @@ import os
 
 from rich.table import Table
 
-from quantkit.errors import QuantkitError
 from quantkit.model.walk import projection_kind
+from quantkit.plotting import require_matplotlib, save_figure
 from quantkit.search.plan import Plan
 
 
@@ -83,19 +83,6 @@ def summary_table(plan: Plan) -> Table:
     return t
 
 
-def require_matplotlib():
-    """matplotlib.pyplot on the headless Agg backend, or a QuantkitError saying how to install it (the plot is
-    optional, so matplotlib is an extra)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise QuantkitError("--plot needs matplotlib, which is not installed; run `pip install matplotlib`") from None
-    return plt
-
-
 def save_heatmap(plan: Plan, path: str | os.PathLike) -> None:
     """PNG heatmap of high-bit share per decoder layer × projection (MixLLM Fig. 2). Needs matplotlib."""
     plt = require_matplotlib()
@@ -110,9 +97,4 @@ def save_heatmap(plan: Plan, path: str | os.PathLike) -> None:
     ax.set_title(f"% channels at {high} bits ({plan.search.get('strategy')}, {plan.achieved_bits:.3f} bits avg)")
     fig.colorbar(im, ax=ax, label="%")
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=120)
-    except OSError as e:
-        raise QuantkitError(f"cannot write heatmap '{path}': {e.strerror or e}") from None
-    finally:
-        plt.close(fig)
+    save_figure(fig, path, "heatmap")

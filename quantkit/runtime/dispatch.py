@@ -15,6 +15,18 @@ metadata from the manifest, ``act`` the :class:`ActQuant` of the recipe or None.
 without bias. A kernel registered with ``quantizes_activations=True`` receives raw activations and applies
 ``act`` itself (integer A8 tensor-core paths, MixLLM Sec. 3.3 / LiquidGEMM Sec. 5); otherwise QuantLinear passes
 activations already fake-quantized with ``act`` (so every path computes the same quantized product).
+
+Every forward quantizes its activation at most once per form (MixLLM Sec. 3.4: one activation for all partitions
+of a mixed-precision layer): QuantLinear wraps its input in a :class:`SharedActivation` that computes each form
+(fake-quant, the kernels' int8 codes + scales …) on first use. A kernel registered with
+``shared_activation=True`` is called as ``fn(x, tensors, meta, act, shared=shared)`` and takes its quantized
+activations from ``shared``, so the partitions of one layer reuse them.
+
+A mixed-precision layer can also run as one launch: :func:`register_mixed` installs a kernel called as
+``fn(x, parts, out_features, act, shared=shared)`` with ``parts`` a list of ``(layout, tensors, meta, rows)``
+(``rows`` int32 output indices); it returns y [M, out_features] without bias. :func:`mixed_kernel_for` offers
+it only when its ``supports(layouts, act)`` accepts the layer; otherwise QuantLinear runs one sub-GEMM per
+partition.
 """
 
 from __future__ import annotations
@@ -26,6 +38,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
+
+from quantkit.quant.act import quantize_activation
 
 KernelFn = Callable[[torch.Tensor, Mapping[str, torch.Tensor], dict, "ActQuant | None"], torch.Tensor]
 
@@ -43,26 +57,70 @@ class ActQuant:
         return {"bits": self.bits, "group_size": self.group_size, "sym": self.sym}
 
 
+class SharedActivation:
+    """One forward's input x [M, K] and its quantization ``act``, with each quantized form computed on first use
+    and reused by every partition of the layer (MixLLM Sec. 3.4: the activation is quantized once)."""
+
+    def __init__(self, x: torch.Tensor, act: ActQuant | None):
+        self.x = x
+        self.act = act
+        self._forms: dict[str, object] = {}
+
+    def form(self, name: str, compute: Callable[[torch.Tensor, ActQuant | None], object]) -> object:
+        """``compute(x, act)``, evaluated on the first request for ``name`` and cached for the later ones."""
+        if name not in self._forms:
+            self._forms[name] = compute(self.x, self.act)
+        return self._forms[name]
+
+    def fake_quant(self) -> torch.Tensor:
+        """x quantized and dequantized with ``act`` (:func:`quantkit.quant.act.quantize_activation`, MixLLM
+        Sec. 3.1.2), x itself without activation quantization."""
+        if self.act is None:
+            return self.x
+        return self.form("fake", lambda x, a: quantize_activation(x, a.bits, a.group_size, a.sym))
+
+    def computed(self) -> list[str]:
+        """Names of the forms computed so far (which quantizations this forward has run)."""
+        return list(self._forms)
+
+
 @dataclass(frozen=True)
 class Kernel:
-    """A registered kernel: the callable, the device types it runs on, whether it quantizes activations."""
+    """A registered kernel: the callable, the device types it runs on, whether it quantizes activations, whether
+    it takes the forward's :class:`SharedActivation` (keyword ``shared``)."""
 
     layout: str
     fn: KernelFn
     devices: tuple[str, ...]
     quantizes_activations: bool
+    shared_activation: bool = False
+
+
+MixedFn = Callable[..., torch.Tensor]
+
+
+@dataclass(frozen=True)
+class MixedKernel:
+    """A one-launch kernel for a layer's partitions (module docstring): the callable, the predicate
+    ``supports(layouts, act)`` saying which layers it can run, the device types it runs on."""
+
+    fn: MixedFn
+    supports: Callable[[tuple[str, ...], ActQuant | None], bool]
+    devices: tuple[str, ...]
 
 
 _KERNELS: dict[tuple[str, str], Kernel] = {}
+_MIXED: dict[str, MixedKernel] = {}
 ENV_SWITCH = "QUANTKIT_KERNELS"  # "0": every QuantLinear runs the torch reference (exact fake-quant parity)
 _LOADED: bool | None = None  # None: the kernel package was not imported yet
 
 
-def register(layout: str, fn: KernelFn, *, quantizes_activations: bool = False,
+def register(layout: str, fn: KernelFn, *, quantizes_activations: bool = False, shared_activation: bool = False,
              devices: tuple[str, ...] = ("cuda",)) -> Kernel:
     """Make ``fn`` the kernel of ``layout`` on each device type in ``devices`` (a later registration replaces an
-    earlier one, so a faster kernel can take over a layout)."""
-    kernel = Kernel(layout, fn, tuple(devices), bool(quantizes_activations))
+    earlier one, so a faster kernel can take over a layout). ``shared_activation``: ``fn`` accepts the keyword
+    ``shared`` (a :class:`SharedActivation`) and takes its quantized activations from there."""
+    kernel = Kernel(layout, fn, tuple(devices), bool(quantizes_activations), bool(shared_activation))
     for dev in kernel.devices:
         _KERNELS[(layout, dev)] = kernel
     return kernel
@@ -72,6 +130,22 @@ def unregister(layout: str, devices: tuple[str, ...] = ("cuda",)) -> None:
     """Remove the kernels of ``layout`` on ``devices`` (QuantLinear falls back to the torch reference)."""
     for dev in devices:
         _KERNELS.pop((layout, dev), None)
+
+
+def register_mixed(fn: MixedFn, supports: Callable[[tuple[str, ...], ActQuant | None], bool], *,
+                   devices: tuple[str, ...] = ("cuda",)) -> MixedKernel:
+    """Make ``fn`` the one-launch kernel of mixed-precision layers on each device type in ``devices``, for the
+    layers whose (partition layouts, activation quantization) ``supports`` accepts (MixLLM Sec. 3.4)."""
+    kernel = MixedKernel(fn, supports, tuple(devices))
+    for dev in kernel.devices:
+        _MIXED[dev] = kernel
+    return kernel
+
+
+def unregister_mixed(devices: tuple[str, ...] = ("cuda",)) -> None:
+    """Remove the one-launch mixed kernel on ``devices`` (mixed layers run one sub-GEMM per partition)."""
+    for dev in devices:
+        _MIXED.pop(dev, None)
 
 
 def load_kernel_modules() -> bool:
@@ -90,19 +164,43 @@ def load_kernel_modules() -> bool:
     return _LOADED
 
 
-def kernel_for(layout: str, device: torch.device | str) -> Kernel | None:
-    """The kernel registered for ``layout`` on the device type of ``device``, or None (→ torch reference;
-    always None with the environment variable QUANTKIT_KERNELS=0). The kernel package is imported on the first
-    lookup for a non-CPU device (CPU runs never import triton)."""
+def _device_type(device: torch.device | str) -> str | None:
+    """The device type to look kernels up for, None when QUANTKIT_KERNELS=0; imports the kernel package on the
+    first lookup for a non-CPU device (CPU runs never import triton)."""
     if os.environ.get(ENV_SWITCH) == "0":
         return None
     dev = torch.device(device).type
     if dev != "cpu":
         load_kernel_modules()
-    return _KERNELS.get((layout, dev))
+    return dev
+
+
+def kernel_for(layout: str, device: torch.device | str) -> Kernel | None:
+    """The kernel registered for ``layout`` on the device type of ``device``, or None (→ torch reference;
+    always None with the environment variable QUANTKIT_KERNELS=0)."""
+    dev = _device_type(device)
+    return None if dev is None else _KERNELS.get((layout, dev))
+
+
+def mixed_kernel_for(layouts: tuple[str, ...], act: ActQuant | None,
+                     device: torch.device | str) -> MixedKernel | None:
+    """The one-launch kernel for a mixed-precision layer with partitions in ``layouts`` and activation
+    quantization ``act`` on ``device``, or None when none is registered, it does not support the layer, or
+    QUANTKIT_KERNELS=0 (→ one sub-GEMM per partition)."""
+    dev = _device_type(device)
+    kernel = None if dev is None else _MIXED.get(dev)
+    if kernel is None or not kernel.supports(tuple(layouts), act):
+        return None
+    return kernel
 
 
 def registered() -> dict[tuple[str, str], Kernel]:
     """A copy of the registry, (layout, device type) → Kernel, after loading the kernel package."""
     load_kernel_modules()
     return dict(_KERNELS)
+
+
+def registered_mixed() -> dict[str, MixedKernel]:
+    """A copy of the one-launch mixed registry, device type → MixedKernel, after loading the kernel package."""
+    load_kernel_modules()
+    return dict(_MIXED)

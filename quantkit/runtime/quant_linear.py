@@ -6,12 +6,20 @@ Buffers are named as in the checkpoint: a linear with one partition holds the la
 (``qweight``, ``scales`` …, so its state_dict keys are ``<linear>.qweight`` …); a mixed-precision linear holds one
 child module ``part{bits}`` per partition with the layout's tensors and ``rows`` (int32 output indices).
 
-Forward: activation fake-quant when the recipe has A8 (:func:`quantkit.quant.act.quantize_activation`, the same
-computation as the fake-quant pre-hooks). When a kernel is registered for a partition's layout on the input's
-device (:mod:`quantkit.runtime.dispatch`), every partition runs as its own sub-GEMM (kernel, or torch for a
-partition without one) and its outputs are scattered to its rows. Without kernels the torch reference runs one
-``F.linear(x, Ŵ, bias)`` with the dense Ŵ (layouts' unpack → dequantize, partition rows scattered into it) — the
-product fake-quant evaluation computes, so packed and fake-quant logits are bit-identical, mixed precision too.
+Forward: the input is wrapped in a :class:`~quantkit.runtime.dispatch.SharedActivation`, so the activation is
+quantized lazily — only by the path that needs it — and at most once per form whichever partitions share it:
+fake-quant (:func:`quantkit.quant.act.quantize_activation`, the same computation as the fake-quant pre-hooks)
+for the torch reference and for kernels that take quantized activations, the kernels' own int8 codes for those
+that quantize themselves. Paths, first that applies (:mod:`quantkit.runtime.dispatch` on the input's device):
+
+* a mixed-precision linear whose partitions the registered one-launch mixed kernel supports → that kernel
+  (MixLLM Sec. 3.4: one activation quantization, each partition's epilogue scattering into its output columns),
+  bias added once after;
+* a kernel registered for some partition's layout → every partition runs as its own sub-GEMM (kernel, or torch
+  for a partition without one) and its outputs are scattered to its rows;
+* no kernel → the torch reference: one ``F.linear(x, Ŵ, bias)`` with the dense Ŵ (layouts' unpack →
+  dequantize, partition rows scattered into it) — the product fake-quant evaluation computes, so packed and
+  fake-quant logits are bit-identical, mixed precision too.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from quantkit.quant.records import QuantizedWeight
-from quantkit.runtime.dispatch import ActQuant, kernel_for
+from quantkit.runtime.dispatch import ActQuant, Kernel, SharedActivation, kernel_for, mixed_kernel_for
 
 
 @dataclass
@@ -142,41 +150,56 @@ class QuantLinear(nn.Module):
         self._dense.clear()  # .to()/.half() move the packed buffers; a cached Ŵ would be stale
         return super()._apply(fn, recurse)
 
-    def _kernel_forward(self, kernel, x: torch.Tensor, xq: torch.Tensor, holder_name: str,
+    def _kernel_forward(self, kernel: Kernel, shared: SharedActivation, holder_name: str,
                         meta: dict) -> torch.Tensor:
-        lead = x.shape[:-1]
-        inp = x if kernel.quantizes_activations else xq
-        y = kernel.fn(inp.reshape(-1, self.in_features), self._tensors(holder_name), meta, self.act)
-        return y.reshape(*lead, y.shape[-1]).to(x.dtype)
+        """One partition's sub-GEMM [M, N_part] through its kernel, in the input's dtype, without bias."""
+        tensors = self._tensors(holder_name)
+        if not kernel.quantizes_activations:
+            y = kernel.fn(shared.fake_quant(), tensors, meta, self.act)
+        elif kernel.shared_activation:
+            y = kernel.fn(shared.x, tensors, meta, self.act, shared=shared)
+        else:
+            y = kernel.fn(shared.x, tensors, meta, self.act)
+        return y.to(shared.x.dtype)
+
+    def _mixed_parts(self) -> list[tuple[str, dict[str, torch.Tensor], dict, torch.Tensor]]:
+        """(layout, tensors, meta, rows int32) per partition, as a one-launch mixed kernel takes them."""
+        return [(layout, self._tensors(holder_name), meta, self._holder(holder_name).rows)
+                for holder_name, layout, meta, _ in self._parts]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """y [..., N] = act(x) · Ŵᵀ + b for x [..., K] (module docstring: kernels per partition, else the
-        dense torch reference)."""
-        xq = x
-        if self.act is not None:
-            from quantkit.quant.act import quantize_activation
-
-            xq = quantize_activation(x, self.act.bits, self.act.group_size, self.act.sym)
+        """y [..., N] = act(x) · Ŵᵀ + b for x [..., K] (module docstring: one-launch mixed kernel, kernels per
+        partition, else the dense torch reference)."""
+        lead = x.shape[:-1]
+        shared = SharedActivation(x.reshape(-1, self.in_features), self.act)
         bias = None if self.bias is None else self.bias.to(x.dtype)
-        kernels = [kernel_for(layout, x.device) for _, layout, _, _ in self._parts]
+        mixed = bool(self._parts[0][0])
+        layouts = tuple(layout for _, layout, _, _ in self._parts)
+        one_launch = mixed_kernel_for(layouts, self.act, x.device) if mixed else None
+        if one_launch is not None:
+            y = one_launch.fn(shared.x, self._mixed_parts(), self.out_features, self.act, shared=shared)
+            y = y.to(x.dtype)
+            return (y if bias is None else y + bias).reshape(*lead, self.out_features)
+        kernels = [kernel_for(layout, x.device) for layout in layouts]
         if all(k is None for k in kernels):
             # torch reference: one GEMM with the dense Ŵ (a mixed linear's partition rows scattered into it, which
             # equals scattering the partitions' outputs) — the very product fake-quant evaluation computes
-            return F.linear(xq, self._reference_weight(None, x.dtype), bias)
-        if not self._parts[0][0]:
-            y = self._kernel_forward(kernels[0], x, xq, "", self._parts[0][2])
-            return y if bias is None else y + bias
-        # MixLLM Sec. 3.4: each partition is its own sub-GEMM; its outputs land on its rows
-        y = x.new_empty(*x.shape[:-1], self.out_features)
+            return F.linear(shared.fake_quant().reshape(x.shape), self._reference_weight(None, x.dtype), bias)
+        if not mixed:
+            y = self._kernel_forward(kernels[0], shared, "", self._parts[0][2])
+            y = y if bias is None else y + bias
+            return y.reshape(*lead, self.out_features)
+        # MixLLM Sec. 3.4: each partition is its own sub-GEMM on the shared activation; outputs land on its rows
+        y = x.new_empty(shared.x.shape[0], self.out_features)
         for (holder_name, _, meta, _), kernel in zip(self._parts, kernels):
             rows = self._holder(holder_name).rows.long()
             part_bias = None if bias is None else bias[rows]
             if kernel is None:
-                y[..., rows] = F.linear(xq, self._reference_weight(holder_name, x.dtype), part_bias)
+                y[:, rows] = F.linear(shared.fake_quant(), self._reference_weight(holder_name, x.dtype), part_bias)
             else:
-                out = self._kernel_forward(kernel, x, xq, holder_name, meta)
-                y[..., rows] = out if part_bias is None else out + part_bias
-        return y
+                out = self._kernel_forward(kernel, shared, holder_name, meta)
+                y[:, rows] = out if part_bias is None else out + part_bias
+        return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
         parts = ", ".join(f"{layout}:{bits}b" for _, layout, _, bits in self._parts)

@@ -1,4 +1,5 @@
-"""The kernels as :mod:`quantkit.runtime.dispatch` calls them: ``fn(x [M, K], tensors, meta, act) -> [M, N]``.
+"""The kernels as :mod:`quantkit.runtime.dispatch` calls them: ``fn(x [M, K], tensors, meta, act, shared=None)
+-> [M, N]`` per layout, and one entry for a whole mixed-precision layer.
 
 Each kernel layout gets one entry that receives raw activations (``quantizes_activations=True``) and picks:
 
@@ -8,6 +9,14 @@ Each kernel layout gets one entry that receives raw activations (``quantizes_act
 * anything else (another activation format, fp32 activations for W4A16, A16 with an int8-only layout) → the
   activations are fake-quantized with :func:`quantkit.quant.act.quantize_activation` and multiplied by the
   dequantized weight in torch — the same numbers QuantLinear's reference path computes, just not fast.
+
+The activation's int8 codes and its fake-quant form come from the forward's
+:class:`~quantkit.runtime.dispatch.SharedActivation` (``shared``; a fresh one when called alone), so the
+partitions of a mixed-precision layer quantize the activation once between them.
+
+:func:`mixed_kernel` runs a two-partition layer whose layouts all have int8 kernels with A8 activations as ONE
+launch of :func:`.int8_gemm.mixed_int8_matmul` (MixLLM Sec. 3.4): one activation quantization, each partition's
+epilogue scattering into its output columns; :func:`mixed_supported` says which layers it takes.
 """
 
 from __future__ import annotations
@@ -17,9 +26,10 @@ from collections.abc import Callable, Mapping
 import torch
 import torch.nn.functional as F
 
-from quantkit.quant.act import quantize_activation, quantize_activation_int
+from quantkit.quant.act import quantize_activation_int
+from quantkit.runtime.dispatch import ActQuant, SharedActivation
 from quantkit.runtime.kernels.act_quant import quantize_activation_triton
-from quantkit.runtime.kernels.int8_gemm import MODES, int8_matmul
+from quantkit.runtime.kernels.int8_gemm import MODES, int8_matmul, mixed_int8_matmul
 from quantkit.runtime.kernels.w4a16 import w4a16_matmul
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -40,6 +50,20 @@ def quantize_for_kernel(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor,
     return quantize_activation_int(x, 8, group_size)
 
 
+def a8_activation(shared: SharedActivation) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward's A8 codes int8 [M, K] and float32 scales [M, G] (:func:`quantize_for_kernel`), computed once
+    per :class:`SharedActivation` whichever partition asks first."""
+    def compute(x: torch.Tensor, act: ActQuant) -> tuple[torch.Tensor, torch.Tensor]:
+        codes, scales = quantize_for_kernel(x, act.group_size)
+        return codes, scales.float()
+
+    return shared.form("a8", compute)
+
+
+def _out_dtype(x: torch.Tensor) -> torch.dtype:
+    return x.dtype if x.dtype.is_floating_point else torch.float32
+
+
 def _dense(x: torch.Tensor, layout: str, tensors: Mapping[str, torch.Tensor], meta: dict) -> torch.Tensor:
     from quantkit.formats.registry import get_layout
     from quantkit.quant.grid import dequantize
@@ -53,16 +77,38 @@ def layout_kernel(layout: str) -> Callable:
     if layout not in MODES:
         raise ValueError(f"no Triton kernels for layout '{layout}'")
 
-    def run(x: torch.Tensor, tensors: Mapping[str, torch.Tensor], meta: dict, act) -> torch.Tensor:
+    def run(x: torch.Tensor, tensors: Mapping[str, torch.Tensor], meta: dict, act,
+            shared: SharedActivation | None = None) -> torch.Tensor:
+        shared = SharedActivation(x, act) if shared is None else shared
         if int8_path_ok(act):
-            codes, scales = quantize_for_kernel(x, act.group_size)
-            out_dtype = x.dtype if x.dtype.is_floating_point else torch.float32
-            return int8_matmul(codes, scales.float(), act.group_size, layout, dict(tensors), meta,
-                               out_dtype=out_dtype)
-        xq = x if act is None else quantize_activation(x, act.bits, act.group_size, act.sym)
+            codes, scales = a8_activation(shared)
+            return int8_matmul(codes, scales, act.group_size, layout, dict(tensors), meta,
+                               out_dtype=_out_dtype(x))
+        xq = shared.fake_quant()
         if layout == "w4a16" and xq.dtype in HALF_DTYPES:
             return w4a16_matmul(xq.contiguous(), dict(tensors), meta)
         return _dense(xq, layout, tensors, meta)
 
     run.__name__ = f"triton_{layout.replace('-', '_')}"
     return run
+
+
+def mixed_supported(layouts: tuple[str, ...], act: ActQuant | None) -> bool:
+    """True when :func:`mixed_kernel` can run a layer with partitions in ``layouts``: two partitions, both in an
+    int8-kernel layout (``w8``, ``w4a16``, ``w4a8-lqq``), activations the int8 kernels quantize (A8)."""
+    return len(layouts) == 2 and all(lay in MODES for lay in layouts) and int8_path_ok(act)
+
+
+def mixed_kernel(x: torch.Tensor, parts: list, out_features: int, act: ActQuant | None,
+                 shared: SharedActivation | None = None) -> torch.Tensor:
+    """Y [M, out_features] (x's dtype, no bias) of a mixed-precision layer in one launch (MixLLM Sec. 3.4):
+    the activation quantized once, then :func:`.int8_gemm.mixed_int8_matmul` over ``parts`` — a list of
+    (layout, tensors, meta, rows int32 output indices)."""
+    layouts = tuple(p[0] for p in parts)
+    if not mixed_supported(layouts, act):
+        raise ValueError(f"the one-launch mixed kernel cannot run partitions {layouts} with activations {act}")
+    shared = SharedActivation(x, act) if shared is None else shared
+    codes, scales = a8_activation(shared)
+    return mixed_int8_matmul(codes, scales, act.group_size,
+                             [(lay, dict(tensors), meta, rows) for lay, tensors, meta, rows in parts],
+                             out_features, out_dtype=_out_dtype(x))

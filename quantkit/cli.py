@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from quantkit.bench.command import DEFAULT_BATCH, DEFAULT_CONTEXT, DEFAULT_M, DEFAULT_METHODS, PRESETS
 from quantkit.errors import QuantkitError
 from quantkit.ui import err_console, out_console, progress_bar
 
@@ -253,46 +254,66 @@ def inspect_checkpoint(
         raise typer.Exit(QuantkitError.exit_code)
 
 
-PRESETS = {  # (N, K) of every distinct linear shape of one decoder layer
-    "llama-3.1-8b": "6144x4096,4096x4096,28672x4096,4096x14336",
-    "llama-2-7b": "12288x4096,4096x4096,22016x4096,4096x11008",
-    "qwen2.5-7b": "4608x3584,3584x3584,37888x3584,3584x18944",
-}
-
-
 @app.command("bench")
 @user_errors
 def bench(
+    packed: Annotated[Optional[str], typer.Argument(
+        metavar="PACKED", help="a `quantkit pack` checkpoint folder: time its linears' shapes with its methods "
+                               "(or --decode-step)")] = None,
     shapes: Annotated[Optional[str], typer.Option(help="NxK (out × in features), comma-separated")] = None,
     preset: Annotated[Optional[str], typer.Option(help=f"a model's linear shapes: {', '.join(PRESETS)}")] = None,
-    m: Annotated[str, typer.Option("--m", help="token counts M, comma-separated")] = "1,16,64,256,1024,4096",
-    methods: Annotated[str, typer.Option(help="fp16, int_mm, w4a16, w8a8, w4a8, w4a8-lqq, mixed, act-quant and "
-                                              "the +aq variants (activation quantization timed in)")] =
-        "fp16,w4a16,w8a8,w4a8,w4a8-lqq,mixed",
+    m: Annotated[Optional[str], typer.Option("--m", help=f"token counts M, comma-separated (default "
+                                                         f"{DEFAULT_M})")] = None,
+    methods: Annotated[Optional[str], typer.Option(help="fp16, int_mm, w4a16, w8a8, w4a8, w4a8-lqq, mixed, act-quant "
+                                                        "and the +aq variants (activation quantization timed in); "
+                                                        f"default: PACKED's own, else {DEFAULT_METHODS}")] = None,
     reps: Annotated[int, typer.Option(help="timed samples per point (median reported)")] = 50,
+    plot: Annotated[Optional[str], typer.Option(help="write speedup vs M per method, one panel per shape, to this "
+                                                     "PNG (needs matplotlib)")] = None,
+    decode_step: Annotated[bool, typer.Option("--decode-step", help="time one decode step of a decoder layer of "
+                                                                   "PACKED against its FP16 layer")] = False,
+    batch: Annotated[Optional[str], typer.Option(help="--decode-step batch sizes B, comma-separated (default "
+                                                      f"{DEFAULT_BATCH})")] = None,
+    context: Annotated[Optional[int], typer.Option(help="--decode-step tokens already in the KV cache (default "
+                                                        f"{DEFAULT_CONTEXT})")] = None,
+    layer: Annotated[Optional[int], typer.Option(help="--decode-step decoder layer index (default 0)")] = None,
+    device: Annotated[Optional[str], typer.Option(help="--decode-step device: cuda, cuda:N or cpu (CPU: no kernels, "
+                                                       "a check of the mode only; default cuda)")] = None,
+    graph: Annotated[bool, typer.Option("--graph/--no-graph", help="--decode-step: time CUDA graph replays or "
+                                                                   "eager calls")] = True,
     json_out: Json = False,
 ):
     """Kernel speed on this GPU against torch FP16 (cuBLAS): median µs (CUDA events, rotating inputs, CUDA graphs),
-    TFLOP/s, GB/s, % of the HBM and matmul ceilings measured in the same run, speedup vs FP16."""
-    from quantkit.bench.__main__ import _shapes
-    from quantkit.bench.problems import METHODS
-    from quantkit.bench.report import format_table
-    from quantkit.bench.runner import run_bench
+    TFLOP/s, GB/s, % of the HBM and matmul ceilings measured in the same run, speedup vs FP16 — for the linear
+    shapes of PACKED, a --preset or --shapes. With --decode-step: one decode step of one decoder layer of PACKED
+    (batch B, KV cache of --context tokens) against the FP16 layer of its dequantized weights."""
+    from quantkit.bench import command
 
-    if (shapes is None) == (preset is None):
-        raise QuantkitError("give exactly one of --shapes NxK,... or --preset " + "|".join(PRESETS))
-    if preset is not None and preset not in PRESETS:
-        raise QuantkitError(f"unknown --preset '{preset}'; known: {', '.join(PRESETS)}")
-    wanted = [x for x in methods.split(",") if x]  # fp16 is timed as the baseline either way
-    unknown = [x for x in wanted if x not in METHODS]
-    if unknown:
-        raise QuantkitError(f"unknown --methods {', '.join(unknown)}; known: {', '.join(METHODS)}")
-    try:
-        ms = [int(v) for v in m.split(",") if v]
-    except ValueError:
-        raise QuantkitError(f"--m takes comma-separated integers, got '{m}'") from None
-    rows = run_bench(_shapes(shapes or PRESETS[preset]), ms, wanted, reps=reps)
-    (err_console if json_out else out_console).print(format_table(rows), markup=False, highlight=False)
+    console = err_console if json_out else out_console
+    if decode_step:
+        from quantkit.bench.decode_step import run_decode_step
+        from quantkit.bench.report import decode_step_table
+
+        a = command.decode_step_args(packed, shapes, preset, m, methods, plot, batch, context, layer, device)
+        rows = run_decode_step(a.packed, a.batches, a.context, a.layer, a.device, reps=reps, use_graph=graph)
+        console.print(decode_step_table(rows))
+    else:
+        from quantkit.bench.report import format_table
+        from quantkit.bench.runner import run_bench
+
+        command.check_kernel_only(batch, context, layer, device)
+        bench_shapes, wanted = command.kernel_targets(packed, shapes, preset, methods)
+        ms = command.parse_ints(m or DEFAULT_M, "--m")
+        if plot is not None:
+            from quantkit.plotting import require_matplotlib
+
+            require_matplotlib()  # fail before the timing, not after it
+        rows = run_bench(bench_shapes, ms, wanted, reps=reps)
+        console.print(format_table(rows), markup=False, highlight=False)
+        if plot is not None:
+            from quantkit.bench.plot import save_speedup_plot
+
+            save_speedup_plot(rows, plot)
     if json_out:
         sys.stdout.write(json.dumps(rows) + "\n")
 

@@ -1,6 +1,9 @@
-"""Plain-text tables of benchmark rows (what docs/BENCHMARKS.md pastes)."""
+"""Tables of benchmark rows: plain text for kernel sweeps (what docs/BENCHMARKS.md pastes), rich for the decode
+step of :mod:`quantkit.bench.decode_step`."""
 
 from __future__ import annotations
+
+from rich.table import Table
 
 COLUMNS = (("method", "{}"), ("m", "{}"), ("n", "{}"), ("k", "{}"), ("ms", "{:.4f}"), ("tflops", "{:.1f}"),
            ("gbps", "{:.0f}"), ("pct_hbm", "{:.0f}"), ("pct_peak", "{:.0f}"), ("speedup_vs_fp16", "{:.2f}"))
@@ -20,3 +23,18 @@ def format_table(rows: list[dict]) -> str:
             cells.append("-" if v is None else fmt.format(v))
         lines.append(" | ".join(cells))
     return "\n".join(lines)
+
+
+def decode_step_table(rows: list[dict]) -> Table:
+    """One line per batch size: FP16-layer and packed-layer µs per decode step, speedup, max relative output
+    difference (:func:`quantkit.bench.decode_step.max_rel_diff`)."""
+    first = rows[0] if rows else {}
+    t = Table(title=f"decode step — layer {first.get('layer')}, KV cache {first.get('context')} tokens, "
+                    f"{first.get('recipe')} on {first.get('device')}"
+                    + ("" if first.get("graph", True) else " (no CUDA graph)"))
+    for name in ("batch", "fp16 layer µs", "packed layer µs", "speedup", "max rel diff"):
+        t.add_column(name, justify="right")
+    for r in rows:
+        t.add_row(str(r["batch"]), f"{r['fp16_us']:.1f}", f"{r['packed_us']:.1f}", f"{r['speedup']:.2f}×",
+                  f"{r['max_rel_diff']:.2e}")
+    return t

@@ -8,11 +8,14 @@
   a memory-bound kernel;
 * CUDA graphs for small problems: one graph replays ``calls`` launches, so CPU launch overhead (several µs,
   comparable to a decode-size GEMV) is not charged to the kernel.
+
+:func:`time_host` is the CPU counterpart (host clock, same warm-up/median rules) for work that runs on the CPU.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -71,6 +74,24 @@ def time_rotating(fn: Callable, inputs: Sequence[tuple], warmup: int = 10, reps:
             end.record()
             end.synchronize()
             samples.append(start.elapsed_time(end))
-    samples.sort()
+    return _summary(samples, use_graph)
+
+
+def _summary(samples: list[float], graph: bool) -> dict:
+    samples = sorted(samples)
     return {"ms": statistics.median(samples), "ms_p10": samples[len(samples) // 10],
-            "ms_p90": samples[(9 * len(samples)) // 10], "samples": len(samples), "graph": use_graph}
+            "ms_p90": samples[(9 * len(samples)) // 10], "samples": len(samples), "graph": graph}
+
+
+def time_host(fn: Callable, inputs: Sequence[tuple], warmup: int = 3, reps: int = 20) -> dict:
+    """Median wall time of one call ``fn(*inputs[i])`` on the CPU (milliseconds, ``time.perf_counter``), cycling
+    through ``inputs`` after ``warmup`` untimed calls; the same dict as :func:`time_rotating` (``graph`` False)."""
+    n_in = len(inputs)
+    for i in range(warmup):
+        fn(*inputs[i % n_in])
+    samples = []
+    for r in range(reps):
+        t0 = time.perf_counter()
+        fn(*inputs[r % n_in])
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return _summary(samples, False)

@@ -1,0 +1,109 @@
+"""``quantkit bench`` option checking: which shapes and methods a kernel sweep times (``PACKED``, ``--preset`` or
+``--shapes``), and which options the ``--decode-step`` mode takes. Every misuse is a one-line QuantkitError naming
+the fix, raised before anything is loaded or timed. No torch import here (the CLI's --help stays fast)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quantkit.errors import QuantkitError
+
+PRESETS = {  # (N, K) of every distinct linear shape of one decoder layer (q/k/v fused as serving engines do)
+    "llama-3.1-8b": "6144x4096,4096x4096,28672x4096,4096x14336",
+    "llama-2-7b": "12288x4096,4096x4096,22016x4096,4096x11008",
+    "qwen2.5-7b": "4608x3584,3584x3584,37888x3584,3584x18944",
+}
+DEFAULT_M = "1,16,64,256,1024,4096"
+DEFAULT_METHODS = "fp16,w4a16,w8a8,w4a8,w4a8-lqq,mixed"
+DEFAULT_BATCH = "1"
+DEFAULT_CONTEXT = 1024
+
+
+def parse_ints(text: str, option: str, minimum: int = 1) -> list[int]:
+    """Comma-separated integers ≥ ``minimum`` of a list option (``--m 1,16``), or a one-line QuantkitError."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise QuantkitError(f"{option} takes comma-separated integers, got '{text}'") from None
+    if not values or min(values) < minimum:
+        raise QuantkitError(f"{option} takes comma-separated integers ≥ {minimum}, got '{text}'")
+    return values
+
+
+def _methods(text: str) -> list[str]:
+    from quantkit.bench.problems import METHODS
+
+    wanted = [x for x in text.split(",") if x]
+    unknown = [x for x in wanted if x not in METHODS]
+    if unknown:
+        raise QuantkitError(f"unknown --methods {', '.join(unknown)}; known: {', '.join(METHODS)}")
+    return wanted
+
+
+def kernel_targets(packed: str | None, shapes: str | None, preset: str | None,
+                   methods: str | None) -> tuple[list[tuple[int, int]], list[str]]:
+    """(shapes (N, K), methods) of a kernel sweep from exactly one of a packed checkpoint folder, ``--preset`` or
+    ``--shapes``. Without ``--methods``: a checkpoint's own methods
+    (:func:`quantkit.bench.packed_targets.checkpoint_methods`), else :data:`DEFAULT_METHODS`."""
+    from quantkit.bench.__main__ import _shapes
+
+    if sum(x is not None for x in (packed, shapes, preset)) != 1:
+        raise QuantkitError("give exactly one of PACKED (a `quantkit pack` folder), --preset "
+                            f"{'|'.join(PRESETS)} or --shapes NxK,...")
+    if preset is not None and preset not in PRESETS:
+        raise QuantkitError(f"unknown --preset '{preset}'; known: {', '.join(PRESETS)}")
+    if packed is None:
+        return _shapes(shapes or PRESETS[preset]), _methods(methods or DEFAULT_METHODS)
+    from quantkit.bench.packed_targets import checkpoint_methods, checkpoint_shapes
+    from quantkit.checkpoint import read_manifest
+
+    manifest = read_manifest(packed)
+    wanted = _methods(methods) if methods is not None else checkpoint_methods(manifest, f"checkpoint '{packed}'")
+    return checkpoint_shapes(manifest), wanted
+
+
+def _verb(items: list, one: str, many: str) -> str:
+    return one if len(items) == 1 else many
+
+
+@dataclass
+class DecodeStepArgs:
+    """The parsed options of ``quantkit bench PACKED --decode-step``."""
+
+    packed: str
+    batches: list[int]
+    context: int
+    layer: int
+    device: str
+
+
+def decode_step_args(packed: str | None, shapes: str | None, preset: str | None, m: str | None,
+                     methods: str | None, plot: str | None, batch: str | None, context: int | None,
+                     layer: int | None, device: str | None) -> DecodeStepArgs:
+    """Check the options of the ``--decode-step`` mode (it times a whole decoder layer of PACKED, so the kernel
+    sweep's shape/method/plot options do not apply) and fill in the defaults."""
+    if packed is None:
+        raise QuantkitError("--decode-step times a decoder layer of a packed model; give PACKED (a `quantkit pack` "
+                            "folder)")
+    given = [opt for opt, v in (("--shapes", shapes), ("--preset", preset), ("--m", m), ("--methods", methods),
+                                ("--plot", plot)) if v is not None]
+    if given:
+        raise QuantkitError(f"{', '.join(given)} {_verb(given, 'is', 'are')} for the kernel sweep, not --decode-step; "
+                            f"remove {_verb(given, 'it', 'them')} (--decode-step takes --batch, --context, --layer, "
+                            "--device)")
+    context = DEFAULT_CONTEXT if context is None else context
+    if context < 1:
+        raise QuantkitError(f"--context is the number of tokens already in the KV cache (≥ 1), got {context}")
+    if layer is not None and layer < 0:
+        raise QuantkitError(f"--layer is a decoder layer index (≥ 0), got {layer}")
+    return DecodeStepArgs(packed, parse_ints(batch or DEFAULT_BATCH, "--batch"), context, layer or 0,
+                          device or "cuda")
+
+
+def check_kernel_only(batch: str | None, context: int | None, layer: int | None, device: str | None) -> None:
+    """Refuse the ``--decode-step`` options in a kernel sweep (the sweep runs on the current CUDA device)."""
+    given = [opt for opt, v in (("--batch", batch), ("--context", context), ("--layer", layer),
+                                ("--device", device)) if v is not None]
+    if given:
+        raise QuantkitError(f"{', '.join(given)} {_verb(given, 'is', 'are')} for --decode-step only; add "
+                            f"--decode-step or remove {_verb(given, 'it', 'them')}")

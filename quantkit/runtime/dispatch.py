@@ -57,30 +57,44 @@ class ActQuant:
         return {"bits": self.bits, "group_size": self.group_size, "sym": self.sym}
 
 
+FAKE_FORM = "fake"  # SharedActivation's name of the fake-quantized input
+
+
 class SharedActivation:
     """One forward's input x [M, K] and its quantization ``act``, with each quantized form computed on first use
-    and reused by every partition of the layer (MixLLM Sec. 3.4: the activation is quantized once)."""
+    and reused by every partition of the layer (MixLLM Sec. 3.4: the activation is quantized once). A path that
+    quantized x in one form can :meth:`offer` how to derive another from its result (the fake-quant tensor from
+    int8 codes and scales), so a layer needing both forms still quantizes once."""
 
     def __init__(self, x: torch.Tensor, act: ActQuant | None):
         self.x = x
         self.act = act
         self._forms: dict[str, object] = {}
+        self._offers: dict[str, Callable[[], object]] = {}
 
     def form(self, name: str, compute: Callable[[torch.Tensor, ActQuant | None], object]) -> object:
-        """``compute(x, act)``, evaluated on the first request for ``name`` and cached for the later ones."""
+        """Form ``name``: on the first request derived from an :meth:`offer` if there is one, else
+        ``compute(x, act)``; cached for the later requests."""
         if name not in self._forms:
-            self._forms[name] = compute(self.x, self.act)
+            derive = self._offers.pop(name, None)
+            self._forms[name] = derive() if derive is not None else compute(self.x, self.act)
         return self._forms[name]
+
+    def offer(self, name: str, derive: Callable[[], object]) -> None:
+        """Register ``derive()`` as the way to obtain form ``name`` if it is requested later; it must give the
+        very values ``compute`` would."""
+        if name not in self._forms:
+            self._offers.setdefault(name, derive)
 
     def fake_quant(self) -> torch.Tensor:
         """x quantized and dequantized with ``act`` (:func:`quantkit.quant.act.quantize_activation`, MixLLM
         Sec. 3.1.2), x itself without activation quantization."""
         if self.act is None:
             return self.x
-        return self.form("fake", lambda x, a: quantize_activation(x, a.bits, a.group_size, a.sym))
+        return self.form(FAKE_FORM, lambda x, a: quantize_activation(x, a.bits, a.group_size, a.sym))
 
     def computed(self) -> list[str]:
-        """Names of the forms computed so far (which quantizations this forward has run)."""
+        """Names of the forms obtained so far, in order (which quantizations this forward has run)."""
         return list(self._forms)
 
 

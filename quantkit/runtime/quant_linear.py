@@ -189,9 +189,12 @@ class QuantLinear(nn.Module):
             y = self._kernel_forward(kernels[0], shared, "", self._parts[0][2])
             y = y if bias is None else y + bias
             return y.reshape(*lead, self.out_features)
-        # MixLLM Sec. 3.4: each partition is its own sub-GEMM on the shared activation; outputs land on its rows
+        # MixLLM Sec. 3.4: each partition is its own sub-GEMM on the shared activation; outputs land on its rows.
+        # Kernels that quantize x themselves go first: their int8 codes can stand in for the fake-quant form the
+        # others need (SharedActivation.offer), so x is quantized once whatever the order of the partitions.
         y = x.new_empty(shared.x.shape[0], self.out_features)
-        for (holder_name, _, meta, _), kernel in zip(self._parts, kernels):
+        order = sorted(zip(self._parts, kernels), key=lambda pk: pk[1] is None or not pk[1].quantizes_activations)
+        for (holder_name, _, meta, _), kernel in order:
             rows = self._holder(holder_name).rows.long()
             part_bias = None if bias is None else bias[rows]
             if kernel is None:

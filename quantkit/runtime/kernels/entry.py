@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from quantkit.quant.act import quantize_activation_int
-from quantkit.runtime.dispatch import ActQuant, SharedActivation
+from quantkit.runtime.dispatch import FAKE_FORM, ActQuant, SharedActivation
 from quantkit.runtime.kernels.act_quant import quantize_activation_triton
 from quantkit.runtime.kernels.int8_gemm import MODES, int8_matmul, mixed_int8_matmul
 from quantkit.runtime.kernels.w4a16 import w4a16_matmul
@@ -52,12 +52,23 @@ def quantize_for_kernel(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor,
 
 def a8_activation(shared: SharedActivation) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward's A8 codes int8 [M, K] and float32 scales [M, G] (:func:`quantize_for_kernel`), computed once
-    per :class:`SharedActivation` whichever partition asks first."""
+    per :class:`SharedActivation` whichever partition asks first; they also stand in for its fake-quant form
+    (:func:`dequantize_a8`), so a partition without an int8 kernel does not quantize x again."""
     def compute(x: torch.Tensor, act: ActQuant) -> tuple[torch.Tensor, torch.Tensor]:
         codes, scales = quantize_for_kernel(x, act.group_size)
-        return codes, scales.float()
+        scales = scales.float()
+        shared.offer(FAKE_FORM, lambda: dequantize_a8(codes, scales, act.group_size, x.dtype))
+        return codes, scales
 
     return shared.form("a8", compute)
+
+
+def dequantize_a8(codes: torch.Tensor, scales: torch.Tensor, group_size: int, dtype: torch.dtype) -> torch.Tensor:
+    """codes · scales of their group, in ``dtype`` — bit-identical to :func:`quantkit.quant.act.quantize_activation`
+    of the same input (the same fp32 product (q - z)·s with z = 0, then one cast; quantkit.quant.grid.dequantize)."""
+    k = codes.shape[-1]
+    g = torch.arange(k, device=codes.device) // (k if group_size == -1 else group_size)
+    return (codes.float() * scales[:, g]).to(dtype)
 
 
 def _out_dtype(x: torch.Tensor) -> torch.dtype:

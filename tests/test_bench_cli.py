@@ -9,21 +9,45 @@ from typer.testing import CliRunner
 from quantkit.cli import app
 
 runner = CliRunner()
+ONE_OF = "give exactly one of PACKED"
 
 
 @pytest.mark.parametrize("args,message", [
-    ([], "give exactly one of --shapes"),
-    (["--shapes", "64x64", "--preset", "llama-3.1-8b"], "give exactly one of --shapes"),
+    ([], ONE_OF),
+    (["--shapes", "64x64", "--preset", "llama-3.1-8b"], ONE_OF),
+    (["some/ckpt", "--shapes", "64x64"], ONE_OF),
+    (["some/ckpt", "--preset", "llama-3.1-8b"], ONE_OF),
     (["--preset", "gpt-5"], "unknown --preset 'gpt-5'"),
     (["--shapes", "64x64", "--methods", "w4a16,w9a9"], "unknown --methods w9a9"),
     (["--shapes", "64x64", "--m", "1,x"], "--m takes comma-separated integers"),
+    (["--shapes", "64x64", "--m", "0,4"], "--m takes comma-separated integers ≥ 1"),
+    (["missing/ckpt"], "checkpoint 'missing/ckpt' does not exist"),
+    (["--decode-step"], "--decode-step times a decoder layer of a packed model; give PACKED"),
+    (["--decode-step", "--shapes", "64x64"], "give PACKED"),
+    (["ckpt", "--decode-step", "--plot", "b.png"], "--plot is for the kernel sweep, not --decode-step"),
+    (["ckpt", "--decode-step", "--m", "1", "--methods", "w4a16"], "--m, --methods are for the kernel sweep"),
+    (["ckpt", "--decode-step", "--batch", "1,0"], "--batch takes comma-separated integers ≥ 1"),
+    (["ckpt", "--decode-step", "--context", "0"], "--context is the number of tokens already in the KV cache"),
+    (["ckpt", "--decode-step", "--layer", "-1"], "--layer is a decoder layer index"),
+    (["--shapes", "64x64", "--batch", "8"], "--batch is for --decode-step only"),
+    (["--shapes", "64x64", "--context", "8", "--device", "cpu"], "--context, --device are for --decode-step only"),
 ])
 def test_bench_option_errors(args, message):
     r = runner.invoke(app, ["bench", *args])
     assert r.exit_code == 2 and message in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1  # one line, no traceback
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
 def test_bench_without_gpu_says_so():
     r = runner.invoke(app, ["bench", "--preset", "llama-3.1-8b", "--m", "1"])
     assert r.exit_code == 2 and "need a CUDA GPU" in r.stderr
+
+
+def test_plot_without_matplotlib_fails_before_timing(monkeypatch, tmp_path):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
+    r = runner.invoke(app, ["bench", "--shapes", "64x64", "--m", "1", "--plot", str(tmp_path / "b.png")])
+    assert r.exit_code == 2 and "`pip install matplotlib`" in r.stderr
+    assert not (tmp_path / "b.png").exists()

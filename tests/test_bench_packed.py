@@ -1,0 +1,171 @@
+"""``quantkit bench PACKED``: the shapes and methods read from a checkpoint's manifest, and the ``--decode-step``
+mode on the CPU (one decoder layer of a tiny packed model against its FP16 layer of the dequantized weights)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+from typer.testing import CliRunner
+
+from quantkit.bench import decode_step as ds
+from quantkit.bench.command import kernel_targets
+from quantkit.bench.packed_targets import checkpoint_methods, checkpoint_shapes, linear_method, linear_names
+from quantkit.checkpoint import load_packed, read_manifest
+from quantkit.cli import app
+from quantkit.errors import QuantkitError
+from quantkit.pack import run_pack
+from quantkit.runtime.quant_linear import QuantLinear
+
+
+@pytest.fixture(scope="module")
+def packs(tiny_model_dir, tmp_path_factory):
+    """Tiny llama (hidden 64, MLP 160, 4 heads / 2 KV heads of 16) packed as W4A16 and W8A8 with kernel layouts."""
+    src = str(tiny_model_dir("llama"))
+    out = {}
+    for recipe in ("rtn-w4a16-g128", "w8a8"):
+        path = tmp_path_factory.mktemp("bench") / recipe
+        run_pack(src, recipe, str(path), target="sm80", device="cpu", progress=False)
+        out[recipe] = str(path)
+    return out
+
+
+def _part(layout, rows=None):
+    return {"layout": layout, "rows": rows, "bits": 8 if layout == "w8" else 4}
+
+
+A8 = {"bits": 8, "group_size": 128, "sym": True}
+A8_TOKEN = {"bits": 8, "group_size": -1, "sym": True}
+
+
+@pytest.mark.parametrize("parts,act,method", [
+    ([_part("w4a16")], None, "w4a16"),
+    ([_part("w4a16")], A8, "w4a8"),
+    ([_part("w4a8-lqq")], A8_TOKEN, "w4a8-lqq"),
+    ([_part("w8")], A8, "w8a8"),
+    ([_part("w4a16", "x.part4.rows"), _part("w8", "x.part8.rows")], A8, "mixed"),
+    ([_part("w4a16", "x.part4.rows"), _part("w8", "x.part8.rows")], None, None),  # A16 mixed: no kernel problem
+    ([_part("w8")], None, None),
+    ([_part("reference")], A8, None),
+    ([_part("gptq")], None, None),
+])
+def test_linear_method(parts, act, method):
+    assert linear_method({"partitions": parts}, act) == method
+
+
+def _manifest(linears, act=None):
+    return {"activation": act, "linears": linears}
+
+
+def _lin(n, k, parts):
+    return {"out_features": n, "in_features": k, "partitions": parts}
+
+
+def test_shapes_in_model_order_deduplicated():
+    lin = {"model.layers.10.mlp.up_proj": _lin(7, 200, [_part("w4a16")]),
+           "model.layers.2.mlp.up_proj": _lin(33, 328, [_part("w4a16")]),
+           "model.layers.2.self_attn.q_proj": _lin(7, 200, [_part("w4a16")]),
+           "model.layers.3.mlp.up_proj": _lin(33, 328, [_part("w4a16")])}
+    m = _manifest(lin)
+    assert linear_names(m)[:2] == ["model.layers.2.mlp.up_proj", "model.layers.2.self_attn.q_proj"]
+    assert checkpoint_shapes(m) == [(33, 328), (7, 200)]
+
+
+def test_methods_union_and_refusal():
+    mixed = [_part("w4a16", "r4"), _part("w8", "r8")]
+    m = _manifest({"a.0.x": _lin(7, 200, [_part("w4a16")]), "a.0.y": _lin(7, 200, mixed),
+                   "a.0.z": _lin(7, 200, [_part("reference")])}, A8)
+    assert checkpoint_methods(m) == ["fp16", "w4a8", "mixed"]
+    with pytest.raises(QuantkitError, match="layout\\(s\\) reference with A8 .*--target sm80\\|sm90"):
+        checkpoint_methods(_manifest({"a.0.z": _lin(7, 200, [_part("reference")])}, A8))
+
+
+def test_packed_checkpoint_targets(packs):
+    path = packs["rtn-w4a16-g128"]
+    manifest = read_manifest(path)
+    want = []
+    for name in linear_names(manifest):  # q 64x64, k/v 32x64, o 64x64, gate/up 160x64, down 64x160
+        shape = (manifest["linears"][name]["out_features"], manifest["linears"][name]["in_features"])
+        if shape not in want:
+            want.append(shape)
+    assert sorted(want) == [(32, 64), (64, 64), (64, 160), (160, 64)]
+    assert kernel_targets(path, None, None, None) == (want, ["fp16", "w4a16"])
+    assert kernel_targets(packs["w8a8"], None, None, None) == (want, ["fp16", "w8a8"])
+    assert kernel_targets(path, None, None, "w4a8,mixed") == (want, ["w4a8", "mixed"])  # --methods wins
+
+
+def test_fp16_layer_holds_the_dequantized_weights(packs):
+    model = load_packed(packs["w8a8"], device="cpu", dtype="fp16", load_tokenizer=False).model
+    layer = ds.decoder_layers(model, linear_names(read_manifest(packs["w8a8"])))[1]
+    dense = ds.fp16_layer(layer)
+    qlins = {n: m for n, m in layer.named_modules() if isinstance(m, QuantLinear)}
+    assert len(qlins) == 7 and not any(isinstance(m, QuantLinear) for m in dense.modules())
+    for name, q in qlins.items():
+        lin = dense.get_submodule(name)
+        assert isinstance(lin, nn.Linear) and lin.weight.dtype == torch.float16
+        assert torch.equal(lin.weight, q.dense_weight(torch.float32).half())
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_step_is_the_models_own_decode_step(packs, index):
+    """The captured, rewound step of layer i equals that layer's output for the last token of a full forward, and
+    repeating it gives the same result (the cache write position is rewound each call)."""
+    model = load_packed(packs["rtn-w4a16-g128"], device="cpu", dtype="fp16", load_tokenizer=False).model
+    layers = ds.decoder_layers(model, linear_names(read_manifest(packs["rtn-w4a16-g128"])))
+    ids = ds.random_ids(model, 3, 21, seed=1)
+    inp = ds.prepare_decode(model, layers, index, ids)
+    step = ds.step_fn(layers[index], inp)
+    first, again = step(inp.hidden), step(inp.hidden)
+    got = {}
+    hook = layers[index].register_forward_hook(lambda mod, args, out: got.setdefault("out", out))
+    with torch.no_grad():
+        model(input_ids=ids, use_cache=False)
+    hook.remove()
+    ref = got["out"][:, -1:]
+    assert first.shape == (3, 1, 64) and torch.equal(first, again)
+    assert (first.float() - ref.float()).abs().max() <= 1e-3 * ref.float().abs().max()
+
+
+@pytest.mark.parametrize("recipe,lo,hi", [("rtn-w4a16-g128", 0.0, 1e-3), ("w8a8", 1e-4, 0.05)])
+def test_run_decode_step_cpu(packs, recipe, lo, hi):
+    rows = ds.run_decode_step(packs[recipe], [1, 4], context=24, layer=1, device="cpu", reps=5)
+    assert [r["batch"] for r in rows] == [1, 4]
+    for r in rows:
+        assert r["fp16_us"] > 0 and r["packed_us"] > 0 and r["graph"] is False and r["samples"] == 5
+        assert r["speedup"] == pytest.approx(r["fp16_us"] / r["packed_us"])
+        assert r["context"] == 24 and r["layer"] == 1 and r["recipe"] == recipe and r["device"] == "cpu"
+        # A16: the packed reference multiplies by the same fp16 Ŵ; A8: activation quantization error only
+        assert lo <= r["max_rel_diff"] <= hi
+
+
+def test_max_rel_diff_is_relative_to_the_layer_update():
+    hidden = torch.full((1, 1, 4), 100.0)
+    fp16 = hidden + torch.tensor([0.0, 2.0, -1.0, 0.5])
+    packed = fp16 + torch.tensor([0.0, 0.0, 0.1, 0.0])
+    assert ds.max_rel_diff(packed, fp16, hidden) == pytest.approx(0.05, rel=1e-4)
+
+
+def test_decode_step_cli_json(packs):
+    r = CliRunner().invoke(app, ["bench", packs["w8a8"], "--decode-step", "--device", "cpu", "--batch", "1,2",
+                                 "--context", "16", "--reps", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [row["batch"] for row in rows] == [1, 2] and all(row["packed_us"] > 0 for row in rows)
+    assert "packed layer µs" in r.stderr and "max rel diff" in r.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--decode-step", "--device", "cpu", "--context", "300"], "exceeds the model's 256 positions"),
+    (["--decode-step", "--device", "cpu", "--context", "8", "--layer", "2"], "decoder layers 0..1"),
+])
+def test_decode_step_cli_errors(packs, args, message):
+    r = CliRunner().invoke(app, ["bench", packs["rtn-w4a16-g128"], *args])
+    assert r.exit_code == 2 and message in r.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
+def test_packed_kernel_sweep_without_gpu(packs):
+    r = CliRunner().invoke(app, ["bench", packs["rtn-w4a16-g128"], "--m", "1"])
+    assert r.exit_code == 2 and "need a CUDA GPU" in r.stderr

@@ -95,3 +95,39 @@ def test_split_k_leaves_its_workspace_zeroed_between_calls():
     assert torch.equal(first, again) and rel_err(first, w4a16_reference(x, tensors, meta)) < TOL[torch.float16]
     ws, tickets = split_workspace(x.device, 1, 1)
     assert not ws.any() and not tickets.any()
+
+
+def _cupy_ok() -> bool:
+    from quantkit.runtime.kernels.cuda_gemv import cupy_available
+
+    return torch.cuda.is_available() and cupy_available()
+
+
+def test_cuda_gemv_declines_inputs_it_cannot_read():
+    """The CUDA decode GEMV only takes CUDA fp16/bf16 rows of K = 256·j (else w4a16_matmul runs Triton)."""
+    from quantkit.runtime.kernels.cuda_gemv import cuda_gemv_supported
+
+    _, _, meta = packed("w4a16", 8, 200)
+    assert not cuda_gemv_supported(torch.randn(1, 200).half(), meta)  # CPU tensor, K % 256 != 0
+    _, _, meta256 = packed("w4a16", 8, 256)
+    assert not cuda_gemv_supported(torch.randn(1, 256).half(), meta256)  # CPU tensor
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cupy_ok(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("m,n,k,group_size,warps", [(1, 33, 256, 128, 2), (3, 1000, 1024, -1, 4),
+                                                    (8, 4103, 512, 256, 8), (12, 257, 768, 128, 8)])
+def test_cuda_gemv_matches_reference_on_gpu(m, n, k, group_size, warps, dtype):
+    """Odd N (a partial 16-row block), per-channel and 256-column groups, M beyond one 8-token launch column,
+    and activations that are a row-strided view."""
+    from quantkit.runtime.kernels.cuda_gemv import w4a16_gemv_cuda
+
+    _, tensors, meta = packed("w4a16", n, k, group_size, seed=m + n)
+    wide = torch.randn(m, k + 64, device="cuda").to(dtype)
+    x = wide[:, :k]
+    out = w4a16_gemv_cuda(x, tensors, meta, warps, out=poisoned(m, n, dtype))
+    assert rel_err(out, w4a16_reference(x, tensors, meta)) < TOL[dtype]
+    # w4a16_matmul's default path is this kernel for M <= 8
+    if m <= 8:
+        assert rel_err(w4a16_matmul(x, tensors, meta), out) < 1e-6

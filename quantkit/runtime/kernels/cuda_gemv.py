@@ -1,0 +1,302 @@
+"""W4A16 decode GEMV in CUDA C++ (compiled at run time by NVRTC through CuPy), reading the ``w4a16`` layout.
+
+Why CUDA next to the Triton kernels: a decode GEMV (M <= 8 tokens) is a weight stream (MixLLM Sec. 3.5
+roofline), and Triton's smallest tensor-core operand wastes most of each program on a 16-token activation tile.
+This kernel is warp-level, in the manner of TurboMind's GEMV path (TurboMind Sec. 4):
+
+* a block owns 16 weight rows; its NWARPS warps split K by 256-column tiles (warp w takes tiles w, w + NWARPS,
+  …, one tile loaded ahead in registers) and add their partial sums through shared memory at the end;
+* lane (g, c) — the coordinates of the ``mma.sync.m16n8k16`` fragments — loads 16-byte vectors c and c + 4 of
+  rows g and g + 8 of the tile (``ld.global.nc.L1::no_allocate``: each weight byte is read once); every word
+  feeds the same fragment slot of all 8 planes (the tile-planar order of :mod:`quantkit.formats.nibble_planes`);
+* dequantization in registers, per pair of adjacent columns: PRMT gathers byte b of two adjacent words, a mask
+  | 0x6400 forms the fp16 pair 1024 + q and one sub.f16x2 of 1024 + z (high nibbles: fma by 1/16 and
+  −(64 + z)) gives q − z *exactly* — the magic-number int→float of MixLLM Sec. 3.3 / TurboMind Fig. 6
+  (bf16: 128 + q with the 0x4300 exponent);
+* tensor cores multiply (q − z) by up to 8 tokens (the mma's N side; the GEMV's one token wastes nothing that
+  the memory-bound kernel needs) into an fp32 partial sum per 128-column group, which is scaled once by the
+  group's fp32 scale (MixLLM Sec. 3.3 group-tile accumulation). Ŵ is therefore never rounded to fp16: the
+  result is the exact Σ (q − z)·s·x up to fp32 summation, within the fp16 rounding of the weight of
+  :func:`quantkit.runtime.kernels.reference.w4a16_reference` (which rounds Ŵ to the activation dtype as the
+  tensor-core kernels do).
+
+Measured on an H100 (docs/BENCHMARKS.md, ``docs/bench/gemv_sweep.py``): 1.1–1.6× faster than the Triton
+kernel at M <= 8 on the Llama-3.1-8B shapes; Nsight Compute shows it latency-bound (≈ 50 % of stall cycles wait
+on global loads, 0.41 instructions issued per scheduler cycle). Variants measured and dropped: per-element
+fp16 scaling before the mma (5–15 % slower), activations prefetched with the weights (no change), a TMA bulk
+prefetch of the block's rows into L2 (5–30 % slower), register caps for higher occupancy (spills, slower),
+a CUDA-core FMA version (19.0 µs vs 19.6 µs at 14336 × 4096, M = 1, but 2–4× slower from M = 2).
+
+Requires K a multiple of 256 and 8-byte aligned activation rows (every real model's hidden sizes are);
+:func:`cuda_gemv_supported` says when; :func:`quantkit.runtime.kernels.w4a16.w4a16_matmul` uses it for M <= 8
+and runs the Triton kernel otherwise. The pure-torch reference of the format is
+:func:`quantkit.runtime.kernels.reference.w4a16_reference`; this kernel runs only with CuPy and a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+WARPS = (2, 4, 8)  # warps per block (they share K); a block owns 16 weight rows
+TOKENS_PER_COLUMN = 8  # the mma's N side: tokens of one launch column
+CUDA_GEMV_MAX_M = 8  # w4a16_matmul's default path switches to the Triton kernel above this (measured crossover)
+
+SOURCE = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+typedef unsigned int u32;
+
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+template <bool BF16> struct Pair;
+template <> struct Pair<false> {
+    typedef __half T; typedef __half2 T2;
+    static __device__ __forceinline__ T2 bits(u32 v) { return *reinterpret_cast<T2*>(&v); }
+    static __device__ __forceinline__ u32 word(T2 v) { return *reinterpret_cast<u32*>(&v); }
+    // low nibbles of p's bytes 0 and 2 with the 0x6400 exponent: the fp16 pair 1024 + q; minus (1024 + z): q - z
+    static __device__ __forceinline__ u32 low_q(u32 p, T2 zm) {
+        return word(__hsub2(bits((p & 0x000F000Fu) | 0x64006400u), zm));
+    }
+    // high nibbles in place: 1024 + 16q; fma(v, 1/16, -(64 + z)) = q - z exactly
+    static __device__ __forceinline__ u32 high_q(u32 p, T2 zm) {
+        return word(__hfma2(bits((p & 0x00F000F0u) | 0x64006400u), bits(0x2C002C00u), zm));
+    }
+    // fp16 bit patterns: 1024 + z = 0x6400 + z (ulp 1), -(64 + z) = 0xD400 + 16z (ulp 1/16), 1/16 = 0x2C00
+    static __device__ __forceinline__ void zeros(u32 w, T2& z_lo, T2& z_hi) {
+        const u32 z = (w >> 16) & 0xFFu;
+        z_lo = bits(0x64006400u + z * 0x00010001u);
+        z_hi = bits(0xD400D400u + (z << 4) * 0x00010001u);
+    }
+    static __device__ __forceinline__ float scale(u32 w) {
+        return __half2float(__ushort_as_half((unsigned short)(w & 0xFFFFu)));
+    }
+    static __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                     "{%8, %9}, {%0, %1, %2, %3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ T from_float(float v) { return __float2half_rn(v); }
+};
+template <> struct Pair<true> {
+    typedef __nv_bfloat16 T; typedef __nv_bfloat162 T2;
+    static __device__ __forceinline__ T2 bits(u32 v) { return *reinterpret_cast<T2*>(&v); }
+    static __device__ __forceinline__ u32 word(T2 v) { return *reinterpret_cast<u32*>(&v); }
+    // 0x4300 = 128.0 in bf16 (ulp 1 on [128, 256)): 128 + q exactly, minus (128 + z) exactly
+    static __device__ __forceinline__ u32 low_q(u32 p, T2 zm) {
+        return word(__hsub2(bits((p & 0x000F000Fu) | 0x43004300u), zm));
+    }
+    static __device__ __forceinline__ u32 high_q(u32 p, T2 zm) {
+        return word(__hsub2(bits(((p >> 4) & 0x000F000Fu) | 0x43004300u), zm));
+    }
+    static __device__ __forceinline__ void zeros(u32 w, T2& z_lo, T2& z_hi) {
+        z_lo = bits(0x43004300u + ((w >> 16) & 0xFFu) * 0x00010001u);
+        z_hi = z_lo;
+    }
+    static __device__ __forceinline__ float scale(u32 w) {  // the fp16 scale rounded to bf16, as the reference
+        return __bfloat162float(__float2bfloat16_rn(__half2float(__ushort_as_half((unsigned short)(w & 0xFFFFu)))));
+    }
+    static __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                     "{%8, %9}, {%0, %1, %2, %3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ T from_float(float v) { return __float2bfloat16_rn(v); }
+};
+
+// byte b of word a -> bytes 0, 1; byte b of word c -> bytes 2, 3
+__device__ __forceinline__ u32 gather(u32 a, u32 c, int b) {
+    return __byte_perm(a, c, (u32)(b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12)));
+}
+
+struct Tile {  // one lane's share of a 256-column tile of the block's 16 rows, loaded one tile ahead
+    uint4 w[2][2];  // [row g, row g + 8][words 4c..4c+3, words 16+4c..16+4c+3]
+    u32 p[2][2];    // [row][half-tile 0, 1] scale | zero words
+};
+
+// Y[M, N] = X[M, K] · Ŵ[N, K]^T for M <= 8 per launch column: a block owns 16 rows, its NWARPS warps share K
+template <int NWARPS, bool BF16>
+__global__ void __launch_bounds__(NWARPS * 32)
+w4a16_gemv_mma(const void* __restrict__ x_, const uint4* __restrict__ w, const u32* __restrict__ qp,
+               void* __restrict__ out_, int M, int N, long long stride_xm, long long stride_om, int w_row_vec,
+               int n_tiles, int halves_per_group, int n_groups) {
+    typedef Pair<BF16> P;
+    typedef typename P::T T;
+    typedef typename P::T2 T2;
+    const T* x = reinterpret_cast<const T*>(x_);
+    T* out = reinterpret_cast<T*>(out_);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, c = lane & 3;  // mma fragment coordinates: row / token g, column pair c
+    const int row0 = blockIdx.x * 16;
+    const int m0 = blockIdx.y * 8;
+    const int rows[2] = {min(row0 + g, N - 1), min(row0 + g + 8, N - 1)};
+    const bool has_token = m0 + g < M;
+    const T* xr = x + (long long)min(m0 + g, M - 1) * stride_xm + 4 * c;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+
+    auto load = [&](int t, Tile& tl) {
+        const int g_lo = min((2 * t) / halves_per_group, n_groups - 1);
+        const int g_hi = min((2 * t + 1) / halves_per_group, n_groups - 1);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const uint4* base = w + (long long)rows[r] * w_row_vec + t * 8 + c;
+            tl.w[r][0] = ld_stream(base);
+            tl.w[r][1] = ld_stream(base + 4);
+            tl.p[r][0] = __ldg(qp + (long long)g_lo * N + rows[r]);
+            tl.p[r][1] = __ldg(qp + (long long)g_hi * N + rows[r]);
+        }
+    };
+    Tile cur, nxt;
+    int t = warp;
+    if (t < n_tiles) load(t, cur);
+    for (; t < n_tiles; t += NWARPS) {
+        if (t + NWARPS < n_tiles) load(t + NWARPS, nxt);
+        T2 zl[2], zh[2], unused;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            P::zeros(cur.p[r][0], zl[r], unused);
+            P::zeros(cur.p[r][1], unused, zh[r]);
+        }
+        float part[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};  // Σ (q - z)·x per half-tile, exact
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {      // words 0-15 / 16-31 of the tile
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {  // byte b: plane b (low nibble, first half-tile), b + 4 (high, second)
+                u32 pa[2], pb[2];
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    pa[r] = gather(cur.w[r][h].x, cur.w[r][h].y, b);  // columns 4c, 4c+1 of the plane
+                    pb[r] = gather(cur.w[r][h].z, cur.w[r][h].w, b);  // columns 4c+2, 4c+3
+                }
+#pragma unroll
+                for (int hi = 0; hi < 2; ++hi) {
+                    const int plane = b + 4 * hi;
+                    uint2 xv = make_uint2(0u, 0u);  // token g's columns 256t + 32·plane + 16h + 4c .. +3
+                    if (has_token) xv = __ldg(reinterpret_cast<const uint2*>(xr + t * 256 + plane * 32 + 16 * h));
+                    u32 a0, a1, a2, a3;
+                    if (hi == 0) {
+                        a0 = P::low_q(pa[0], zl[0]); a1 = P::low_q(pa[1], zl[1]);
+                        a2 = P::low_q(pb[0], zl[0]); a3 = P::low_q(pb[1], zl[1]);
+                    } else {
+                        a0 = P::high_q(pa[0], zh[0]); a1 = P::high_q(pa[1], zh[1]);
+                        a2 = P::high_q(pb[0], zh[0]); a3 = P::high_q(pb[1], zh[1]);
+                    }
+                    P::mma(part[hi], a0, a1, a2, a3, xv.x, xv.y);
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {  // one fp32 scale per (row, half-tile)
+            const int r = i >> 1;
+            acc[i] = fmaf(P::scale(cur.p[r][0]), part[0][i], fmaf(P::scale(cur.p[r][1]), part[1][i], acc[i]));
+        }
+        cur = nxt;
+    }
+    // acc: (row g, tokens 2c, 2c+1), (row g+8, tokens 2c, 2c+1); sum the warps' K shares
+    __shared__ float red[NWARPS][4][32];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[i];
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            float v = 0.f;
+#pragma unroll
+            for (int q = 0; q < NWARPS; ++q) v += red[q][i][lane];
+            const int row = row0 + g + 8 * (i >> 1);
+            const int tok = m0 + 2 * c + (i & 1);
+            if (row < N && tok < M) out[(long long)tok * stride_om + row] = P::from_float(v);
+        }
+    }
+}
+"""
+
+
+def _name(warps: int, bf16: bool) -> str:
+    return f"w4a16_gemv_mma<{warps}, {'true' if bf16 else 'false'}>"
+
+
+@functools.lru_cache(maxsize=None)
+def _module(device_index: int):
+    import cupy
+
+    with cupy.cuda.Device(device_index):
+        names = [_name(w, b) for w in WARPS for b in (False, True)]
+        mod = cupy.RawModule(code=SOURCE, options=("--std=c++17",), name_expressions=names)
+        mod.compile()
+        return mod
+
+
+@functools.lru_cache(maxsize=None)
+def _function(device_index: int, warps: int, bf16: bool):
+    return _module(device_index).get_function(_name(warps, bf16))
+
+
+@functools.lru_cache(maxsize=None)
+def _stream(device_index: int, handle: int):
+    import cupy
+
+    return cupy.cuda.ExternalStream(handle, device_index)
+
+
+@functools.lru_cache(maxsize=1)
+def cupy_available() -> bool:
+    """True when CuPy imports and sees a CUDA device (the kernel compiles on first use)."""
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # noqa: BLE001 — no CuPy, no driver, or no device: the Triton kernels run instead
+        return False
+
+
+def cuda_gemv_supported(x: torch.Tensor, meta: dict) -> bool:
+    """Whether :func:`w4a16_gemv_cuda` can run ``x`` [M, K] against a ``w4a16`` weight: CUDA fp16/bf16
+    activations with 8-byte aligned rows, K a multiple of 256, and CuPy present."""
+    k = int(meta["in_features"])
+    return (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and k % 256 == 0 and x.stride(1) == 1
+            and x.data_ptr() % 8 == 0 and (x.stride(0) * x.element_size()) % 8 == 0 and cupy_available())
+
+
+def cuda_gemv_warps(n: int, k: int) -> int:
+    """Warps per block (they split K) for an [N, K] weight: 8, or 4 when N >= 16384 rows already give
+    >= 1024 blocks — the fastest of 2/4/8 per Llama-3.1-8B shape on an H100 (docs/BENCHMARKS.md)."""
+    return 4 if n >= 16384 else 8
+
+
+def w4a16_gemv_cuda(x: torch.Tensor, tensors: dict, meta: dict, warps: int | None = None,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """Y = X·Ŵᵀ [M, N] in x's dtype for a ``w4a16`` weight (module docstring), on x's current CUDA stream (so it
+    can be captured in a CUDA graph); 8 tokens per launch column. Same numbers as the Triton kernels up to fp32
+    summation order; reference: :func:`quantkit.runtime.kernels.reference.w4a16_reference`. The caller checks
+    :func:`cuda_gemv_supported`."""
+    import numpy as np
+
+    m, k = x.shape
+    n = int(meta["out_features"])
+    if k != int(meta["in_features"]):
+        raise ValueError(f"x must be [M, {meta['in_features']}], got {tuple(x.shape)}")
+    qweight, qparams = tensors["qweight"], tensors["qparams"]
+    warps = warps or cuda_gemv_warps(n, k)
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
+    dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    fn = _function(dev, warps, x.dtype == torch.bfloat16)
+    n_tiles = qweight.shape[1] // 32
+    gs = int(meta["group_size"])
+    hpg = 2 * n_tiles + 1 if gs == -1 else gs // 128
+    grid = (-(-n // 16), -(-m // TOKENS_PER_COLUMN))
+    args = (np.uint64(x.data_ptr()), np.uint64(qweight.data_ptr()), np.uint64(qparams.data_ptr()),
+            np.uint64(out.data_ptr()), np.int32(m), np.int32(n), np.int64(x.stride(0)), np.int64(out.stride(0)),
+            np.int32(qweight.shape[1] // 4), np.int32(n_tiles), np.int32(hpg), np.int32(qparams.shape[0]))
+    with _stream(dev, torch.cuda.current_stream(x.device).cuda_stream):
+        fn(grid, (32 * warps,), args)
+    return out

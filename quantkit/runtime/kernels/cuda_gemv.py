@@ -243,9 +243,13 @@ def _function(device_index: int, warps: int, bf16: bool):
 
 @functools.lru_cache(maxsize=None)
 def _stream(device_index: int, handle: int):
+    import warnings
+
     import cupy
 
-    return cupy.cuda.ExternalStream(handle, device_index)
+    with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream for Stream.from_external; both wrap the handle
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return cupy.cuda.ExternalStream(handle, device_index)
 
 
 @functools.lru_cache(maxsize=1)

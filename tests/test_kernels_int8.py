@@ -78,6 +78,10 @@ def test_mixed_one_launch_scatters_both_partitions(m, act_group, split):
     out = mixed_int8_matmul(codes, scales, act_group, parts, n, config=TileConfig(16, 16, split),
                             out=poisoned(m, n, torch.float16))
     assert rel_err(out, ref) < TOL
+    # the 8-bit partition's programs with half the rows of the 4-bit ones (balanced bytes per program)
+    out = mixed_int8_matmul(codes, scales, act_group, parts, n, config=TileConfig(32, 16, split), bn_b=16,
+                            out=poisoned(m, n, torch.float16))
+    assert rel_err(out, ref) < TOL
 
 
 def test_int8_kernel_rejects_bad_activations():

@@ -18,8 +18,9 @@ import torch.nn.functional as F
 from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
 from quantkit.formats.registry import get_layout
 from quantkit.quant import grid
-from quantkit.runtime.kernels.cuda_gemv import WARPS, _function, w4a16_gemv_cuda
+from quantkit.runtime.kernels.cuda_gemv import VARIANTS, _function, w4a16_gemv_cuda
 from quantkit.runtime.kernels.reference import w4a16_reference
+from quantkit.runtime.kernels.configs import gemm_config
 from quantkit.runtime.kernels.w4a16 import w4a16_matmul
 
 def packed(n: int, k: int, gs: int = 128, seed: int = 0):
@@ -48,7 +49,7 @@ def check() -> list[dict]:
                 row["cuda_gemv"] = rel(w4a16_gemv_cuda(x, t, meta), ref)
             except Exception as e:  # noqa: BLE001
                 row["cuda_gemv"] = f"{type(e).__name__}: {str(e)[:300]}"
-            row["mma"] = rel(w4a16_matmul(x, t, meta), ref)
+            row["triton"] = rel(w4a16_matmul(x, t, meta, gemm_config(m, n, k, "w4a16")), ref)
             print(json.dumps(row), flush=True)
             out.append(row)
     return out
@@ -66,18 +67,20 @@ def time_all(shapes, ms) -> list[dict]:
             ws = [torch.randn(n, k, device="cuda").half() for _ in range(copies_to_defeat_l2(2 * n * k))]
             res = {"m": m, "n": n, "k": k}
             res["fp16"] = time_rotating(lambda x, w: F.linear(x, w), list(zip(xs, ws)))["ms"] * 1e3
-            res["mma"] = time_rotating(lambda x, tt: w4a16_matmul(x, tt, meta), list(zip(xs, ts)))["ms"] * 1e3
-            for warps in WARPS:
-                key = f"cuda_w{warps}"
+            cfg = gemm_config(m, n, k, "w4a16")  # an explicit config: the Triton tensor-core kernel
+            res["triton"] = time_rotating(lambda x, tt: w4a16_matmul(x, tt, meta, cfg), list(zip(xs, ts)))["ms"] * 1e3
+            for warps, mb, depth in VARIANTS:
+                key = f"cuda_w{warps}_b{mb}_d{depth}"
                 try:
-                    res[key] = time_rotating(lambda x, tt, w=warps: w4a16_gemv_cuda(x, tt, meta, w),
+                    res[key] = time_rotating(lambda x, tt, w=warps, b=mb, d=depth:
+                                             w4a16_gemv_cuda(x, tt, meta, w, min_blocks=b, depth=d),
                                              list(zip(xs, ts)))["ms"] * 1e3
                 except Exception as e:  # noqa: BLE001
                     res[key] = f"{type(e).__name__}: {str(e)[:200]}"
             timed = {key: v for key, v in res.items() if isinstance(v, float) and key not in ("fp16",)}
             best = min(timed, key=timed.get)
             res["best"] = best
-            print(f"M={m} {n}x{k}: fp16 {res['fp16']:.1f} us, mma {res['mma']:.1f}, best {best} "
+            print(f"M={m} {n}x{k}: fp16 {res['fp16']:.1f} us, triton {res['triton']:.1f}, best {best} "
                   f"{timed[best]:.1f} us ({res['fp16'] / timed[best]:.2f}x) | " +
                   " ".join(f"{key}={v:.1f}" for key, v in timed.items()), flush=True)
             rows.append(res)
@@ -98,8 +101,9 @@ def main() -> None:
     if not a.skip_check:
         result["check"] = check()
     shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
-    result["registers"] = {f"w{w}": [_function(0, w, False).num_regs, _function(0, w, False).local_size_bytes]
-                           for w in WARPS}
+    result["registers"] = {f"w{w}_b{mb}_d{d}": [_function(0, w, False, mb, d).num_regs,
+                                                 _function(0, w, False, mb, d).local_size_bytes]
+                           for w, mb, d in VARIANTS}
     print("registers, local bytes:", result["registers"], flush=True)
     result["timing"] = time_all(shapes, [int(v) for v in a.ms.split(",")])
     result["seconds"] = time.time() - t0

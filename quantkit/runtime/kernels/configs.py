@@ -33,13 +33,21 @@ class TileConfig:
         return asdict(self)
 
 
+# LiquidQuant W4A8 above M = 16: the largest of these tiles that still gives LQQ_MIN_PROGRAMS programs (BM no
+# larger than M needs), else the smallest, with K split on long rows — the per-shape fastest of
+# docs/bench/int8_large_sweep.py (--mid and the large set) on an H100 at M = 64 … 4096 for the five
+# Llama-3.1-8B shapes, e.g. 14336×4096 M=256: 256×128 (112 programs) 50 µs vs 83 µs for 128×64;
+# 4096×4096 M=256: 128×64 (128 programs) 23 µs vs 49 µs for 256×128 (32 programs)
+LQQ_TILES = (TileConfig(256, 128, 1, 8, 3), TileConfig(256, 64, 1, 8, 3), TileConfig(128, 128, 1, 8, 3),
+             TileConfig(128, 64, 1, 4, 4), TileConfig(64, 64, 1, 4, 4))
+LQQ_MIN_PROGRAMS = 90
+
 KINDS = ("w4a16", "lqq", "asym", "w8", "mixed")
 # kind → [(largest M of the class, config)], measured at N = 14336, K = 4096 (docs/BENCHMARKS.md)
 TABLE: dict[str, list[tuple[int, TileConfig]]] = {
     "w4a16": [(1, TileConfig(128, 16, 2, 4, 4)), (16, TileConfig(64, 16, 1, 4, 4)),
               (64, TileConfig(64, 64, 1, 4, 3)), (1 << 30, TileConfig(128, 128, 1, 8, 3))],
-    "lqq": [(16, TileConfig(128, 16, 1, 4, 4)), (64, TileConfig(128, 32, 1, 4, 4)),
-            (1 << 30, TileConfig(128, 128, 1, 8, 3))],
+    "lqq": [(16, TileConfig(128, 16, 1, 4, 4)), (1 << 30, LQQ_TILES[0])],  # M > 16: lqq_config
     "asym": [(16, TileConfig(128, 16, 1, 4, 4)), (64, TileConfig(128, 32, 1, 4, 4)),
              (1 << 30, TileConfig(128, 128, 1, 8, 3))],
     "w8": [(1, TileConfig(128, 16, 1, 4, 4)), (16, TileConfig(64, 16, 1, 4, 4)), (64, TileConfig(64, 64, 1, 4, 3)),
@@ -57,14 +65,44 @@ def _split_for(programs: int, tiles: int, sms: int) -> int:
     return split
 
 
+def lqq_config(m: int, n: int, k: int) -> TileConfig:
+    """LiquidQuant W4A8 tile for M > 16 (see LQQ_TILES): the largest tile with >= LQQ_MIN_PROGRAMS programs
+    among those whose BM does not exceed M rounded up to 64; otherwise the smallest, with K split in two while
+    that keeps >= 16 tiles of 256 columns per split and the grid is still short of LQQ_MIN_PROGRAMS."""
+    fits = [c for c in LQQ_TILES if c.bm <= max(64, m)]
+    for cfg in fits:
+        if -(-n // cfg.bn) * -(-m // cfg.bm) >= LQQ_MIN_PROGRAMS:
+            return cfg
+    cfg, tiles, split = fits[-1], -(-k // 256), 1
+    while -(-n // cfg.bn) * -(-m // cfg.bm) * split < LQQ_MIN_PROGRAMS and tiles // (2 * split) >= 16:
+        split *= 2
+    return TileConfig(cfg.bn, cfg.bm, split, cfg.num_warps, cfg.num_stages)
+
+
 def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100) -> TileConfig:
     """The tile config of kernel ``kind`` (w4a16, lqq, asym, w8, mixed) for an [M, K] × [K, N] product: the
-    measured table entry of M's class; for small M on a layer with fewer row tiles than half the SMs, 64-row
+    measured table entry of M's class (LiquidQuant above M = 16: :func:`lqq_config`); for small M on a layer with fewer row tiles than half the SMs, 64-row
     tiles with K split until about one program per SM (module docstring)."""
     if kind not in TABLE:
         raise ValueError(f"unknown kernel kind '{kind}'; known: {', '.join(KINDS)}")
+    if kind == "lqq" and m > 16:
+        return lqq_config(m, n, k)
     cfg = next(c for top, c in TABLE[kind] if m <= top)
     if m <= 16 and -(-n // cfg.bn) * -(-m // cfg.bm) < sms // 2:
         programs = -(-n // 64) * -(-m // cfg.bm)
         cfg = TileConfig(64, cfg.bm, max(cfg.split_k, _split_for(programs, -(-k // 256), sms)), 4, 4)
     return cfg
+
+
+# One-launch mixed W4.4A8 at M <= 16 with 128-row (or larger) tiles: the 8-bit partition's programs get half
+# the rows, so their doubled bytes per row do not leave them running after the 4-bit ones
+# (docs/bench/mixed_balance.py on an H100: 14336×4096 M=2: 22.7 → 19.4 µs, 28672×4096 M=16: 42.0 → 32.2 µs;
+# with 64-row split-K tiles or at M >= 64 halving was 1–25 % slower, so it is not applied there)
+MIXED_HALF_BN_8BIT = True
+
+
+def mixed_second_bn(cfg: TileConfig, second_is_wider: bool, m: int) -> int:
+    """Rows per program of a one-launch mixed layer's second partition: BN / 2 when that partition stores twice
+    the bytes per row (8-bit next to 4-bit), M <= 16 and BN >= 128 (see MIXED_HALF_BN_8BIT), else BN."""
+    halve = MIXED_HALF_BN_8BIT and second_is_wider and m <= 16 and cfg.bn >= 128
+    return cfg.bn // 2 if halve else cfg.bn

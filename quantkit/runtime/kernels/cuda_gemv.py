@@ -39,7 +39,6 @@ import functools
 
 import torch
 
-WARPS = (2, 4, 8)  # warps per block (they share K); a block owns 16 weight rows
 TOKENS_PER_COLUMN = 8  # the mma's N side: tokens of one launch column
 CUDA_GEMV_MAX_M = 8  # w4a16_matmul's default path switches to the Triton kernel above this (measured crossover)
 
@@ -124,8 +123,10 @@ struct Tile {  // one lane's share of a 256-column tile of the block's 16 rows, 
 };
 
 // Y[M, N] = X[M, K] · Ŵ[N, K]^T for M <= 8 per launch column: a block owns 16 rows, its NWARPS warps share K
-template <int NWARPS, bool BF16>
-__global__ void __launch_bounds__(NWARPS * 32)
+// MIN_BLOCKS: resident blocks per SM the register budget must allow (1: the compiler's choice); DEPTH: tiles each
+// warp has in flight ahead of the one it multiplies (registers: ~20 per tile)
+template <int NWARPS, bool BF16, int MIN_BLOCKS, int DEPTH>
+__global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS)
 w4a16_gemv_mma(const void* __restrict__ x_, const uint4* __restrict__ w, const u32* __restrict__ qp,
                void* __restrict__ out_, int M, int N, long long stride_xm, long long stride_om, int w_row_vec,
                int n_tiles, int halves_per_group, int n_groups) {
@@ -155,11 +156,15 @@ w4a16_gemv_mma(const void* __restrict__ x_, const uint4* __restrict__ w, const u
             tl.p[r][1] = __ldg(qp + (long long)g_hi * N + rows[r]);
         }
     };
-    Tile cur, nxt;
+    Tile cur, nx1, nx2;  // the tile being multiplied and up to two loaded ahead
     int t = warp;
     if (t < n_tiles) load(t, cur);
+    if (DEPTH >= 2 && t + NWARPS < n_tiles) load(t + NWARPS, nx1);
     for (; t < n_tiles; t += NWARPS) {
-        if (t + NWARPS < n_tiles) load(t + NWARPS, nxt);
+        if (t + DEPTH * NWARPS < n_tiles) {
+            if (DEPTH >= 2) load(t + DEPTH * NWARPS, nx2);
+            else load(t + NWARPS, nx1);
+        }
         T2 zl[2], zh[2], unused;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -181,7 +186,7 @@ w4a16_gemv_mma(const void* __restrict__ x_, const uint4* __restrict__ w, const u
                 for (int hi = 0; hi < 2; ++hi) {
                     const int plane = b + 4 * hi;
                     uint2 xv = make_uint2(0u, 0u);  // token g's columns 256t + 32·plane + 16h + 4c .. +3
-                    if (has_token) xv = __ldg(reinterpret_cast<const uint2*>(xr + t * 256 + plane * 32 + 16 * h));
+                    if (has_token) xv = *reinterpret_cast<const uint2*>(xr + t * 256 + plane * 32 + 16 * h);
                     u32 a0, a1, a2, a3;
                     if (hi == 0) {
                         a0 = P::low_q(pa[0], zl[0]); a1 = P::low_q(pa[1], zl[1]);
@@ -199,7 +204,8 @@ w4a16_gemv_mma(const void* __restrict__ x_, const uint4* __restrict__ w, const u
             const int r = i >> 1;
             acc[i] = fmaf(P::scale(cur.p[r][0]), part[0][i], fmaf(P::scale(cur.p[r][1]), part[1][i], acc[i]));
         }
-        cur = nxt;
+        cur = nx1;
+        if (DEPTH >= 2) nx1 = nx2;
     }
     // acc: (row g, tokens 2c, 2c+1), (row g+8, tokens 2c, 2c+1); sum the warps' K shares
     __shared__ float red[NWARPS][4][32];
@@ -221,24 +227,24 @@ w4a16_gemv_mma(const void* __restrict__ x_, const uint4* __restrict__ w, const u
 """
 
 
-def _name(warps: int, bf16: bool) -> str:
-    return f"w4a16_gemv_mma<{warps}, {'true' if bf16 else 'false'}>"
+# (warps, min blocks per SM, tiles in flight ahead): the variants docs/bench/gemv_sweep.py times
+VARIANTS = [(2, 1, 1), (4, 1, 1), (8, 1, 1), (2, 1, 2), (4, 1, 2), (8, 1, 2), (4, 6, 1), (4, 6, 2), (8, 3, 2)]
+
+
+def _name(warps: int, bf16: bool, min_blocks: int = 1, depth: int = 1) -> str:
+    return f"w4a16_gemv_mma<{warps}, {'true' if bf16 else 'false'}, {min_blocks}, {depth}>"
 
 
 @functools.lru_cache(maxsize=None)
-def _module(device_index: int):
+def _function(device_index: int, warps: int, bf16: bool, min_blocks: int = 1, depth: int = 1):
+    """The compiled kernel of one variant (NVRTC compiles each variant on its first use, ~1 s)."""
     import cupy
 
+    name = _name(warps, bf16, min_blocks, depth)
     with cupy.cuda.Device(device_index):
-        names = [_name(w, b) for w in WARPS for b in (False, True)]
-        mod = cupy.RawModule(code=SOURCE, options=("--std=c++17",), name_expressions=names)
+        mod = cupy.RawModule(code=SOURCE, options=("--std=c++17",), name_expressions=[name])
         mod.compile()
-        return mod
-
-
-@functools.lru_cache(maxsize=None)
-def _function(device_index: int, warps: int, bf16: bool):
-    return _module(device_index).get_function(_name(warps, bf16))
+        return mod.get_function(name)
 
 
 @functools.lru_cache(maxsize=None)
@@ -272,13 +278,13 @@ def cuda_gemv_supported(x: torch.Tensor, meta: dict) -> bool:
 
 
 def cuda_gemv_warps(n: int, k: int) -> int:
-    """Warps per block (they split K) for an [N, K] weight: 8, or 4 when N >= 16384 rows already give
-    >= 1024 blocks — the fastest of 2/4/8 per Llama-3.1-8B shape on an H100 (docs/BENCHMARKS.md)."""
-    return 4 if n >= 16384 else 8
+    """Warps per block (they split K) for an [N, K] weight: 8 for N <= 4096 (few 16-row blocks), else 4 — the
+    fastest of 2/4/8 per Llama-3.1-8B shape on an H100 (docs/bench/gemv_sweep.py, docs/BENCHMARKS.md)."""
+    return 8 if n <= 4096 else 4
 
 
 def w4a16_gemv_cuda(x: torch.Tensor, tensors: dict, meta: dict, warps: int | None = None,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, min_blocks: int = 1, depth: int = 1) -> torch.Tensor:
     """Y = X·Ŵᵀ [M, N] in x's dtype for a ``w4a16`` weight (module docstring), on x's current CUDA stream (so it
     can be captured in a CUDA graph); 8 tokens per launch column. Same numbers as the Triton kernels up to fp32
     summation order; reference: :func:`quantkit.runtime.kernels.reference.w4a16_reference`. The caller checks
@@ -293,8 +299,8 @@ def w4a16_gemv_cuda(x: torch.Tensor, tensors: dict, meta: dict, warps: int | Non
     warps = warps or cuda_gemv_warps(n, k)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    fn = _function(dev, warps, x.dtype == torch.bfloat16)
     n_tiles = qweight.shape[1] // 32
+    fn = _function(dev, warps, x.dtype == torch.bfloat16, min_blocks, depth)
     gs = int(meta["group_size"])
     hpg = 2 * n_tiles + 1 if gs == -1 else gs // 128
     grid = (-(-n // 16), -(-m // TOKENS_PER_COLUMN))

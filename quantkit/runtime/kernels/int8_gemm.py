@@ -25,7 +25,7 @@ import torch
 import triton.language as tl
 
 from quantkit.formats.nibble_planes import padded_k
-from quantkit.runtime.kernels.configs import TileConfig, gemm_config
+from quantkit.runtime.kernels.configs import TileConfig, gemm_config, mixed_second_bn
 from quantkit.runtime.kernels.dequant import planes_i8
 from quantkit.runtime.kernels.jit import USE_ASM, check_device, kernel
 from quantkit.runtime.kernels.launch import act_groups_in_halves, groups_in_halves, split_plan
@@ -181,7 +181,8 @@ def _int8_mixed_kernel(a_ptr, sa_ptr, M, K, stride_am, stride_sm, act_hpg, act_g
                        w_a, p_a, cs_a, cols_a, N_a, w_row_a, hpg_a, groups_a,
                        w_b, p_b, cs_b, cols_b, N_b, w_row_b, hpg_b, groups_b,
                        MODE_A: tl.constexpr, HALF_EPI_A: tl.constexpr, MODE_B: tl.constexpr,
-                       HALF_EPI_B: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, SPLIT_K: tl.constexpr,
+                       HALF_EPI_B: tl.constexpr, BN: tl.constexpr, BN_B: tl.constexpr, BM: tl.constexpr,
+                       SPLIT_K: tl.constexpr,
                        EVEN_K: tl.constexpr, USE_ASM: tl.constexpr):
     pid_n = tl.program_id(0)
     if pid_n < tiles_a:
@@ -191,7 +192,7 @@ def _int8_mixed_kernel(a_ptr, sa_ptr, M, K, stride_am, stride_sm, act_hpg, act_g
     else:
         _int8_tile(a_ptr, sa_ptr, w_b, p_b, cs_b, cols_b, out_ptr, ws_ptr, ticket_ptr, pid_n - tiles_a, tl.program_id(1),
                    tl.program_id(2), M, N_b, K, stride_am, stride_sm, act_hpg, act_groups, w_row_b, n_tiles,
-                   tiles_per_split, hpg_b, groups_b, stride_om, MODE_B, HALF_EPI_B, BN, BM, SPLIT_K, True, EVEN_K,
+                   tiles_per_split, hpg_b, groups_b, stride_om, MODE_B, HALF_EPI_B, BN_B, BM, SPLIT_K, True, EVEN_K,
                    USE_ASM)
 
 
@@ -249,11 +250,14 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
 
 def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, parts: list,
                       out_features: int, out_dtype: torch.dtype = torch.float16,
-                      config: TileConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                      config: TileConfig | None = None, out: torch.Tensor | None = None,
+                      bn_b: int | None = None) -> torch.Tensor:
     """Y [M, out_features] of a mixed-precision layer in ONE launch (MixLLM Sec. 3.4): ``parts`` is two
     (layout, tensors, meta, rows) partitions — e.g. the 4-bit ``w4a16`` and 8-bit ``w8`` rows of a W4.4A8
     layer — sharing the activation codes (quantized once); programs 0..tiles_a-1 run the first partition,
-    the rest the second, and each epilogue scatters into its rows (int32 [N_part] output indices)."""
+    the rest the second, and each epilogue scatters into its rows (int32 [N_part] output indices). ``bn_b``:
+    rows per program of the second partition (default:
+    :func:`quantkit.runtime.kernels.configs.mixed_second_bn` — half of BN for 8-bit rows at small M)."""
     if len(parts) != 2:
         raise ValueError(f"the one-launch mixed kernel takes 2 partitions, got {len(parts)}")
     k = int(parts[0][2]["in_features"])
@@ -272,8 +276,11 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
     cfg = config or gemm_config(m, a["n"] + b["n"], k, "mixed")
     tiles_per_split, split = split_plan(n_tiles, cfg.split_k)
     out = torch.empty(m, out_features, dtype=out_dtype, device=a_codes.device) if out is None else out
+    # the second partition's programs get fewer rows when it has more bytes per row (MixLLM's 8-bit rows next to
+    # 4-bit ones): per-program work stays balanced instead of the 8-bit programs finishing last
+    bn_b = mixed_second_bn(cfg, b["mode"] == W8 and a["mode"] != W8, m) if bn_b is None else bn_b
     tiles_a = -(-a["n"] // cfg.bn)
-    grid = (tiles_a + -(-b["n"] // cfg.bn), -(-m // cfg.bm), split)
+    grid = (tiles_a + -(-b["n"] // bn_b), -(-m // cfg.bm), split)
     ws, tickets = split_workspace(a_codes.device, m * out.stride(0), grid[0] * grid[1])
     _int8_mixed_kernel[grid](a_codes, a_scales, m, k, a_codes.stride(0), a_scales.stride(0),
                              act_groups_in_halves(act_group_size, k), a_scales.shape[1], n_tiles, tiles_per_split,
@@ -281,7 +288,7 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
                              a["w"], a["p"], a["cs"], a["cols"], a["n"], a["w_row"], a["hpg"], a["groups"],
                              b["w"], b["p"], b["cs"], b["cols"], b["n"], b["w_row"], b["hpg"], b["groups"],
                              MODE_A=a["mode"], HALF_EPI_A=a["half_epi"], MODE_B=b["mode"], HALF_EPI_B=b["half_epi"],
-                             BN=cfg.bn, BM=cfg.bm, SPLIT_K=split, EVEN_K=k % 256 == 0,
+                             BN=cfg.bn, BN_B=bn_b, BM=cfg.bm, SPLIT_K=split, EVEN_K=k % 256 == 0,
                              USE_ASM=USE_ASM,
                              num_warps=cfg.num_warps,
                              num_stages=cfg.num_stages)

@@ -20,12 +20,12 @@ This kernel is warp-level, in the manner of TurboMind's GEMV path (TurboMind Sec
   :func:`quantkit.runtime.kernels.reference.w4a16_reference` (which rounds Ŵ to the activation dtype as the
   tensor-core kernels do).
 
-Measured on an H100 (docs/BENCHMARKS.md, ``docs/bench/gemv_sweep.py``): 1.1–1.6× faster than the Triton
-kernel at M <= 8 on the Llama-3.1-8B shapes; Nsight Compute shows it latency-bound (≈ 50 % of stall cycles wait
-on global loads, 0.41 instructions issued per scheduler cycle). Variants measured and dropped: per-element
-fp16 scaling before the mma (5–15 % slower), activations prefetched with the weights (no change), a TMA bulk
-prefetch of the block's rows into L2 (5–30 % slower), register caps for higher occupancy (spills, slower),
-a CUDA-core FMA version (19.0 µs vs 19.6 µs at 14336 × 4096, M = 1, but 2–4× slower from M = 2).
+Measured on an H100 (docs/BENCHMARKS.md, ``docs/bench/gemv_sweep.py``): 17.4 µs at M = 1 on 14336 × 4096
+(2.46× cuBLAS fp16, Triton 19.8 µs) and 1.2–1.7× the Triton kernel on the other Llama-3.1-8B shapes at M <= 8;
+latency-bound, not byte-bound (a pure read of the same bytes takes 11.8 µs). Variants measured and dropped:
+per-element fp16 scaling before the mma, activations staged in shared memory, a TMA bulk prefetch of the block's
+rows into L2, a CUDA-core FMA version; register caps (MIN_BLOCKS) and a second tile in flight (DEPTH) stay
+template parameters for the sweep, off by default.
 
 Requires K a multiple of 256 and 8-byte aligned activation rows (every real model's hidden sizes are);
 :func:`cuda_gemv_supported` says when; :func:`quantkit.runtime.kernels.w4a16.w4a16_matmul` uses it for M <= 8
@@ -307,6 +307,8 @@ def w4a16_gemv_cuda(x: torch.Tensor, tensors: dict, meta: dict, warps: int | Non
     args = (np.uint64(x.data_ptr()), np.uint64(qweight.data_ptr()), np.uint64(qparams.data_ptr()),
             np.uint64(out.data_ptr()), np.int32(m), np.int32(n), np.int64(x.stride(0)), np.int64(out.stride(0)),
             np.int32(qweight.shape[1] // 4), np.int32(n_tiles), np.int32(hpg), np.int32(qparams.shape[0]))
-    with _stream(dev, torch.cuda.current_stream(x.device).cuda_stream):
+    import cupy
+
+    with cupy.cuda.Device(dev), _stream(dev, torch.cuda.current_stream(x.device).cuda_stream):
         fn(grid, (32 * warps,), args)
     return out

@@ -43,6 +43,7 @@ def store_tile(out_ptr, out_ptrs, ws_ptrs, acc, mask, ticket_ptr, SPLIT_K: tl.co
         if tl.atomic_add(ticket_ptr, 1) == SPLIT_K - 1:
             zero = tl.full(acc.shape, 0.0, tl.float32)
             total = tl.atomic_add(ws_ptrs, zero, mask=mask)  # an atomic read of the finished sums
+            total = tl.where(mask, total, zero)  # masked lanes return undefined values; keep the cast finite
             tl.store(ws_ptrs, zero, mask=mask)
             tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
             tl.atomic_xchg(ticket_ptr, 0)

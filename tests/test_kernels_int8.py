@@ -78,8 +78,28 @@ def test_mixed_one_launch_scatters_both_partitions(m, act_group, split):
     out = mixed_int8_matmul(codes, scales, act_group, parts, n, config=TileConfig(16, 16, split),
                             out=poisoned(m, n, torch.float16))
     assert rel_err(out, ref) < TOL
-    # the 8-bit partition's programs with half the rows of the 4-bit ones (balanced bytes per program)
-    out = mixed_int8_matmul(codes, scales, act_group, parts, n, config=TileConfig(32, 16, split), bn_b=16,
+
+
+@pytest.mark.parametrize("bn,bn_b", [(32, 16), (16, 32)])
+def test_mixed_second_partition_with_its_own_rows_per_program(bn, bn_b):
+    """The 8-bit partition's programs with another BN than the 4-bit ones (MixLLM Sec. 3.4 one launch): 20 rows
+    of 8 bits span several programs of either size, so a grid or tile computed with the wrong BN misses rows;
+    the partitions are passed 8-bit first, which the kernel reorders."""
+    from quantkit.formats import get_layout
+
+    m, n, k, act_group = 3, 70, 328, 128
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(bn))
+    rows8 = torch.arange(0, n, 3)[:20]
+    rows4 = torch.tensor([r for r in range(n) if r not in set(rows8.tolist())])
+    x, codes, scales = _acts(m, k, act_group, seed=bn)
+    parts, ref = [], torch.empty(m, n, dtype=torch.float64)
+    for layout, qw, rows in (("w8", grid.quantize(w[rows8], 8, 128, sym=True), rows8),
+                             ("w4a16", grid.quantize(w[rows4], 4, 128), rows4)):
+        lay = get_layout(layout)
+        tensors = {key: t.to(DEVICE) for key, t in lay.pack(qw).items()}
+        parts.append((layout, tensors, lay.layout_meta(qw), rows.to(DEVICE)))
+        ref[:, rows] = int8_reference(codes, scales, act_group, layout, tensors, lay.layout_meta(qw)).cpu()
+    out = mixed_int8_matmul(codes, scales, act_group, parts, n, config=TileConfig(bn, 16, 1), bn_b=bn_b,
                             out=poisoned(m, n, torch.float16))
     assert rel_err(out, ref) < TOL
 

@@ -104,29 +104,42 @@ def _cupy_ok() -> bool:
 
 
 def test_cuda_gemv_declines_inputs_it_cannot_read():
-    """The CUDA decode GEMV only takes CUDA fp16/bf16 rows of K = 256·j (else w4a16_matmul runs Triton)."""
-    from quantkit.runtime.kernels.cuda_gemv import cuda_gemv_supported
+    """The CUDA decode GEMV names why it cannot take an input (w4a16_matmul then runs the Triton kernel); the
+    shape and layout reasons come before the device ones, so they are checked here without a GPU."""
+    from quantkit.runtime.kernels.cuda_gemv import cuda_gemv_problem, cuda_gemv_supported
 
-    _, _, meta = packed("w4a16", 8, 200)
-    assert not cuda_gemv_supported(torch.randn(1, 200).half(), meta)  # CPU tensor, K % 256 != 0
-    _, _, meta256 = packed("w4a16", 8, 256)
-    assert not cuda_gemv_supported(torch.randn(1, 256).half(), meta256)  # CPU tensor
+    _, t200, meta200 = packed("w4a16", 8, 200)
+    _, t, meta = packed("w4a16", 8, 256)
+    x = torch.randn(2, 256).half()
+    assert "multiple of 256" in cuda_gemv_problem(torch.randn(1, 200).half(), t200, meta200)
+    assert "fp16/bf16" in cuda_gemv_problem(x.float(), t, meta)
+    assert cuda_gemv_problem(x[:0], t, meta) == "no tokens"
+    assert "8-byte aligned" in cuda_gemv_problem(torch.randn(2, 260).half()[:, 1:257], t, meta)
+    assert "dtype" in cuda_gemv_problem(x, t, meta, out=torch.empty(2, 8))
+    assert "unit column stride" in cuda_gemv_problem(x, t, meta, out=torch.empty(8, 2).half().t())
+    assert "contiguous" in cuda_gemv_problem(x, {"qweight": t["qweight"].t().contiguous().t(),
+                                                 "qparams": t["qparams"]}, meta)
+    assert "CUDA device" in cuda_gemv_problem(x, t, meta)  # everything else fine, but not on a GPU
+    assert not cuda_gemv_supported(x, t, meta)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _cupy_ok(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("m,n,k,group_size,warps", [(1, 33, 256, 128, 2), (3, 1000, 1024, -1, 4),
-                                                    (8, 4103, 512, 256, 8), (12, 257, 768, 128, 8)])
-def test_cuda_gemv_matches_reference_on_gpu(m, n, k, group_size, warps, dtype):
-    """Odd N (a partial 16-row block), per-channel and 256-column groups, M beyond one 8-token launch column,
-    and activations that are a row-strided view."""
+@pytest.mark.parametrize("m,n,k,group_size,warps,depth", [(1, 33, 256, 128, 2, 1), (3, 1000, 1024, -1, 4, 1),
+                                                          (8, 4103, 512, 256, 8, 1), (12, 257, 768, 128, 8, 1),
+                                                          (2, 65, 2304, 384, 2, 1), (5, 65, 2304, 128, 2, 2),
+                                                          (1, 40, 1792, 128, 4, 2)])
+def test_cuda_gemv_matches_reference_on_gpu(m, n, k, group_size, warps, depth, dtype):
+    """Odd N (a partial 16-row block), per-channel, 256- and 384-column groups, M beyond one 8-token launch
+    column, activations that are a row-strided view, and K long enough that every warp loops over several tiles
+    with one or two loaded ahead."""
     from quantkit.runtime.kernels.cuda_gemv import w4a16_gemv_cuda
 
     _, tensors, meta = packed("w4a16", n, k, group_size, seed=m + n)
     wide = torch.randn(m, k + 64, device="cuda").to(dtype)
     x = wide[:, :k]
-    out = w4a16_gemv_cuda(x, tensors, meta, warps, out=poisoned(m, n, dtype))
+    out = w4a16_gemv_cuda(x, tensors, meta, warps, out=poisoned(m, n, dtype), depth=depth)
     assert rel_err(out, w4a16_reference(x, tensors, meta)) < TOL[dtype]
     # w4a16_matmul's default path is this kernel for M <= 8
     if m <= 8:

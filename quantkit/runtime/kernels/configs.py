@@ -67,8 +67,8 @@ def _split_for(programs: int, tiles: int, sms: int) -> int:
 
 def lqq_config(m: int, n: int, k: int) -> TileConfig:
     """LiquidQuant W4A8 tile for M > 16 (see LQQ_TILES): the largest tile with >= LQQ_MIN_PROGRAMS programs
-    among those whose BM does not exceed M rounded up to 64; otherwise the smallest, with K split in two while
-    that keeps >= 16 tiles of 256 columns per split and the grid is still short of LQQ_MIN_PROGRAMS."""
+    among those whose BM is at most max(64, M); otherwise the smallest, with K split (doubling) while the grid
+    is short of LQQ_MIN_PROGRAMS and each split keeps >= 16 tiles of 256 columns."""
     fits = [c for c in LQQ_TILES if c.bm <= max(64, m)]
     for cfg in fits:
         if -(-n // cfg.bn) * -(-m // cfg.bm) >= LQQ_MIN_PROGRAMS:
@@ -97,7 +97,8 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
 # One-launch mixed W4.4A8 at M <= 16 with 128-row (or larger) tiles: the 8-bit partition's programs get half
 # the rows, so their doubled bytes per row do not leave them running after the 4-bit ones
 # (docs/bench/mixed_balance.py on an H100: 14336×4096 M=2: 22.7 → 19.4 µs, 28672×4096 M=16: 42.0 → 32.2 µs;
-# with 64-row split-K tiles or at M >= 64 halving was 1–25 % slower, so it is not applied there)
+# on 64-row split-K tiles it was 2–14 % faster on 6144×4096 but 5–15 % slower on the 4096-row layers, and at
+# M >= 256 0–25 % slower everywhere, so only 128-row tiles at M <= 16 halve)
 MIXED_HALF_BN_8BIT = True
 
 

@@ -21,7 +21,7 @@ This kernel is warp-level, in the manner of TurboMind's GEMV path (TurboMind Sec
   tensor-core kernels do).
 
 Measured on an H100 (docs/BENCHMARKS.md, ``docs/bench/gemv_sweep.py``): 17.4 µs at M = 1 on 14336 × 4096
-(2.46× cuBLAS fp16, Triton 19.8 µs) and 1.2–1.7× the Triton kernel on the other Llama-3.1-8B shapes at M <= 8;
+(2.46× cuBLAS fp16, Triton 19.8 µs); 1.10–1.90× the Triton kernel on the five Llama-3.1-8B shapes at M <= 8;
 latency-bound, not byte-bound (a pure read of the same bytes takes 11.8 µs). Variants measured and dropped:
 per-element fp16 scaling before the mma, activations staged in shared memory, a TMA bulk prefetch of the block's
 rows into L2, a CUDA-core FMA version; register caps (MIN_BLOCKS) and a second tile in flight (DEPTH) stay
@@ -36,6 +36,7 @@ and runs the Triton kernel otherwise. The pure-torch reference of the format is
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
@@ -130,6 +131,7 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS)
 w4a16_gemv_mma(const void* __restrict__ x_, const uint4* __restrict__ w, const u32* __restrict__ qp,
                void* __restrict__ out_, int M, int N, long long stride_xm, long long stride_om, int w_row_vec,
                int n_tiles, int halves_per_group, int n_groups) {
+    static_assert(DEPTH == 1 || DEPTH == 2, "one or two tiles in flight ahead");
     typedef Pair<BF16> P;
     typedef typename P::T T;
     typedef typename P::T2 T2;
@@ -171,7 +173,7 @@ w4a16_gemv_mma(const void* __restrict__ x_, const uint4* __restrict__ w, const u
             P::zeros(cur.p[r][0], zl[r], unused);
             P::zeros(cur.p[r][1], unused, zh[r]);
         }
-        float part[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};  // Σ (q - z)·x per half-tile, exact
+        float part[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};  // Σ (q - z)·x per half-tile (fp32)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {      // words 0-15 / 16-31 of the tile
 #pragma unroll
@@ -269,32 +271,75 @@ def cupy_available() -> bool:
         return False
 
 
-def cuda_gemv_supported(x: torch.Tensor, meta: dict) -> bool:
-    """Whether :func:`w4a16_gemv_cuda` can run ``x`` [M, K] against a ``w4a16`` weight: CUDA fp16/bf16
-    activations with 8-byte aligned rows, K a multiple of 256, and CuPy present."""
-    k = int(meta["in_features"])
-    return (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and k % 256 == 0 and x.stride(1) == 1
-            and x.data_ptr() % 8 == 0 and (x.stride(0) * x.element_size()) % 8 == 0 and cupy_available())
+def cuda_gemv_problem(x: torch.Tensor, tensors: dict, meta: dict, out: torch.Tensor | None = None) -> str | None:
+    """Why :func:`w4a16_gemv_cuda` cannot run ``x`` [M, K] against these ``w4a16`` tensors (None: it can): it
+    needs M >= 1, fp16/bf16 activations with unit column stride and 8-byte aligned rows, K a multiple of 256,
+    contiguous 16-byte aligned ``qweight`` and contiguous ``qparams`` on x's CUDA device, an ``out`` (if any) of
+    x's dtype with unit column stride, a GPU of compute capability >= 8.0 (mma.sync m16n8k16) and CuPy whose
+    NVRTC compiles the kernel. Checked in that order, so the shape reasons are testable without a GPU."""
+    qweight, qparams = tensors["qweight"], tensors["qparams"]
+    if x.dim() != 2 or x.shape[0] == 0:
+        return "no tokens"
+    if x.dtype not in (torch.float16, torch.bfloat16):
+        return f"activations are {x.dtype}, not fp16/bf16"
+    if int(meta["in_features"]) % 256:
+        return f"K = {meta['in_features']} is not a multiple of 256"
+    if x.stride(1) != 1 or x.data_ptr() % 8 or (x.stride(0) * x.element_size()) % 8:
+        return "activation rows are not 8-byte aligned with unit column stride"
+    if out is not None and (out.dtype != x.dtype or out.stride(1) != 1):
+        return "out must have the activations' dtype and unit column stride"
+    if not (qweight.is_contiguous() and qparams.is_contiguous() and qweight.data_ptr() % 16 == 0):
+        return "packed tensors are not contiguous and 16-byte aligned"
+    if not x.is_cuda or qweight.device != x.device or qparams.device != x.device:
+        return "tensors are not all on one CUDA device"
+    if torch.cuda.get_device_capability(x.device) < (8, 0):
+        return "the GPU is older than compute capability 8.0"
+    if not cupy_available():
+        return "CuPy is not installed or sees no GPU"
+    return _compile_problem(x.device.index if x.device.index is not None else torch.cuda.current_device(),
+                            x.dtype == torch.bfloat16)
+
+
+@functools.lru_cache(maxsize=None)
+def _compile_problem(device_index: int, bf16: bool) -> str | None:
+    """None when the default variant compiles for this device, else the reason (cached: compiled once)."""
+    try:
+        _function(device_index, 4, bf16)
+        _function(device_index, 8, bf16)
+    except Exception as e:  # noqa: BLE001 — NVRTC/driver trouble: the Triton kernel runs instead
+        warnings.warn(f"quantkit CUDA GEMV unavailable ({type(e).__name__}: {str(e)[:200]}); using Triton",
+                      RuntimeWarning, stacklevel=3)
+        return f"the CUDA GEMV did not compile: {type(e).__name__}"
+    return None
+
+
+def cuda_gemv_supported(x: torch.Tensor, tensors: dict, meta: dict, out: torch.Tensor | None = None) -> bool:
+    """True when :func:`cuda_gemv_problem` finds nothing in the way."""
+    return cuda_gemv_problem(x, tensors, meta, out) is None
 
 
 def cuda_gemv_warps(n: int, k: int) -> int:
-    """Warps per block (they split K) for an [N, K] weight: 8 for N <= 4096 (few 16-row blocks), else 4 — the
-    fastest of 2/4/8 per Llama-3.1-8B shape on an H100 (docs/bench/gemv_sweep.py, docs/BENCHMARKS.md)."""
+    """Warps per block (they split K) for an [N, K] weight: 8 for N <= 4096 (few 16-row blocks), else 4 — on an
+    H100 the fastest of 2/4/8 per Llama-3.1-8B shape at M = 1, within 6 % of the fastest at M = 4 and 8
+    (docs/bench/gemv_sweep.py, docs/logs/gemv_sweep_h100.json)."""
     return 8 if n <= 4096 else 4
 
 
 def w4a16_gemv_cuda(x: torch.Tensor, tensors: dict, meta: dict, warps: int | None = None,
                     out: torch.Tensor | None = None, min_blocks: int = 1, depth: int = 1) -> torch.Tensor:
     """Y = X·Ŵᵀ [M, N] in x's dtype for a ``w4a16`` weight (module docstring), on x's current CUDA stream (so it
-    can be captured in a CUDA graph); 8 tokens per launch column. Same numbers as the Triton kernels up to fp32
-    summation order; reference: :func:`quantkit.runtime.kernels.reference.w4a16_reference`. The caller checks
-    :func:`cuda_gemv_supported`."""
+    can be captured in a CUDA graph once it has run outside capture: the first call compiles); 8 tokens per
+    launch column. Ŵ is not rounded to the activation dtype (module docstring), so results differ from the
+    Triton kernels and :func:`quantkit.runtime.kernels.reference.w4a16_reference` by that rounding (≈ 3e-4
+    relative in fp16). The caller checks :func:`cuda_gemv_supported`; ``depth`` is 1 or 2."""
     import numpy as np
 
     m, k = x.shape
     n = int(meta["out_features"])
     if k != int(meta["in_features"]):
         raise ValueError(f"x must be [M, {meta['in_features']}], got {tuple(x.shape)}")
+    if depth not in (1, 2):
+        raise ValueError(f"depth (tiles in flight ahead) must be 1 or 2, got {depth}")
     qweight, qparams = tensors["qweight"], tensors["qparams"]
     warps = warps or cuda_gemv_warps(n, k)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out

@@ -254,8 +254,8 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
                       bn_b: int | None = None) -> torch.Tensor:
     """Y [M, out_features] of a mixed-precision layer in ONE launch (MixLLM Sec. 3.4): ``parts`` is two
     (layout, tensors, meta, rows) partitions — e.g. the 4-bit ``w4a16`` and 8-bit ``w8`` rows of a W4.4A8
-    layer — sharing the activation codes (quantized once); programs 0..tiles_a-1 run the first partition,
-    the rest the second, and each epilogue scatters into its rows (int32 [N_part] output indices). ``bn_b``:
+    layer — sharing the activation codes (quantized once); programs 0..tiles_a-1 run the first partition
+    (the 4-bit one, whichever order ``parts`` has), the rest the second, and each epilogue scatters into its rows (int32 [N_part] output indices). ``bn_b``:
     rows per program of the second partition (default:
     :func:`quantkit.runtime.kernels.configs.mixed_second_bn` — half of BN for 8-bit rows at small M)."""
     if len(parts) != 2:
@@ -272,6 +272,8 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
         wa["cols"] = rows.to(torch.int32).contiguous()
         check_device(a_codes, a_scales, wa["w"], wa["p"], wa["cs"], wa["cols"])
         args.append(wa)
+    if args[0]["mode"] == W8 and args[1]["mode"] != W8:
+        args.reverse()  # the wider 8-bit rows go second, where their programs may get fewer rows (bn_b)
     a, b = args
     cfg = config or gemm_config(m, a["n"] + b["n"], k, "mixed")
     tiles_per_split, split = split_plan(n_tiles, cfg.split_k)

@@ -103,7 +103,7 @@ def w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: TileConfig 
     n = int(meta["out_features"])
     if k != int(meta["in_features"]) or x.stride(1) != 1:
         raise ValueError(f"x must be [M, {meta['in_features']}] with unit column stride, got {tuple(x.shape)}")
-    if config is None and use_asm is None and m <= CUDA_GEMV_MAX_M and cuda_gemv_supported(x, meta):
+    if config is None and use_asm is None and m <= CUDA_GEMV_MAX_M and cuda_gemv_supported(x, tensors, meta, out):
         return w4a16_gemv_cuda(x, tensors, meta, out=out)
     n_tiles = qweight.shape[1] // PLANE_K
     cfg = config or gemm_config(m, n, k, "w4a16")

@@ -281,7 +281,8 @@ def bench(
                                                        "a check of the mode only; default cuda)")] = None,
     graph: Annotated[bool, typer.Option("--graph/--no-graph", help="--decode-step: time CUDA graph replays or "
                                                                    "eager calls")] = True,
-    json_out: Json = False,
+    json_out: Annotated[bool, typer.Option("--json", help="print the rows as one JSON list on stdout (tables go "
+                                                          "to stderr)")] = False,
 ):
     """Kernel speed on this GPU against torch FP16 (cuBLAS): median µs (CUDA events, rotating inputs, CUDA graphs),
     TFLOP/s, GB/s, % of the HBM and matmul ceilings measured in the same run, speedup vs FP16 — for the linear

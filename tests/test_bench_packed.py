@@ -42,10 +42,10 @@ A8_TOKEN = {"bits": 8, "group_size": -1, "sym": True}
 
 @pytest.mark.parametrize("parts,act,method", [
     ([_part("w4a16")], None, "w4a16"),
-    ([_part("w4a16")], A8, "w4a8"),
-    ([_part("w4a8-lqq")], A8_TOKEN, "w4a8-lqq"),
-    ([_part("w8")], A8, "w8a8"),
-    ([_part("w4a16", "x.part4.rows"), _part("w8", "x.part8.rows")], A8, "mixed"),
+    ([_part("w4a16")], A8, "w4a8+aq"),
+    ([_part("w4a8-lqq")], A8_TOKEN, "w4a8-lqq+aq"),
+    ([_part("w8")], A8, "w8a8+aq"),
+    ([_part("w4a16", "x.part4.rows"), _part("w8", "x.part8.rows")], A8, "mixed+aq"),
     ([_part("w4a16", "x.part4.rows"), _part("w8", "x.part8.rows")], None, None),  # A16 mixed: no kernel problem
     ([_part("w8")], None, None),
     ([_part("reference")], A8, None),
@@ -77,7 +77,7 @@ def test_methods_union_and_refusal():
     mixed = [_part("w4a16", "r4"), _part("w8", "r8")]
     m = _manifest({"a.0.x": _lin(7, 200, [_part("w4a16")]), "a.0.y": _lin(7, 200, mixed),
                    "a.0.z": _lin(7, 200, [_part("reference")])}, A8)
-    assert checkpoint_methods(m) == ["fp16", "w4a8", "mixed"]
+    assert checkpoint_methods(m) == ["fp16", "w4a8+aq", "mixed+aq"]
     with pytest.raises(QuantkitError, match="layout\\(s\\) reference with A8 .*--target sm80\\|sm90"):
         checkpoint_methods(_manifest({"a.0.z": _lin(7, 200, [_part("reference")])}, A8))
 
@@ -92,7 +92,7 @@ def test_packed_checkpoint_targets(packs):
             want.append(shape)
     assert sorted(want) == [(32, 64), (64, 64), (64, 160), (160, 64)]
     assert kernel_targets(path, None, None, None) == (want, ["fp16", "w4a16"])
-    assert kernel_targets(packs["w8a8"], None, None, None) == (want, ["fp16", "w8a8"])
+    assert kernel_targets(packs["w8a8"], None, None, None) == (want, ["fp16", "w8a8+aq"])
     assert kernel_targets(path, None, None, "w4a8,mixed") == (want, ["w4a8", "mixed"])  # --methods wins
 
 

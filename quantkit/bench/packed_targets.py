@@ -11,8 +11,10 @@ import re
 from quantkit.errors import QuantkitError
 
 # single-partition linears: (layout, activations quantized to 8 bits?) → the method timing that kernel
-_SINGLE = {("w4a16", False): "w4a16", ("w4a16", True): "w4a8", ("w4a8-lqq", True): "w4a8-lqq",
-           ("w8", True): "w8a8"}
+# A8 checkpoints map to the "+aq" problems: their packed model quantizes each layer's activation before the
+# GEMM, so that is the time a user of the checkpoint pays (the plain names time the GEMM alone)
+_SINGLE = {("w4a16", False): "w4a16", ("w4a16", True): "w4a8+aq", ("w4a8-lqq", True): "w4a8-lqq+aq",
+           ("w8", True): "w8a8+aq"}
 _MIXED_LAYOUTS = {"w4a16", "w8"}  # the partitions the ``mixed`` problem packs (MixLLM W4.4A8)
 
 
@@ -39,13 +41,14 @@ def linear_method(entry: dict, act: dict | None) -> str | None:
     """The benchmark method of one manifest linear entry under the checkpoint's activation spec, or None when no
     benchmarked kernel reads its layout (the ``reference``/GPTQ/AWQ layouts, A16 8-bit, A16 mixed precision).
 
-    A mixed-precision linear (several partitions, MixLLM Sec. 3.4) with A8 activations maps to ``mixed``;
-    one ``w4a16`` partition to ``w4a16`` (A16) or ``w4a8`` (A8, MixLLM W4A8); ``w4a8-lqq`` with A8 to
-    ``w4a8-lqq`` (LiquidGEMM); ``w8`` with A8 to ``w8a8``."""
+    A mixed-precision linear (several partitions, MixLLM Sec. 3.4) with A8 activations maps to ``mixed+aq``;
+    one ``w4a16`` partition to ``w4a16`` (A16) or ``w4a8+aq`` (A8, MixLLM W4A8); ``w4a8-lqq`` with A8 to
+    ``w4a8-lqq+aq`` (LiquidGEMM); ``w8`` with A8 to ``w8a8+aq`` — A8 methods include the activation quantizer,
+    as the packed model runs them."""
     a8 = bool(act) and act.get("bits") == 8
     parts = entry["partitions"]
     if len(parts) > 1 or parts[0].get("rows"):
-        return "mixed" if a8 and {p["layout"] for p in parts} <= _MIXED_LAYOUTS else None
+        return "mixed+aq" if a8 and {p["layout"] for p in parts} <= _MIXED_LAYOUTS else None
     return _SINGLE.get((parts[0]["layout"], a8))
 
 

@@ -37,7 +37,7 @@ DTYPE = torch.float16
 
 
 class _Captured(Exception):
-    pass
+    """Raised by the pre-hook once layer i's inputs are stored: the rest of that forward is not needed."""
 
 
 def decoder_layers(model: nn.Module, linear_names: Sequence[str]) -> nn.ModuleList:
@@ -121,9 +121,8 @@ def prepare_decode(model: nn.Module, layers: nn.ModuleList, index: int, ids: tor
 
     hook = layers[index].register_forward_pre_hook(catch, with_kwargs=True)
     try:
-        model(input_ids=ids[:, context:], past_key_values=cache, use_cache=True, logits_to_keep=1)
-    except _Captured:
-        pass
+        with contextlib.suppress(_Captured):  # the hook ends the forward as soon as layer i's inputs are stored
+            model(input_ids=ids[:, context:], past_key_values=cache, use_cache=True, logits_to_keep=1)
     finally:
         hook.remove()
     args, kwargs = store["args"], store["kwargs"]

@@ -56,6 +56,13 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     return v;
 }
 
+// c[0..3] += A (a0..a3) · B (b0, b1), fp32 accumulators, operands of element type TY ("f16" or "bf16")
+#define QK_MMA_M16N8K16(TY)                                                                                  \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 {%0, %1, %2, %3}, "                 \
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"                                             \
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                            \
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+
 template <bool BF16> struct Pair;
 template <> struct Pair<false> {
     typedef __half T; typedef __half2 T2;
@@ -79,10 +86,7 @@ template <> struct Pair<false> {
         return __half2float(__ushort_as_half((unsigned short)(w & 0xFFFFu)));
     }
     static __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                     "{%8, %9}, {%0, %1, %2, %3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+        QK_MMA_M16N8K16("f16");
     }
     static __device__ __forceinline__ T from_float(float v) { return __float2half_rn(v); }
 };
@@ -105,10 +109,7 @@ template <> struct Pair<true> {
         return __bfloat162float(__float2bfloat16_rn(__half2float(__ushort_as_half((unsigned short)(w & 0xFFFFu)))));
     }
     static __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                     "{%8, %9}, {%0, %1, %2, %3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+        QK_MMA_M16N8K16("bf16");
     }
     static __device__ __forceinline__ T from_float(float v) { return __float2bfloat16_rn(v); }
 };

@@ -1,6 +1,6 @@
 """Decode-GEMV study on one GPU: correctness of the CUDA W4A16 GEMV (quantkit.runtime.kernels.cuda_gemv) and the
 Triton W4A16 kernel against the torch reference, then µs per call of cuBLAS fp16, the Triton kernel and the CUDA
-GEMV (2, 4, 8 warps per block) at small M — the measured basis of the W4A16 dispatch rule
+GEMV (register variants; on sm_90 the bulk-copy variants too) at small M — the measured basis of the W4A16 dispatch rule
 (quantkit.runtime.kernels.w4a16.w4a16_matmul; docs/BENCHMARKS.md quotes the output).
 
     python docs/bench/gemv_sweep.py --out gemv.json
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
 from quantkit.formats.registry import get_layout
 from quantkit.quant import grid
-from quantkit.runtime.kernels.cuda_gemv import VARIANTS, _function, w4a16_gemv_cuda
+from quantkit.runtime.kernels.cuda_gemv import BULK_VARIANTS, VARIANTS, _function, w4a16_gemv_cuda
 from quantkit.runtime.kernels.reference import w4a16_reference
 from quantkit.runtime.kernels.configs import gemm_config
 from quantkit.runtime.kernels.w4a16 import w4a16_matmul
@@ -37,6 +37,7 @@ def rel(a, b):
 
 def check() -> list[dict]:
     out = []
+    sm90 = torch.cuda.get_device_capability() >= (9, 0)
     for m, n, k, gs in [(1, 33, 256, 128), (2, 4103, 512, -1), (3, 4096, 4096, 128), (4, 257, 1024, 256),
                         (5, 33, 768, 128), (8, 1000, 2048, 128), (1, 14336, 4096, 128),
                         (12, 100, 512, 128), (16, 64, 256, 256)]:
@@ -45,17 +46,19 @@ def check() -> list[dict]:
             x = torch.randn(m, k, device="cuda").to(dt)
             ref = w4a16_reference(x, t, meta)
             row = {"m": m, "n": n, "k": k, "gs": gs, "dtype": str(dt)}
-            try:
-                row["cuda_gemv"] = rel(w4a16_gemv_cuda(x, t, meta), ref)
-            except Exception as e:  # noqa: BLE001
-                row["cuda_gemv"] = f"{type(e).__name__}: {str(e)[:300]}"
+            for v in [None] + (BULK_VARIANTS if sm90 else []):
+                key = "cuda_gemv" if v is None else v.key
+                try:
+                    row[key] = rel(w4a16_gemv_cuda(x, t, meta, v), ref)
+                except Exception as e:  # noqa: BLE001
+                    row[key] = f"{type(e).__name__}: {str(e)[:300]}"
             row["triton"] = rel(w4a16_matmul(x, t, meta, gemm_config(m, n, k, "w4a16")), ref)
             print(json.dumps(row), flush=True)
             out.append(row)
     return out
 
 
-def time_all(shapes, ms) -> list[dict]:
+def time_all(shapes, ms, variants) -> list[dict]:
     rows = []
     for n, k in shapes:
         t, meta = packed(n, k)
@@ -69,11 +72,10 @@ def time_all(shapes, ms) -> list[dict]:
             res["fp16"] = time_rotating(lambda x, w: F.linear(x, w), list(zip(xs, ws)))["ms"] * 1e3
             cfg = gemm_config(m, n, k, "w4a16")  # an explicit config: the Triton tensor-core kernel
             res["triton"] = time_rotating(lambda x, tt: w4a16_matmul(x, tt, meta, cfg), list(zip(xs, ts)))["ms"] * 1e3
-            for warps, mb, depth in VARIANTS:
-                key = f"cuda_w{warps}_b{mb}_d{depth}"
+            for v in variants:
+                key = v.key
                 try:
-                    res[key] = time_rotating(lambda x, tt, w=warps, b=mb, d=depth:
-                                             w4a16_gemv_cuda(x, tt, meta, w, min_blocks=b, depth=d),
+                    res[key] = time_rotating(lambda x, tt, v=v: w4a16_gemv_cuda(x, tt, meta, v),
                                              list(zip(xs, ts)))["ms"] * 1e3
                 except Exception as e:  # noqa: BLE001
                     res[key] = f"{type(e).__name__}: {str(e)[:200]}"
@@ -95,17 +97,20 @@ def main() -> None:
     p.add_argument("--shapes", default="14336x4096,4096x4096,4096x14336,28672x4096,6144x4096")
     p.add_argument("--ms", default="1,2,4,8,16,32")
     p.add_argument("--skip-check", action="store_true")
+    p.add_argument("--variants", default="", help="comma-separated variant keys to time (default: all)")
     a = p.parse_args()
     t0 = time.time()
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     if not a.skip_check:
         result["check"] = check()
     shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
-    result["registers"] = {f"w{w}_b{mb}_d{d}": [_function(0, w, False, mb, d).num_regs,
-                                                 _function(0, w, False, mb, d).local_size_bytes]
-                           for w, mb, d in VARIANTS}
+    variants = VARIANTS + (BULK_VARIANTS if torch.cuda.get_device_capability() >= (9, 0) else [])
+    if a.variants:
+        variants = [v for v in variants if v.key in a.variants.split(",")]
+    fns = {v.key: _function(0, v.kernel_name(False)) for v in variants}
+    result["registers"] = {key: [f.num_regs, f.local_size_bytes] for key, f in fns.items()}
     print("registers, local bytes:", result["registers"], flush=True)
-    result["timing"] = time_all(shapes, [int(v) for v in a.ms.split(",")])
+    result["timing"] = time_all(shapes, [int(v) for v in a.ms.split(",")], variants)
     result["seconds"] = time.time() - t0
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)

@@ -35,6 +35,7 @@ and runs the Triton kernel otherwise. The pure-torch reference of the format is
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 
@@ -63,6 +64,20 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                            \
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
 
+// (a & mask) | bits in one LOP3 (0xEA = (a & b) | c); written out because the compiler, given two immediates,
+// emits an AND and an OR (measured: 64 of the ~400 instructions per tile)
+__device__ __forceinline__ u32 and_or(u32 a, u32 mask, u32 bits) {
+    u32 r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(mask), "r"(bits));
+    return r;
+}
+
+// the scale|zero group of half-tile `half` (128 columns): half >> shift when the group is a power-of-two number of
+// half-tiles (31 for one group per row), else a division — a run-time signed division costs ~40 instructions
+__device__ __forceinline__ int group_of(int half, int shift, int halves_per_group, int n_groups) {
+    return min(shift >= 0 ? half >> shift : half / halves_per_group, n_groups - 1);
+}
+
 template <bool BF16> struct Pair;
 template <> struct Pair<false> {
     typedef __half T; typedef __half2 T2;
@@ -70,11 +85,11 @@ template <> struct Pair<false> {
     static __device__ __forceinline__ u32 word(T2 v) { return *reinterpret_cast<u32*>(&v); }
     // low nibbles of p's bytes 0 and 2 with the 0x6400 exponent: the fp16 pair 1024 + q; minus (1024 + z): q - z
     static __device__ __forceinline__ u32 low_q(u32 p, T2 zm) {
-        return word(__hsub2(bits((p & 0x000F000Fu) | 0x64006400u), zm));
+        return word(__hsub2(bits(and_or(p, 0x000F000Fu, 0x64006400u)), zm));
     }
     // high nibbles in place: 1024 + 16q; fma(v, 1/16, -(64 + z)) = q - z exactly
     static __device__ __forceinline__ u32 high_q(u32 p, T2 zm) {
-        return word(__hfma2(bits((p & 0x00F000F0u) | 0x64006400u), bits(0x2C002C00u), zm));
+        return word(__hfma2(bits(and_or(p, 0x00F000F0u, 0x64006400u)), bits(0x2C002C00u), zm));
     }
     // fp16 bit patterns: 1024 + z = 0x6400 + z (ulp 1), -(64 + z) = 0xD400 + 16z (ulp 1/16), 1/16 = 0x2C00
     static __device__ __forceinline__ void zeros(u32 w, T2& z_lo, T2& z_hi) {
@@ -96,10 +111,10 @@ template <> struct Pair<true> {
     static __device__ __forceinline__ u32 word(T2 v) { return *reinterpret_cast<u32*>(&v); }
     // 0x4300 = 128.0 in bf16 (ulp 1 on [128, 256)): 128 + q exactly, minus (128 + z) exactly
     static __device__ __forceinline__ u32 low_q(u32 p, T2 zm) {
-        return word(__hsub2(bits((p & 0x000F000Fu) | 0x43004300u), zm));
+        return word(__hsub2(bits(and_or(p, 0x000F000Fu, 0x43004300u)), zm));
     }
     static __device__ __forceinline__ u32 high_q(u32 p, T2 zm) {
-        return word(__hsub2(bits(((p >> 4) & 0x000F000Fu) | 0x43004300u), zm));
+        return word(__hsub2(bits(and_or(p >> 4, 0x000F000Fu, 0x43004300u)), zm));
     }
     static __device__ __forceinline__ void zeros(u32 w, T2& z_lo, T2& z_hi) {
         z_lo = bits(0x43004300u + ((w >> 16) & 0xFFu) * 0x00010001u);
@@ -124,94 +139,59 @@ struct Tile {  // one lane's share of a 256-column tile of the block's 16 rows, 
     u32 p[2][2];    // [row][half-tile 0, 1] scale | zero words
 };
 
-// Y[M, N] = X[M, K] · Ŵ[N, K]^T for M <= 8 per launch column: a block owns 16 rows, its NWARPS warps share K
-// MIN_BLOCKS: resident blocks per SM the register budget must allow (1: the compiler's choice); DEPTH: tiles each
-// warp has in flight ahead of the one it multiplies (registers: ~20 per tile)
-template <int NWARPS, bool BF16, int MIN_BLOCKS, int DEPTH>
-__global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS)
-w4a16_gemv_mma(const void* __restrict__ x_, const uint4* __restrict__ w, const u32* __restrict__ qp,
-               void* __restrict__ out_, int M, int N, long long stride_xm, long long stride_om, int w_row_vec,
-               int n_tiles, int halves_per_group, int n_groups) {
-    static_assert(DEPTH == 1 || DEPTH == 2, "one or two tiles in flight ahead");
+// acc += Σ over one 256-column tile t of (q - z)·x, one fp32 scale per (row, half-tile); acc[i]: row g + 8(i >> 1),
+// token 2c + (i & 1) of the mma's C fragment
+template <bool BF16>
+__device__ __forceinline__ void mma_tile(const Tile& cur, const typename Pair<BF16>::T* xr, int t, float* acc) {
     typedef Pair<BF16> P;
-    typedef typename P::T T;
     typedef typename P::T2 T2;
-    const T* x = reinterpret_cast<const T*>(x_);
-    T* out = reinterpret_cast<T*>(out_);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int g = lane >> 2, c = lane & 3;  // mma fragment coordinates: row / token g, column pair c
-    const int row0 = blockIdx.x * 16;
-    const int m0 = blockIdx.y * 8;
-    const int rows[2] = {min(row0 + g, N - 1), min(row0 + g + 8, N - 1)};
-    const bool has_token = m0 + g < M;
-    const T* xr = x + (long long)min(m0 + g, M - 1) * stride_xm + 4 * c;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-
-    auto load = [&](int t, Tile& tl) {
-        const int g_lo = min((2 * t) / halves_per_group, n_groups - 1);
-        const int g_hi = min((2 * t + 1) / halves_per_group, n_groups - 1);
+    T2 zl[2], zh[2], unused;
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const uint4* base = w + (long long)rows[r] * w_row_vec + t * 8 + c;
-            tl.w[r][0] = ld_stream(base);
-            tl.w[r][1] = ld_stream(base + 4);
-            tl.p[r][0] = __ldg(qp + (long long)g_lo * N + rows[r]);
-            tl.p[r][1] = __ldg(qp + (long long)g_hi * N + rows[r]);
-        }
-    };
-    Tile cur, nx1, nx2;  // the tile being multiplied and up to two loaded ahead
-    int t = warp;
-    if (t < n_tiles) load(t, cur);
-    if (DEPTH >= 2 && t + NWARPS < n_tiles) load(t + NWARPS, nx1);
-    for (; t < n_tiles; t += NWARPS) {
-        if (t + DEPTH * NWARPS < n_tiles) {
-            if (DEPTH >= 2) load(t + DEPTH * NWARPS, nx2);
-            else load(t + NWARPS, nx1);
-        }
-        T2 zl[2], zh[2], unused;
+    for (int r = 0; r < 2; ++r) {
+        P::zeros(cur.p[r][0], zl[r], unused);
+        P::zeros(cur.p[r][1], unused, zh[r]);
+    }
+    float part[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};  // Σ (q - z)·x per half-tile (fp32)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            P::zeros(cur.p[r][0], zl[r], unused);
-            P::zeros(cur.p[r][1], unused, zh[r]);
-        }
-        float part[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};  // Σ (q - z)·x per half-tile (fp32)
+    for (int h = 0; h < 2; ++h) {      // words 0-15 / 16-31 of the tile
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {      // words 0-15 / 16-31 of the tile
+        for (int b = 0; b < 4; ++b) {  // byte b: plane b (low nibble, first half-tile), b + 4 (high, second)
+            u32 pa[2], pb[2];
 #pragma unroll
-            for (int b = 0; b < 4; ++b) {  // byte b: plane b (low nibble, first half-tile), b + 4 (high, second)
-                u32 pa[2], pb[2];
+            for (int r = 0; r < 2; ++r) {
+                pa[r] = gather(cur.w[r][h].x, cur.w[r][h].y, b);  // columns 4c, 4c+1 of the plane
+                pb[r] = gather(cur.w[r][h].z, cur.w[r][h].w, b);  // columns 4c+2, 4c+3
+            }
 #pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    pa[r] = gather(cur.w[r][h].x, cur.w[r][h].y, b);  // columns 4c, 4c+1 of the plane
-                    pb[r] = gather(cur.w[r][h].z, cur.w[r][h].w, b);  // columns 4c+2, 4c+3
+            for (int hi = 0; hi < 2; ++hi) {
+                const int plane = b + 4 * hi;
+                // token g's columns 256t + 32·plane + 16h + 4c .. +3
+                const uint2 xv = *reinterpret_cast<const uint2*>(xr + t * 256 + plane * 32 + 16 * h);
+                u32 a0, a1, a2, a3;
+                if (hi == 0) {
+                    a0 = P::low_q(pa[0], zl[0]); a1 = P::low_q(pa[1], zl[1]);
+                    a2 = P::low_q(pb[0], zl[0]); a3 = P::low_q(pb[1], zl[1]);
+                } else {
+                    a0 = P::high_q(pa[0], zh[0]); a1 = P::high_q(pa[1], zh[1]);
+                    a2 = P::high_q(pb[0], zh[0]); a3 = P::high_q(pb[1], zh[1]);
                 }
-#pragma unroll
-                for (int hi = 0; hi < 2; ++hi) {
-                    const int plane = b + 4 * hi;
-                    uint2 xv = make_uint2(0u, 0u);  // token g's columns 256t + 32·plane + 16h + 4c .. +3
-                    if (has_token) xv = *reinterpret_cast<const uint2*>(xr + t * 256 + plane * 32 + 16 * h);
-                    u32 a0, a1, a2, a3;
-                    if (hi == 0) {
-                        a0 = P::low_q(pa[0], zl[0]); a1 = P::low_q(pa[1], zl[1]);
-                        a2 = P::low_q(pb[0], zl[0]); a3 = P::low_q(pb[1], zl[1]);
-                    } else {
-                        a0 = P::high_q(pa[0], zh[0]); a1 = P::high_q(pa[1], zh[1]);
-                        a2 = P::high_q(pb[0], zh[0]); a3 = P::high_q(pb[1], zh[1]);
-                    }
-                    P::mma(part[hi], a0, a1, a2, a3, xv.x, xv.y);
-                }
+                P::mma(part[hi], a0, a1, a2, a3, xv.x, xv.y);
             }
         }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {  // one fp32 scale per (row, half-tile)
-            const int r = i >> 1;
-            acc[i] = fmaf(P::scale(cur.p[r][0]), part[0][i], fmaf(P::scale(cur.p[r][1]), part[1][i], acc[i]));
-        }
-        cur = nx1;
-        if (DEPTH >= 2) nx1 = nx2;
     }
-    // acc: (row g, tokens 2c, 2c+1), (row g+8, tokens 2c, 2c+1); sum the warps' K shares
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // one fp32 scale per (row, half-tile)
+        const int r = i >> 1;
+        acc[i] = fmaf(P::scale(cur.p[r][0]), part[0][i], fmaf(P::scale(cur.p[r][1]), part[1][i], acc[i]));
+    }
+}
+
+// sum the NWARPS warps' K shares of acc (mma_tile) through shared memory; warp 0 writes the block's outputs
+template <int NWARPS, bool BF16>
+__device__ __forceinline__ void reduce_store(const float* acc, typename Pair<BF16>::T* out, int row0, int m0, int M,
+                                             int N, long long stride_om) {
     __shared__ float red[NWARPS][4][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
 #pragma unroll
     for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[i];
     __syncthreads();
@@ -223,27 +203,206 @@ w4a16_gemv_mma(const void* __restrict__ x_, const uint4* __restrict__ w, const u
             for (int q = 0; q < NWARPS; ++q) v += red[q][i][lane];
             const int row = row0 + g + 8 * (i >> 1);
             const int tok = m0 + 2 * c + (i & 1);
-            if (row < N && tok < M) out[(long long)tok * stride_om + row] = P::from_float(v);
+            if (row < N && tok < M) out[(long long)tok * stride_om + row] = Pair<BF16>::from_float(v);
         }
     }
+}
+
+// Y[M, N] = X[M, K] · Ŵ[N, K]^T for M <= 8 per launch column: a block owns 16 rows, its NWARPS warps share K;
+// each warp multiplies one tile while the next is loading (two register tiles used in turn, so no tile is copied)
+// MIN_BLOCKS: resident blocks per SM the register budget must allow (1: the compiler's choice)
+template <int NWARPS, bool BF16, int MIN_BLOCKS>
+__global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS)
+w4a16_gemv_mma(const void* __restrict__ x_, const uint4* __restrict__ w, const u32* __restrict__ qp,
+               void* __restrict__ out_, int M, int N, long long stride_xm, long long stride_om, int w_row_vec,
+               int n_tiles, int halves_per_group, int group_shift, int n_groups) {
+    typedef typename Pair<BF16>::T T;
+    const T* x = reinterpret_cast<const T*>(x_);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, c = lane & 3;  // mma fragment coordinates: row / token g, column pair c
+    const int row0 = blockIdx.x * 16;
+    const int m0 = blockIdx.y * 8;
+    const int rows[2] = {min(row0 + g, N - 1), min(row0 + g + 8, N - 1)};
+    // lanes of tokens past M read the last token (their output columns are never stored): no predicate, no zeroing
+    const T* xr = x + (long long)min(m0 + g, M - 1) * stride_xm + 4 * c;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+
+    auto load = [&](int t, Tile& tl) {
+        const int g_lo = group_of(2 * t, group_shift, halves_per_group, n_groups);
+        const int g_hi = group_of(2 * t + 1, group_shift, halves_per_group, n_groups);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const uint4* base = w + (long long)rows[r] * w_row_vec + t * 8 + c;
+            tl.w[r][0] = ld_stream(base);
+            tl.w[r][1] = ld_stream(base + 4);
+            tl.p[r][0] = __ldg(qp + (long long)g_lo * N + rows[r]);
+            tl.p[r][1] = __ldg(qp + (long long)g_hi * N + rows[r]);
+        }
+    };
+    Tile ta, tb;
+    int t = warp;
+    if (t < n_tiles) load(t, ta);
+    for (; t < n_tiles; t += 2 * NWARPS) {
+        if (t + NWARPS < n_tiles) load(t + NWARPS, tb);
+        mma_tile<BF16>(ta, xr, t, acc);
+        if (t + NWARPS >= n_tiles) break;
+        if (t + 2 * NWARPS < n_tiles) load(t + 2 * NWARPS, ta);
+        mma_tile<BF16>(tb, xr, t + NWARPS, acc);
+    }
+    reduce_store<NWARPS, BF16>(acc, reinterpret_cast<T*>(out_), row0, m0, M, N, stride_om);
+}
+
+// --- Hopper (sm_90) bulk-copy variant: the block's weight rows stream into shared memory by the TMA engine ---
+__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(unsigned long long* bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(smem_u32(bar)), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, u32 parity) {
+    u32 done = 0u;
+    while (!done) {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}" : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+    }
+}
+// one contiguous global → shared copy by the TMA unit; its bytes count against the mbarrier's transaction count
+__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, u32 bytes, unsigned long long* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
+}
+
+// The same product as w4a16_gemv_mma, with the weight stream in shared memory: the block's 16 rows are cut into
+// chunks of CT tiles; warp 0 has the TMA unit copy each chunk (one bulk copy per row, CT·128 bytes) into one of
+// STAGES shared buffers, STAGES chunks ahead of the warps multiplying, so a block has up to STAGES·CT·2 KB of
+// weights in flight without holding them in registers (many more bytes per SM in flight than the register
+// version: the decode GEMV is latency-bound, docs/BENCHMARKS.md). Rows are padded by 64 bytes so that the two
+// rows a quarter-warp reads fall in opposite halves of the banks. The block's scale|zero words are copied to
+// shared memory once, while the first chunks are in flight.
+template <int NWARPS, bool BF16, int CT, int STAGES>
+__global__ void __launch_bounds__(NWARPS * 32)
+w4a16_gemv_bulk(const void* __restrict__ x_, const uint4* __restrict__ w, const u32* __restrict__ qp,
+                void* __restrict__ out_, int M, int N, long long stride_xm, long long stride_om, int w_row_vec,
+                int n_tiles, int halves_per_group, int group_shift, int n_groups) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int ROW_BYTES = CT * 128 + 64;
+    constexpr int STAGE_BYTES = 16 * ROW_BYTES;
+    static_assert(STAGES >= 1 && CT >= 1 && STAGES * STAGE_BYTES <= 200 * 1024, "stage ring too large");
+    typedef typename Pair<BF16>::T T;
+    extern __shared__ __align__(128) unsigned char smem[];
+    unsigned long long* bar = reinterpret_cast<unsigned long long*>(smem);  // one mbarrier per stage
+    unsigned char* ring = smem + 128;
+    const int n_chunks = (n_tiles + CT - 1) / CT;
+    u32* qps = reinterpret_cast<u32*>(ring + min(STAGES, n_chunks) * STAGE_BYTES);  // [n_groups][16 rows]
+
+    const T* x = reinterpret_cast<const T*>(x_);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, c = lane & 3;
+    const int row0 = blockIdx.x * 16;
+    const int m0 = blockIdx.y * 8;
+    const T* xr = x + (long long)min(m0 + g, M - 1) * stride_xm + 4 * c;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) mbar_init(&bar[s], 1u);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    auto issue = [&](int chunk) {  // warp 0: chunk -> stage chunk % STAGES
+        const int s = chunk % STAGES, t0 = chunk * CT;
+        const u32 bytes = (u32)min(CT, n_tiles - t0) * 128u;
+        if (lane == 0) mbar_expect_tx(&bar[s], 16u * bytes);
+        __syncwarp();
+        if (lane < 16)
+            bulk_g2s(ring + s * STAGE_BYTES + lane * ROW_BYTES,
+                     w + (long long)min(row0 + lane, N - 1) * w_row_vec + t0 * 8, bytes, &bar[s]);
+    };
+    if (warp == 0)
+        for (int ch = 0; ch < min(STAGES, n_chunks); ++ch) issue(ch);
+    for (int i = threadIdx.x; i < n_groups * 16; i += NWARPS * 32)
+        qps[i] = __ldg(qp + (long long)(i >> 4) * N + min(row0 + (i & 15), N - 1));
+    __syncthreads();
+
+    for (int ch = 0; ch < n_chunks; ++ch) {
+        const int s = ch % STAGES, t0 = ch * CT, nt = min(CT, n_tiles - t0);
+        mbar_wait(&bar[s], (u32)(ch / STAGES) & 1u);
+        const unsigned char* st = ring + s * STAGE_BYTES + c * 16;
+        for (int tt = warp; tt < nt; tt += NWARPS) {
+            const int t = t0 + tt;
+            const int g_lo = group_of(2 * t, group_shift, halves_per_group, n_groups);
+            const int g_hi = group_of(2 * t + 1, group_shift, halves_per_group, n_groups);
+            Tile cur;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const unsigned char* p = st + (g + 8 * r) * ROW_BYTES + tt * 128;
+                cur.w[r][0] = *reinterpret_cast<const uint4*>(p);
+                cur.w[r][1] = *reinterpret_cast<const uint4*>(p + 64);
+                cur.p[r][0] = qps[g_lo * 16 + g + 8 * r];
+                cur.p[r][1] = qps[g_hi * 16 + g + 8 * r];
+            }
+            mma_tile<BF16>(cur, xr, t, acc);
+        }
+        if (ch + STAGES < n_chunks) {
+            __syncthreads();  // every warp has read stage s: the TMA unit may overwrite it
+            if (warp == 0) issue(ch + STAGES);
+        }
+    }
+    reduce_store<NWARPS, BF16>(acc, reinterpret_cast<T*>(out_), row0, m0, M, N, stride_om);
+#endif
 }
 """
 
 
-# (warps, min blocks per SM, tiles in flight ahead): the variants docs/bench/gemv_sweep.py times
-VARIANTS = [(2, 1, 1), (4, 1, 1), (8, 1, 1), (2, 1, 2), (4, 1, 2), (8, 1, 2), (4, 6, 1), (4, 6, 2), (8, 3, 2)]
+@dataclasses.dataclass(frozen=True)
+class GemvVariant:
+    """One compiled form of the decode GEMV. ``bulk=False``: :cpp:`w4a16_gemv_mma` (weights loaded into registers
+    one tile ahead, ``min_blocks`` resident blocks per SM asked of the register allocator); ``bulk=True``:
+    :cpp:`w4a16_gemv_bulk` (sm_90: TMA bulk copies of ``chunk_tiles``-tile chunks into a ring of ``stages``
+    shared buffers). ``warps`` per block split K either way."""
+
+    warps: int = 4
+    bulk: bool = False
+    min_blocks: int = 1
+    chunk_tiles: int = 8
+    stages: int = 2
+
+    def kernel_name(self, bf16: bool) -> str:
+        flag = "true" if bf16 else "false"
+        if self.bulk:
+            return f"w4a16_gemv_bulk<{self.warps}, {flag}, {self.chunk_tiles}, {self.stages}>"
+        return f"w4a16_gemv_mma<{self.warps}, {flag}, {self.min_blocks}>"
+
+    @property
+    def key(self) -> str:
+        """Short name, as the sweep logs spell it."""
+        if self.bulk:
+            return f"bulk_w{self.warps}_c{self.chunk_tiles}_s{self.stages}"
+        return f"cuda_w{self.warps}_b{self.min_blocks}"
+
+    def smem_bytes(self, n_tiles: int, n_groups: int) -> int:
+        """Dynamic shared memory of one block (bulk kernel: mbarriers, the stage ring, the scale|zero words)."""
+        if not self.bulk:
+            return 0
+        chunks = -(-n_tiles // self.chunk_tiles)
+        return 128 + min(self.stages, chunks) * 16 * (self.chunk_tiles * 128 + 64) + 64 * n_groups
 
 
-def _name(warps: int, bf16: bool, min_blocks: int = 1, depth: int = 1) -> str:
-    return f"w4a16_gemv_mma<{warps}, {'true' if bf16 else 'false'}, {min_blocks}, {depth}>"
+# the variants docs/bench/gemv_sweep.py times
+VARIANTS = [GemvVariant(w, False, mb) for w, mb in [(2, 1), (4, 1), (8, 1), (4, 5), (8, 2)]]
+BULK_VARIANTS = [GemvVariant(w, True, chunk_tiles=ct, stages=st) for w, ct, st in
+                 [(4, 4, 2), (4, 4, 4), (4, 8, 2), (4, 8, 3), (4, 16, 1), (4, 16, 2), (8, 8, 2), (8, 16, 1),
+                  (8, 16, 2), (2, 8, 2), (2, 4, 4)]]
+MAX_SMEM_PER_BLOCK = 227 * 1024  # sm_90's opt-in limit
 
 
 @functools.lru_cache(maxsize=None)
-def _function(device_index: int, warps: int, bf16: bool, min_blocks: int = 1, depth: int = 1):
-    """The compiled kernel of one variant (NVRTC compiles each variant on its first use, ~1 s)."""
+def _function(device_index: int, name: str):
+    """The compiled kernel ``name`` (a template instance of SOURCE; NVRTC compiles each on first use, ~1 s)."""
     import cupy
 
-    name = _name(warps, bf16, min_blocks, depth)
     with cupy.cuda.Device(device_index):
         mod = cupy.RawModule(code=SOURCE, options=("--std=c++17",), name_expressions=[name])
         mod.compile()
@@ -303,15 +462,27 @@ def cuda_gemv_problem(x: torch.Tensor, tensors: dict, meta: dict, out: torch.Ten
 
 @functools.lru_cache(maxsize=None)
 def _compile_problem(device_index: int, bf16: bool) -> str | None:
-    """None when the default variant compiles for this device, else the reason (cached: compiled once)."""
+    """None when the register variants compile for this device, else the reason (cached: compiled once)."""
     try:
-        _function(device_index, 4, bf16)
-        _function(device_index, 8, bf16)
+        for warps in (4, 8):
+            _function(device_index, GemvVariant(warps).kernel_name(bf16))
     except Exception as e:  # noqa: BLE001 — NVRTC/driver trouble: the Triton kernel runs instead
         warnings.warn(f"quantkit CUDA GEMV unavailable ({type(e).__name__}: {str(e)[:200]}); using Triton",
                       RuntimeWarning, stacklevel=3)
         return f"the CUDA GEMV did not compile: {type(e).__name__}"
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _bulk_compiles(device_index: int, bf16: bool, variant: GemvVariant) -> bool:
+    """Whether the bulk-copy variant compiles here (False, with a warning, sends the GEMV to the register variant)."""
+    try:
+        _function(device_index, variant.kernel_name(bf16))
+        return True
+    except Exception as e:  # noqa: BLE001
+        warnings.warn(f"quantkit bulk-copy GEMV unavailable ({type(e).__name__}: {str(e)[:200]}); "
+                      "using the register GEMV", RuntimeWarning, stacklevel=3)
+        return False
 
 
 def cuda_gemv_supported(x: torch.Tensor, tensors: dict, meta: dict, out: torch.Tensor | None = None) -> bool:
@@ -320,41 +491,63 @@ def cuda_gemv_supported(x: torch.Tensor, tensors: dict, meta: dict, out: torch.T
 
 
 def cuda_gemv_warps(n: int, k: int) -> int:
-    """Warps per block (they split K) for an [N, K] weight: 8 for N <= 4096 (few 16-row blocks), else 4 — on an
-    H100 the fastest of 2/4/8 per Llama-3.1-8B shape at M = 1, within 6 % of the fastest at M = 4 and 8
-    (docs/bench/gemv_sweep.py, docs/logs/gemv_sweep_h100.json)."""
-    return 8 if n <= 4096 else 4
+    """Warps per block (they split K) of the register variant for an [N, K] weight: 8 for N <= 4096 (few 16-row
+    blocks), 4 up to N = 8192, else 2 — on an H100 the fastest of 2/4/8 per Llama-3.1-8B shape at M = 1, 2, 4 and
+    8, or within 6 % of it (docs/bench/gemv_sweep.py, docs/logs/gemv_sweep_lean_h100.json)."""
+    return 8 if n <= 4096 else (4 if n <= 8192 else 2)
 
 
-def w4a16_gemv_cuda(x: torch.Tensor, tensors: dict, meta: dict, warps: int | None = None,
-                    out: torch.Tensor | None = None, min_blocks: int = 1, depth: int = 1) -> torch.Tensor:
+BULK_DEFAULT = GemvVariant(4, True, chunk_tiles=8, stages=2)
+USE_BULK = False
+
+
+def default_variant(n: int, k: int, capability: tuple[int, int], n_groups: int = 1) -> GemvVariant:
+    """The GEMV variant :func:`w4a16_gemv_cuda` runs for an [N, K] weight when none is named: on sm_90 the
+    bulk-copy kernel (when its shared memory fits), else the register kernel with :func:`cuda_gemv_warps`."""
+    if USE_BULK and capability >= (9, 0) and BULK_DEFAULT.smem_bytes(k // 256, n_groups) <= MAX_SMEM_PER_BLOCK:
+        return BULK_DEFAULT
+    return GemvVariant(cuda_gemv_warps(n, k))
+
+
+def w4a16_gemv_cuda(x: torch.Tensor, tensors: dict, meta: dict, variant: GemvVariant | None = None,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
     """Y = X·Ŵᵀ [M, N] in x's dtype for a ``w4a16`` weight (module docstring), on x's current CUDA stream (so it
     can be captured in a CUDA graph once it has run outside capture: the first call compiles); 8 tokens per
     launch column. Ŵ is not rounded to the activation dtype (module docstring), so results differ from the
     Triton kernels and :func:`quantkit.runtime.kernels.reference.w4a16_reference` by that rounding (≈ 3e-4
-    relative in fp16). The caller checks :func:`cuda_gemv_supported`; ``depth`` is 1 or 2."""
+    relative in fp16). The caller checks :func:`cuda_gemv_supported`; ``variant`` defaults to
+    :func:`default_variant`."""
     import numpy as np
 
     m, k = x.shape
     n = int(meta["out_features"])
     if k != int(meta["in_features"]):
         raise ValueError(f"x must be [M, {meta['in_features']}], got {tuple(x.shape)}")
-    if depth not in (1, 2):
-        raise ValueError(f"depth (tiles in flight ahead) must be 1 or 2, got {depth}")
     qweight, qparams = tensors["qweight"], tensors["qparams"]
-    warps = warps or cuda_gemv_warps(n, k)
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
+    n_tiles, n_groups = qweight.shape[1] // 32, qparams.shape[0]
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    n_tiles = qweight.shape[1] // 32
-    fn = _function(dev, warps, x.dtype == torch.bfloat16, min_blocks, depth)
+    bf16 = x.dtype == torch.bfloat16
+    if variant is None:
+        variant = default_variant(n, k, torch.cuda.get_device_capability(dev), n_groups)
+        if variant.bulk and not _bulk_compiles(dev, bf16, variant):
+            variant = GemvVariant(cuda_gemv_warps(n, k))
+    smem = variant.smem_bytes(n_tiles, n_groups)
+    if smem > MAX_SMEM_PER_BLOCK:
+        raise ValueError(f"{variant.key} needs {smem} bytes of shared memory per block for K = {k}; "
+                         "use fewer stages or chunk tiles")
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
+    fn = _function(dev, variant.kernel_name(bf16))
     gs = int(meta["group_size"])
     hpg = 2 * n_tiles + 1 if gs == -1 else gs // 128
+    shift = 31 if gs == -1 else (hpg.bit_length() - 1 if hpg & (hpg - 1) == 0 else -1)
     grid = (-(-n // 16), -(-m // TOKENS_PER_COLUMN))
     args = (np.uint64(x.data_ptr()), np.uint64(qweight.data_ptr()), np.uint64(qparams.data_ptr()),
             np.uint64(out.data_ptr()), np.int32(m), np.int32(n), np.int64(x.stride(0)), np.int64(out.stride(0)),
-            np.int32(qweight.shape[1] // 4), np.int32(n_tiles), np.int32(hpg), np.int32(qparams.shape[0]))
+            np.int32(qweight.shape[1] // 4), np.int32(n_tiles), np.int32(hpg), np.int32(shift), np.int32(n_groups))
     import cupy
 
     with cupy.cuda.Device(dev), _stream(dev, torch.cuda.current_stream(x.device).cuda_stream):
-        fn(grid, (32 * warps,), args)
+        if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
+            fn.max_dynamic_shared_size_bytes = smem
+        fn(grid, (32 * variant.warps,), args, shared_mem=smem)
     return out

@@ -126,12 +126,12 @@ def test_cuda_gemv_declines_inputs_it_cannot_read():
 @pytest.mark.gpu
 @pytest.mark.skipif(not _cupy_ok(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("m,n,k,group_size,warps", [(1, 33, 256, 128, 2), (3, 1000, 1024, -1, 4), (8, 4103, 512, 256, 8),
-                                                    (12, 257, 768, 128, 8), (2, 65, 2304, 384, 2),
-                                                    (5, 65, 2304, 128, 2), (1, 40, 1792, 128, 4),
-                                                    (4, 40, 2560, 1280, 2), (7, 17, 3072, 512, 4)])
-def test_cuda_gemv_matches_reference_on_gpu(m, n, k, group_size, warps, dtype):
-    """Register variant: odd N (a partial 16-row block), per-channel, 256-, 512- (shifted group index), 384- and
+@pytest.mark.parametrize("m,n,k,group_size,warps,l2_prefetch", [
+    (1, 33, 256, 128, 2, 0), (3, 1000, 1024, -1, 4, 256), (8, 4103, 512, 256, 8, 128), (12, 257, 768, 128, 8, 0),
+    (2, 65, 2304, 384, 2, 256), (5, 65, 2304, 128, 2, 0), (1, 40, 1792, 128, 4, 128), (4, 40, 2560, 1280, 2, 0),
+    (7, 17, 3072, 512, 4, 256)])
+def test_cuda_gemv_matches_reference_on_gpu(m, n, k, group_size, warps, l2_prefetch, dtype):
+    """Odd N (a partial 16-row block), per-channel, 256-, 512- (shifted group index), 384- and
     1280-column groups (divided), M beyond one 8-token launch column, activations that are a row-strided view, and
     K long enough that every warp loops over several tiles (odd and even counts: both register tiles in turn)."""
     from quantkit.runtime.kernels.cuda_gemv import GemvVariant, w4a16_gemv_cuda
@@ -139,39 +139,9 @@ def test_cuda_gemv_matches_reference_on_gpu(m, n, k, group_size, warps, dtype):
     _, tensors, meta = packed("w4a16", n, k, group_size, seed=m + n)
     wide = torch.randn(m, k + 64, device="cuda").to(dtype)
     x = wide[:, :k]
-    variant = GemvVariant(warps)
+    variant = GemvVariant(warps, l2_prefetch)
     out = w4a16_gemv_cuda(x, tensors, meta, variant, out=poisoned(m, n, dtype))
     assert rel_err(out, w4a16_reference(x, tensors, meta)) < TOL[dtype]
-    # w4a16_matmul's default path is a CUDA GEMV for M <= 8 (the bulk-copy one on sm_90)
+    # w4a16_matmul's default path is the CUDA GEMV for M <= 8 (warps by N, so the split of K may differ)
     if m <= 8:
         assert rel_err(w4a16_matmul(x, tensors, meta), out) < 1e-3  # fp32 sums in another order at most
-
-
-def _sm90() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not (_cupy_ok() and _sm90()), reason="needs an sm_90 GPU and CuPy")
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("m,n,k,group_size,warps,chunk,stages", [
-    (1, 33, 256, 128, 4, 8, 2),       # one partial chunk, partial 16-row block
-    (3, 1000, 2304, -1, 4, 4, 2),     # 9 tiles: three chunks of 4, 4, 1 through two stages (a stage reused)
-    (8, 4103, 4096, 128, 8, 8, 2),    # the Llama layout, 8 warps over 8-tile chunks
-    (12, 257, 3840, 384, 2, 4, 3),    # two launch columns, 384-column groups, 15 tiles through three stages
-    (2, 64, 7168, 256, 4, 16, 1),     # one stage refilled after every chunk
-    (5, 48, 1536, 128, 8, 16, 2)])    # fewer tiles than warps in the last chunk
-def test_bulk_gemv_matches_reference_on_gpu(m, n, k, group_size, warps, chunk, stages, dtype):
-    """Bulk-copy variant (TMA chunks through a ring of shared stages): partial chunks, stage reuse, groups
-    straddling chunks, M beyond one launch column; every output written (poisoned start) and equal to the register
-    variant up to fp32 summation order."""
-    from quantkit.runtime.kernels.cuda_gemv import GemvVariant, w4a16_gemv_cuda
-
-    _, tensors, meta = packed("w4a16", n, k, group_size, seed=m + n + k)
-    wide = torch.randn(m, k + 64, device="cuda").to(dtype)
-    x = wide[:, :k]
-    bulk = GemvVariant(warps, bulk=True, chunk_tiles=chunk, stages=stages)
-    out = w4a16_gemv_cuda(x, tensors, meta, bulk, out=poisoned(m, n, dtype))
-    assert rel_err(out, w4a16_reference(x, tensors, meta)) < TOL[dtype]
-    regs = w4a16_gemv_cuda(x, tensors, meta, GemvVariant(warps))
-    assert rel_err(out, regs) < 1e-3

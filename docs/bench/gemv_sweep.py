@@ -1,6 +1,6 @@
 """Decode-GEMV study on one GPU: correctness of the CUDA W4A16 GEMV (quantkit.runtime.kernels.cuda_gemv) and the
 Triton W4A16 kernel against the torch reference, then µs per call of cuBLAS fp16, the Triton kernel and the CUDA
-GEMV (register variants; on sm_90 the bulk-copy variants too) at small M — the measured basis of the W4A16 dispatch rule
+GEMV (warps per block, L2 prefetch size) at small M — the measured basis of the W4A16 dispatch rule
 (quantkit.runtime.kernels.w4a16.w4a16_matmul; docs/BENCHMARKS.md quotes the output).
 
     python docs/bench/gemv_sweep.py --out gemv.json
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
 from quantkit.formats.registry import get_layout
 from quantkit.quant import grid
-from quantkit.runtime.kernels.cuda_gemv import BULK_VARIANTS, VARIANTS, _function, w4a16_gemv_cuda
+from quantkit.runtime.kernels.cuda_gemv import VARIANTS, _function, w4a16_gemv_cuda
 from quantkit.runtime.kernels.reference import w4a16_reference
 from quantkit.runtime.kernels.configs import gemm_config
 from quantkit.runtime.kernels.w4a16 import w4a16_matmul
@@ -37,7 +37,6 @@ def rel(a, b):
 
 def check() -> list[dict]:
     out = []
-    sm90 = torch.cuda.get_device_capability() >= (9, 0)
     for m, n, k, gs in [(1, 33, 256, 128), (2, 4103, 512, -1), (3, 4096, 4096, 128), (4, 257, 1024, 256),
                         (5, 33, 768, 128), (8, 1000, 2048, 128), (1, 14336, 4096, 128),
                         (12, 100, 512, 128), (16, 64, 256, 256)]:
@@ -46,7 +45,7 @@ def check() -> list[dict]:
             x = torch.randn(m, k, device="cuda").to(dt)
             ref = w4a16_reference(x, t, meta)
             row = {"m": m, "n": n, "k": k, "gs": gs, "dtype": str(dt)}
-            for v in [None] + (BULK_VARIANTS if sm90 else []):
+            for v in [None] + VARIANTS:
                 key = "cuda_gemv" if v is None else v.key
                 try:
                     row[key] = rel(w4a16_gemv_cuda(x, t, meta, v), ref)
@@ -104,7 +103,7 @@ def main() -> None:
     if not a.skip_check:
         result["check"] = check()
     shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
-    variants = VARIANTS + (BULK_VARIANTS if torch.cuda.get_device_capability() >= (9, 0) else [])
+    variants = VARIANTS
     if a.variants:
         variants = [v for v in variants if v.key in a.variants.split(",")]
     fns = {v.key: _function(0, v.kernel_name(False)) for v in variants}

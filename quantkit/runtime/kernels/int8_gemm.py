@@ -26,6 +26,7 @@ import triton.language as tl
 
 from quantkit.formats.nibble_planes import padded_k
 from quantkit.runtime.kernels.configs import TileConfig, gemm_config, mixed_second_bn
+from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda, a8_gemv_preferred, a8_gemv_problem
 from quantkit.runtime.kernels.dequant import planes_i8
 from quantkit.runtime.kernels.jit import USE_ASM, check_device, kernel
 from quantkit.runtime.kernels.launch import act_groups_in_halves, groups_in_halves, split_plan
@@ -225,10 +226,16 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
     """Y [M, N] (``out_dtype``) = dequant(A)·Ŵᵀ for int8 activation codes [M, K] with float32 scales [M, G]
     (:func:`quantkit.quant.act.quantize_activation_int` or the Triton kernel in :mod:`.act_quant`) and a ``w8``,
     ``w4a16`` (MixLLM W4A8) or ``w4a8-lqq`` weight; ``out`` an optional [M, N] result tensor; ``use_asm`` False
-    forces the plain-Triton dequantization. Reference: :func:`.reference.int8_reference`."""
+    forces the plain-Triton dequantization. With no ``config`` at decode sizes (:func:`.cuda_gemv_a8.
+    a8_gemv_preferred`) a ``w8`` / ``w4a16`` weight runs the CUDA A8 GEMV instead when it can
+    (:func:`.cuda_gemv_a8.a8_gemv_problem`). Reference: :func:`.reference.int8_reference`."""
     k = int(meta["in_features"])
     _check_act(a_codes, a_scales, act_group_size, k)
     m = a_codes.shape[0]
+    if (config is None and use_asm is None and a8_gemv_preferred(m, int(meta["out_features"]))
+            and a8_gemv_problem(a_codes, a_scales, [layout], out_dtype, k, [tensors], out) is None):
+        return a8_gemv_cuda(a_codes, a_scales, act_group_size, [(layout, tensors, meta, None)],
+                            int(meta["out_features"]), out_dtype, out)
     n_tiles = padded_k(k) // 256
     wa = _weight_args(layout, tensors, meta, n_tiles, act_group_size)
     check_device(a_codes, a_scales, wa["w"], wa["p"], wa["cs"])
@@ -257,12 +264,19 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
     layer — sharing the activation codes (quantized once); programs 0..tiles_a-1 run the first partition
     (the 4-bit one, whichever order ``parts`` has), the rest the second, and each epilogue scatters into its rows (int32 [N_part] output indices). ``bn_b``:
     rows per program of the second partition (default:
-    :func:`quantkit.runtime.kernels.configs.mixed_second_bn` — half of BN for 8-bit rows at small M)."""
+    :func:`quantkit.runtime.kernels.configs.mixed_second_bn` — half of BN for 8-bit rows at small M). With
+    neither ``config`` nor ``bn_b`` at decode sizes, the CUDA A8 GEMV runs both partitions in one launch when it
+    can (as :func:`int8_matmul`)."""
     if len(parts) != 2:
         raise ValueError(f"the one-launch mixed kernel takes 2 partitions, got {len(parts)}")
     k = int(parts[0][2]["in_features"])
     _check_act(a_codes, a_scales, act_group_size, k)
     m = a_codes.shape[0]
+    if (config is None and bn_b is None and a8_gemv_preferred(m, out_features)
+            and all(int(p[2]["in_features"]) == k for p in parts)
+            and a8_gemv_problem(a_codes, a_scales, [p[0] for p in parts], out_dtype, k, [p[1] for p in parts],
+                                out) is None):
+        return a8_gemv_cuda(a_codes, a_scales, act_group_size, list(parts), out_features, out_dtype, out)
     n_tiles = padded_k(k) // 256
     args = []
     for layout, tensors, meta, rows in parts:

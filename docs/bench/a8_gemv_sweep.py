@@ -1,0 +1,97 @@
+"""Decode study of the int8-activation kernels on one GPU: µs per call of cuBLAS fp16, the Triton W8A8 / MixLLM
+W4A8 / one-launch mixed W4.4A8 kernels (their default tile rule) and the CUDA A8 GEMV
+(quantkit.runtime.kernels.cuda_gemv_a8, 2 / 4 / 8 warps per block) at M <= 8, with a correctness check of each
+CUDA result against the Triton one — the measured basis of the A8 dispatch rule (docs/BENCHMARKS.md quotes it).
+
+    python docs/bench/a8_gemv_sweep.py --out a8.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+from quantkit.bench.problems import MIXED_8BIT_SHARE, _packed
+from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
+from quantkit.runtime.kernels.act_quant import quantize_activation_triton
+from quantkit.runtime.kernels.configs import gemm_config
+from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda
+from quantkit.runtime.kernels.int8_gemm import int8_matmul, mixed_int8_matmul
+
+KINDS = {"w8a8": ("w8", "w8"), "w4a8": ("w4a16", "asym"), "mixed": (None, "mixed")}
+
+
+def parts_for(method: str, n: int, k: int, gen: torch.Generator) -> list:
+    """[(layout, tensors, meta, rows or None)] of a random layer (mixed: 10 % of rows at 8 bits)."""
+    w = torch.randn(n, k, generator=gen)
+    if method != "mixed":
+        t, meta = _packed(KINDS[method][0], w)
+        return [(KINDS[method][0], {key: v.cuda() for key, v in t.items()}, meta, None)]
+    perm = torch.randperm(n, generator=gen)
+    n8 = max(1, int(round(MIXED_8BIT_SHARE * n)))
+    rows8, rows4 = perm[:n8].sort().values, perm[n8:].sort().values
+    out = []
+    for layout, rows in (("w4a16", rows4), ("w8", rows8)):
+        t, meta = _packed(layout, w[rows])
+        out.append((layout, {key: v.cuda() for key, v in t.items()}, meta, rows.to(torch.int32).cuda()))
+    return out
+
+
+def triton_call(method: str, m: int, n: int, k: int):
+    cfg = gemm_config(m, n, k, KINDS[method][1])
+    if method == "mixed":
+        return lambda a, s, parts: mixed_int8_matmul(a, s, 128, parts, n, config=cfg)
+    return lambda a, s, parts: int8_matmul(a, s, 128, parts[0][0], parts[0][1], parts[0][2], config=cfg)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--shapes", default="14336x4096,4096x4096,4096x14336,28672x4096,6144x4096")
+    p.add_argument("--ms", default="1,2,4,8")
+    p.add_argument("--methods", default="w8a8,w4a8,mixed")
+    a = p.parse_args()
+    t0 = time.time()
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": []}
+    for n, k in (tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")):
+        for method in a.methods.split(","):
+            parts = parts_for(method, n, k, torch.Generator().manual_seed(n + k))
+            wb = sum(v.numel() * v.element_size() for p_ in parts for v in p_[1].values())
+            for m in (int(v) for v in a.ms.split(",")):
+                copies = copies_to_defeat_l2(wb + 3 * m * k)
+                acts = [quantize_activation_triton(torch.randn(m, k, device="cuda").half(), 8, 128)
+                        for _ in range(copies)]
+                pcs = [[(lay, {key: v.clone() for key, v in t.items()}, meta, rows) for lay, t, meta, rows in parts]
+                       for _ in range(copies)]
+                inputs = [(ac, sc, pc) for (ac, sc), pc in zip(acts, pcs)]
+                row = {"method": method, "m": m, "n": n, "k": k}
+                xs = [torch.randn(m, k, device="cuda").half() for _ in range(copies_to_defeat_l2(2 * n * k))]
+                ws = [torch.randn(n, k, device="cuda").half() for _ in range(len(xs))]
+                row["fp16"] = time_rotating(lambda x, w: F.linear(x, w), list(zip(xs, ws)))["ms"] * 1e3
+                tri = triton_call(method, m, n, k)
+                ref = tri(*inputs[0])
+                row["triton"] = time_rotating(tri, inputs)["ms"] * 1e3
+                for warps in (2, 4, 8):
+                    fn = lambda ac, sc, pc, w=warps: a8_gemv_cuda(ac, sc, 128, pc, n, warps=w)  # noqa: E731
+                    out = fn(*inputs[0])
+                    row[f"check_w{warps}"] = float((out.double() - ref.double()).norm() / ref.double().norm())
+                    row[f"cuda_w{warps}"] = time_rotating(fn, inputs)["ms"] * 1e3
+                best = min((key for key in row if key.startswith("cuda_")), key=row.get)
+                print(f"{method:6s} M={m} {n}x{k}: fp16 {row['fp16']:.1f} triton {row['triton']:.1f} | " +
+                      " ".join(f"{key}={row[key]:.1f}" for key in row if key.startswith("cuda_")) +
+                      f" | best {best} {row['triton'] / row[best]:.2f}x triton, check "
+                      f"{max(row[f'check_w{w}'] for w in (2, 4, 8)):.1e}", flush=True)
+                result["rows"].append(row)
+                del acts, pcs, inputs, xs, ws
+                torch.cuda.empty_cache()
+    result["seconds"] = time.time() - t0
+    with open(a.out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,367 @@
+"""W8A8 / MixLLM W4A8 / mixed W4.4A8 decode GEMV in CUDA C++ (NVRTC via CuPy) over int8 activation codes.
+
+The decode counterpart (M <= 8 tokens) of the Triton kernels in :mod:`.int8_gemm`, built like the W4A16 GEMV of
+:mod:`.cuda_gemv` (a block owns 16 weight rows, its warps split K by 256-column tiles, one tile loaded ahead in
+registers, partial sums added through shared memory) but on the int8 tensor cores, ``mma.sync.m16n8k32``:
+
+* ``w8`` rows (MixLLM sym-8 g128): the int8 bytes are the A operand as they are. Lane (g, c) loads 16 bytes at
+  column 64j + 16c of rows g and g + 8 and the activation codes of token g at the same columns, so the two mmas
+  of a 64-column chunk pair A and B over the same columns in the same register order;
+* ``w4a16`` rows (MixLLM asym-4 g128, the W4A16 layout): byte b of the four words a lane holds (columns
+  4c … 4c + 3 of a plane's 16-column chunk) is gathered into one register (three PRMT) whose low / high nibbles
+  are the codes q of planes b / b + 4 — the unsigned A operand of an ``u8 × s8`` mma. The zero point is
+  taken out per group after the products: Σ (q − z)·a = Σ q·a − z·Σ a, with Σ a from an mma of all-ones A over
+  the same B (exact integers throughout, MixLLM Sec. 3.3 two-step dequantization: integer sums first);
+* per 128-column half-tile the exact int32 sum is converted once and scaled by the weight group's scale and the
+  token's activation-group scale (MixLLM Sec. 3.3 group-tile accumulation), as the Triton kernels do; results
+  agree with :func:`quantkit.runtime.kernels.reference.int8_reference` to fp32 summation order;
+* a mixed-precision layer (MixLLM Sec. 3.4) runs in ONE launch: blocks 0 … nb_first − 1 take the first
+  partition's rows (the 8-bit one, so the blocks with twice the bytes start first and the 4-bit blocks fill in
+  behind them), the rest the second; each writes through its partition's output-column map.
+
+Requires K a multiple of 256 (the layouts pad K to 256; the activations must cover it), 16-byte aligned
+activation rows, a GPU of compute capability >= 8.0 and CuPy: :func:`a8_gemv_problem` says what is missing,
+and :func:`quantkit.runtime.kernels.int8_gemm.int8_matmul` / ``mixed_int8_matmul`` then run Triton.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from quantkit.runtime.kernels.cuda_gemv import TOKENS_PER_COLUMN, _stream, cupy_available
+
+W8_MODE, ASYM4_MODE = 0, 1
+MODES = {"w8": W8_MODE, "w4a16": ASYM4_MODE}
+A8_GEMV_MAX_M = 8
+
+SOURCE = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+typedef unsigned int u32;
+
+__device__ __forceinline__ uint4 ld_stream(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+// c += A (a0..a3, int8 16x32) · B (b0, b1, int8 32x8), int32 accumulators; ATY "s8" or "u8"
+#define QK_IMMA(ATY)                                                                                          \
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32." ATY ".s8.s32 {%0, %1, %2, %3}, "                   \
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"                                             \
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])                                            \
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+
+__device__ __forceinline__ void imma_s8(int* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) { QK_IMMA("s8"); }
+__device__ __forceinline__ void imma_u8(int* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) { QK_IMMA("u8"); }
+
+__device__ __forceinline__ int group_of(int half, int shift, int halves_per_group, int n_groups) {
+    return min(shift >= 0 ? half >> shift : half / halves_per_group, n_groups - 1);
+}
+
+// byte b of words x, y, z, w -> bytes 0..3 of one word
+__device__ __forceinline__ u32 gather4(uint4 v, int b) {
+    const u32 sel = (u32)(b | ((4 + b) << 4));
+    return __byte_perm(__byte_perm(v.x, v.y, sel), __byte_perm(v.z, v.w, sel), 0x5410);
+}
+
+struct Part {  // one partition of the layer: weights, their scales, output columns
+    const void* w;        // w8: int8 [n, w_row] ; asym4: the w4a16 words, w_row bytes per row
+    const void* params;   // w8: float32 scales [groups, n] ; asym4: qparams words [groups, n]
+    const int* cols;      // output column of each row (nullptr: the row itself)
+    int n, w_row, hpg, shift, groups;
+};
+
+template <int MODE> struct TileA8;
+template <> struct TileA8<0> { uint4 w[2][4]; float s[2][2]; };   // [row g, g+8][64-column chunk]; scales
+template <> struct TileA8<1> { uint4 w[2][2]; u32 p[2][2]; };     // as the W4A16 GEMV: words, scale|zero
+
+template <int MODE>
+__device__ __forceinline__ void load_tile(const Part& P, const int* rows, int c, int t, TileA8<MODE>& tl) {
+    const int g_lo = group_of(2 * t, P.shift, P.hpg, P.groups);
+    const int g_hi = group_of(2 * t + 1, P.shift, P.hpg, P.groups);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const char* row = reinterpret_cast<const char*>(P.w) + (long long)rows[r] * P.w_row;
+        if constexpr (MODE == 0) {
+            tl.w[r][0] = ld_stream(row + t * 256 + 16 * c);
+            tl.w[r][1] = ld_stream(row + t * 256 + 64 + 16 * c);
+            tl.w[r][2] = ld_stream(row + t * 256 + 128 + 16 * c);
+            tl.w[r][3] = ld_stream(row + t * 256 + 192 + 16 * c);
+            const float* s = reinterpret_cast<const float*>(P.params);
+            tl.s[r][0] = __ldg(s + (long long)g_lo * P.n + rows[r]);
+            tl.s[r][1] = __ldg(s + (long long)g_hi * P.n + rows[r]);
+        } else {
+            tl.w[r][0] = ld_stream(row + t * 128 + 16 * c);
+            tl.w[r][1] = ld_stream(row + t * 128 + 64 + 16 * c);
+            const u32* q = reinterpret_cast<const u32*>(P.params);
+            tl.p[r][0] = __ldg(q + (long long)g_lo * P.n + rows[r]);
+            tl.p[r][1] = __ldg(q + (long long)g_hi * P.n + rows[r]);
+        }
+    }
+}
+
+// acc[i] (row g + 8(i >> 1), token 2c + (i & 1)) += Σ over tile t of w·a, scaled per half-tile by the weight
+// and activation group scales; ar: token g's codes, sa0/sa1: the activation scale rows of tokens 2c, 2c + 1
+template <int MODE>
+__device__ __forceinline__ void tile_a8(const TileA8<MODE>& tl, const signed char* ar, const float* sa0,
+                                        const float* sa1, int t, int a_shift, int a_hpg, int a_groups, int c,
+                                        float* acc) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        int part[4] = {0, 0, 0, 0};
+        float sw[2];
+        if constexpr (MODE == 0) {
+#pragma unroll
+            for (int j = 2 * half; j < 2 * half + 2; ++j) {  // 64-column chunks of this half
+                const uint4 av = *reinterpret_cast<const uint4*>(ar + t * 256 + 64 * j + 16 * c);
+                imma_s8(part, tl.w[0][j].x, tl.w[1][j].x, tl.w[0][j].y, tl.w[1][j].y, av.x, av.y);
+                imma_s8(part, tl.w[0][j].z, tl.w[1][j].z, tl.w[0][j].w, tl.w[1][j].w, av.z, av.w);
+            }
+#pragma unroll
+            for (int r = 0; r < 2; ++r) sw[r] = tl.s[r][half];
+        } else {
+            int asum[4] = {0, 0, 0, 0};
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {  // plane b + 4·half: low (half 0) or high (half 1) nibbles of byte b
+                const int plane = b + 4 * half;
+                const u32 b0 = *reinterpret_cast<const u32*>(ar + t * 256 + plane * 32 + 4 * c);
+                const u32 b1 = *reinterpret_cast<const u32*>(ar + t * 256 + plane * 32 + 16 + 4 * c);
+                u32 q[2][2];
+#pragma unroll
+                for (int r = 0; r < 2; ++r)
+#pragma unroll
+                    for (int v = 0; v < 2; ++v) {
+                        const u32 bytes = gather4(tl.w[r][v], b);
+                        q[r][v] = (half == 0 ? bytes : bytes >> 4) & 0x0F0F0F0Fu;
+                    }
+                imma_u8(part, q[0][0], q[1][0], q[0][1], q[1][1], b0, b1);
+                imma_u8(asum, 0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u, b0, b1);
+            }
+            int z[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const u32 p = tl.p[r][half];
+                sw[r] = __half2float(__ushort_as_half((unsigned short)(p & 0xFFFFu)));
+                z[r] = (int)((p >> 16) & 0xFFu);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) part[i] -= z[i >> 1] * asum[i];  // Σ q·a − z·Σ a, exact
+        }
+        const int ag = group_of(2 * t + half, a_shift, a_hpg, a_groups);
+        const float s_tok[2] = {__ldg(sa0 + ag), __ldg(sa1 + ag)};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[i] = fmaf((float)part[i], sw[i >> 1] * s_tok[i & 1], acc[i]);
+    }
+}
+
+template <int NWARPS, bool BF16, int MODE>
+__device__ __forceinline__ void block_a8(const Part& P, int blk, const signed char* a, const float* sa, int M,
+                                         long long stride_am, long long stride_sm, int a_hpg, int a_shift,
+                                         int a_groups, void* out_, long long stride_om, int n_tiles) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, c = lane & 3;
+    const int row0 = blk * 16, m0 = blockIdx.y * 8;
+    const int rows[2] = {min(row0 + g, P.n - 1), min(row0 + g + 8, P.n - 1)};
+    // tokens past M read the last token (their outputs are never stored)
+    const signed char* ar = a + (long long)min(m0 + g, M - 1) * stride_am;
+    const float* sa0 = sa + (long long)min(m0 + 2 * c, M - 1) * stride_sm;
+    const float* sa1 = sa + (long long)min(m0 + 2 * c + 1, M - 1) * stride_sm;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    TileA8<MODE> ta, tb;
+    int t = warp;
+    if (t < n_tiles) load_tile<MODE>(P, rows, c, t, ta);
+    for (; t < n_tiles; t += 2 * NWARPS) {
+        if (t + NWARPS < n_tiles) load_tile<MODE>(P, rows, c, t + NWARPS, tb);
+        tile_a8<MODE>(ta, ar, sa0, sa1, t, a_shift, a_hpg, a_groups, c, acc);
+        if (t + NWARPS >= n_tiles) break;
+        if (t + 2 * NWARPS < n_tiles) load_tile<MODE>(P, rows, c, t + 2 * NWARPS, ta);
+        tile_a8<MODE>(tb, ar, sa0, sa1, t + NWARPS, a_shift, a_hpg, a_groups, c, acc);
+    }
+    __shared__ float red[NWARPS][4][32];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[i];
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            float v = 0.f;
+#pragma unroll
+            for (int q = 0; q < NWARPS; ++q) v += red[q][i][lane];
+            const int row = row0 + g + 8 * (i >> 1);
+            const int tok = m0 + 2 * c + (i & 1);
+            if (row < P.n && tok < M) {
+                const long long col = P.cols ? P.cols[row] : row;
+                if (BF16) reinterpret_cast<__nv_bfloat16*>(out_)[tok * stride_om + col] = __float2bfloat16_rn(v);
+                else reinterpret_cast<__half*>(out_)[tok * stride_om + col] = __float2half_rn(v);
+            }
+        }
+    }
+}
+
+// Y[M, out] for M <= 8 per launch column; blocks [0, nb_first) run partition A, the rest partition B
+template <int NWARPS, bool BF16, int MODE_A, int MODE_B>
+__global__ void __launch_bounds__(NWARPS * 32, 1)
+a8_gemv(const signed char* __restrict__ a, const float* __restrict__ sa, int M, long long stride_am,
+        long long stride_sm, int a_hpg, int a_shift, int a_groups, void* __restrict__ out, long long stride_om,
+        int n_tiles, int nb_first,
+        const void* w_a, const void* p_a, const int* cols_a, int n_a, int w_row_a, int hpg_a, int shift_a,
+        int groups_a,
+        const void* w_b, const void* p_b, const int* cols_b, int n_b, int w_row_b, int hpg_b, int shift_b,
+        int groups_b) {
+    const Part pa = {w_a, p_a, cols_a, n_a, w_row_a, hpg_a, shift_a, groups_a};
+    const Part pb = {w_b, p_b, cols_b, n_b, w_row_b, hpg_b, shift_b, groups_b};
+    if ((int)blockIdx.x < nb_first)
+        block_a8<NWARPS, BF16, MODE_A>(pa, blockIdx.x, a, sa, M, stride_am, stride_sm, a_hpg, a_shift, a_groups,
+                                       out, stride_om, n_tiles);
+    else
+        block_a8<NWARPS, BF16, MODE_B>(pb, blockIdx.x - nb_first, a, sa, M, stride_am, stride_sm, a_hpg, a_shift,
+                                       a_groups, out, stride_om, n_tiles);
+}
+"""
+
+WARPS = (2, 4, 8)
+
+
+def a8_kernel_name(warps: int, bf16: bool, mode_a: int, mode_b: int) -> str:
+    """The template instance of SOURCE for these warps, output dtype and partition modes."""
+    return f"a8_gemv<{warps}, {'true' if bf16 else 'false'}, {mode_a}, {mode_b}>"
+
+
+@functools.lru_cache(maxsize=None)
+def _function(device_index: int, name: str):
+    """The compiled kernel ``name`` (NVRTC compiles each instance on first use, ~1 s)."""
+    import cupy
+
+    with cupy.cuda.Device(device_index):
+        mod = cupy.RawModule(code=SOURCE, options=("--std=c++17",), name_expressions=[name])
+        mod.compile()
+        return mod.get_function(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _compile_problem(device_index: int, bf16: bool) -> str | None:
+    """None when the single-partition kernels compile here (cached), else why not."""
+    try:
+        for mode in (W8_MODE, ASYM4_MODE):
+            _function(device_index, a8_kernel_name(4, bf16, mode, mode))
+    except Exception as e:  # noqa: BLE001 — NVRTC/driver trouble: the Triton kernels run instead
+        import warnings
+
+        warnings.warn(f"quantkit CUDA A8 GEMV unavailable ({type(e).__name__}: {str(e)[:200]}); using Triton",
+                      RuntimeWarning, stacklevel=3)
+        return f"the CUDA A8 GEMV did not compile: {type(e).__name__}"
+    return None
+
+
+def a8_gemv_problem(a_codes: torch.Tensor, a_scales: torch.Tensor, layouts: list[str], out_dtype: torch.dtype,
+                    k: int, tensors: list[dict] | None = None, out: torch.Tensor | None = None) -> str | None:
+    """Why :func:`a8_gemv_cuda` cannot run (None: it can): M in 1..8, every layout ``w8`` or ``w4a16``, K a
+    multiple of 256, int8 codes with 16-byte aligned rows, float32 scales with unit column stride, an fp16/bf16
+    output (``out``, if given, of that dtype with unit column stride), contiguous 16-byte aligned weight tensors,
+    a CUDA device of compute capability >= 8.0, and CuPy with NVRTC. Cheap checks first (testable on a CPU)."""
+    m = a_codes.shape[0] if a_codes.dim() == 2 else 0
+    if not 1 <= m <= A8_GEMV_MAX_M:
+        return f"M = {m} is outside 1..{A8_GEMV_MAX_M}"
+    bad = [lay for lay in layouts if lay not in MODES]
+    if bad:
+        return f"no CUDA A8 GEMV for layout {bad[0]}"
+    if k % 256:
+        return f"K = {k} is not a multiple of 256"
+    if out_dtype not in (torch.float16, torch.bfloat16):
+        return f"output dtype {out_dtype} is not fp16/bf16"
+    if a_codes.stride(1) != 1 or a_codes.data_ptr() % 16 or a_codes.stride(0) % 16:
+        return "activation code rows are not 16-byte aligned with unit column stride"
+    if a_scales.stride(1) != 1:
+        return "activation scales need unit column stride"
+    if out is not None and (out.dtype != out_dtype or out.stride(1) != 1):
+        return "out must have the output dtype and unit column stride"
+    for t in tensors or []:
+        if not all(v.is_contiguous() and v.data_ptr() % 16 == 0 for v in t.values()):
+            return "packed tensors are not contiguous and 16-byte aligned"
+    if not a_codes.is_cuda:
+        return "activations are not on a CUDA device"
+    if torch.cuda.get_device_capability(a_codes.device) < (8, 0):
+        return "the GPU is older than compute capability 8.0"
+    if not cupy_available():
+        return "CuPy is not installed or sees no GPU"
+    dev = a_codes.device.index if a_codes.device.index is not None else torch.cuda.current_device()
+    return _compile_problem(dev, out_dtype == torch.bfloat16)
+
+
+def a8_warps(n: int) -> int:
+    """Warps per block (they split K) for a layer of N output rows: 8 up to N = 4096, 4 up to 8192, 2 up to
+    16384, else 4 — the fastest of 2/4/8 on an H100 at M = 1 for the five Llama-3.1-8B shapes, within 5 % at
+    M = 2-8 but for one point (docs/bench/a8_gemv_sweep.py, docs/logs/a8_gemv_sweep_h100.json)."""
+    if n <= 4096:
+        return 8
+    return 4 if n <= 8192 or n > 16384 else 2
+
+
+def a8_gemv_preferred(m: int, n: int) -> bool:
+    """Whether the CUDA A8 GEMV beats the Triton int8 kernels for M tokens on N output rows: at M <= 4 always,
+    at M = 5-8 up to N = 16384 (28672×4096 at M = 8: W4A8 Triton 29.5 µs vs 35.2; same log as
+    :func:`a8_warps`)."""
+    return 1 <= m <= A8_GEMV_MAX_M and (m <= 4 or n <= 16384)
+
+
+def _part_args(layout: str, tensors: dict, meta: dict, rows: torch.Tensor | None, n_tiles: int) -> list:
+    import numpy as np
+
+    mode = MODES[layout]
+    w = tensors["qweight"]
+    params = tensors["scales"] if mode == W8_MODE else tensors["qparams"]
+    gs = int(meta["group_size"])
+    hpg = 2 * n_tiles + 1 if gs == -1 else gs // 128
+    shift = 31 if gs == -1 else (hpg.bit_length() - 1 if hpg & (hpg - 1) == 0 else -1)
+    cols = 0 if rows is None else rows.data_ptr()
+    return [np.uint64(w.data_ptr()), np.uint64(params.data_ptr()), np.uint64(cols),
+            np.int32(int(meta["out_features"])), np.int32(w.shape[1] * w.element_size()), np.int32(hpg),
+            np.int32(shift), np.int32(params.shape[0])]
+
+
+def a8_gemv_cuda(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, parts: list,
+                 out_features: int, out_dtype: torch.dtype = torch.float16, out: torch.Tensor | None = None,
+                 warps: int | None = None) -> torch.Tensor:
+    """Y [M, out_features] = dequant(A)·Ŵᵀ for M <= 8 int8 activation codes [M, K] with float32 scales [M, Ga]
+    and one or two partitions ``parts`` = [(layout, tensors, meta, rows or None)] of ``w8`` / ``w4a16`` weights
+    (rows: int32 output column of each partition row; None: row i → column i). One launch; an 8-bit partition
+    runs first (module docstring). The caller checks :func:`a8_gemv_problem`."""
+    import numpy as np
+
+    m, k = a_codes.shape
+    n_tiles = k // 256
+    if len(parts) not in (1, 2):
+        raise ValueError(f"the A8 GEMV takes 1 or 2 partitions, got {len(parts)}")
+    parts = sorted(parts, key=lambda p: MODES[p[0]])  # w8 (mode 0) first: its blocks carry twice the bytes
+    for layout, _, meta, _ in parts:
+        if int(meta["in_features"]) > k or -(-int(meta["in_features"]) // 256) != n_tiles:
+            raise ValueError(f"activation codes [M, {k}] do not cover the {layout} weight's K")
+    rows = [None if r is None else r.to(device=a_codes.device, dtype=torch.int32).contiguous()
+            for _, _, _, r in parts]
+    args_parts = [_part_args(lay, t, meta, r, n_tiles) for (lay, t, meta, _), r in zip(parts, rows)]
+    if len(parts) == 1:
+        args_parts.append(args_parts[0])
+    out = torch.empty(m, out_features, dtype=out_dtype, device=a_codes.device) if out is None else out
+    n_total = sum(int(meta["out_features"]) for _, _, meta, _ in parts)
+    warps = warps or a8_warps(n_total)
+    nb = [-(-int(meta["out_features"]) // 16) for _, _, meta, _ in parts]
+    a_hpg = 2 * n_tiles + 2 if act_group_size == -1 else act_group_size // 128
+    a_shift = 31 if act_group_size == -1 else (a_hpg.bit_length() - 1 if a_hpg & (a_hpg - 1) == 0 else -1)
+    dev = a_codes.device.index if a_codes.device.index is not None else torch.cuda.current_device()
+    modes = [MODES[p[0]] for p in parts] + ([MODES[parts[0][0]]] if len(parts) == 1 else [])
+    fn = _function(dev, a8_kernel_name(warps, out_dtype == torch.bfloat16, modes[0], modes[1]))
+    grid = (sum(nb), -(-m // TOKENS_PER_COLUMN))
+    args = (np.uint64(a_codes.data_ptr()), np.uint64(a_scales.data_ptr()), np.int32(m),
+            np.int64(a_codes.stride(0)), np.int64(a_scales.stride(0)), np.int32(a_hpg), np.int32(a_shift),
+            np.int32(a_scales.shape[1]), np.uint64(out.data_ptr()), np.int64(out.stride(0)), np.int32(n_tiles),
+            np.int32(nb[0]), *args_parts[0], *args_parts[1])
+    import cupy
+
+    with cupy.cuda.Device(dev), _stream(dev, torch.cuda.current_stream(a_codes.device).cuda_stream):
+        fn(grid, (32 * warps,), args)
+    return out

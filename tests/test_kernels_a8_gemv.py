@@ -33,9 +33,9 @@ def test_a8_gemv_declines_inputs_it_cannot_read():
     from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_problem
 
     codes, scales = _acts(2, 512, 128, 0, "cpu")
-    assert "outside 1..8" in a8_gemv_problem(codes[:0], scales[:0], ["w8"], torch.float16, 512)
-    big, big_s = _acts(9, 512, 128, 0, "cpu")
-    assert "outside 1..8" in a8_gemv_problem(big, big_s, ["w8"], torch.float16, 512)
+    assert "outside 1..16" in a8_gemv_problem(codes[:0], scales[:0], ["w8"], torch.float16, 512)
+    big, big_s = _acts(17, 512, 128, 0, "cpu")
+    assert "outside 1..16" in a8_gemv_problem(big, big_s, ["w8"], torch.float16, 512)
     assert "w4a8-lqq" in a8_gemv_problem(codes, scales, ["w4a16", "w4a8-lqq"], torch.float16, 512)
     assert "multiple of 256" in a8_gemv_problem(codes, scales, ["w8"], torch.float16, 384)
     assert "fp16/bf16" in a8_gemv_problem(codes, scales, ["w8"], torch.float32, 512)

@@ -1,6 +1,6 @@
 """W8A8 / MixLLM W4A8 / mixed W4.4A8 decode GEMV in CUDA C++ (NVRTC via CuPy) over int8 activation codes.
 
-The decode counterpart (M <= 8 tokens) of the Triton kernels in :mod:`.int8_gemm`, built like the W4A16 GEMV of
+The decode counterpart (M <= 16 tokens, 8 per launch column) of the Triton kernels in :mod:`.int8_gemm`, built like the W4A16 GEMV of
 :mod:`.cuda_gemv` (a block owns 16 weight rows, its warps split K by 256-column tiles, one tile loaded ahead in
 registers, partial sums added through shared memory) but on the int8 tensor cores, ``mma.sync.m16n8k32``:
 
@@ -34,7 +34,7 @@ from quantkit.runtime.kernels.cuda_gemv import TOKENS_PER_COLUMN, _stream, cupy_
 
 W8_MODE, ASYM4_MODE = 0, 1
 MODES = {"w8": W8_MODE, "w4a16": ASYM4_MODE}
-A8_GEMV_MAX_M = 8
+A8_GEMV_MAX_M = 16  # two 8-token launch columns
 
 SOURCE = r"""
 #include <cuda_fp16.h>
@@ -260,7 +260,7 @@ def _compile_problem(device_index: int, bf16: bool) -> str | None:
 
 def a8_gemv_problem(a_codes: torch.Tensor, a_scales: torch.Tensor, layouts: list[str], out_dtype: torch.dtype,
                     k: int, tensors: list[dict] | None = None, out: torch.Tensor | None = None) -> str | None:
-    """Why :func:`a8_gemv_cuda` cannot run (None: it can): M in 1..8, every layout ``w8`` or ``w4a16``, K a
+    """Why :func:`a8_gemv_cuda` cannot run (None: it can): M in 1..16, every layout ``w8`` or ``w4a16``, K a
     multiple of 256, int8 codes with 16-byte aligned rows, float32 scales with unit column stride, an fp16/bf16
     output (``out``, if given, of that dtype with unit column stride), contiguous 16-byte aligned weight tensors,
     a CUDA device of compute capability >= 8.0, and CuPy with NVRTC. Cheap checks first (testable on a CPU)."""
@@ -302,11 +302,18 @@ def a8_warps(n: int) -> int:
     return 4 if n <= 8192 or n > 16384 else 2
 
 
-def a8_gemv_preferred(m: int, n: int) -> bool:
-    """Whether the CUDA A8 GEMV beats the Triton int8 kernels for M tokens on N output rows: at M <= 4 always,
-    at M = 5-8 up to N = 16384 (28672×4096 at M = 8: W4A8 Triton 29.5 µs vs 35.2; same log as
-    :func:`a8_warps`)."""
-    return 1 <= m <= A8_GEMV_MAX_M and (m <= 4 or n <= 16384)
+def a8_gemv_preferred(m: int, n: int, k: int, mixed: bool = False) -> bool:
+    """Whether the CUDA A8 GEMV beats the Triton int8 kernels for M tokens on an [N, K] layer: at M <= 4
+    always, at M = 5-8 up to N = 16384 (28672×4096 at M = 8: W4A8 Triton 29.5 µs vs 35.2), at M = 9-16 up to
+    N = 8192 — for a single partition only up to K = 8192 (4096×14336 at M = 16: W4A8 Triton 24.4 µs vs 29.1,
+    mixed W4.4A8 34.4 vs 29.5). Measured on an H100 (docs/logs/a8_gemv_sweep_h100.json, *_m16_h100.json)."""
+    if not 1 <= m <= A8_GEMV_MAX_M:
+        return False
+    if m <= 4:
+        return True
+    if m <= 8:
+        return n <= 16384
+    return n <= 8192 and (mixed or k <= 8192)
 
 
 def _part_args(layout: str, tensors: dict, meta: dict, rows: torch.Tensor | None, n_tiles: int) -> list:
@@ -327,7 +334,7 @@ def _part_args(layout: str, tensors: dict, meta: dict, rows: torch.Tensor | None
 def a8_gemv_cuda(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, parts: list,
                  out_features: int, out_dtype: torch.dtype = torch.float16, out: torch.Tensor | None = None,
                  warps: int | None = None) -> torch.Tensor:
-    """Y [M, out_features] = dequant(A)·Ŵᵀ for M <= 8 int8 activation codes [M, K] with float32 scales [M, Ga]
+    """Y [M, out_features] = dequant(A)·Ŵᵀ for int8 activation codes [M, K] (8 tokens per launch column) with float32 scales [M, Ga]
     and one or two partitions ``parts`` = [(layout, tensors, meta, rows or None)] of ``w8`` / ``w4a16`` weights
     (rows: int32 output column of each partition row; None: row i → column i). One launch; an 8-bit partition
     runs first (module docstring). The caller checks :func:`a8_gemv_problem`."""

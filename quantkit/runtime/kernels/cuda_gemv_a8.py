@@ -293,10 +293,13 @@ def a8_gemv_problem(a_codes: torch.Tensor, a_scales: torch.Tensor, layouts: list
     return _compile_problem(dev, out_dtype == torch.bfloat16)
 
 
-def a8_warps(n: int) -> int:
-    """Warps per block (they split K) for a layer of N output rows: 8 up to N = 4096, 4 up to 8192, 2 up to
-    16384, else 4 — the fastest of 2/4/8 on an H100 at M = 1 for the five Llama-3.1-8B shapes, within 5 % at
-    M = 2-8 but for one point (docs/bench/a8_gemv_sweep.py, docs/logs/a8_gemv_sweep_h100.json)."""
+def a8_warps(n: int, m: int = 1) -> int:
+    """Warps per block (they split K) for a layer of N output rows and M tokens. M <= 8: 8 up to N = 4096, 4 up
+    to 8192, 2 up to 16384, else 4 — the fastest of 2/4/8 on an H100 at M = 1 for the five Llama-3.1-8B shapes,
+    within 5 % at M = 2-8 but for one point (docs/bench/a8_gemv_sweep.py, docs/logs/a8_gemv_sweep_h100.json);
+    M = 9-16 (two launch columns, twice the blocks): 4 up to N = 4096, else 2 (*_m16_h100.json)."""
+    if m > TOKENS_PER_COLUMN:
+        return 4 if n <= 4096 else 2
     if n <= 4096:
         return 8
     return 4 if n <= 8192 or n > 16384 else 2
@@ -355,7 +358,7 @@ def a8_gemv_cuda(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: 
         args_parts.append(args_parts[0])
     out = torch.empty(m, out_features, dtype=out_dtype, device=a_codes.device) if out is None else out
     n_total = sum(int(meta["out_features"]) for _, _, meta, _ in parts)
-    warps = warps or a8_warps(n_total)
+    warps = warps or a8_warps(n_total, m)
     nb = [-(-int(meta["out_features"]) // 16) for _, _, meta, _ in parts]
     a_hpg = 2 * n_tiles + 2 if act_group_size == -1 else act_group_size // 128
     a_shift = 31 if act_group_size == -1 else (a_hpg.bit_length() - 1 if a_hpg & (a_hpg - 1) == 0 else -1)

@@ -27,10 +27,12 @@ Nsight Compute showed the schedulers issuing on ~47 % of cycles with ~400 instru
 cut to ~270 (a signed division for the group index, a two-instruction mask, a tile copy and a token predicate
 removed: 17.8 → 14.9 µs); a pure read of the same bytes takes 11.8 µs. Variants measured and dropped:
 per-element fp16 scaling before the mma, activations staged in shared memory, a TMA bulk prefetch of the block's
-rows into L2, a CUDA-core FMA version, register caps, a second tile in flight, and (sm_90) the weight stream
+rows into L2, a CUDA-core FMA version, register caps, a second tile in flight, (sm_90) the weight stream
 through TMA bulk copies into a shared-memory ring (slower at every shape and M: whole blocks wait for their
 chunk, then compute while nothing of theirs is loading; docs/logs/gemv_sweep_bulk_h100.json,
-docs/logs/gemv_sweep_lean_h100.json, docs/logs/ncu_gemv_regs_vs_bulk_h100.txt).
+docs/logs/gemv_sweep_lean_h100.json, docs/logs/ncu_gemv_regs_vs_bulk_h100.txt; code at commit f721c5e), and a
+per-warp cp.async ring of 2-6 stages (slower, more stages slower still: docs/logs/gemv_sweep_async_h100.json;
+code at commit 87fd855).
 
 Requires K a multiple of 256 and 8-byte aligned activation rows (every real model's hidden sizes are);
 :func:`cuda_gemv_supported` says when; :func:`quantkit.runtime.kernels.w4a16.w4a16_matmul` uses it for M <= 8
@@ -267,79 +269,6 @@ w4a16_gemv_mma(const void* __restrict__ x_, const uint4* __restrict__ w, const u
     }
     reduce_store<NWARPS, BF16>(acc, reinterpret_cast<T*>(out_), row0, m0, M, N, stride_om);
 }
-
-// --- the same product with each warp's weight stream through its own ring of shared-memory stages ---
-__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {  // global -> shared, 16 B, L2 only
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" :: "r"(smem_u32(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(smem_u32(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(PENDING) : "memory"); }
-
-// Like w4a16_gemv_mma, but a warp keeps STAGES - 1 tiles in flight without holding them in registers: each lane
-// copies its own share of a tile (the 4 weight vectors and 4 scale|zero words it will read) into its slots of the
-// warp's shared ring with cp.async, so no lane waits for another and no barrier is needed — only
-// cp.async.wait_group on its own copies. Slots are [stage][vector][lane] so a quarter-warp reads 128 consecutive
-// bytes (no bank conflicts). Shared memory: NWARPS · STAGES · 2.5 KB (dynamic).
-template <int NWARPS, bool BF16, int STAGES>
-__global__ void __launch_bounds__(NWARPS * 32, 1)
-w4a16_gemv_async(const void* __restrict__ x_, const uint4* __restrict__ w, const u32* __restrict__ qp,
-                 void* __restrict__ out_, int M, int N, long long stride_xm, long long stride_om, int w_row_vec,
-                 int n_tiles, int halves_per_group, int group_shift, int n_groups) {
-    static_assert(STAGES >= 2, "at least one tile in flight");
-    typedef typename Pair<BF16>::T T;
-    extern __shared__ __align__(16) unsigned char ring_bytes[];
-    const T* x = reinterpret_cast<const T*>(x_);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int g = lane >> 2, c = lane & 3;
-    const int row0 = blockIdx.x * 16;
-    const int m0 = blockIdx.y * 8;
-    const int rows[2] = {min(row0 + g, N - 1), min(row0 + g + 8, N - 1)};
-    const T* xr = x + (long long)min(m0 + g, M - 1) * stride_xm + 4 * c;
-    uint4* wring = reinterpret_cast<uint4*>(ring_bytes) + warp * STAGES * 4 * 32;            // [STAGES][4][32]
-    u32* pring = reinterpret_cast<u32*>(ring_bytes + NWARPS * STAGES * 4 * 32 * 16) + warp * STAGES * 4 * 32;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-
-    auto issue = [&](int i) {  // the warp's i-th tile (t = warp + i·NWARPS) into stage i % STAGES, one group
-        const int t = warp + i * NWARPS;
-        if (t < n_tiles) {
-            const int s = i % STAGES;
-            const int g_lo = group_of(2 * t, group_shift, halves_per_group, n_groups);
-            const int g_hi = group_of(2 * t + 1, group_shift, halves_per_group, n_groups);
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const uint4* base = w + (long long)rows[r] * w_row_vec + t * 8 + c;
-                cp_async16(&wring[(s * 4 + 2 * r) * 32 + lane], base);
-                cp_async16(&wring[(s * 4 + 2 * r + 1) * 32 + lane], base + 4);
-                cp_async4(&pring[(s * 4 + 2 * r) * 32 + lane], qp + (long long)g_lo * N + rows[r]);
-                cp_async4(&pring[(s * 4 + 2 * r + 1) * 32 + lane], qp + (long long)g_hi * N + rows[r]);
-            }
-        }
-        cp_async_commit();  // an empty group past the end keeps the wait count uniform
-    };
-#pragma unroll
-    for (int i = 0; i < STAGES - 1; ++i) issue(i);
-    for (int i = 0; warp + i * NWARPS < n_tiles; ++i) {
-        issue(i + STAGES - 1);  // into the stage tile i - 1 used, read back by this lane already
-        cp_async_wait<STAGES - 1>();  // tile i's group has landed
-        const int s = i % STAGES;
-        Tile cur;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            cur.w[r][0] = wring[(s * 4 + 2 * r) * 32 + lane];
-            cur.w[r][1] = wring[(s * 4 + 2 * r + 1) * 32 + lane];
-            cur.p[r][0] = pring[(s * 4 + 2 * r) * 32 + lane];
-            cur.p[r][1] = pring[(s * 4 + 2 * r + 1) * 32 + lane];
-        }
-        mma_tile<BF16>(cur, xr, warp + i * NWARPS, acc);
-    }
-    cp_async_wait<0>();
-    reduce_store<NWARPS, BF16>(acc, reinterpret_cast<T*>(out_), row0, m0, M, N, stride_om);
-}
 """
 
 
@@ -350,31 +279,18 @@ class GemvVariant:
 
     warps: int = 4
     l2_prefetch: int = 128
-    stages: int = 0  # > 0: w4a16_gemv_async with this many shared stages per warp (l2_prefetch then 128)
 
     def kernel_name(self, bf16: bool) -> str:
-        flag = "true" if bf16 else "false"
-        if self.stages:
-            return f"w4a16_gemv_async<{self.warps}, {flag}, {self.stages}>"
-        return f"w4a16_gemv_mma<{self.warps}, {flag}, {self.l2_prefetch}>"
+        return f"w4a16_gemv_mma<{self.warps}, {'true' if bf16 else 'false'}, {self.l2_prefetch}>"
 
     @property
     def key(self) -> str:
         """Short name, as the sweep logs spell it."""
-        if self.stages:
-            return f"async_w{self.warps}_s{self.stages}"
         return f"cuda_w{self.warps}_pf{self.l2_prefetch}"
-
-    @property
-    def smem_bytes(self) -> int:
-        """Dynamic shared memory per block (the async variant's rings: 2 KB of weights + 512 B of scale|zero words
-        per warp and stage)."""
-        return self.warps * self.stages * 4 * 32 * 20
 
 
 # the variants docs/bench/gemv_sweep.py times
-VARIANTS = [GemvVariant(w, pf) for w in (2, 4, 8) for pf in (0, 128, 256)] + \
-    [GemvVariant(w, 128, st) for w in (2, 4, 8) for st in (2, 3, 4, 6)]
+VARIANTS = [GemvVariant(w, pf) for w in (2, 4, 8) for pf in (0, 128, 256)]
 DEFAULT_WARPS = (2, 4, 8)  # what cuda_gemv_warps returns
 
 
@@ -503,8 +419,5 @@ def w4a16_gemv_cuda(x: torch.Tensor, tensors: dict, meta: dict, variant: GemvVar
     import cupy
 
     with cupy.cuda.Device(dev), _stream(dev, torch.cuda.current_stream(x.device).cuda_stream):
-        smem = variant.smem_bytes
-        if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
-            fn.max_dynamic_shared_size_bytes = smem
-        fn(grid, (32 * variant.warps,), args, shared_mem=smem)
+        fn(grid, (32 * variant.warps,), args)
     return out

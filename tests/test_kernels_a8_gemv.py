@@ -47,14 +47,17 @@ def test_a8_gemv_declines_inputs_it_cannot_read():
 @pytest.mark.gpu
 @pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("layout,m,n,k,group_size,act_group,warps", [
-    ("w8", 1, 33, 256, 128, 128, 2), ("w8", 5, 1000, 2304, 128, -1, 4), ("w8", 8, 4103, 1024, 256, 256, 8),
-    ("w8", 12, 65, 3840, 384, 128, 2),
-    ("w4a16", 1, 33, 256, 128, 128, 2), ("w4a16", 3, 1000, 2304, -1, 128, 4), ("w4a16", 8, 4103, 1024, 256, -1, 8),
-    ("w4a16", 12, 65, 3840, 384, 384, 2), ("w4a16", 2, 40, 7168, 128, 128, 4)])
-def test_a8_gemv_matches_reference_on_gpu(layout, m, n, k, group_size, act_group, warps, out_dtype):
+@pytest.mark.parametrize("layout,m,n,k,group_size,act_group,warps,sets", [
+    ("w8", 1, 33, 256, 128, 128, 2, 1), ("w8", 5, 1000, 2304, 128, -1, 4, 1), ("w8", 8, 4103, 1024, 256, 256, 8, 1),
+    ("w8", 12, 65, 3840, 384, 128, 2, 1), ("w8", 12, 65, 3840, 384, 128, 4, 2), ("w8", 37, 40, 512, 128, -1, 2, 2),
+    ("w4a16", 1, 33, 256, 128, 128, 2, 1), ("w4a16", 3, 1000, 2304, -1, 128, 4, 1),
+    ("w4a16", 8, 4103, 1024, 256, -1, 8, 1), ("w4a16", 12, 65, 3840, 384, 384, 2, 1),
+    ("w4a16", 2, 40, 7168, 128, 128, 4, 1), ("w4a16", 16, 257, 4096, 128, 128, 4, 2),
+    ("w4a16", 13, 33, 2304, -1, -1, 8, 2)])
+def test_a8_gemv_matches_reference_on_gpu(layout, m, n, k, group_size, act_group, warps, sets, out_dtype):
     """Odd N (a partial block), per-channel / 256- / 384-column weight groups, per-token and grouped activation
-    scales, M past one 8-token launch column, every warp looping over several tiles (odd and even counts)."""
+    scales, M past one launch column of 8 or 16 tokens (two 8-token sets sharing each weight fragment), every
+    warp looping over several tiles (odd and even counts)."""
     from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda
 
     sym = layout == "w8"
@@ -62,7 +65,7 @@ def test_a8_gemv_matches_reference_on_gpu(layout, m, n, k, group_size, act_group
     codes, scales = _acts(m, k, act_group, seed=k + m)
     ref = int8_reference(codes, scales, act_group, layout, tensors, meta)
     out = a8_gemv_cuda(codes, scales, act_group, [(layout, tensors, meta, None)], n, out_dtype,
-                       out=poisoned(m, n, out_dtype), warps=warps)
+                       out=poisoned(m, n, out_dtype), warps=warps, token_sets=sets)
     assert rel_err(out, ref) < (TOL if out_dtype == torch.float16 else 8e-3)
     if m <= 4:  # int8_matmul's default path at decode sizes is this kernel
         from quantkit.runtime.kernels.int8_gemm import int8_matmul
@@ -74,7 +77,7 @@ def test_a8_gemv_matches_reference_on_gpu(layout, m, n, k, group_size, act_group
 @pytest.mark.gpu
 @pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("m,n,k,act_group,order", [(1, 70, 512, 128, "w8-first"), (4, 300, 2304, -1, "w4-first"),
-                                                   (8, 1030, 4096, 128, "w4-first")])
+                                                   (8, 1030, 4096, 128, "w4-first"), (16, 300, 2304, 128, "w8-first")])
 def test_mixed_a8_gemv_scatters_both_partitions_on_gpu(m, n, k, act_group, order):
     """A W4.4A8 layer in one launch: every third row (a partial 16-row block of them) at 8 bits, the rest asym
     4-bit, output columns scattered through each partition's row map; the Triton one-launch kernel agrees."""

@@ -1,6 +1,7 @@
 """Decode study of the int8-activation kernels on one GPU: µs per call of cuBLAS fp16, the Triton W8A8 / MixLLM
 W4A8 / one-launch mixed W4.4A8 kernels (their default tile rule) and the CUDA A8 GEMV
-(quantkit.runtime.kernels.cuda_gemv_a8, 2 / 4 / 8 warps per block) at M <= 8, with a correctness check of each
+(quantkit.runtime.kernels.cuda_gemv_a8, 2 / 4 / 8 warps per block; above M = 8 one or two 8-token sets per
+launch column) at decode sizes, with a correctness check of each
 CUDA result against the Triton one — the measured basis of the A8 dispatch rule (docs/BENCHMARKS.md quotes it).
 
     python docs/bench/a8_gemv_sweep.py --out a8.json
@@ -76,15 +77,18 @@ def main() -> None:
                 ref = tri(*inputs[0])
                 row["triton"] = time_rotating(tri, inputs)["ms"] * 1e3
                 for warps in (2, 4, 8):
-                    fn = lambda ac, sc, pc, w=warps: a8_gemv_cuda(ac, sc, 128, pc, n, warps=w)  # noqa: E731
-                    out = fn(*inputs[0])
-                    row[f"check_w{warps}"] = float((out.double() - ref.double()).norm() / ref.double().norm())
-                    row[f"cuda_w{warps}"] = time_rotating(fn, inputs)["ms"] * 1e3
+                    for sets in ((1, 2) if m > 8 else (1,)):
+                        fn = lambda ac, sc, pc, w=warps, j=sets: a8_gemv_cuda(ac, sc, 128, pc, n, warps=w,  # noqa
+                                                                             token_sets=j)
+                        key = f"w{warps}" + (f"_j{sets}" if m > 8 else "")
+                        out = fn(*inputs[0])
+                        row[f"check_{key}"] = float((out.double() - ref.double()).norm() / ref.double().norm())
+                        row[f"cuda_{key}"] = time_rotating(fn, inputs)["ms"] * 1e3
                 best = min((key for key in row if key.startswith("cuda_")), key=row.get)
                 print(f"{method:6s} M={m} {n}x{k}: fp16 {row['fp16']:.1f} triton {row['triton']:.1f} | " +
                       " ".join(f"{key}={row[key]:.1f}" for key in row if key.startswith("cuda_")) +
                       f" | best {best} {row['triton'] / row[best]:.2f}x triton, check "
-                      f"{max(row[f'check_w{w}'] for w in (2, 4, 8)):.1e}", flush=True)
+                      f"{max(v for key, v in row.items() if key.startswith('check_')):.1e}", flush=True)
                 result["rows"].append(row)
                 del acts, pcs, inputs, xs, ws
                 torch.cuda.empty_cache()

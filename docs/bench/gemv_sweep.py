@@ -1,6 +1,6 @@
 """Decode-GEMV study on one GPU: correctness of the CUDA W4A16 GEMV (quantkit.runtime.kernels.cuda_gemv) and the
 Triton W4A16 kernel against the torch reference, then µs per call of cuBLAS fp16, the Triton kernel and the CUDA
-GEMV (warps per block, L2 prefetch size) at small M — the measured basis of the W4A16 dispatch rule
+GEMV (warps per block, L2 prefetch size; above M = 8 one or two 8-token sets per launch column) at small M — the measured basis of the W4A16 dispatch rule
 (quantkit.runtime.kernels.w4a16.w4a16_matmul; docs/BENCHMARKS.md quotes the output).
 
     python docs/bench/gemv_sweep.py --out gemv.json
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
 from quantkit.formats.registry import get_layout
 from quantkit.quant import grid
-from quantkit.runtime.kernels.cuda_gemv import VARIANTS, _function, w4a16_gemv_cuda
+from quantkit.runtime.kernels.cuda_gemv import VARIANTS, VARIANTS_M16, _function, w4a16_gemv_cuda
 from quantkit.runtime.kernels.reference import w4a16_reference
 from quantkit.runtime.kernels.configs import gemm_config
 from quantkit.runtime.kernels.w4a16 import w4a16_matmul
@@ -71,7 +71,7 @@ def time_all(shapes, ms, variants) -> list[dict]:
             res["fp16"] = time_rotating(lambda x, w: F.linear(x, w), list(zip(xs, ws)))["ms"] * 1e3
             cfg = gemm_config(m, n, k, "w4a16")  # an explicit config: the Triton tensor-core kernel
             res["triton"] = time_rotating(lambda x, tt: w4a16_matmul(x, tt, meta, cfg), list(zip(xs, ts)))["ms"] * 1e3
-            for v in variants:
+            for v in (variants if m <= 8 else VARIANTS_M16):
                 key = v.key
                 try:
                     res[key] = time_rotating(lambda x, tt, v=v: w4a16_gemv_cuda(x, tt, meta, v),
@@ -106,7 +106,7 @@ def main() -> None:
     variants = VARIANTS
     if a.variants:
         variants = [v for v in variants if v.key in a.variants.split(",")]
-    fns = {v.key: _function(0, v.kernel_name(False)) for v in variants}
+    fns = {v.key: _function(0, v.kernel_name(False)) for v in variants + VARIANTS_M16}
     result["registers"] = {key: [f.num_regs, f.local_size_bytes] for key, f in fns.items()}
     print("registers, local bytes:", result["registers"], flush=True)
     result["timing"] = time_all(shapes, [int(v) for v in a.ms.split(",")], variants)

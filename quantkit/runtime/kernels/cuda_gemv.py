@@ -156,10 +156,12 @@ struct Tile {  // one lane's share of a 256-column tile of the block's 16 rows, 
     u32 p[2][2];    // [row][half-tile 0, 1] scale | zero words
 };
 
-// acc += Σ over one 256-column tile t of (q - z)·x, one fp32 scale per (row, half-tile); acc[i]: row g + 8(i >> 1),
-// token 2c + (i & 1) of the mma's C fragment
-template <bool BF16>
-__device__ __forceinline__ void mma_tile(const Tile& cur, const typename Pair<BF16>::T* xr, int t, float* acc) {
+// acc[j] += Σ over one 256-column tile t of (q - z)·x, one fp32 scale per (row, half-tile); acc[j][i]: row
+// g + 8(i >> 1), token 8j + 2c + (i & 1) of the launch column. J sets of 8 tokens share every dequantized fragment
+// (xr[j]: token 8j + g's activations).
+template <bool BF16, int J>
+__device__ __forceinline__ void mma_tile(const Tile& cur, const typename Pair<BF16>::T* const* xr, int t,
+                                         float (*acc)[4]) {
     typedef Pair<BF16> P;
     typedef typename P::T2 T2;
     T2 zl[2], zh[2], unused;
@@ -168,7 +170,11 @@ __device__ __forceinline__ void mma_tile(const Tile& cur, const typename Pair<BF
         P::zeros(cur.p[r][0], zl[r], unused);
         P::zeros(cur.p[r][1], unused, zh[r]);
     }
-    float part[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};  // Σ (q - z)·x per half-tile (fp32)
+    float part[J][2][4];  // Σ (q - z)·x per token set and half-tile (fp32)
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) part[j][i >> 2][i & 3] = 0.f;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {      // words 0-15 / 16-31 of the tile
 #pragma unroll
@@ -182,8 +188,6 @@ __device__ __forceinline__ void mma_tile(const Tile& cur, const typename Pair<BF
 #pragma unroll
             for (int hi = 0; hi < 2; ++hi) {
                 const int plane = b + 4 * hi;
-                // token g's columns 256t + 32·plane + 16h + 4c .. +3
-                const uint2 xv = *reinterpret_cast<const uint2*>(xr + t * 256 + plane * 32 + 16 * h);
                 u32 a0, a1, a2, a3;
                 if (hi == 0) {
                     a0 = P::low_q(pa[0], zl[0]); a1 = P::low_q(pa[1], zl[1]);
@@ -192,44 +196,56 @@ __device__ __forceinline__ void mma_tile(const Tile& cur, const typename Pair<BF
                     a0 = P::high_q(pa[0], zh[0]); a1 = P::high_q(pa[1], zh[1]);
                     a2 = P::high_q(pb[0], zh[0]); a3 = P::high_q(pb[1], zh[1]);
                 }
-                P::mma(part[hi], a0, a1, a2, a3, xv.x, xv.y);
+#pragma unroll
+                for (int j = 0; j < J; ++j) {
+                    // token 8j + g's columns 256t + 32·plane + 16h + 4c .. +3
+                    const uint2 xv = *reinterpret_cast<const uint2*>(xr[j] + t * 256 + plane * 32 + 16 * h);
+                    P::mma(part[j][hi], a0, a1, a2, a3, xv.x, xv.y);
+                }
             }
         }
     }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {  // one fp32 scale per (row, half-tile)
-        const int r = i >> 1;
-        acc[i] = fmaf(P::scale(cur.p[r][0]), part[0][i], fmaf(P::scale(cur.p[r][1]), part[1][i], acc[i]));
-    }
+    for (int j = 0; j < J; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {  // one fp32 scale per (row, half-tile)
+            const int r = i >> 1;
+            acc[j][i] = fmaf(P::scale(cur.p[r][0]), part[j][0][i], fmaf(P::scale(cur.p[r][1]), part[j][1][i],
+                                                                         acc[j][i]));
+        }
 }
 
 // sum the NWARPS warps' K shares of acc (mma_tile) through shared memory; warp 0 writes the block's outputs
-template <int NWARPS, bool BF16>
-__device__ __forceinline__ void reduce_store(const float* acc, typename Pair<BF16>::T* out, int row0, int m0, int M,
-                                             int N, long long stride_om) {
-    __shared__ float red[NWARPS][4][32];
+template <int NWARPS, bool BF16, int J>
+__device__ __forceinline__ void reduce_store(const float (*acc)[4], typename Pair<BF16>::T* out, int row0, int m0,
+                                             int M, int N, long long stride_om) {
+    __shared__ float red[NWARPS][4 * J][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[i];
+    for (int j = 0; j < J; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) red[warp][4 * j + i][lane] = acc[j][i];
     __syncthreads();
     if (warp == 0) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            float v = 0.f;
+        for (int j = 0; j < J; ++j)
 #pragma unroll
-            for (int q = 0; q < NWARPS; ++q) v += red[q][i][lane];
-            const int row = row0 + g + 8 * (i >> 1);
-            const int tok = m0 + 2 * c + (i & 1);
-            if (row < N && tok < M) out[(long long)tok * stride_om + row] = Pair<BF16>::from_float(v);
-        }
+            for (int i = 0; i < 4; ++i) {
+                float v = 0.f;
+#pragma unroll
+                for (int q = 0; q < NWARPS; ++q) v += red[q][4 * j + i][lane];
+                const int row = row0 + g + 8 * (i >> 1);
+                const int tok = m0 + 8 * j + 2 * c + (i & 1);
+                if (row < N && tok < M) out[(long long)tok * stride_om + row] = Pair<BF16>::from_float(v);
+            }
     }
 }
 
-// Y[M, N] = X[M, K] · Ŵ[N, K]^T for M <= 8 per launch column: a block owns 16 rows, its NWARPS warps share K;
+// Y[M, N] = X[M, K] · Ŵ[N, K]^T for 8·J tokens per launch column: a block owns 16 rows, its NWARPS warps share K;
 // each warp multiplies one tile while the next is loading (two register tiles used in turn, so no tile is copied)
 // L2PF: see ld_stream. The explicit minimum of 1 block per SM matters: without it ptxas aims at more resident
 // blocks, caps the kernel at 80 registers, hoists fewer loads and runs 10-45 % slower (docs/logs/gemv_sweep_*.json)
-template <int NWARPS, bool BF16, int L2PF>
+template <int NWARPS, bool BF16, int L2PF, int J>
 __global__ void __launch_bounds__(NWARPS * 32, 1)
 w4a16_gemv_mma(const void* __restrict__ x_, const uint4* __restrict__ w, const u32* __restrict__ qp,
                void* __restrict__ out_, int M, int N, long long stride_xm, long long stride_om, int w_row_vec,
@@ -239,11 +255,17 @@ w4a16_gemv_mma(const void* __restrict__ x_, const uint4* __restrict__ w, const u
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, c = lane & 3;  // mma fragment coordinates: row / token g, column pair c
     const int row0 = blockIdx.x * 16;
-    const int m0 = blockIdx.y * 8;
+    const int m0 = blockIdx.y * 8 * J;
     const int rows[2] = {min(row0 + g, N - 1), min(row0 + g + 8, N - 1)};
     // lanes of tokens past M read the last token (their output columns are never stored): no predicate, no zeroing
-    const T* xr = x + (long long)min(m0 + g, M - 1) * stride_xm + 4 * c;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const T* xr[J];
+    float acc[J][4];
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        xr[j] = x + (long long)min(m0 + 8 * j + g, M - 1) * stride_xm + 4 * c;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
+    }
 
     auto load = [&](int t, Tile& tl) {
         const int g_lo = group_of(2 * t, group_shift, halves_per_group, n_groups);
@@ -262,12 +284,12 @@ w4a16_gemv_mma(const void* __restrict__ x_, const uint4* __restrict__ w, const u
     if (t < n_tiles) load(t, ta);
     for (; t < n_tiles; t += 2 * NWARPS) {
         if (t + NWARPS < n_tiles) load(t + NWARPS, tb);
-        mma_tile<BF16>(ta, xr, t, acc);
+        mma_tile<BF16, J>(ta, xr, t, acc);
         if (t + NWARPS >= n_tiles) break;
         if (t + 2 * NWARPS < n_tiles) load(t + 2 * NWARPS, ta);
-        mma_tile<BF16>(tb, xr, t + NWARPS, acc);
+        mma_tile<BF16, J>(tb, xr, t + NWARPS, acc);
     }
-    reduce_store<NWARPS, BF16>(acc, reinterpret_cast<T*>(out_), row0, m0, M, N, stride_om);
+    reduce_store<NWARPS, BF16, J>(acc, reinterpret_cast<T*>(out_), row0, m0, M, N, stride_om);
 }
 """
 
@@ -279,18 +301,21 @@ class GemvVariant:
 
     warps: int = 4
     l2_prefetch: int = 128
+    token_sets: int = 1  # 8-token sets per launch column sharing every dequantized weight fragment (1 or 2)
 
     def kernel_name(self, bf16: bool) -> str:
-        return f"w4a16_gemv_mma<{self.warps}, {'true' if bf16 else 'false'}, {self.l2_prefetch}>"
+        return (f"w4a16_gemv_mma<{self.warps}, {'true' if bf16 else 'false'}, {self.l2_prefetch}, "
+                f"{self.token_sets}>")
 
     @property
     def key(self) -> str:
         """Short name, as the sweep logs spell it."""
-        return f"cuda_w{self.warps}_pf{self.l2_prefetch}"
+        return f"cuda_w{self.warps}_pf{self.l2_prefetch}" + (f"_j{self.token_sets}" if self.token_sets > 1 else "")
 
 
 # the variants docs/bench/gemv_sweep.py times
 VARIANTS = [GemvVariant(w, pf) for w in (2, 4, 8) for pf in (0, 128, 256)]
+VARIANTS_M16 = [GemvVariant(w, 128, j) for w in (2, 4, 8) for j in (1, 2)]  # --m16 of the sweep
 DEFAULT_WARPS = (2, 4, 8)  # what cuda_gemv_warps returns
 
 
@@ -412,7 +437,9 @@ def w4a16_gemv_cuda(x: torch.Tensor, tensors: dict, meta: dict, variant: GemvVar
     gs = int(meta["group_size"])
     hpg = 2 * n_tiles + 1 if gs == -1 else gs // 128
     shift = 31 if gs == -1 else (hpg.bit_length() - 1 if hpg & (hpg - 1) == 0 else -1)
-    grid = (-(-n // 16), -(-m // TOKENS_PER_COLUMN))
+    if variant.token_sets not in (1, 2):
+        raise ValueError(f"token_sets must be 1 or 2, got {variant.token_sets}")
+    grid = (-(-n // 16), -(-m // (TOKENS_PER_COLUMN * variant.token_sets)))
     args = (np.uint64(x.data_ptr()), np.uint64(qweight.data_ptr()), np.uint64(qparams.data_ptr()),
             np.uint64(out.data_ptr()), np.int32(m), np.int32(n), np.int64(x.stride(0)), np.int64(out.stride(0)),
             np.int32(qweight.shape[1] // 4), np.int32(n_tiles), np.int32(hpg), np.int32(shift), np.int32(n_groups))

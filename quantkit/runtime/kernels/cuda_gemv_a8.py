@@ -105,32 +105,42 @@ __device__ __forceinline__ void load_tile(const Part& P, const int* rows, int c,
     }
 }
 
-// acc[i] (row g + 8(i >> 1), token 2c + (i & 1)) += Σ over tile t of w·a, scaled per half-tile by the weight
-// and activation group scales; ar: token g's codes, sa0/sa1: the activation scale rows of tokens 2c, 2c + 1
-template <int MODE>
-__device__ __forceinline__ void tile_a8(const TileA8<MODE>& tl, const signed char* ar, const float* sa0,
-                                        const float* sa1, int t, int a_shift, int a_hpg, int a_groups, int c,
-                                        float* acc) {
+// acc[j][i] (row g + 8(i >> 1), token 8j + 2c + (i & 1) of the launch column) += Σ over tile t of w·a, scaled per
+// half-tile by the weight and activation group scales; J sets of 8 tokens share every weight fragment.
+// ar[j]: token 8j + g's codes; sa0[j] / sa1[j]: the activation scale rows of tokens 8j + 2c, 8j + 2c + 1
+template <int MODE, int J>
+__device__ __forceinline__ void tile_a8(const TileA8<MODE>& tl, const signed char* const* ar, const float* const* sa0,
+                                        const float* const* sa1, int t, int a_shift, int a_hpg, int a_groups, int c,
+                                        float (*acc)[4]) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-        int part[4] = {0, 0, 0, 0};
+        int part[J][4];
+#pragma unroll
+        for (int j = 0; j < J; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) part[j][i] = 0;
         float sw[2];
         if constexpr (MODE == 0) {
 #pragma unroll
-            for (int j = 2 * half; j < 2 * half + 2; ++j) {  // 64-column chunks of this half
-                const uint4 av = *reinterpret_cast<const uint4*>(ar + t * 256 + 64 * j + 16 * c);
-                imma_s8(part, tl.w[0][j].x, tl.w[1][j].x, tl.w[0][j].y, tl.w[1][j].y, av.x, av.y);
-                imma_s8(part, tl.w[0][j].z, tl.w[1][j].z, tl.w[0][j].w, tl.w[1][j].w, av.z, av.w);
+            for (int q = 2 * half; q < 2 * half + 2; ++q) {  // 64-column chunks of this half
+#pragma unroll
+                for (int j = 0; j < J; ++j) {
+                    const uint4 av = *reinterpret_cast<const uint4*>(ar[j] + t * 256 + 64 * q + 16 * c);
+                    imma_s8(part[j], tl.w[0][q].x, tl.w[1][q].x, tl.w[0][q].y, tl.w[1][q].y, av.x, av.y);
+                    imma_s8(part[j], tl.w[0][q].z, tl.w[1][q].z, tl.w[0][q].w, tl.w[1][q].w, av.z, av.w);
+                }
             }
 #pragma unroll
             for (int r = 0; r < 2; ++r) sw[r] = tl.s[r][half];
         } else {
-            int asum[4] = {0, 0, 0, 0};
+            int asum[J][4];
+#pragma unroll
+            for (int j = 0; j < J; ++j)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) asum[j][i] = 0;
 #pragma unroll
             for (int b = 0; b < 4; ++b) {  // plane b + 4·half: low (half 0) or high (half 1) nibbles of byte b
                 const int plane = b + 4 * half;
-                const u32 b0 = *reinterpret_cast<const u32*>(ar + t * 256 + plane * 32 + 4 * c);
-                const u32 b1 = *reinterpret_cast<const u32*>(ar + t * 256 + plane * 32 + 16 + 4 * c);
                 u32 q[2][2];
 #pragma unroll
                 for (int r = 0; r < 2; ++r)
@@ -139,8 +149,13 @@ __device__ __forceinline__ void tile_a8(const TileA8<MODE>& tl, const signed cha
                         const u32 bytes = gather4(tl.w[r][v], b);
                         q[r][v] = (half == 0 ? bytes : bytes >> 4) & 0x0F0F0F0Fu;
                     }
-                imma_u8(part, q[0][0], q[1][0], q[0][1], q[1][1], b0, b1);
-                imma_u8(asum, 0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u, b0, b1);
+#pragma unroll
+                for (int j = 0; j < J; ++j) {
+                    const u32 b0 = *reinterpret_cast<const u32*>(ar[j] + t * 256 + plane * 32 + 4 * c);
+                    const u32 b1 = *reinterpret_cast<const u32*>(ar[j] + t * 256 + plane * 32 + 16 + 4 * c);
+                    imma_u8(part[j], q[0][0], q[1][0], q[0][1], q[1][1], b0, b1);
+                    imma_u8(asum[j], 0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u, b0, b1);
+                }
             }
             int z[2];
 #pragma unroll
@@ -150,61 +165,80 @@ __device__ __forceinline__ void tile_a8(const TileA8<MODE>& tl, const signed cha
                 z[r] = (int)((p >> 16) & 0xFFu);
             }
 #pragma unroll
-            for (int i = 0; i < 4; ++i) part[i] -= z[i >> 1] * asum[i];  // Σ q·a − z·Σ a, exact
+            for (int j = 0; j < J; ++j)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) part[j][i] -= z[i >> 1] * asum[j][i];  // Σ q·a − z·Σ a, exact
         }
         const int ag = group_of(2 * t + half, a_shift, a_hpg, a_groups);
-        const float s_tok[2] = {__ldg(sa0 + ag), __ldg(sa1 + ag)};
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[i] = fmaf((float)part[i], sw[i >> 1] * s_tok[i & 1], acc[i]);
+        for (int j = 0; j < J; ++j) {
+            const float s_tok[2] = {__ldg(sa0[j] + ag), __ldg(sa1[j] + ag)};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[j][i] = fmaf((float)part[j][i], sw[i >> 1] * s_tok[i & 1], acc[j][i]);
+        }
     }
 }
 
-template <int NWARPS, bool BF16, int MODE>
+template <int NWARPS, bool BF16, int MODE, int J>
 __device__ __forceinline__ void block_a8(const Part& P, int blk, const signed char* a, const float* sa, int M,
                                          long long stride_am, long long stride_sm, int a_hpg, int a_shift,
                                          int a_groups, void* out_, long long stride_om, int n_tiles) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, c = lane & 3;
-    const int row0 = blk * 16, m0 = blockIdx.y * 8;
+    const int row0 = blk * 16, m0 = blockIdx.y * 8 * J;
     const int rows[2] = {min(row0 + g, P.n - 1), min(row0 + g + 8, P.n - 1)};
     // tokens past M read the last token (their outputs are never stored)
-    const signed char* ar = a + (long long)min(m0 + g, M - 1) * stride_am;
-    const float* sa0 = sa + (long long)min(m0 + 2 * c, M - 1) * stride_sm;
-    const float* sa1 = sa + (long long)min(m0 + 2 * c + 1, M - 1) * stride_sm;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const signed char* ar[J];
+    const float* sa0[J];
+    const float* sa1[J];
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        ar[j] = a + (long long)min(m0 + 8 * j + g, M - 1) * stride_am;
+        sa0[j] = sa + (long long)min(m0 + 8 * j + 2 * c, M - 1) * stride_sm;
+        sa1[j] = sa + (long long)min(m0 + 8 * j + 2 * c + 1, M - 1) * stride_sm;
+    }
+    float acc[J][4];
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
     TileA8<MODE> ta, tb;
     int t = warp;
     if (t < n_tiles) load_tile<MODE>(P, rows, c, t, ta);
     for (; t < n_tiles; t += 2 * NWARPS) {
         if (t + NWARPS < n_tiles) load_tile<MODE>(P, rows, c, t + NWARPS, tb);
-        tile_a8<MODE>(ta, ar, sa0, sa1, t, a_shift, a_hpg, a_groups, c, acc);
+        tile_a8<MODE, J>(ta, ar, sa0, sa1, t, a_shift, a_hpg, a_groups, c, acc);
         if (t + NWARPS >= n_tiles) break;
         if (t + 2 * NWARPS < n_tiles) load_tile<MODE>(P, rows, c, t + 2 * NWARPS, ta);
-        tile_a8<MODE>(tb, ar, sa0, sa1, t + NWARPS, a_shift, a_hpg, a_groups, c, acc);
+        tile_a8<MODE, J>(tb, ar, sa0, sa1, t + NWARPS, a_shift, a_hpg, a_groups, c, acc);
     }
-    __shared__ float red[NWARPS][4][32];
+    __shared__ float red[NWARPS][4 * J][32];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[i];
+    for (int j = 0; j < J; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) red[warp][4 * j + i][lane] = acc[j][i];
     __syncthreads();
     if (warp == 0) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            float v = 0.f;
+        for (int j = 0; j < J; ++j)
 #pragma unroll
-            for (int q = 0; q < NWARPS; ++q) v += red[q][i][lane];
-            const int row = row0 + g + 8 * (i >> 1);
-            const int tok = m0 + 2 * c + (i & 1);
-            if (row < P.n && tok < M) {
-                const long long col = P.cols ? P.cols[row] : row;
-                if (BF16) reinterpret_cast<__nv_bfloat16*>(out_)[tok * stride_om + col] = __float2bfloat16_rn(v);
-                else reinterpret_cast<__half*>(out_)[tok * stride_om + col] = __float2half_rn(v);
+            for (int i = 0; i < 4; ++i) {
+                float v = 0.f;
+#pragma unroll
+                for (int q = 0; q < NWARPS; ++q) v += red[q][4 * j + i][lane];
+                const int row = row0 + g + 8 * (i >> 1);
+                const int tok = m0 + 8 * j + 2 * c + (i & 1);
+                if (row < P.n && tok < M) {
+                    const long long col = P.cols ? P.cols[row] : row;
+                    if (BF16) reinterpret_cast<__nv_bfloat16*>(out_)[tok * stride_om + col] = __float2bfloat16_rn(v);
+                    else reinterpret_cast<__half*>(out_)[tok * stride_om + col] = __float2half_rn(v);
+                }
             }
-        }
     }
 }
 
-// Y[M, out] for M <= 8 per launch column; blocks [0, nb_first) run partition A, the rest partition B
-template <int NWARPS, bool BF16, int MODE_A, int MODE_B>
+// Y[M, out] for 8·J tokens per launch column; blocks [0, nb_first) run partition A, the rest partition B
+template <int NWARPS, bool BF16, int MODE_A, int MODE_B, int J>
 __global__ void __launch_bounds__(NWARPS * 32, 1)
 a8_gemv(const signed char* __restrict__ a, const float* __restrict__ sa, int M, long long stride_am,
         long long stride_sm, int a_hpg, int a_shift, int a_groups, void* __restrict__ out, long long stride_om,
@@ -216,10 +250,10 @@ a8_gemv(const signed char* __restrict__ a, const float* __restrict__ sa, int M, 
     const Part pa = {w_a, p_a, cols_a, n_a, w_row_a, hpg_a, shift_a, groups_a};
     const Part pb = {w_b, p_b, cols_b, n_b, w_row_b, hpg_b, shift_b, groups_b};
     if ((int)blockIdx.x < nb_first)
-        block_a8<NWARPS, BF16, MODE_A>(pa, blockIdx.x, a, sa, M, stride_am, stride_sm, a_hpg, a_shift, a_groups,
+        block_a8<NWARPS, BF16, MODE_A, J>(pa, blockIdx.x, a, sa, M, stride_am, stride_sm, a_hpg, a_shift, a_groups,
                                        out, stride_om, n_tiles);
     else
-        block_a8<NWARPS, BF16, MODE_B>(pb, blockIdx.x - nb_first, a, sa, M, stride_am, stride_sm, a_hpg, a_shift,
+        block_a8<NWARPS, BF16, MODE_B, J>(pb, blockIdx.x - nb_first, a, sa, M, stride_am, stride_sm, a_hpg, a_shift,
                                        a_groups, out, stride_om, n_tiles);
 }
 """
@@ -227,9 +261,10 @@ a8_gemv(const signed char* __restrict__ a, const float* __restrict__ sa, int M, 
 WARPS = (2, 4, 8)
 
 
-def a8_kernel_name(warps: int, bf16: bool, mode_a: int, mode_b: int) -> str:
-    """The template instance of SOURCE for these warps, output dtype and partition modes."""
-    return f"a8_gemv<{warps}, {'true' if bf16 else 'false'}, {mode_a}, {mode_b}>"
+def a8_kernel_name(warps: int, bf16: bool, mode_a: int, mode_b: int, token_sets: int = 1) -> str:
+    """The template instance of SOURCE for these warps, output dtype, partition modes and sets of 8 tokens per
+    launch column (1 or 2)."""
+    return f"a8_gemv<{warps}, {'true' if bf16 else 'false'}, {mode_a}, {mode_b}, {token_sets}>"
 
 
 @functools.lru_cache(maxsize=None)
@@ -336,11 +371,13 @@ def _part_args(layout: str, tensors: dict, meta: dict, rows: torch.Tensor | None
 
 def a8_gemv_cuda(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, parts: list,
                  out_features: int, out_dtype: torch.dtype = torch.float16, out: torch.Tensor | None = None,
-                 warps: int | None = None) -> torch.Tensor:
+                 warps: int | None = None, token_sets: int | None = None) -> torch.Tensor:
     """Y [M, out_features] = dequant(A)·Ŵᵀ for int8 activation codes [M, K] (8 tokens per launch column) with float32 scales [M, Ga]
     and one or two partitions ``parts`` = [(layout, tensors, meta, rows or None)] of ``w8`` / ``w4a16`` weights
     (rows: int32 output column of each partition row; None: row i → column i). One launch; an 8-bit partition
-    runs first (module docstring). The caller checks :func:`a8_gemv_problem`."""
+    runs first (module docstring). ``token_sets``: 8-token sets per launch column, 1 or 2 (default: 2 above
+    M = 8, so 16 tokens share every weight fragment and the weights are read once). The caller checks
+    :func:`a8_gemv_problem`."""
     import numpy as np
 
     m, k = a_codes.shape
@@ -364,8 +401,11 @@ def a8_gemv_cuda(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: 
     a_shift = 31 if act_group_size == -1 else (a_hpg.bit_length() - 1 if a_hpg & (a_hpg - 1) == 0 else -1)
     dev = a_codes.device.index if a_codes.device.index is not None else torch.cuda.current_device()
     modes = [MODES[p[0]] for p in parts] + ([MODES[parts[0][0]]] if len(parts) == 1 else [])
-    fn = _function(dev, a8_kernel_name(warps, out_dtype == torch.bfloat16, modes[0], modes[1]))
-    grid = (sum(nb), -(-m // TOKENS_PER_COLUMN))
+    token_sets = token_sets or (2 if m > TOKENS_PER_COLUMN else 1)
+    if token_sets not in (1, 2):
+        raise ValueError(f"token_sets must be 1 or 2, got {token_sets}")
+    fn = _function(dev, a8_kernel_name(warps, out_dtype == torch.bfloat16, modes[0], modes[1], token_sets))
+    grid = (sum(nb), -(-m // (TOKENS_PER_COLUMN * token_sets)))
     args = (np.uint64(a_codes.data_ptr()), np.uint64(a_scales.data_ptr()), np.int32(m),
             np.int64(a_codes.stride(0)), np.int64(a_scales.stride(0)), np.int32(a_hpg), np.int32(a_shift),
             np.int32(a_scales.shape[1]), np.uint64(out.data_ptr()), np.int64(out.stride(0)), np.int32(n_tiles),

@@ -1,6 +1,6 @@
 """W4A16 decode GEMV in CUDA C++ (compiled at run time by NVRTC through CuPy), reading the ``w4a16`` layout.
 
-Why CUDA next to the Triton kernels: a decode GEMV (M <= 8 tokens) is a weight stream (MixLLM Sec. 3.5
+Why CUDA next to the Triton kernels: a decode GEMV (M <= 16 tokens) is a weight stream (MixLLM Sec. 3.5
 roofline), and Triton's smallest tensor-core operand wastes most of each program on a 16-token activation tile.
 This kernel is warp-level, in the manner of TurboMind's GEMV path (TurboMind Sec. 4):
 
@@ -15,7 +15,7 @@ This kernel is warp-level, in the manner of TurboMind's GEMV path (TurboMind Sec
   −(64 + z)) gives q − z *exactly* — the magic-number int→float of MixLLM Sec. 3.3 / TurboMind Fig. 6
   (bf16: 128 + q with the 0x4300 exponent);
 * tensor cores multiply (q − z) by up to 8 tokens (the mma's N side; the GEMV's one token wastes nothing that
-  the memory-bound kernel needs) into an fp32 partial sum per 128-column group, which is scaled once by the
+  the memory-bound kernel needs) — or by two sets of 8 with the same dequantized fragment (a launch column of 16) into an fp32 partial sum per 128-column group, which is scaled once by the
   group's fp32 scale (MixLLM Sec. 3.3 group-tile accumulation). Ŵ is therefore never rounded to fp16: the
   result is the exact Σ (q − z)·s·x up to fp32 summation, within the fp16 rounding of the weight of
   :func:`quantkit.runtime.kernels.reference.w4a16_reference` (which rounds Ŵ to the activation dtype as the
@@ -35,7 +35,8 @@ per-warp cp.async ring of 2-6 stages (slower, more stages slower still: docs/log
 code at commit 87fd855).
 
 Requires K a multiple of 256 and 8-byte aligned activation rows (every real model's hidden sizes are);
-:func:`cuda_gemv_supported` says when; :func:`quantkit.runtime.kernels.w4a16.w4a16_matmul` uses it for M <= 8
+:func:`cuda_gemv_supported` says when; :func:`quantkit.runtime.kernels.w4a16.w4a16_matmul` uses it where
+:func:`cuda_gemv_preferred` says it is faster
 and runs the Triton kernel otherwise. The pure-torch reference of the format is
 :func:`quantkit.runtime.kernels.reference.w4a16_reference`; this kernel runs only with CuPy and a CUDA GPU.
 """
@@ -49,7 +50,7 @@ import warnings
 import torch
 
 TOKENS_PER_COLUMN = 8  # the mma's N side: tokens of one launch column
-CUDA_GEMV_MAX_M = 8  # w4a16_matmul's default path switches to the Triton kernel above this (measured crossover)
+CUDA_GEMV_MAX_M = 16  # the most tokens w4a16_matmul's default path sends here (cuda_gemv_preferred)
 
 SOURCE = r"""
 #include <cuda_fp16.h>
@@ -387,6 +388,7 @@ def _compile_problem(device_index: int, bf16: bool) -> str | None:
     try:
         for warps in DEFAULT_WARPS:
             _function(device_index, GemvVariant(warps).kernel_name(bf16))
+        _function(device_index, default_variant(4096, 4096, 16).kernel_name(bf16))
     except Exception as e:  # noqa: BLE001 — NVRTC/driver trouble: the Triton kernel runs instead
         warnings.warn(f"quantkit CUDA GEMV unavailable ({type(e).__name__}: {str(e)[:200]}); using Triton",
                       RuntimeWarning, stacklevel=3)
@@ -406,18 +408,28 @@ def cuda_gemv_warps(n: int, k: int) -> int:
     return 8 if n <= 4096 else (4 if n <= 8192 else 2)
 
 
-def default_variant(n: int, k: int) -> GemvVariant:
-    """The GEMV variant :func:`w4a16_gemv_cuda` runs for an [N, K] weight when none is named: warps by
-    :func:`cuda_gemv_warps`, 128-byte L2 prefetch (2-4 % faster than none, as fast as 256 on an H100:
-    docs/logs/gemv_sweep_pf_h100.json)."""
+def cuda_gemv_preferred(m: int, n: int, k: int) -> bool:
+    """Whether the CUDA GEMV beats the Triton W4A16 kernel for M tokens on an [N, K] weight (H100): M <= 8
+    always (docs/logs/gemv_sweep_h100.json and later sweeps), M = 9-16 up to N = 8192 and K = 8192 (4096×4096
+    M = 16: 10.4 vs 13.4 µs; 14336×4096: Triton 22.2 vs 28.5; docs/logs/gemv_sweep_m16_h100.json)."""
+    return 1 <= m <= 8 or (m <= CUDA_GEMV_MAX_M and n <= 8192 and k <= 8192)
+
+
+def default_variant(n: int, k: int, m: int = 1) -> GemvVariant:
+    """The GEMV variant :func:`w4a16_gemv_cuda` runs for M tokens on an [N, K] weight when none is named: M <= 8:
+    warps by :func:`cuda_gemv_warps`, 128-byte L2 prefetch (2-4 % faster than none, as fast as 256 on an H100:
+    docs/logs/gemv_sweep_pf_h100.json); above: 4 warps, two 8-token sets per launch column (the fastest or within
+    4 % of it at M = 12 and 16 where :func:`cuda_gemv_preferred` sends them, docs/logs/gemv_sweep_m16_h100.json)."""
+    if m > TOKENS_PER_COLUMN:
+        return GemvVariant(4, 128, 2)
     return GemvVariant(cuda_gemv_warps(n, k), 128)
 
 
 def w4a16_gemv_cuda(x: torch.Tensor, tensors: dict, meta: dict, variant: GemvVariant | None = None,
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """Y = X·Ŵᵀ [M, N] in x's dtype for a ``w4a16`` weight (module docstring), on x's current CUDA stream (so it
-    can be captured in a CUDA graph once it has run outside capture: the first call compiles); 8 tokens per
-    launch column. Ŵ is not rounded to the activation dtype (module docstring), so results differ from the
+    can be captured in a CUDA graph once it has run outside capture: the first call compiles); 8 or 16 tokens
+    per launch column. Ŵ is not rounded to the activation dtype (module docstring), so results differ from the
     Triton kernels and :func:`quantkit.runtime.kernels.reference.w4a16_reference` by that rounding (≈ 3e-4
     relative in fp16). The caller checks :func:`cuda_gemv_supported`; ``variant`` defaults to
     :func:`default_variant`."""
@@ -431,7 +443,7 @@ def w4a16_gemv_cuda(x: torch.Tensor, tensors: dict, meta: dict, variant: GemvVar
     n_tiles, n_groups = qweight.shape[1] // 32, qparams.shape[0]
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     bf16 = x.dtype == torch.bfloat16
-    variant = variant or default_variant(n, k)
+    variant = variant or default_variant(n, k, m)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
     fn = _function(dev, variant.kernel_name(bf16))
     gs = int(meta["group_size"])

@@ -332,12 +332,18 @@ def a8_warps(n: int, m: int = 1) -> int:
     """Warps per block (they split K) for a layer of N output rows and M tokens. M <= 8: 8 up to N = 4096, 4 up
     to 8192, 2 up to 16384, else 4 — the fastest of 2/4/8 on an H100 at M = 1 for the five Llama-3.1-8B shapes,
     within 5 % at M = 2-8 but for one point (docs/bench/a8_gemv_sweep.py, docs/logs/a8_gemv_sweep_h100.json);
-    M = 9-16 (two launch columns, twice the blocks): 4 up to N = 4096, else 2 (*_m16_h100.json)."""
+    M = 9-16: 4 (with :func:`a8_token_sets`; docs/logs/a8_gemv_sweep_m16_sets_h100.json)."""
     if m > TOKENS_PER_COLUMN:
-        return 4 if n <= 4096 else 2
+        return 4
     if n <= 4096:
         return 8
     return 4 if n <= 8192 or n > 16384 else 2
+
+
+def a8_token_sets(n: int, m: int) -> int:
+    """8-token sets per launch column: 1 up to M = 8; above, 2 (every weight fragment shared by 16 tokens) for
+    N > 4096 — on 4096-row layers one set per column is as fast (docs/logs/a8_gemv_sweep_m16_sets_h100.json)."""
+    return 2 if m > TOKENS_PER_COLUMN and n > 4096 else 1
 
 
 def a8_gemv_preferred(m: int, n: int, k: int, mixed: bool = False) -> bool:
@@ -375,8 +381,8 @@ def a8_gemv_cuda(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: 
     """Y [M, out_features] = dequant(A)·Ŵᵀ for int8 activation codes [M, K] (8 tokens per launch column) with float32 scales [M, Ga]
     and one or two partitions ``parts`` = [(layout, tensors, meta, rows or None)] of ``w8`` / ``w4a16`` weights
     (rows: int32 output column of each partition row; None: row i → column i). One launch; an 8-bit partition
-    runs first (module docstring). ``token_sets``: 8-token sets per launch column, 1 or 2 (default: 2 above
-    M = 8, so 16 tokens share every weight fragment and the weights are read once). The caller checks
+    runs first (module docstring). ``token_sets``: 8-token sets per launch column sharing every weight fragment,
+    1 or 2 (default :func:`a8_token_sets`). The caller checks
     :func:`a8_gemv_problem`."""
     import numpy as np
 
@@ -401,7 +407,7 @@ def a8_gemv_cuda(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: 
     a_shift = 31 if act_group_size == -1 else (a_hpg.bit_length() - 1 if a_hpg & (a_hpg - 1) == 0 else -1)
     dev = a_codes.device.index if a_codes.device.index is not None else torch.cuda.current_device()
     modes = [MODES[p[0]] for p in parts] + ([MODES[parts[0][0]]] if len(parts) == 1 else [])
-    token_sets = token_sets or (2 if m > TOKENS_PER_COLUMN else 1)
+    token_sets = token_sets or a8_token_sets(n_total, m)
     if token_sets not in (1, 2):
         raise ValueError(f"token_sets must be 1 or 2, got {token_sets}")
     fn = _function(dev, a8_kernel_name(warps, out_dtype == torch.bfloat16, modes[0], modes[1], token_sets))

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from quantkit.formats.nibble_planes import PLANE_K
 from quantkit.runtime.kernels.configs import TileConfig, gemm_config
-from quantkit.runtime.kernels.cuda_gemv import CUDA_GEMV_MAX_M, cuda_gemv_supported, w4a16_gemv_cuda
+from quantkit.runtime.kernels.cuda_gemv import cuda_gemv_preferred, cuda_gemv_supported, w4a16_gemv_cuda
 from quantkit.runtime.kernels.dequant import planes_f16
 from quantkit.runtime.kernels.jit import INTERPRET, USE_ASM, check_device, kernel
 from quantkit.runtime.kernels.launch import groups_in_halves, split_plan
@@ -91,7 +91,7 @@ def w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: TileConfig 
     """Y = X·Ŵᵀ [M, N] in x's dtype (fp16 or bf16) for a ``w4a16`` weight, Ŵ = (q - z)·s rounded to x's dtype
     per element (bf16: s rounded to bf16 first); fp32 accumulation. ``x`` [M, K] (any row stride, unit column
     stride); ``out`` an optional [M, N] result tensor; ``use_asm`` False forces the plain-Triton dequantization
-    (tests compare it with the PTX path). With no ``config``, M <= 8 and CuPy present, the CUDA decode GEMV
+    (tests compare it with the PTX path). With no ``config``, at decode sizes (``cuda_gemv_preferred``) and CuPy present, the CUDA decode GEMV
     (:mod:`.cuda_gemv`, faster there; it scales exact (q - z)·x sums per group instead of rounding Ŵ) runs
     instead. Reference: :func:`.reference.w4a16_reference`."""
     if x.dtype not in (torch.float16, torch.bfloat16):
@@ -103,7 +103,8 @@ def w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: TileConfig 
     n = int(meta["out_features"])
     if k != int(meta["in_features"]) or x.stride(1) != 1:
         raise ValueError(f"x must be [M, {meta['in_features']}] with unit column stride, got {tuple(x.shape)}")
-    if config is None and use_asm is None and m <= CUDA_GEMV_MAX_M and cuda_gemv_supported(x, tensors, meta, out):
+    if (config is None and use_asm is None and cuda_gemv_preferred(m, n, k)
+            and cuda_gemv_supported(x, tensors, meta, out)):
         return w4a16_gemv_cuda(x, tensors, meta, out=out)
     n_tiles = qweight.shape[1] // PLANE_K
     cfg = config or gemm_config(m, n, k, "w4a16")

@@ -1,7 +1,8 @@
 """Decode-GEMV study on one GPU: correctness of the CUDA W4A16 GEMV (quantkit.runtime.kernels.cuda_gemv) and the
 Triton W4A16 kernel against the torch reference, then µs per call of cuBLAS fp16, the Triton kernel and the CUDA
-GEMV (warps per block, L2 prefetch size; above M = 8 one or two 8-token sets per launch column) at small M — the measured basis of the W4A16 dispatch rule
-(quantkit.runtime.kernels.w4a16.w4a16_matmul; docs/BENCHMARKS.md quotes the output).
+GEMV (warps per block, L2 prefetch size; above M = 8 one or two 8-token sets per launch column) at small M —
+the measured basis of the W4A16 dispatch rule (quantkit.runtime.kernels.w4a16.w4a16_matmul; docs/BENCHMARKS.md
+quotes the output).
 
     python docs/bench/gemv_sweep.py --out gemv.json
 """

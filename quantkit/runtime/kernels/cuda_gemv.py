@@ -15,7 +15,8 @@ This kernel is warp-level, in the manner of TurboMind's GEMV path (TurboMind Sec
   −(64 + z)) gives q − z *exactly* — the magic-number int→float of MixLLM Sec. 3.3 / TurboMind Fig. 6
   (bf16: 128 + q with the 0x4300 exponent);
 * tensor cores multiply (q − z) by up to 8 tokens (the mma's N side; the GEMV's one token wastes nothing that
-  the memory-bound kernel needs) — or by two sets of 8 with the same dequantized fragment (a launch column of 16) into an fp32 partial sum per 128-column group, which is scaled once by the
+  the memory-bound kernel needs; or two sets of 8 by the same dequantized fragment, a launch column of 16)
+  into an fp32 partial sum per 128-column group, which is scaled once by the
   group's fp32 scale (MixLLM Sec. 3.3 group-tile accumulation). Ŵ is therefore never rounded to fp16: the
   result is the exact Σ (q − z)·s·x up to fp32 summation, within the fp16 rounding of the weight of
   :func:`quantkit.runtime.kernels.reference.w4a16_reference` (which rounds Ŵ to the activation dtype as the

@@ -1,8 +1,9 @@
 """W8A8 / MixLLM W4A8 / mixed W4.4A8 decode GEMV in CUDA C++ (NVRTC via CuPy) over int8 activation codes.
 
-The decode counterpart (M <= 16 tokens, 8 per launch column) of the Triton kernels in :mod:`.int8_gemm`, built like the W4A16 GEMV of
-:mod:`.cuda_gemv` (a block owns 16 weight rows, its warps split K by 256-column tiles, one tile loaded ahead in
-registers, partial sums added through shared memory) but on the int8 tensor cores, ``mma.sync.m16n8k32``:
+The decode counterpart (M <= 16 tokens, 8 or 16 per launch column) of the Triton kernels in :mod:`.int8_gemm`,
+built like the W4A16 GEMV of :mod:`.cuda_gemv` (a block owns 16 weight rows, its warps split K by 256-column
+tiles, one tile loaded ahead in registers, partial sums added through shared memory) but on the int8 tensor
+cores, ``mma.sync.m16n8k32``:
 
 * ``w8`` rows (MixLLM sym-8 g128): the int8 bytes are the A operand as they are. Lane (g, c) loads 16 bytes at
   column 64j + 16c of rows g and g + 8 and the activation codes of token g at the same columns, so the two mmas
@@ -378,7 +379,7 @@ def _part_args(layout: str, tensors: dict, meta: dict, rows: torch.Tensor | None
 def a8_gemv_cuda(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, parts: list,
                  out_features: int, out_dtype: torch.dtype = torch.float16, out: torch.Tensor | None = None,
                  warps: int | None = None, token_sets: int | None = None) -> torch.Tensor:
-    """Y [M, out_features] = dequant(A)·Ŵᵀ for int8 activation codes [M, K] (8 tokens per launch column) with float32 scales [M, Ga]
+    """Y [M, out_features] = dequant(A)·Ŵᵀ for int8 activation codes [M, K] with float32 scales [M, Ga]
     and one or two partitions ``parts`` = [(layout, tensors, meta, rows or None)] of ``w8`` / ``w4a16`` weights
     (rows: int32 output column of each partition row; None: row i → column i). One launch; an 8-bit partition
     runs first (module docstring). ``token_sets``: 8-token sets per launch column sharing every weight fragment,

@@ -91,9 +91,9 @@ def w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: TileConfig 
     """Y = X·Ŵᵀ [M, N] in x's dtype (fp16 or bf16) for a ``w4a16`` weight, Ŵ = (q - z)·s rounded to x's dtype
     per element (bf16: s rounded to bf16 first); fp32 accumulation. ``x`` [M, K] (any row stride, unit column
     stride); ``out`` an optional [M, N] result tensor; ``use_asm`` False forces the plain-Triton dequantization
-    (tests compare it with the PTX path). With no ``config``, at decode sizes (``cuda_gemv_preferred``) and CuPy present, the CUDA decode GEMV
-    (:mod:`.cuda_gemv`, faster there; it scales exact (q - z)·x sums per group instead of rounding Ŵ) runs
-    instead. Reference: :func:`.reference.w4a16_reference`."""
+    (tests compare it with the PTX path). With no ``config``, at decode sizes (``cuda_gemv_preferred``) and
+    CuPy present, the CUDA decode GEMV (:mod:`.cuda_gemv`, faster there; it scales exact (q - z)·x sums per
+    group instead of rounding Ŵ) runs instead. Reference: :func:`.reference.w4a16_reference`."""
     if x.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"w4a16 kernel takes fp16/bf16 activations, got {x.dtype}")
     qweight, qparams = tensors["qweight"], tensors["qparams"]

@@ -50,32 +50,12 @@ import warnings
 
 import torch
 
+from quantkit.runtime.kernels.cuda_common import PRELUDE
+
 TOKENS_PER_COLUMN = 8  # the mma's N side: tokens of one launch column
 CUDA_GEMV_MAX_M = 16  # the most tokens w4a16_matmul's default path sends here (cuda_gemv_preferred)
 
-SOURCE = r"""
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-
-typedef unsigned int u32;
-
-// L2PF: the L2 sector prefetch size the load asks for (0: none, 128 or 256 bytes): with 256, a warp's load of its
-// 128-byte tile line also brings the next warp's line into L2
-template <int L2PF>
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
-    uint4 v;
-    if (L2PF == 256)
-        asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    else if (L2PF == 128)
-        asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    else
-        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-
+SOURCE = PRELUDE + r"""
 // c[0..3] += A (a0..a3) · B (b0, b1), fp32 accumulators, operands of element type TY ("f16" or "bf16")
 #define QK_MMA_M16N8K16(TY)                                                                                  \
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 {%0, %1, %2, %3}, "                 \
@@ -89,12 +69,6 @@ __device__ __forceinline__ u32 and_or(u32 a, u32 mask, u32 bits) {
     u32 r;
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(mask), "r"(bits));
     return r;
-}
-
-// the scale|zero group of half-tile `half` (128 columns): half >> shift when the group is a power-of-two number of
-// half-tiles (31 for one group per row), else a division — a run-time signed division costs ~40 instructions
-__device__ __forceinline__ int group_of(int half, int shift, int halves_per_group, int n_groups) {
-    return min(shift >= 0 ? half >> shift : half / halves_per_group, n_groups - 1);
 }
 
 template <bool BF16> struct Pair;
@@ -122,7 +96,6 @@ template <> struct Pair<false> {
     static __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
         QK_MMA_M16N8K16("f16");
     }
-    static __device__ __forceinline__ T from_float(float v) { return __float2half_rn(v); }
 };
 template <> struct Pair<true> {
     typedef __nv_bfloat16 T; typedef __nv_bfloat162 T2;
@@ -145,7 +118,6 @@ template <> struct Pair<true> {
     static __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
         QK_MMA_M16N8K16("bf16");
     }
-    static __device__ __forceinline__ T from_float(float v) { return __float2bfloat16_rn(v); }
 };
 
 // byte b of word a -> bytes 0, 1; byte b of word c -> bytes 2, 3
@@ -217,32 +189,6 @@ __device__ __forceinline__ void mma_tile(const Tile& cur, const typename Pair<BF
         }
 }
 
-// sum the NWARPS warps' K shares of acc (mma_tile) through shared memory; warp 0 writes the block's outputs
-template <int NWARPS, bool BF16, int J>
-__device__ __forceinline__ void reduce_store(const float (*acc)[4], typename Pair<BF16>::T* out, int row0, int m0,
-                                             int M, int N, long long stride_om) {
-    __shared__ float red[NWARPS][4 * J][32];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-#pragma unroll
-    for (int j = 0; j < J; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) red[warp][4 * j + i][lane] = acc[j][i];
-    __syncthreads();
-    if (warp == 0) {
-#pragma unroll
-        for (int j = 0; j < J; ++j)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                float v = 0.f;
-#pragma unroll
-                for (int q = 0; q < NWARPS; ++q) v += red[q][4 * j + i][lane];
-                const int row = row0 + g + 8 * (i >> 1);
-                const int tok = m0 + 8 * j + 2 * c + (i & 1);
-                if (row < N && tok < M) out[(long long)tok * stride_om + row] = Pair<BF16>::from_float(v);
-            }
-    }
-}
-
 // Y[M, N] = X[M, K] · Ŵ[N, K]^T for 8·J tokens per launch column: a block owns 16 rows, its NWARPS warps share K;
 // each warp multiplies one tile while the next is loading (two register tiles used in turn, so no tile is copied)
 // L2PF: see ld_stream. The explicit minimum of 1 block per SM matters: without it ptxas aims at more resident
@@ -291,7 +237,7 @@ w4a16_gemv_mma(const void* __restrict__ x_, const uint4* __restrict__ w, const u
         if (t + 2 * NWARPS < n_tiles) load(t + 2 * NWARPS, ta);
         mma_tile<BF16, J>(tb, xr, t + NWARPS, acc);
     }
-    reduce_store<NWARPS, BF16, J>(acc, reinterpret_cast<T*>(out_), row0, m0, M, N, stride_om);
+    reduce_store<NWARPS, J>(acc, reinterpret_cast<T*>(out_), row0, m0, M, N, stride_om, nullptr);
 }
 """
 

@@ -31,25 +31,14 @@ import functools
 
 import torch
 
+from quantkit.runtime.kernels.cuda_common import PRELUDE
 from quantkit.runtime.kernels.cuda_gemv import TOKENS_PER_COLUMN, _stream, cupy_available
 
 W8_MODE, ASYM4_MODE = 0, 1
 MODES = {"w8": W8_MODE, "w4a16": ASYM4_MODE}
 A8_GEMV_MAX_M = 16  # two 8-token launch columns
 
-SOURCE = r"""
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-
-typedef unsigned int u32;
-
-__device__ __forceinline__ uint4 ld_stream(const void* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-
+SOURCE = PRELUDE + r"""
 // c += A (a0..a3, int8 16x32) · B (b0, b1, int8 32x8), int32 accumulators; ATY "s8" or "u8"
 #define QK_IMMA(ATY)                                                                                          \
     asm volatile("mma.sync.aligned.m16n8k32.row.col.s32." ATY ".s8.s32 {%0, %1, %2, %3}, "                   \
@@ -59,10 +48,6 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
 
 __device__ __forceinline__ void imma_s8(int* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) { QK_IMMA("s8"); }
 __device__ __forceinline__ void imma_u8(int* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) { QK_IMMA("u8"); }
-
-__device__ __forceinline__ int group_of(int half, int shift, int halves_per_group, int n_groups) {
-    return min(shift >= 0 ? half >> shift : half / halves_per_group, n_groups - 1);
-}
 
 // byte b of words x, y, z, w -> bytes 0..3 of one word
 __device__ __forceinline__ u32 gather4(uint4 v, int b) {
@@ -89,16 +74,16 @@ __device__ __forceinline__ void load_tile(const Part& P, const int* rows, int c,
     for (int r = 0; r < 2; ++r) {
         const char* row = reinterpret_cast<const char*>(P.w) + (long long)rows[r] * P.w_row;
         if constexpr (MODE == 0) {
-            tl.w[r][0] = ld_stream(row + t * 256 + 16 * c);
-            tl.w[r][1] = ld_stream(row + t * 256 + 64 + 16 * c);
-            tl.w[r][2] = ld_stream(row + t * 256 + 128 + 16 * c);
-            tl.w[r][3] = ld_stream(row + t * 256 + 192 + 16 * c);
+            tl.w[r][0] = ld_stream<128>(row + t * 256 + 16 * c);
+            tl.w[r][1] = ld_stream<128>(row + t * 256 + 64 + 16 * c);
+            tl.w[r][2] = ld_stream<128>(row + t * 256 + 128 + 16 * c);
+            tl.w[r][3] = ld_stream<128>(row + t * 256 + 192 + 16 * c);
             const float* s = reinterpret_cast<const float*>(P.params);
             tl.s[r][0] = __ldg(s + (long long)g_lo * P.n + rows[r]);
             tl.s[r][1] = __ldg(s + (long long)g_hi * P.n + rows[r]);
         } else {
-            tl.w[r][0] = ld_stream(row + t * 128 + 16 * c);
-            tl.w[r][1] = ld_stream(row + t * 128 + 64 + 16 * c);
+            tl.w[r][0] = ld_stream<128>(row + t * 128 + 16 * c);
+            tl.w[r][1] = ld_stream<128>(row + t * 128 + 64 + 16 * c);
             const u32* q = reinterpret_cast<const u32*>(P.params);
             tl.p[r][0] = __ldg(q + (long long)g_lo * P.n + rows[r]);
             tl.p[r][1] = __ldg(q + (long long)g_hi * P.n + rows[r]);
@@ -213,29 +198,8 @@ __device__ __forceinline__ void block_a8(const Part& P, int blk, const signed ch
         if (t + 2 * NWARPS < n_tiles) load_tile<MODE>(P, rows, c, t + 2 * NWARPS, ta);
         tile_a8<MODE, J>(tb, ar, sa0, sa1, t + NWARPS, a_shift, a_hpg, a_groups, c, acc);
     }
-    __shared__ float red[NWARPS][4 * J][32];
-#pragma unroll
-    for (int j = 0; j < J; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) red[warp][4 * j + i][lane] = acc[j][i];
-    __syncthreads();
-    if (warp == 0) {
-#pragma unroll
-        for (int j = 0; j < J; ++j)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                float v = 0.f;
-#pragma unroll
-                for (int q = 0; q < NWARPS; ++q) v += red[q][4 * j + i][lane];
-                const int row = row0 + g + 8 * (i >> 1);
-                const int tok = m0 + 8 * j + 2 * c + (i & 1);
-                if (row < P.n && tok < M) {
-                    const long long col = P.cols ? P.cols[row] : row;
-                    if (BF16) reinterpret_cast<__nv_bfloat16*>(out_)[tok * stride_om + col] = __float2bfloat16_rn(v);
-                    else reinterpret_cast<__half*>(out_)[tok * stride_om + col] = __float2half_rn(v);
-                }
-            }
-    }
+    reduce_store<NWARPS, J>(acc, reinterpret_cast<typename OutType<BF16>::T*>(out_), row0, m0, M, P.n,
+                            stride_om, P.cols);
 }
 
 // Y[M, out] for 8·J tokens per launch column; blocks [0, nb_first) run partition A, the rest partition B

@@ -29,19 +29,69 @@ def _acts(m: int, k: int, act_group: int, seed: int, device: str = "cuda"):
 
 
 def test_a8_gemv_declines_inputs_it_cannot_read():
-    """Shape, layout and alignment reasons come before the device ones, so they are checked on the CPU."""
+    """Shape, layout, group, dtype, layout-of-memory and device reasons, checked on the CPU in the order
+    a8_gemv_problem takes them (the CUDA ones come last)."""
     from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_problem
 
     codes, scales = _acts(2, 512, 128, 0, "cpu")
-    assert "outside 1..16" in a8_gemv_problem(codes[:0], scales[:0], ["w8"], torch.float16, 512)
+    _, t8, meta8 = packed("w8", 40, 512, sym=True)
+    _, t4, meta4 = packed("w4a16", 24, 512)
+    part8, part4 = ("w8", t8, meta8, None), ("w4a16", t4, meta4, None)
+    _, tl, metal = packed("w4a8-lqq", 8, 512)
+
+    def problem(c=codes, s=scales, group=128, parts=(part8,), dtype=torch.float16, out=None):
+        return a8_gemv_problem(c, s, group, list(parts), dtype, out)
+
+    assert "outside 1..16" in problem(c=codes[:0], s=scales[:0])
     big, big_s = _acts(17, 512, 128, 0, "cpu")
-    assert "outside 1..16" in a8_gemv_problem(big, big_s, ["w8"], torch.float16, 512)
-    assert "w4a8-lqq" in a8_gemv_problem(codes, scales, ["w4a16", "w4a8-lqq"], torch.float16, 512)
-    assert "multiple of 256" in a8_gemv_problem(codes, scales, ["w8"], torch.float16, 384)
-    assert "fp16/bf16" in a8_gemv_problem(codes, scales, ["w8"], torch.float32, 512)
+    assert "outside 1..16" in problem(c=big, s=big_s)
+    assert "3 partitions" in problem(parts=(part8, part4, part4))
+    assert "w4a8-lqq" in problem(parts=(part4, ("w4a8-lqq", tl, metal, None)))
+    short, short_s = _acts(2, 384, 128, 0, "cpu")
+    assert "multiple of 256" in problem(c=short, s=short_s)
+    assert "multiple of 128" in problem(group=64)
+    assert "weight group size 192" in problem(parts=(("w8", t8, {**meta8, "group_size": 192}, None),))
+    assert "fp16/bf16" in problem(dtype=torch.float32)
     wide = torch.zeros(2, 520, dtype=torch.int8)
-    assert "16-byte aligned" in a8_gemv_problem(wide[:, :512], scales, ["w8"], torch.float16, 512)
-    assert "CUDA device" in a8_gemv_problem(codes, scales, ["w8"], torch.float16, 512)
+    assert "16-byte aligned" in problem(c=wide[:, :512])
+    assert "float32" in problem(s=scales.double())
+    assert "unit column stride" in problem(out=torch.empty(40, 2).half().t())
+    t_strided = {**t8, "qweight": t8["qweight"].t().contiguous().t()}
+    assert "contiguous" in problem(parts=(("w8", t_strided, meta8, None),))
+    assert "int32" in problem(parts=(("w8", t8, meta8, torch.arange(40)),))
+    assert "CUDA device" in problem(parts=(("w8", t8, meta8, torch.arange(40, dtype=torch.int32)), part4))
+
+
+def test_a8_gemv_cuda_refuses_bad_groups_and_shapes():
+    """Direct callers get a ValueError before anything reaches the GPU."""
+    from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda
+
+    codes, scales = _acts(2, 512, 128, 0, "cpu")
+    _, t8, meta8 = packed("w8", 40, 512, sym=True)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        a8_gemv_cuda(codes, scales, 64, [("w8", t8, meta8, None)], 40)
+    with pytest.raises(ValueError, match="1 or 2 partitions"):
+        a8_gemv_cuda(codes, scales, 128, [("w8", t8, meta8, None)] * 3, 120)
+    with pytest.raises(ValueError, match="in_features"):
+        a8_gemv_cuda(codes[:, :256], scales[:, :2], 128, [("w8", t8, meta8, None)], 40)
+    with pytest.raises(ValueError, match="token_sets"):
+        a8_gemv_cuda(codes, scales, 128, [("w8", t8, meta8, None)], 40, token_sets=3)
+
+
+def test_decode_dispatch_rules():
+    """The measured launch rules keep their shape: the A8 GEMV never past M = 16, single-partition layers with
+    long rows leave M = 9-16 to Triton while mixed ones do not; the W4A16 GEMV takes M <= 8 everywhere and
+    M = 9-16 only on layers up to 8192 × 8192, with 16-token launch columns there."""
+    from quantkit.runtime.kernels.cuda_gemv import cuda_gemv_preferred, default_variant
+    from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_preferred, a8_token_sets
+
+    assert a8_gemv_preferred(1, 28672, 4096) and not a8_gemv_preferred(17, 4096, 4096)
+    assert not a8_gemv_preferred(8, 28672, 4096) and a8_gemv_preferred(8, 14336, 4096)
+    assert not a8_gemv_preferred(16, 4096, 14336) and a8_gemv_preferred(16, 4096, 14336, mixed=True)
+    assert a8_token_sets(6144, 16) == 2 and a8_token_sets(4096, 16) == 1 and a8_token_sets(14336, 8) == 1
+    assert cuda_gemv_preferred(8, 28672, 4096) and not cuda_gemv_preferred(16, 14336, 4096)
+    assert cuda_gemv_preferred(16, 6144, 4096) and not cuda_gemv_preferred(0, 4096, 4096)
+    assert default_variant(6144, 4096, 16).token_sets == 2 and default_variant(6144, 4096, 8).token_sets == 1
 
 
 @pytest.mark.gpu
@@ -76,11 +126,15 @@ def test_a8_gemv_matches_reference_on_gpu(layout, m, n, k, group_size, act_group
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU and CuPy")
-@pytest.mark.parametrize("m,n,k,act_group,order", [(1, 70, 512, 128, "w8-first"), (4, 300, 2304, -1, "w4-first"),
-                                                   (8, 1030, 4096, 128, "w4-first"), (16, 300, 2304, 128, "w8-first")])
-def test_mixed_a8_gemv_scatters_both_partitions_on_gpu(m, n, k, act_group, order):
+@pytest.mark.parametrize("m,n,k,act_group,order,sets,out_dtype,gs8", [
+    (1, 70, 512, 128, "w8-first", 1, torch.float16, 128), (4, 300, 2304, -1, "w4-first", 1, torch.float16, 128),
+    (8, 1030, 4096, 128, "w4-first", 1, torch.float16, 128), (16, 300, 2304, 128, "w8-first", 1, torch.float16, 128),
+    (16, 300, 2304, 128, "w4-first", 2, torch.bfloat16, 256), (11, 130, 1024, -1, "w8-first", 2, torch.float16, -1)])
+def test_mixed_a8_gemv_scatters_both_partitions_on_gpu(m, n, k, act_group, order, sets, out_dtype, gs8):
     """A W4.4A8 layer in one launch: every third row (a partial 16-row block of them) at 8 bits, the rest asym
-    4-bit, output columns scattered through each partition's row map; the Triton one-launch kernel agrees."""
+    4-bit, output columns scattered through each partition's row map into an output whose rows are wider than
+    the layer; 8- or 16-token launch columns, fp16 or bf16, the 8-bit rows with their own group size; the Triton
+    one-launch kernel agrees."""
     from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda
     from quantkit.runtime.kernels.int8_gemm import mixed_int8_matmul
 
@@ -90,16 +144,18 @@ def test_mixed_a8_gemv_scatters_both_partitions_on_gpu(m, n, k, act_group, order
     codes, scales = _acts(m, k, act_group, seed=m)
     parts, ref = [], torch.empty(m, n, dtype=torch.float64)
     for layout, qw, rows in (("w4a16", grid.quantize(w[rows4], 4, 128), rows4),
-                             ("w8", grid.quantize(w[rows8], 8, 128, sym=True), rows8)):
+                             ("w8", grid.quantize(w[rows8], 8, gs8, sym=True), rows8)):
         lay = get_layout(layout)
         tensors = {key: t.cuda() for key, t in lay.pack(qw).items()}
-        parts.append((layout, tensors, lay.layout_meta(qw), rows.cuda()))
+        parts.append((layout, tensors, lay.layout_meta(qw), rows.to(torch.int32).cuda()))
         ref[:, rows] = int8_reference(codes, scales, act_group, layout, tensors, lay.layout_meta(qw)).cpu()
     if order == "w8-first":
         parts.reverse()
-    out = a8_gemv_cuda(codes, scales, act_group, parts, n, out=poisoned(m, n, torch.float16))
-    assert rel_err(out, ref) < TOL
-    triton = mixed_int8_matmul(codes, scales, act_group, parts, n, bn_b=16)  # bn_b: the Triton kernel
-    assert rel_err(out, triton) < TOL
-    assert torch.equal(mixed_int8_matmul(codes, scales, act_group, parts, n), a8_gemv_cuda(codes, scales, act_group,
-                                                                                         parts, n))
+    wide = poisoned(m, n + 24, out_dtype)
+    out = a8_gemv_cuda(codes, scales, act_group, parts, n, out_dtype, out=wide[:, :n], token_sets=sets)
+    tol = TOL if out_dtype == torch.float16 else 8e-3
+    assert rel_err(out, ref) < tol and torch.isnan(wide[:, n:]).all()  # the padding columns stay untouched
+    triton = mixed_int8_matmul(codes, scales, act_group, parts, n, out_dtype, bn_b=16)  # bn_b: the Triton kernel
+    assert rel_err(out, triton) < tol
+    assert torch.equal(mixed_int8_matmul(codes, scales, act_group, parts, n, out_dtype),
+                       a8_gemv_cuda(codes, scales, act_group, parts, n, out_dtype))

@@ -359,7 +359,7 @@ def cuda_gemv_preferred(m: int, n: int, k: int) -> bool:
     """Whether the CUDA GEMV beats the Triton W4A16 kernel for M tokens on an [N, K] weight (H100): M <= 8
     always (docs/logs/gemv_sweep_h100.json and later sweeps), M = 9-16 up to N = 8192 and K = 8192 (4096×4096
     M = 16: 10.4 vs 13.4 µs; 14336×4096: Triton 22.2 vs 28.5; docs/logs/gemv_sweep_m16_h100.json)."""
-    return 1 <= m <= 8 or (m <= CUDA_GEMV_MAX_M and n <= 8192 and k <= 8192)
+    return 1 <= m <= 8 or (8 < m <= CUDA_GEMV_MAX_M and n <= 8192 and k <= 8192)
 
 
 def default_variant(n: int, k: int, m: int = 1) -> GemvVariant:

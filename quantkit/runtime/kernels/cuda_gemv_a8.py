@@ -223,9 +223,6 @@ a8_gemv(const signed char* __restrict__ a, const float* __restrict__ sa, int M, 
 }
 """
 
-WARPS = (2, 4, 8)
-
-
 def a8_kernel_name(warps: int, bf16: bool, mode_a: int, mode_b: int, token_sets: int = 1) -> str:
     """The template instance of SOURCE for these warps, output dtype, partition modes and sets of 8 tokens per
     launch column (1 or 2)."""
@@ -244,11 +241,10 @@ def _function(device_index: int, name: str):
 
 
 @functools.lru_cache(maxsize=None)
-def _compile_problem(device_index: int, bf16: bool) -> str | None:
-    """None when the single-partition kernels compile here (cached), else why not."""
+def _compile_problem(device_index: int, name: str) -> str | None:
+    """None when kernel instance ``name`` compiles here (cached), else why not (with a warning)."""
     try:
-        for mode in (W8_MODE, ASYM4_MODE):
-            _function(device_index, a8_kernel_name(4, bf16, mode, mode))
+        _function(device_index, name)
     except Exception as e:  # noqa: BLE001 — NVRTC/driver trouble: the Triton kernels run instead
         import warnings
 
@@ -258,39 +254,70 @@ def _compile_problem(device_index: int, bf16: bool) -> str | None:
     return None
 
 
-def a8_gemv_problem(a_codes: torch.Tensor, a_scales: torch.Tensor, layouts: list[str], out_dtype: torch.dtype,
-                    k: int, tensors: list[dict] | None = None, out: torch.Tensor | None = None) -> str | None:
-    """Why :func:`a8_gemv_cuda` cannot run (None: it can): M in 1..16, every layout ``w8`` or ``w4a16``, K a
-    multiple of 256, int8 codes with 16-byte aligned rows, float32 scales with unit column stride, an fp16/bf16
-    output (``out``, if given, of that dtype with unit column stride), contiguous 16-byte aligned weight tensors,
-    a CUDA device of compute capability >= 8.0, and CuPy with NVRTC. Cheap checks first (testable on a CPU)."""
+def _group_problem(what: str, group_size: int) -> str | None:
+    if group_size != -1 and (group_size <= 0 or group_size % 128):
+        return f"{what} group size {group_size} is neither -1 nor a multiple of 128"
+    return None
+
+
+def a8_gemv_problem(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, parts: list,
+                    out_dtype: torch.dtype, out: torch.Tensor | None = None) -> str | None:
+    """Why :func:`a8_gemv_cuda` cannot run these arguments (None: it can): M in 1..16, one or two partitions of
+    layout ``w8`` / ``w4a16`` whose in_features all equal the codes' K, a multiple of 256, weight and activation
+    groups of -1 or a multiple of 128, int8 codes with 16-byte aligned rows, float32 scales with unit column
+    stride, an fp16/bf16 output (``out``, if given, of that dtype with unit column stride), contiguous 16-byte
+    aligned weight tensors and int32 row maps, everything on the codes' CUDA device of compute capability >= 8.0,
+    and CuPy whose NVRTC compiles the kernel instance that would run. Cheap checks first (testable on a CPU)."""
     m = a_codes.shape[0] if a_codes.dim() == 2 else 0
     if not 1 <= m <= A8_GEMV_MAX_M:
         return f"M = {m} is outside 1..{A8_GEMV_MAX_M}"
-    bad = [lay for lay in layouts if lay not in MODES]
+    if len(parts) not in (1, 2):
+        return f"{len(parts)} partitions (the A8 GEMV takes 1 or 2)"
+    bad = [p[0] for p in parts if p[0] not in MODES]
     if bad:
         return f"no CUDA A8 GEMV for layout {bad[0]}"
-    if k % 256:
-        return f"K = {k} is not a multiple of 256"
+    k = a_codes.shape[1]
+    if k % 256 or any(int(p[2]["in_features"]) != k for p in parts):
+        return f"K = {k} is not a multiple of 256 or not every partition's in_features"
+    problem = _group_problem("activation", act_group_size) or next(
+        (q for q in (_group_problem("weight", int(p[2]["group_size"])) for p in parts) if q), None)
+    if problem:
+        return problem
     if out_dtype not in (torch.float16, torch.bfloat16):
         return f"output dtype {out_dtype} is not fp16/bf16"
-    if a_codes.stride(1) != 1 or a_codes.data_ptr() % 16 or a_codes.stride(0) % 16:
-        return "activation code rows are not 16-byte aligned with unit column stride"
-    if a_scales.stride(1) != 1:
-        return "activation scales need unit column stride"
+    if a_codes.dtype != torch.int8 or a_codes.stride(1) != 1 or a_codes.data_ptr() % 16 or a_codes.stride(0) % 16:
+        return "activation codes are not int8 rows, 16-byte aligned, with unit column stride"
+    if a_scales.dtype != torch.float32 or a_scales.stride(1) != 1:
+        return "activation scales are not float32 with unit column stride"
     if out is not None and (out.dtype != out_dtype or out.stride(1) != 1):
         return "out must have the output dtype and unit column stride"
-    for t in tensors or []:
-        if not all(v.is_contiguous() and v.data_ptr() % 16 == 0 for v in t.values()):
-            return "packed tensors are not contiguous and 16-byte aligned"
+    tensors = [v for p in parts for v in p[1].values()]
+    if not all(v.is_contiguous() and v.data_ptr() % 16 == 0 for v in tensors):
+        return "packed tensors are not contiguous and 16-byte aligned"
+    rows = [p[3] for p in parts if p[3] is not None]
+    if not all(r.dtype == torch.int32 and r.is_contiguous() for r in rows):
+        return "partition row maps are not contiguous int32"
     if not a_codes.is_cuda:
         return "activations are not on a CUDA device"
+    if any(t.device != a_codes.device for t in tensors + rows + [a_scales] + ([out] if out is not None else [])):
+        return "tensors are not all on the activations' CUDA device"
     if torch.cuda.get_device_capability(a_codes.device) < (8, 0):
         return "the GPU is older than compute capability 8.0"
     if not cupy_available():
         return "CuPy is not installed or sees no GPU"
     dev = a_codes.device.index if a_codes.device.index is not None else torch.cuda.current_device()
-    return _compile_problem(dev, out_dtype == torch.bfloat16)
+    return _compile_problem(dev, _instance(parts, m, out_dtype)[0])
+
+
+def _instance(parts: list, m: int, out_dtype: torch.dtype, warps: int | None = None,
+              token_sets: int | None = None) -> tuple[str, int, int]:
+    """(kernel instance name, warps, token sets) :func:`a8_gemv_cuda` runs for these partitions."""
+    modes = sorted(MODES[p[0]] for p in parts)
+    modes = modes + modes if len(modes) == 1 else modes
+    n_total = sum(int(p[2]["out_features"]) for p in parts)
+    warps = warps or a8_warps(n_total, m)
+    token_sets = token_sets or a8_token_sets(n_total, m)
+    return a8_kernel_name(warps, out_dtype == torch.bfloat16, modes[0], modes[1], token_sets), warps, token_sets
 
 
 def a8_warps(n: int, m: int = 1) -> int:
@@ -346,36 +373,35 @@ def a8_gemv_cuda(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: 
     """Y [M, out_features] = dequant(A)·Ŵᵀ for int8 activation codes [M, K] with float32 scales [M, Ga]
     and one or two partitions ``parts`` = [(layout, tensors, meta, rows or None)] of ``w8`` / ``w4a16`` weights
     (rows: int32 output column of each partition row; None: row i → column i). One launch; an 8-bit partition
-    runs first (module docstring). ``token_sets``: 8-token sets per launch column sharing every weight fragment,
-    1 or 2 (default :func:`a8_token_sets`). The caller checks
-    :func:`a8_gemv_problem`."""
+    runs first (module docstring). ``warps`` (default :func:`a8_warps`) and ``token_sets``, 8-token sets per
+    launch column sharing every weight fragment, 1 or 2 (default :func:`a8_token_sets`). ValueError when
+    :func:`a8_gemv_problem` finds a problem other than the device ones, which the caller checks."""
     import numpy as np
 
     m, k = a_codes.shape
-    n_tiles = k // 256
+    for what, gs in [("activation", act_group_size)] + [("weight", int(p[2]["group_size"])) for p in parts]:
+        problem = _group_problem(what, gs)
+        if problem:
+            raise ValueError(problem)
     if len(parts) not in (1, 2):
         raise ValueError(f"the A8 GEMV takes 1 or 2 partitions, got {len(parts)}")
+    if k % 256 or any(int(p[2]["in_features"]) != k for p in parts):
+        raise ValueError(f"activation codes [M, {k}] must have K a multiple of 256 equal to every partition's "
+                         "in_features")
+    if token_sets not in (None, 1, 2):
+        raise ValueError(f"token_sets must be 1 or 2, got {token_sets}")
+    n_tiles = k // 256
     parts = sorted(parts, key=lambda p: MODES[p[0]])  # w8 (mode 0) first: its blocks carry twice the bytes
-    for layout, _, meta, _ in parts:
-        if int(meta["in_features"]) > k or -(-int(meta["in_features"]) // 256) != n_tiles:
-            raise ValueError(f"activation codes [M, {k}] do not cover the {layout} weight's K")
-    rows = [None if r is None else r.to(device=a_codes.device, dtype=torch.int32).contiguous()
-            for _, _, _, r in parts]
-    args_parts = [_part_args(lay, t, meta, r, n_tiles) for (lay, t, meta, _), r in zip(parts, rows)]
+    name, warps, token_sets = _instance(parts, m, out_dtype, warps, token_sets)
+    args_parts = [_part_args(lay, t, meta, r, n_tiles) for lay, t, meta, r in parts]
     if len(parts) == 1:
         args_parts.append(args_parts[0])
     out = torch.empty(m, out_features, dtype=out_dtype, device=a_codes.device) if out is None else out
-    n_total = sum(int(meta["out_features"]) for _, _, meta, _ in parts)
-    warps = warps or a8_warps(n_total, m)
     nb = [-(-int(meta["out_features"]) // 16) for _, _, meta, _ in parts]
     a_hpg = 2 * n_tiles + 2 if act_group_size == -1 else act_group_size // 128
     a_shift = 31 if act_group_size == -1 else (a_hpg.bit_length() - 1 if a_hpg & (a_hpg - 1) == 0 else -1)
     dev = a_codes.device.index if a_codes.device.index is not None else torch.cuda.current_device()
-    modes = [MODES[p[0]] for p in parts] + ([MODES[parts[0][0]]] if len(parts) == 1 else [])
-    token_sets = token_sets or a8_token_sets(n_total, m)
-    if token_sets not in (1, 2):
-        raise ValueError(f"token_sets must be 1 or 2, got {token_sets}")
-    fn = _function(dev, a8_kernel_name(warps, out_dtype == torch.bfloat16, modes[0], modes[1], token_sets))
+    fn = _function(dev, name)
     grid = (sum(nb), -(-m // (TOKENS_PER_COLUMN * token_sets)))
     args = (np.uint64(a_codes.data_ptr()), np.uint64(a_scales.data_ptr()), np.int32(m),
             np.int64(a_codes.stride(0)), np.int64(a_scales.stride(0)), np.int32(a_hpg), np.int32(a_shift),

@@ -233,7 +233,8 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
     _check_act(a_codes, a_scales, act_group_size, k)
     m = a_codes.shape[0]
     if (config is None and use_asm is None and a8_gemv_preferred(m, int(meta["out_features"]), k)
-            and a8_gemv_problem(a_codes, a_scales, [layout], out_dtype, k, [tensors], out) is None):
+            and a8_gemv_problem(a_codes, a_scales, act_group_size, [(layout, tensors, meta, None)], out_dtype,
+                                out) is None):
         return a8_gemv_cuda(a_codes, a_scales, act_group_size, [(layout, tensors, meta, None)],
                             int(meta["out_features"]), out_dtype, out)
     n_tiles = padded_k(k) // 256
@@ -273,9 +274,7 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
     _check_act(a_codes, a_scales, act_group_size, k)
     m = a_codes.shape[0]
     if (config is None and bn_b is None and a8_gemv_preferred(m, out_features, k, mixed=True)
-            and all(int(p[2]["in_features"]) == k for p in parts)
-            and a8_gemv_problem(a_codes, a_scales, [p[0] for p in parts], out_dtype, k, [p[1] for p in parts],
-                                out) is None):
+            and a8_gemv_problem(a_codes, a_scales, act_group_size, list(parts), out_dtype, out) is None):
         return a8_gemv_cuda(a_codes, a_scales, act_group_size, list(parts), out_features, out_dtype, out)
     n_tiles = padded_k(k) // 256
     args = []

@@ -46,7 +46,7 @@ def test_a8_gemv_declines_inputs_it_cannot_read():
     big, big_s = _acts(17, 512, 128, 0, "cpu")
     assert "outside 1..16" in problem(c=big, s=big_s)
     assert "3 partitions" in problem(parts=(part8, part4, part4))
-    assert "w4a8-lqq" in problem(parts=(part4, ("w4a8-lqq", tl, metal, None)))
+    assert "reference" in problem(parts=(part4, ("reference", tl, metal, None)))
     short, short_s = _acts(2, 384, 128, 0, "cpu")
     assert "multiple of 256" in problem(c=short, s=short_s)
     assert "multiple of 128" in problem(group=64)
@@ -103,21 +103,24 @@ def test_decode_dispatch_rules():
     ("w4a16", 1, 33, 256, 128, 128, 2, 1), ("w4a16", 3, 1000, 2304, -1, 128, 4, 1),
     ("w4a16", 8, 4103, 1024, 256, -1, 8, 1), ("w4a16", 12, 65, 3840, 384, 384, 2, 1),
     ("w4a16", 2, 40, 7168, 128, 128, 4, 1), ("w4a16", 16, 257, 4096, 128, 128, 4, 2),
-    ("w4a16", 13, 33, 2304, -1, -1, 8, 2)])
+    ("w4a16", 13, 33, 2304, -1, -1, 8, 2),
+    ("w4a8-lqq", 1, 33, 256, 128, -1, 2, 1), ("w4a8-lqq", 6, 1000, 2304, 256, 128, 4, 1),
+    ("w4a8-lqq", 12, 257, 3840, 128, -1, 4, 2), ("w4a8-lqq", 16, 65, 1024, 384, 256, 8, 1)])
 def test_a8_gemv_matches_reference_on_gpu(layout, m, n, k, group_size, act_group, warps, sets, out_dtype):
-    """Odd N (a partial block), per-channel / 256- / 384-column weight groups, per-token and grouped activation
-    scales, M past one launch column of 8 or 16 tokens (two 8-token sets sharing each weight fragment), every
-    warp looping over several tiles (odd and even counts)."""
+    """W8A8, MixLLM W4A8 and LiquidQuant W4A8: odd N (a partial block), per-channel / 256- / 384-column weight
+    groups, per-token and grouped activation scales, M past one launch column of 8 or 16 tokens (two 8-token sets
+    sharing each weight fragment), every warp looping over several tiles (odd and even counts)."""
     from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda
 
-    sym = layout == "w8"
-    _, tensors, meta = packed(layout, n, k, group_size, seed=m + n, sym=sym)
+    _, tensors, meta = packed(layout, n, k, group_size, seed=m + n, sym=layout == "w8")
     codes, scales = _acts(m, k, act_group, seed=k + m)
     ref = int8_reference(codes, scales, act_group, layout, tensors, meta)
     out = a8_gemv_cuda(codes, scales, act_group, [(layout, tensors, meta, None)], n, out_dtype,
                        out=poisoned(m, n, out_dtype), warps=warps, token_sets=sets)
     assert rel_err(out, ref) < (TOL if out_dtype == torch.float16 else 8e-3)
-    if m <= 4:  # int8_matmul's default path at decode sizes is this kernel
+    from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_preferred
+
+    if a8_gemv_preferred(m, n, k, layouts=(layout,)):  # int8_matmul's default path at decode sizes is this kernel
         from quantkit.runtime.kernels.int8_gemm import int8_matmul
 
         default = a8_gemv_cuda(codes, scales, act_group, [(layout, tensors, meta, None)], n, out_dtype)

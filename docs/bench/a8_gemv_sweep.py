@@ -23,7 +23,8 @@ from quantkit.runtime.kernels.configs import gemm_config
 from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda
 from quantkit.runtime.kernels.int8_gemm import int8_matmul, mixed_int8_matmul
 
-KINDS = {"w8a8": ("w8", "w8"), "w4a8": ("w4a16", "asym"), "mixed": (None, "mixed")}
+KINDS = {"w8a8": ("w8", "w8"), "w4a8": ("w4a16", "asym"), "w4a8-lqq": ("w4a8-lqq", "lqq"), "mixed": (None, "mixed")}
+ACT_GROUP = {"w4a8-lqq": -1}  # LiquidQuant: per-token activations, as quantkit bench times it; the others g128
 
 
 def parts_for(method: str, n: int, k: int, gen: torch.Generator) -> list:
@@ -44,9 +45,10 @@ def parts_for(method: str, n: int, k: int, gen: torch.Generator) -> list:
 
 def triton_call(method: str, m: int, n: int, k: int):
     cfg = gemm_config(m, n, k, KINDS[method][1])
+    group = ACT_GROUP.get(method, 128)
     if method == "mixed":
-        return lambda a, s, parts: mixed_int8_matmul(a, s, 128, parts, n, config=cfg)
-    return lambda a, s, parts: int8_matmul(a, s, 128, parts[0][0], parts[0][1], parts[0][2], config=cfg)
+        return lambda a, s, parts: mixed_int8_matmul(a, s, group, parts, n, config=cfg)
+    return lambda a, s, parts: int8_matmul(a, s, group, parts[0][0], parts[0][1], parts[0][2], config=cfg)
 
 
 def main() -> None:
@@ -64,7 +66,8 @@ def main() -> None:
             wb = sum(v.numel() * v.element_size() for p_ in parts for v in p_[1].values())
             for m in (int(v) for v in a.ms.split(",")):
                 copies = copies_to_defeat_l2(wb + 3 * m * k)
-                acts = [quantize_activation_triton(torch.randn(m, k, device="cuda").half(), 8, 128)
+                group = ACT_GROUP.get(method, 128)
+                acts = [quantize_activation_triton(torch.randn(m, k, device="cuda").half(), 8, group)
                         for _ in range(copies)]
                 pcs = [[(lay, {key: v.clone() for key, v in t.items()}, meta, rows) for lay, t, meta, rows in parts]
                        for _ in range(copies)]
@@ -78,8 +81,8 @@ def main() -> None:
                 row["triton"] = time_rotating(tri, inputs)["ms"] * 1e3
                 for warps in (2, 4, 8):
                     for sets in ((1, 2) if m > 8 else (1,)):
-                        fn = lambda ac, sc, pc, w=warps, j=sets: a8_gemv_cuda(ac, sc, 128, pc, n, warps=w,  # noqa
-                                                                             token_sets=j)
+                        fn = lambda ac, sc, pc, w=warps, j=sets: a8_gemv_cuda(ac, sc, group, pc, n,  # noqa: E731
+                                                                             warps=w, token_sets=j)
                         key = f"w{warps}" + (f"_j{sets}" if m > 8 else "")
                         out = fn(*inputs[0])
                         row[f"check_{key}"] = float((out.double() - ref.double()).norm() / ref.double().norm())

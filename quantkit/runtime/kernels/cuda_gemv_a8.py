@@ -1,4 +1,5 @@
-"""W8A8 / MixLLM W4A8 / mixed W4.4A8 decode GEMV in CUDA C++ (NVRTC via CuPy) over int8 activation codes.
+"""W8A8 / MixLLM W4A8 / LiquidQuant W4A8 / mixed W4.4A8 decode GEMV in CUDA C++ (NVRTC via CuPy) over int8
+activation codes.
 
 The decode counterpart (M <= 16 tokens, 8 or 16 per launch column) of the Triton kernels in :mod:`.int8_gemm`,
 built like the W4A16 GEMV of :mod:`.cuda_gemv` (a block owns 16 weight rows, its warps split K by 256-column
@@ -13,6 +14,10 @@ cores, ``mma.sync.m16n8k32``:
   are the codes q of planes b / b + 4 — the unsigned A operand of an ``u8 × s8`` mma. The zero point is
   taken out per group after the products: Σ (q − z)·a = Σ q·a − z·Σ a, with Σ a from an mma of all-ones A over
   the same B (exact integers throughout, MixLLM Sec. 3.3 two-step dequantization: integer sums first);
+* ``w4a8-lqq`` rows (LiquidQuant, the same tile-planar words): the gathered codes of four columns become four
+  int8 lanes at once as ((q·s_u8 + a) mod 256) XOR 0x80 — one IMAD and one XOR (LiquidGEMM Eq. 12, no carry
+  between lanes by Eq. 11) — and the first-level per-channel scale is applied once after the last tile
+  (LiquidGEMM Sec. 4);
 * per 128-column half-tile the exact int32 sum is converted once and scaled by the weight group's scale and the
   token's activation-group scale (MixLLM Sec. 3.3 group-tile accumulation), as the Triton kernels do; results
   agree with :func:`quantkit.runtime.kernels.reference.int8_reference` to fp32 summation order;
@@ -34,8 +39,8 @@ import torch
 from quantkit.runtime.kernels.cuda_common import PRELUDE
 from quantkit.runtime.kernels.cuda_gemv import TOKENS_PER_COLUMN, _stream, cupy_available
 
-W8_MODE, ASYM4_MODE = 0, 1
-MODES = {"w8": W8_MODE, "w4a16": ASYM4_MODE}
+W8_MODE, ASYM4_MODE, LQQ_MODE = 0, 1, 2
+MODES = {"w8": W8_MODE, "w4a16": ASYM4_MODE, "w4a8-lqq": LQQ_MODE}
 A8_GEMV_MAX_M = 16  # two 8-token launch columns
 
 SOURCE = PRELUDE + r"""
@@ -56,8 +61,9 @@ __device__ __forceinline__ u32 gather4(uint4 v, int b) {
 }
 
 struct Part {  // one partition of the layer: weights, their scales, output columns
-    const void* w;        // w8: int8 [n, w_row] ; asym4: the w4a16 words, w_row bytes per row
-    const void* params;   // w8: float32 scales [groups, n] ; asym4: qparams words [groups, n]
+    const void* w;        // w8: int8 [n, w_row] ; asym4 / lqq: tile-planar 4-bit words, w_row bytes per row
+    const void* params;   // w8: float32 scales [groups, n] ; asym4 / lqq: qparams words [groups, n]
+    const __half* cs;     // lqq: first-level per-channel scales [n] (LiquidGEMM Eq. 1); else unused
     const int* cols;      // output column of each row (nullptr: the row itself)
     int n, w_row, hpg, shift, groups;
 };
@@ -65,6 +71,7 @@ struct Part {  // one partition of the layer: weights, their scales, output colu
 template <int MODE> struct TileA8;
 template <> struct TileA8<0> { uint4 w[2][4]; float s[2][2]; };   // [row g, g+8][64-column chunk]; scales
 template <> struct TileA8<1> { uint4 w[2][2]; u32 p[2][2]; };     // as the W4A16 GEMV: words, scale|zero
+template <> struct TileA8<2> { uint4 w[2][2]; u32 p[2][2]; };     // the same words; s_u8 | a << 8
 
 template <int MODE>
 __device__ __forceinline__ void load_tile(const Part& P, const int* rows, int c, int t, TileA8<MODE>& tl) {
@@ -118,6 +125,34 @@ __device__ __forceinline__ void tile_a8(const TileA8<MODE>& tl, const signed cha
             }
 #pragma unroll
             for (int r = 0; r < 2; ++r) sw[r] = tl.s[r][half];
+        } else if constexpr (MODE == 2) {
+            // LiquidQuant: four int8 lanes at once, ((q·s + a) mod 256) XOR 0x80 = IMAD + XOR (LiquidGEMM Eq. 12;
+            // q·s + a <= 255 by construction, Eq. 11, so no carry crosses a lane)
+            u32 s8[2], a4[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                s8[r] = tl.p[r][half] & 0xFFu;
+                a4[r] = ((tl.p[r][half] >> 8) & 0xFFu) * 0x01010101u;
+                sw[r] = 1.f;  // the per-channel scale comes once, after the last tile
+            }
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+                const int plane = b + 4 * half;
+                u32 q[2][2];
+#pragma unroll
+                for (int r = 0; r < 2; ++r)
+#pragma unroll
+                    for (int v = 0; v < 2; ++v) {
+                        const u32 bytes = gather4(tl.w[r][v], b);
+                        q[r][v] = (((half == 0 ? bytes : bytes >> 4) & 0x0F0F0F0Fu) * s8[r] + a4[r]) ^ 0x80808080u;
+                    }
+#pragma unroll
+                for (int j = 0; j < J; ++j) {
+                    const u32 b0 = *reinterpret_cast<const u32*>(ar[j] + t * 256 + plane * 32 + 4 * c);
+                    const u32 b1 = *reinterpret_cast<const u32*>(ar[j] + t * 256 + plane * 32 + 16 + 4 * c);
+                    imma_s8(part[j], q[0][0], q[1][0], q[0][1], q[1][1], b0, b1);
+                }
+            }
         } else {
             int asum[J][4];
 #pragma unroll
@@ -198,6 +233,13 @@ __device__ __forceinline__ void block_a8(const Part& P, int blk, const signed ch
         if (t + 2 * NWARPS < n_tiles) load_tile<MODE>(P, rows, c, t + 2 * NWARPS, ta);
         tile_a8<MODE, J>(tb, ar, sa0, sa1, t + NWARPS, a_shift, a_hpg, a_groups, c, acc);
     }
+    if constexpr (MODE == 2) {  // LiquidQuant: W = Q_i8 · s_c, one first-level scale per output channel
+        const float cs[2] = {__half2float(P.cs[rows[0]]), __half2float(P.cs[rows[1]])};
+#pragma unroll
+        for (int j = 0; j < J; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[j][i] *= cs[i >> 1];
+    }
     reduce_store<NWARPS, J>(acc, reinterpret_cast<typename OutType<BF16>::T*>(out_), row0, m0, M, P.n,
                             stride_om, P.cols);
 }
@@ -208,12 +250,12 @@ __global__ void __launch_bounds__(NWARPS * 32, 1)
 a8_gemv(const signed char* __restrict__ a, const float* __restrict__ sa, int M, long long stride_am,
         long long stride_sm, int a_hpg, int a_shift, int a_groups, void* __restrict__ out, long long stride_om,
         int n_tiles, int nb_first,
-        const void* w_a, const void* p_a, const int* cols_a, int n_a, int w_row_a, int hpg_a, int shift_a,
-        int groups_a,
-        const void* w_b, const void* p_b, const int* cols_b, int n_b, int w_row_b, int hpg_b, int shift_b,
-        int groups_b) {
-    const Part pa = {w_a, p_a, cols_a, n_a, w_row_a, hpg_a, shift_a, groups_a};
-    const Part pb = {w_b, p_b, cols_b, n_b, w_row_b, hpg_b, shift_b, groups_b};
+        const void* w_a, const void* p_a, const __half* cs_a, const int* cols_a, int n_a, int w_row_a, int hpg_a,
+        int shift_a, int groups_a,
+        const void* w_b, const void* p_b, const __half* cs_b, const int* cols_b, int n_b, int w_row_b, int hpg_b,
+        int shift_b, int groups_b) {
+    const Part pa = {w_a, p_a, cs_a, cols_a, n_a, w_row_a, hpg_a, shift_a, groups_a};
+    const Part pb = {w_b, p_b, cs_b, cols_b, n_b, w_row_b, hpg_b, shift_b, groups_b};
     if ((int)blockIdx.x < nb_first)
         block_a8<NWARPS, BF16, MODE_A, J>(pa, blockIdx.x, a, sa, M, stride_am, stride_sm, a_hpg, a_shift, a_groups,
                                        out, stride_om, n_tiles);
@@ -338,12 +380,13 @@ def a8_token_sets(n: int, m: int) -> int:
     return 2 if m > TOKENS_PER_COLUMN and n > 4096 else 1
 
 
-def a8_gemv_preferred(m: int, n: int, k: int, mixed: bool = False) -> bool:
+def a8_gemv_preferred(m: int, n: int, k: int, mixed: bool = False, layouts: tuple = ()) -> bool:
     """Whether the CUDA A8 GEMV beats the Triton int8 kernels for M tokens on an [N, K] layer: at M <= 4
     always, at M = 5-8 up to N = 16384 (28672×4096 at M = 8: W4A8 Triton 29.5 µs vs 35.2), at M = 9-16 up to
     N = 8192 — for a single partition only up to K = 8192 (4096×14336 at M = 16: W4A8 Triton 24.4 µs vs 29.1,
-    mixed W4.4A8 34.4 vs 29.5). Measured on an H100 (docs/logs/a8_gemv_sweep_h100.json, *_m16_h100.json)."""
-    if not 1 <= m <= A8_GEMV_MAX_M:
+    mixed W4.4A8 34.4 vs 29.5). Measured on an H100 (docs/logs/a8_gemv_sweep_h100.json, *_m16_h100.json).
+    ``layouts``: the layer's partition layouts; LiquidQuant (``w4a8-lqq``) layers stay on Triton."""
+    if not 1 <= m <= A8_GEMV_MAX_M or "w4a8-lqq" in layouts:
         return False
     if m <= 4:
         return True
@@ -362,7 +405,8 @@ def _part_args(layout: str, tensors: dict, meta: dict, rows: torch.Tensor | None
     hpg = 2 * n_tiles + 1 if gs == -1 else gs // 128
     shift = 31 if gs == -1 else (hpg.bit_length() - 1 if hpg & (hpg - 1) == 0 else -1)
     cols = 0 if rows is None else rows.data_ptr()
-    return [np.uint64(w.data_ptr()), np.uint64(params.data_ptr()), np.uint64(cols),
+    cs = tensors["channel_scales"].data_ptr() if mode == LQQ_MODE else 0
+    return [np.uint64(w.data_ptr()), np.uint64(params.data_ptr()), np.uint64(cs), np.uint64(cols),
             np.int32(int(meta["out_features"])), np.int32(w.shape[1] * w.element_size()), np.int32(hpg),
             np.int32(shift), np.int32(params.shape[0])]
 

@@ -232,7 +232,7 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
     k = int(meta["in_features"])
     _check_act(a_codes, a_scales, act_group_size, k)
     m = a_codes.shape[0]
-    if (config is None and use_asm is None and a8_gemv_preferred(m, int(meta["out_features"]), k)
+    if (config is None and use_asm is None and a8_gemv_preferred(m, int(meta["out_features"]), k, layouts=(layout,))
             and a8_gemv_problem(a_codes, a_scales, act_group_size, [(layout, tensors, meta, None)], out_dtype,
                                 out) is None):
         return a8_gemv_cuda(a_codes, a_scales, act_group_size, [(layout, tensors, meta, None)],
@@ -273,7 +273,8 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
     k = int(parts[0][2]["in_features"])
     _check_act(a_codes, a_scales, act_group_size, k)
     m = a_codes.shape[0]
-    if (config is None and bn_b is None and a8_gemv_preferred(m, out_features, k, mixed=True)
+    if (config is None and bn_b is None and a8_gemv_preferred(m, out_features, k, mixed=True,
+                                                                  layouts=tuple(p[0] for p in parts))
             and a8_gemv_problem(a_codes, a_scales, act_group_size, list(parts), out_dtype, out) is None):
         return a8_gemv_cuda(a_codes, a_scales, act_group_size, list(parts), out_features, out_dtype, out)
     n_tiles = padded_k(k) // 256

@@ -88,6 +88,9 @@ def test_decode_dispatch_rules():
     assert a8_gemv_preferred(1, 28672, 4096) and not a8_gemv_preferred(17, 4096, 4096)
     assert not a8_gemv_preferred(8, 28672, 4096) and a8_gemv_preferred(8, 14336, 4096)
     assert not a8_gemv_preferred(16, 4096, 14336) and a8_gemv_preferred(16, 4096, 14336, mixed=True)
+    assert a8_gemv_preferred(8, 4096, 14336, layouts=("w4a8-lqq",))
+    assert not a8_gemv_preferred(1, 14336, 4096, layouts=("w4a8-lqq",))
+    assert not a8_gemv_preferred(16, 4096, 14336, layouts=("w4a8-lqq",))
     assert a8_token_sets(6144, 16) == 2 and a8_token_sets(4096, 16) == 1 and a8_token_sets(14336, 8) == 1
     assert cuda_gemv_preferred(8, 28672, 4096) and not cuda_gemv_preferred(16, 14336, 4096)
     assert cuda_gemv_preferred(16, 6144, 4096) and not cuda_gemv_preferred(0, 4096, 4096)

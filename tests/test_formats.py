@@ -5,6 +5,7 @@ from the real quantizers (grid RTN, LiquidQuant)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -230,6 +231,17 @@ def test_awq_refusals_name_the_reason():
     assert "LiquidQuant" in awq.supports(lqq.lqq_quantize(torch.randn(7, 200)))
     with pytest.raises(QuantkitError, match="layout 'awq' cannot store"):
         awq.pack(random_record(7, 200, 3, 128, False, False, 0))
+
+
+def test_lqq_layout_refuses_lanes_that_would_carry():
+    """LiquidGEMM Eq. 11: every q·s_u8 + a must fit a byte, or the kernels' four-lane multiply-add carries into
+    the neighbouring lane. lqq_quantize's weights fit (s_u8 = ceil(range / 15)); a hand-made record with a large
+    offset is refused with the reason."""
+    lay = get_layout("w4a8-lqq")
+    qw = lqq.lqq_quantize(torch.randn(7, 256), 128)
+    assert lay.supports(qw) is None
+    big = dataclasses.replace(qw, zeros=torch.full_like(qw.zeros, 250))
+    assert "exceed 255" in lay.supports(big)
 
 
 def test_reference_refusals_and_inconsistent_records():

@@ -34,7 +34,8 @@ S_MAX = 16  # LiquidGEMM Sec. 4: s_u8 <= ceil(238 / 15) = 16 keeps q·s <= 240 i
 def supports(qw: QuantizedWeight) -> str | None:
     """None when ``qw`` is a LiquidQuant two-level weight these tensors hold bit-exactly and the kernel can run,
     else the reason (no channel scales, not 4-bit, s_u8 outside 1..16 or not integer, groups not a multiple
-    of 128, act-order)."""
+    of 128, act-order, or some q·s_u8 + a above 255 — LiquidGEMM Eq. 11, which the kernels' four-lanes-at-once
+    multiply-add needs: a larger lane would carry into its neighbour)."""
     if qw.channel_scales is None:
         return "w4a8-lqq holds LiquidQuant two-level weights (channel_scales); one-level 4-bit weights use 'w4a16'"
     if qw.bits != BITS:
@@ -45,6 +46,13 @@ def supports(qw: QuantizedWeight) -> str | None:
     s = qw.scales.float()
     if s.numel() and (not torch.equal(s, s.round()) or float(s.min()) < 1 or float(s.max()) > S_MAX):
         return f"LiquidQuant second-level scales must be integers in [1, {S_MAX}] (LiquidGEMM Eq. 7)"
+    if qw.codes.numel():
+        g = qw.group_index().to(qw.codes.device)
+        # int16 suffices (15·16 + 255 < 2^15) and keeps an 8B-model layer's check to a few hundred MB
+        lane = qw.codes.to(torch.int16) * s.round().to(torch.int16)[:, g] + qw.zeros.to(torch.int16)[:, g]
+        if int(lane.max()) > 255:
+            return ("LiquidQuant codes·s_u8 + a exceed 255 (LiquidGEMM Eq. 11), which the kernels cannot compute "
+                    "four lanes at a time; re-quantize with quantkit's lqq_quantize")
     return None
 
 

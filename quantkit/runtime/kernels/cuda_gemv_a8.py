@@ -305,11 +305,11 @@ def _group_problem(what: str, group_size: int) -> str | None:
 def a8_gemv_problem(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, parts: list,
                     out_dtype: torch.dtype, out: torch.Tensor | None = None) -> str | None:
     """Why :func:`a8_gemv_cuda` cannot run these arguments (None: it can): M in 1..16, one or two partitions of
-    layout ``w8`` / ``w4a16`` whose in_features all equal the codes' K, a multiple of 256, weight and activation
-    groups of -1 or a multiple of 128, int8 codes with 16-byte aligned rows, float32 scales with unit column
-    stride, an fp16/bf16 output (``out``, if given, of that dtype with unit column stride), contiguous 16-byte
-    aligned weight tensors and int32 row maps, everything on the codes' CUDA device of compute capability >= 8.0,
-    and CuPy whose NVRTC compiles the kernel instance that would run. Cheap checks first (testable on a CPU)."""
+    layout ``w8`` / ``w4a16`` / ``w4a8-lqq`` whose in_features all equal the codes' K, a multiple of 256, weight
+    and activation groups of -1 or a multiple of 128, int8 codes with 16-byte aligned rows, float32 scales with
+    unit column stride, an fp16/bf16 output (``out``, if given, of that dtype with unit column stride), contiguous
+    16-byte aligned weight tensors (LiquidQuant channel scales fp16) and int32 row maps, everything on the codes'
+    CUDA device of compute capability >= 8.0, and CuPy whose NVRTC compiles the kernel instance that would run. Cheap checks first (testable on a CPU)."""
     m = a_codes.shape[0] if a_codes.dim() == 2 else 0
     if not 1 <= m <= A8_GEMV_MAX_M:
         return f"M = {m} is outside 1..{A8_GEMV_MAX_M}"
@@ -334,6 +334,8 @@ def a8_gemv_problem(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_siz
     if out is not None and (out.dtype != out_dtype or out.stride(1) != 1):
         return "out must have the output dtype and unit column stride"
     tensors = [v for p in parts for v in p[1].values()]
+    if any(p[1]["channel_scales"].dtype != torch.float16 for p in parts if p[0] == "w4a8-lqq"):
+        return "LiquidQuant channel scales are not fp16"
     if not all(v.is_contiguous() and v.data_ptr() % 16 == 0 for v in tensors):
         return "packed tensors are not contiguous and 16-byte aligned"
     rows = [p[3] for p in parts if p[3] is not None]
@@ -419,7 +421,7 @@ def a8_gemv_cuda(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: 
                  out_features: int, out_dtype: torch.dtype = torch.float16, out: torch.Tensor | None = None,
                  warps: int | None = None, token_sets: int | None = None) -> torch.Tensor:
     """Y [M, out_features] = dequant(A)·Ŵᵀ for int8 activation codes [M, K] with float32 scales [M, Ga]
-    and one or two partitions ``parts`` = [(layout, tensors, meta, rows or None)] of ``w8`` / ``w4a16`` weights
+    and one or two partitions ``parts`` = [(layout, tensors, meta, rows or None)] of ``w8`` / ``w4a16`` / ``w4a8-lqq`` weights
     (rows: int32 output column of each partition row; None: row i → column i). One launch; an 8-bit partition
     runs first (module docstring). ``warps`` (default :func:`a8_warps`) and ``token_sets``, 8-token sets per
     launch column sharing every weight fragment, 1 or 2 (default :func:`a8_token_sets`). ValueError when

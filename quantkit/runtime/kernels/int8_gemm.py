@@ -227,7 +227,7 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
     (:func:`quantkit.quant.act.quantize_activation_int` or the Triton kernel in :mod:`.act_quant`) and a ``w8``,
     ``w4a16`` (MixLLM W4A8) or ``w4a8-lqq`` weight; ``out`` an optional [M, N] result tensor; ``use_asm`` False
     forces the plain-Triton dequantization. With no ``config`` at decode sizes (:func:`.cuda_gemv_a8.
-    a8_gemv_preferred`) a ``w8`` / ``w4a16`` weight runs the CUDA A8 GEMV instead when it can
+    a8_gemv_preferred`) the weight runs the CUDA A8 GEMV instead when it can
     (:func:`.cuda_gemv_a8.a8_gemv_problem`). Reference: :func:`.reference.int8_reference`."""
     k = int(meta["in_features"])
     _check_act(a_codes, a_scales, act_group_size, k)

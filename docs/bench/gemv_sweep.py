@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
 from quantkit.formats.registry import get_layout
 from quantkit.quant import grid
-from quantkit.runtime.kernels.cuda_gemv import VARIANTS, VARIANTS_M16, _function, w4a16_gemv_cuda
+from quantkit.runtime.kernels.cuda_common import compiled
+from quantkit.runtime.kernels.cuda_gemv import SOURCE, VARIANTS, VARIANTS_M16, w4a16_gemv_cuda
 from quantkit.runtime.kernels.reference import w4a16_reference
 from quantkit.runtime.kernels.configs import gemm_config
 from quantkit.runtime.kernels.w4a16 import w4a16_matmul
@@ -107,7 +108,7 @@ def main() -> None:
     variants = VARIANTS
     if a.variants:
         variants = [v for v in variants if v.key in a.variants.split(",")]
-    fns = {v.key: _function(0, v.kernel_name(False)) for v in variants + VARIANTS_M16}
+    fns = {v.key: compiled(0, SOURCE, v.kernel_name(False)) for v in variants + VARIANTS_M16}
     result["registers"] = {key: [f.num_regs, f.local_size_bytes] for key, f in fns.items()}
     print("registers, local bytes:", result["registers"], flush=True)
     result["timing"] = time_all(shapes, [int(v) for v in a.ms.split(",")], variants)

@@ -1,6 +1,13 @@
-"""CUDA C++ shared by the decode GEMVs (:mod:`.cuda_gemv`, :mod:`.cuda_gemv_a8`): streaming weight loads, the
-group index of a 128-column half-tile, and the cross-warp reduction that writes a block's outputs. Each GEMV's
-source is ``PRELUDE`` followed by its own kernels, compiled by NVRTC through CuPy."""
+"""What the CUDA decode GEMVs (:mod:`.cuda_gemv`, :mod:`.cuda_gemv_a8`) share: the C++ ``PRELUDE`` (streaming
+weight loads, the group index of a 128-column half-tile, the cross-warp reduction that writes a block's outputs)
+that each GEMV's source begins with, and the host side — CuPy detection, NVRTC compilation of one template
+instance (cached, with a compile failure reported as a reason so the Triton kernels run instead), the torch stream
+as a CuPy stream, and the shift form of a group size."""
+
+from __future__ import annotations
+
+import functools
+import warnings
 
 PRELUDE = r"""
 #include <cuda_fp16.h>
@@ -64,3 +71,57 @@ __device__ __forceinline__ void reduce_store(const float (*acc)[4], T* out, int 
     }
 }
 """
+
+
+@functools.lru_cache(maxsize=1)
+def cupy_available() -> bool:
+    """True when CuPy imports and sees a CUDA device (kernels compile on first use)."""
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # noqa: BLE001 — no CuPy, no driver, or no device: the Triton kernels run instead
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(device_index: int, source: str, name: str):
+    """The CuPy function of template instance ``name`` of ``source`` on that device (NVRTC, ~1 s on first use)."""
+    import cupy
+
+    with cupy.cuda.Device(device_index):
+        mod = cupy.RawModule(code=source, options=("--std=c++17",), name_expressions=[name])
+        mod.compile()
+        return mod.get_function(name)
+
+
+@functools.lru_cache(maxsize=None)
+def compile_problem(device_index: int, source: str, names: tuple[str, ...], what: str) -> str | None:
+    """None when every instance in ``names`` compiles (cached), else the reason, with a warning that ``what``
+    falls back to Triton."""
+    try:
+        for name in names:
+            compiled(device_index, source, name)
+    except Exception as e:  # noqa: BLE001 — NVRTC/driver trouble: the Triton kernels run instead
+        warnings.warn(f"quantkit {what} unavailable ({type(e).__name__}: {str(e)[:200]}); using Triton",
+                      RuntimeWarning, stacklevel=3)
+        return f"the {what} did not compile: {type(e).__name__}"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def stream(device_index: int, handle: int):
+    """The torch stream ``handle`` as a CuPy stream, so kernels run in order with torch work (and graph capture)."""
+    import cupy
+
+    with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream for Stream.from_external; both wrap the handle
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return cupy.cuda.ExternalStream(handle, device_index)
+
+
+def group_shift(group_size: int, halves_per_group: int) -> int:
+    """The ``shift`` argument of PRELUDE's group_of: log2 of the group size in half-tiles when it is a power of
+    two, 31 for one group per row (every half-tile index >> 31 is 0), else -1 (group_of then divides)."""
+    if group_size == -1:
+        return 31
+    return halves_per_group.bit_length() - 1 if halves_per_group & (halves_per_group - 1) == 0 else -1

@@ -45,12 +45,12 @@ and runs the Triton kernel otherwise. The pure-torch reference of the format is
 from __future__ import annotations
 
 import dataclasses
-import functools
-import warnings
 
 import torch
 
-from quantkit.runtime.kernels.cuda_common import PRELUDE
+from quantkit.runtime.kernels.cuda_common import (PRELUDE, compile_problem, compiled, cupy_available, group_shift,
+                                                    stream)
+from quantkit.runtime.kernels.launch import groups_in_halves
 
 TOKENS_PER_COLUMN = 8  # the mma's N side: tokens of one launch column
 CUDA_GEMV_MAX_M = 16  # the most tokens w4a16_matmul's default path sends here (cuda_gemv_preferred)
@@ -267,39 +267,6 @@ VARIANTS_M16 = [GemvVariant(w, 128, j) for w in (2, 4, 8) for j in (1, 2)]  # --
 DEFAULT_WARPS = (2, 4, 8)  # what cuda_gemv_warps returns
 
 
-@functools.lru_cache(maxsize=None)
-def _function(device_index: int, name: str):
-    """The compiled kernel ``name`` (a template instance of SOURCE; NVRTC compiles each on first use, ~1 s)."""
-    import cupy
-
-    with cupy.cuda.Device(device_index):
-        mod = cupy.RawModule(code=SOURCE, options=("--std=c++17",), name_expressions=[name])
-        mod.compile()
-        return mod.get_function(name)
-
-
-@functools.lru_cache(maxsize=None)
-def _stream(device_index: int, handle: int):
-    import warnings
-
-    import cupy
-
-    with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream for Stream.from_external; both wrap the handle
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return cupy.cuda.ExternalStream(handle, device_index)
-
-
-@functools.lru_cache(maxsize=1)
-def cupy_available() -> bool:
-    """True when CuPy imports and sees a CUDA device (the kernel compiles on first use)."""
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # noqa: BLE001 — no CuPy, no driver, or no device: the Triton kernels run instead
-        return False
-
-
 def cuda_gemv_problem(x: torch.Tensor, tensors: dict, meta: dict, out: torch.Tensor | None = None) -> str | None:
     """Why :func:`w4a16_gemv_cuda` cannot run ``x`` [M, K] against these ``w4a16`` tensors (None: it can): it
     needs M >= 1, fp16/bf16 activations with unit column stride and 8-byte aligned rows, K a multiple of 256,
@@ -329,18 +296,11 @@ def cuda_gemv_problem(x: torch.Tensor, tensors: dict, meta: dict, out: torch.Ten
                             x.dtype == torch.bfloat16)
 
 
-@functools.lru_cache(maxsize=None)
 def _compile_problem(device_index: int, bf16: bool) -> str | None:
-    """None when the register variants compile for this device, else the reason (cached: compiled once)."""
-    try:
-        for warps in DEFAULT_WARPS:
-            _function(device_index, GemvVariant(warps).kernel_name(bf16))
-        _function(device_index, default_variant(4096, 4096, 16).kernel_name(bf16))
-    except Exception as e:  # noqa: BLE001 — NVRTC/driver trouble: the Triton kernel runs instead
-        warnings.warn(f"quantkit CUDA GEMV unavailable ({type(e).__name__}: {str(e)[:200]}); using Triton",
-                      RuntimeWarning, stacklevel=3)
-        return f"the CUDA GEMV did not compile: {type(e).__name__}"
-    return None
+    """None when the default variants compile for this device, else the reason (cached: compiled once)."""
+    names = tuple(GemvVariant(warps).kernel_name(bf16) for warps in DEFAULT_WARPS) + (
+        default_variant(4096, 4096, 16).kernel_name(bf16),)
+    return compile_problem(device_index, SOURCE, names, "CUDA GEMV")
 
 
 def cuda_gemv_supported(x: torch.Tensor, tensors: dict, meta: dict, out: torch.Tensor | None = None) -> bool:
@@ -392,10 +352,9 @@ def w4a16_gemv_cuda(x: torch.Tensor, tensors: dict, meta: dict, variant: GemvVar
     bf16 = x.dtype == torch.bfloat16
     variant = variant or default_variant(n, k, m)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
-    fn = _function(dev, variant.kernel_name(bf16))
-    gs = int(meta["group_size"])
-    hpg = 2 * n_tiles + 1 if gs == -1 else gs // 128
-    shift = 31 if gs == -1 else (hpg.bit_length() - 1 if hpg & (hpg - 1) == 0 else -1)
+    fn = compiled(dev, SOURCE, variant.kernel_name(bf16))
+    hpg = groups_in_halves(meta, n_tiles)
+    shift = group_shift(int(meta["group_size"]), hpg)
     if variant.token_sets not in (1, 2):
         raise ValueError(f"token_sets must be 1 or 2, got {variant.token_sets}")
     grid = (-(-n // 16), -(-m // (TOKENS_PER_COLUMN * variant.token_sets)))
@@ -404,6 +363,6 @@ def w4a16_gemv_cuda(x: torch.Tensor, tensors: dict, meta: dict, variant: GemvVar
             np.int32(qweight.shape[1] // 4), np.int32(n_tiles), np.int32(hpg), np.int32(shift), np.int32(n_groups))
     import cupy
 
-    with cupy.cuda.Device(dev), _stream(dev, torch.cuda.current_stream(x.device).cuda_stream):
+    with cupy.cuda.Device(dev), stream(dev, torch.cuda.current_stream(x.device).cuda_stream):
         fn(grid, (32 * variant.warps,), args)
     return out

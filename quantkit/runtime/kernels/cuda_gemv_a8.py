@@ -32,12 +32,12 @@ and :func:`quantkit.runtime.kernels.int8_gemm.int8_matmul` / ``mixed_int8_matmul
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from quantkit.runtime.kernels.cuda_common import PRELUDE
-from quantkit.runtime.kernels.cuda_gemv import TOKENS_PER_COLUMN, _stream, cupy_available
+from quantkit.runtime.kernels.cuda_common import (PRELUDE, compile_problem, compiled, cupy_available, group_shift,
+                                                    stream)
+from quantkit.runtime.kernels.cuda_gemv import TOKENS_PER_COLUMN
+from quantkit.runtime.kernels.launch import act_groups_in_halves, groups_in_halves
 
 W8_MODE, ASYM4_MODE, LQQ_MODE = 0, 1, 2
 MODES = {"w8": W8_MODE, "w4a16": ASYM4_MODE, "w4a8-lqq": LQQ_MODE}
@@ -271,31 +271,6 @@ def a8_kernel_name(warps: int, bf16: bool, mode_a: int, mode_b: int, token_sets:
     return f"a8_gemv<{warps}, {'true' if bf16 else 'false'}, {mode_a}, {mode_b}, {token_sets}>"
 
 
-@functools.lru_cache(maxsize=None)
-def _function(device_index: int, name: str):
-    """The compiled kernel ``name`` (NVRTC compiles each instance on first use, ~1 s)."""
-    import cupy
-
-    with cupy.cuda.Device(device_index):
-        mod = cupy.RawModule(code=SOURCE, options=("--std=c++17",), name_expressions=[name])
-        mod.compile()
-        return mod.get_function(name)
-
-
-@functools.lru_cache(maxsize=None)
-def _compile_problem(device_index: int, name: str) -> str | None:
-    """None when kernel instance ``name`` compiles here (cached), else why not (with a warning)."""
-    try:
-        _function(device_index, name)
-    except Exception as e:  # noqa: BLE001 — NVRTC/driver trouble: the Triton kernels run instead
-        import warnings
-
-        warnings.warn(f"quantkit CUDA A8 GEMV unavailable ({type(e).__name__}: {str(e)[:200]}); using Triton",
-                      RuntimeWarning, stacklevel=3)
-        return f"the CUDA A8 GEMV did not compile: {type(e).__name__}"
-    return None
-
-
 def _group_problem(what: str, group_size: int) -> str | None:
     if group_size != -1 and (group_size <= 0 or group_size % 128):
         return f"{what} group size {group_size} is neither -1 nor a multiple of 128"
@@ -309,7 +284,8 @@ def a8_gemv_problem(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_siz
     and activation groups of -1 or a multiple of 128, int8 codes with 16-byte aligned rows, float32 scales with
     unit column stride, an fp16/bf16 output (``out``, if given, of that dtype with unit column stride), contiguous
     16-byte aligned weight tensors (LiquidQuant channel scales fp16) and int32 row maps, everything on the codes'
-    CUDA device of compute capability >= 8.0, and CuPy whose NVRTC compiles the kernel instance that would run. Cheap checks first (testable on a CPU)."""
+    CUDA device of compute capability >= 8.0, and CuPy whose NVRTC compiles the kernel instance that would run.
+    Cheap checks first (testable on a CPU)."""
     m = a_codes.shape[0] if a_codes.dim() == 2 else 0
     if not 1 <= m <= A8_GEMV_MAX_M:
         return f"M = {m} is outside 1..{A8_GEMV_MAX_M}"
@@ -350,7 +326,7 @@ def a8_gemv_problem(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_siz
     if not cupy_available():
         return "CuPy is not installed or sees no GPU"
     dev = a_codes.device.index if a_codes.device.index is not None else torch.cuda.current_device()
-    return _compile_problem(dev, _instance(parts, m, out_dtype)[0])
+    return compile_problem(dev, SOURCE, (_instance(parts, m, out_dtype)[0],), "CUDA A8 GEMV")
 
 
 def _instance(parts: list, m: int, out_dtype: torch.dtype, warps: int | None = None,
@@ -407,9 +383,8 @@ def _part_args(layout: str, tensors: dict, meta: dict, rows: torch.Tensor | None
     mode = MODES[layout]
     w = tensors["qweight"]
     params = tensors["scales"] if mode == W8_MODE else tensors["qparams"]
-    gs = int(meta["group_size"])
-    hpg = 2 * n_tiles + 1 if gs == -1 else gs // 128
-    shift = 31 if gs == -1 else (hpg.bit_length() - 1 if hpg & (hpg - 1) == 0 else -1)
+    hpg = groups_in_halves(meta, n_tiles)
+    shift = group_shift(int(meta["group_size"]), hpg)
     cols = 0 if rows is None else rows.data_ptr()
     cs = tensors["channel_scales"].data_ptr() if mode == LQQ_MODE else 0
     return [np.uint64(w.data_ptr()), np.uint64(params.data_ptr()), np.uint64(cs), np.uint64(cols),
@@ -421,7 +396,8 @@ def a8_gemv_cuda(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: 
                  out_features: int, out_dtype: torch.dtype = torch.float16, out: torch.Tensor | None = None,
                  warps: int | None = None, token_sets: int | None = None) -> torch.Tensor:
     """Y [M, out_features] = dequant(A)·Ŵᵀ for int8 activation codes [M, K] with float32 scales [M, Ga]
-    and one or two partitions ``parts`` = [(layout, tensors, meta, rows or None)] of ``w8`` / ``w4a16`` / ``w4a8-lqq`` weights
+    and one or two partitions ``parts`` = [(layout, tensors, meta, rows or None)] of ``w8`` / ``w4a16`` /
+    ``w4a8-lqq`` weights
     (rows: int32 output column of each partition row; None: row i → column i). One launch; an 8-bit partition
     runs first (module docstring). ``warps`` (default :func:`a8_warps`) and ``token_sets``, 8-token sets per
     launch column sharing every weight fragment, 1 or 2 (default :func:`a8_token_sets`). ValueError when
@@ -448,10 +424,10 @@ def a8_gemv_cuda(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: 
         args_parts.append(args_parts[0])
     out = torch.empty(m, out_features, dtype=out_dtype, device=a_codes.device) if out is None else out
     nb = [-(-int(meta["out_features"]) // 16) for _, _, meta, _ in parts]
-    a_hpg = 2 * n_tiles + 2 if act_group_size == -1 else act_group_size // 128
-    a_shift = 31 if act_group_size == -1 else (a_hpg.bit_length() - 1 if a_hpg & (a_hpg - 1) == 0 else -1)
+    a_hpg = act_groups_in_halves(act_group_size, k)
+    a_shift = group_shift(act_group_size, a_hpg)
     dev = a_codes.device.index if a_codes.device.index is not None else torch.cuda.current_device()
-    fn = _function(dev, name)
+    fn = compiled(dev, SOURCE, name)
     grid = (sum(nb), -(-m // (TOKENS_PER_COLUMN * token_sets)))
     args = (np.uint64(a_codes.data_ptr()), np.uint64(a_scales.data_ptr()), np.int32(m),
             np.int64(a_codes.stride(0)), np.int64(a_scales.stride(0)), np.int32(a_hpg), np.int32(a_shift),
@@ -459,6 +435,6 @@ def a8_gemv_cuda(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: 
             np.int32(nb[0]), *args_parts[0], *args_parts[1])
     import cupy
 
-    with cupy.cuda.Device(dev), _stream(dev, torch.cuda.current_stream(a_codes.device).cuda_stream):
+    with cupy.cuda.Device(dev), stream(dev, torch.cuda.current_stream(a_codes.device).cuda_stream):
         fn(grid, (32 * warps,), args)
     return out

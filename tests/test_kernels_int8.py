@@ -133,7 +133,23 @@ def test_dispatch_entry_computes_the_quantlinear_reference(layout, act):
 def test_default_config_grows_tiles_with_m():
     for kind in ("lqq", "asym", "w8", "mixed"):
         assert gemm_config(1, 4096, 4096, kind).bm == 16
-        assert gemm_config(4096, 4096, 4096, kind).bm >= 128
+        big = gemm_config(4096, 4096, 4096, kind)
+        assert big.bn * big.bm >= 64 * 128 and big.split_k == 1
+
+
+def test_wave_config_avoids_a_mostly_empty_last_wave():
+    from quantkit.runtime.kernels.configs import wave_fill
+    assert wave_fill(132, 1) == 1.0 and wave_fill(133, 1) == 133 / 264 and wave_fill(264, 2) == 1.0
+    # 4096x4096 M=1024: 128 programs of 128x256 fill one wave; 6144x4096 M=1024: 192 would leave the second
+    # wave 45 % full, so 64x256 tiles (384 programs, 97 %) — the faster of the two in the H100 sweep
+    assert (gemm_config(1024, 4096, 4096, "lqq").bn, gemm_config(1024, 4096, 4096, "lqq").bm) == (128, 256)
+    assert (gemm_config(1024, 6144, 4096, "lqq").bn, gemm_config(1024, 6144, 4096, "lqq").bm) == (64, 256)
+    # too few large tiles for the SMs: the smallest tile
+    assert (gemm_config(256, 4096, 4096, "lqq").bn, gemm_config(256, 4096, 4096, "lqq").bm) == (64, 64)
+    # nothing reaches MIN_PROGRAMS on a tiny layer: the last candidate, K split on long rows (LiquidQuant)
+    tiny = gemm_config(64, 256, 16384, "lqq")
+    assert (tiny.bn, tiny.bm) == (64, 32) and tiny.split_k > 1
+    assert gemm_config(64, 256, 16384, "asym").split_k == 1
 
 
 @pytest.mark.gpu

@@ -33,23 +33,35 @@ class TileConfig:
         return asdict(self)
 
 
-# LiquidQuant W4A8 above M = 16: the largest of these tiles that still gives LQQ_MIN_PROGRAMS programs (BM no
-# larger than M needs), else the smallest, with K split on long rows — the per-shape fastest of
-# docs/bench/int8_large_sweep.py (--mid and the large set) on an H100 at M = 64 … 4096 for the five
-# Llama-3.1-8B shapes, e.g. 14336×4096 M=256: 256×128 (112 programs) 50 µs vs 83 µs for 128×64;
-# 4096×4096 M=256: 128×64 (128 programs) 23 µs vs 49 µs for 256×128 (32 programs)
-LQQ_TILES = (TileConfig(256, 128, 1, 8, 3), TileConfig(256, 64, 1, 8, 3), TileConfig(128, 128, 1, 8, 3),
-             TileConfig(128, 64, 1, 4, 4), TileConfig(64, 64, 1, 4, 4))
-LQQ_MIN_PROGRAMS = 90
+# Above M = 16 the 4-bit kernels pick from a per-kind, per-M-class list of tiles (largest first): the first with
+# >= MIN_PROGRAMS programs whose last wave is not mostly empty (programs / (waves · SMs · per-SM) >= MIN_WAVE_FILL),
+# else the first with >= MIN_PROGRAMS programs, else the last (LiquidQuant then splits K on long rows). Measured
+# by docs/bench/wide_dot_ab.py --tune on an H100 (docs/logs/wide_tune_*_h100.json) at M = 64 … 4096 for the five
+# Llama-3.1-8B shapes, e.g. LiquidQuant 6144×4096 M=1024: 128×256 tiles (192 programs, 1.45 waves) 83 µs,
+# 128×128 (384 programs) 74 µs, 64×256 (384 programs) 73 µs; 4096×4096 M=1024: 128×256 (128 programs) 43 µs,
+# 128×128 49 µs; 4096×4096 M=64: 64×32 tiles (128 programs) 10.7 µs, 64×64 (64 programs) 12.1 µs.
+# Entries: (largest M of the class, [(config, programs resident per SM)]).
+MIN_PROGRAMS = 90
+MIN_WAVE_FILL = 0.8
+_T128x256 = TileConfig(128, 256, 1, 8, 3)
+_T128 = TileConfig(128, 128, 1, 4, 4)
+_T64 = TileConfig(64, 64, 1, 4, 4)
+WAVE_TILES: dict[str, list[tuple[int, list[tuple[TileConfig, int]]]]] = {
+    "lqq": [(64, [(_T64, 2), (TileConfig(64, 32, 1, 4, 4), 3)]),
+            (1 << 30, [(_T128x256, 1), (TileConfig(64, 256, 1, 4, 3), 1), (_T128, 1), (_T64, 2)])],
+    "asym": [(64, [(_T64, 2)]), (1 << 30, [(TileConfig(256, 64, 1, 8, 4), 1), (_T64, 2)])],
+    "w4a16": [(64, [(TileConfig(128, 64, 1, 4, 4), 1), (_T64, 2)]),
+              (256, [(TileConfig(128, 128, 1, 8, 3), 1), (TileConfig(128, 64, 1, 4, 4), 1), (_T64, 2)]),
+              (1 << 30, [(TileConfig(128, 128, 1, 8, 3), 1)])],
+}
 
 KINDS = ("w4a16", "lqq", "asym", "w8", "mixed")
-# kind → [(largest M of the class, config)], measured at N = 14336, K = 4096 (docs/BENCHMARKS.md)
+# kind → [(largest M of the class, config)] at M <= 16 (all kinds) and above (w8, mixed), measured at
+# N = 14336, K = 4096 (docs/BENCHMARKS.md)
 TABLE: dict[str, list[tuple[int, TileConfig]]] = {
-    "w4a16": [(1, TileConfig(128, 16, 2, 4, 4)), (16, TileConfig(64, 16, 1, 4, 4)),
-              (64, TileConfig(64, 64, 1, 4, 3)), (1 << 30, TileConfig(128, 128, 1, 8, 3))],
-    "lqq": [(16, TileConfig(128, 16, 1, 4, 4)), (1 << 30, LQQ_TILES[0])],  # M > 16: lqq_config
-    "asym": [(16, TileConfig(128, 16, 1, 4, 4)), (64, TileConfig(128, 32, 1, 4, 4)),
-             (1 << 30, TileConfig(128, 128, 1, 8, 3))],
+    "w4a16": [(1, TileConfig(128, 16, 2, 4, 4)), (16, TileConfig(64, 16, 1, 4, 4))],
+    "lqq": [(16, TileConfig(128, 16, 1, 4, 4))],
+    "asym": [(16, TileConfig(128, 16, 1, 4, 4))],
     "w8": [(1, TileConfig(128, 16, 1, 4, 4)), (16, TileConfig(64, 16, 1, 4, 4)), (64, TileConfig(64, 64, 1, 4, 3)),
            (1 << 30, TileConfig(64, 256, 1, 8, 2))],
     "mixed": [(1, TileConfig(64, 16, 1, 4, 4)), (16, TileConfig(128, 16, 1, 4, 4)), (64, TileConfig(64, 64, 1, 4, 3)),
@@ -65,28 +77,41 @@ def _split_for(programs: int, tiles: int, sms: int) -> int:
     return split
 
 
-def lqq_config(m: int, n: int, k: int) -> TileConfig:
-    """LiquidQuant W4A8 tile for M > 16 (see LQQ_TILES): the largest tile with >= LQQ_MIN_PROGRAMS programs
-    among those whose BM is at most max(64, M); otherwise the smallest, with K split (doubling) while the grid
-    is short of LQQ_MIN_PROGRAMS and each split keeps >= 16 tiles of 256 columns."""
-    fits = [c for c in LQQ_TILES if c.bm <= max(64, m)]
-    for cfg in fits:
-        if -(-n // cfg.bn) * -(-m // cfg.bm) >= LQQ_MIN_PROGRAMS:
+def wave_fill(programs: int, per_sm: int, sms: int = SMS_H100) -> float:
+    """Fraction of the launched waves' program slots that hold a program: programs / (waves · SMs · per_sm)."""
+    slots = sms * per_sm
+    return programs / (-(-programs // slots) * slots)
+
+
+def wave_config(m: int, n: int, k: int, kind: str, sms: int = SMS_H100) -> TileConfig:
+    """Tile of a 4-bit kernel above M = 16 from WAVE_TILES (comment above it): the first of M's class with
+    >= MIN_PROGRAMS programs and a wave fill >= MIN_WAVE_FILL, else the first with >= MIN_PROGRAMS programs,
+    else the last; LiquidQuant's last resort splits K (doubling) while short of MIN_PROGRAMS programs and each
+    split keeps >= 16 tiles of 256 columns."""
+    tiles = next(t for top, t in WAVE_TILES[kind] if m <= top)
+    programs = [(cfg, per_sm, -(-n // cfg.bn) * -(-m // cfg.bm)) for cfg, per_sm in tiles]
+    for cfg, per_sm, p in programs:
+        if p >= MIN_PROGRAMS and wave_fill(p, per_sm, sms) >= MIN_WAVE_FILL:
             return cfg
-    cfg, tiles, split = fits[-1], -(-k // 256), 1
-    while -(-n // cfg.bn) * -(-m // cfg.bm) * split < LQQ_MIN_PROGRAMS and tiles // (2 * split) >= 16:
+    for cfg, _, p in programs:
+        if p >= MIN_PROGRAMS:
+            return cfg
+    cfg, _, p = programs[-1]
+    split, n_tiles = 1, -(-k // 256)
+    while kind == "lqq" and p * split < MIN_PROGRAMS and n_tiles // (2 * split) >= 16:
         split *= 2
     return TileConfig(cfg.bn, cfg.bm, split, cfg.num_warps, cfg.num_stages)
 
 
 def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100) -> TileConfig:
-    """The tile config of kernel ``kind`` (w4a16, lqq, asym, w8, mixed) for an [M, K] × [K, N] product: the
-    measured table entry of M's class (LiquidQuant above M = 16: :func:`lqq_config`); for small M on a layer with fewer row tiles than half the SMs, 64-row
-    tiles with K split until about one program per SM (module docstring)."""
+    """The tile config of kernel ``kind`` (w4a16, lqq, asym, w8, mixed) for an [M, K] × [K, N] product: above
+    M = 16 the 4-bit single-partition kernels use :func:`wave_config`; otherwise the measured table entry of
+    M's class, and for small M on a layer with fewer row tiles than half the SMs, 64-row tiles with K split
+    until about one program per SM (module docstring)."""
     if kind not in TABLE:
         raise ValueError(f"unknown kernel kind '{kind}'; known: {', '.join(KINDS)}")
-    if kind == "lqq" and m > 16:
-        return lqq_config(m, n, k)
+    if kind in WAVE_TILES and m > 16:
+        return wave_config(m, n, k, kind, sms)
     cfg = next(c for top, c in TABLE[kind] if m <= top)
     if m <= 16 and -(-n // cfg.bn) * -(-m // cfg.bm) < sms // 2:
         programs = -(-n // 64) * -(-m // cfg.bm)

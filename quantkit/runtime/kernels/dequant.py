@@ -138,3 +138,17 @@ def planes_i8(words, s_lo, a_lo, s_hi, a_hi, USE_ASM: tl.constexpr):
                _plane_i8(words, 4, s_hi, a_hi), _plane_i8(words, 5, s_hi, a_hi),
                _plane_i8(words, 6, s_hi, a_hi), _plane_i8(words, 7, s_hi, a_hi))
     return out
+
+
+@kernel
+def side_by_side(planes, first: tl.constexpr, count: tl.constexpr):
+    """planes[first .. first + count - 1] ([R, 32] each) as one [R, 32·count] operand, plane i at columns
+    32·i .. 32·i + 31 — the K order of the activation columns, so one tensor-core product covers them all."""
+    if count == 4:
+        x = tl.join(tl.join(planes[first], planes[first + 1]), tl.join(planes[first + 2], planes[first + 3]))
+        x = tl.permute(x, (0, 3, 2, 1))  # [r, c, i, j] holds plane 2j + i → [r, j, i, c]
+    else:
+        x = tl.join(tl.join(tl.join(planes[0], planes[1]), tl.join(planes[2], planes[3])),
+                    tl.join(tl.join(planes[4], planes[5]), tl.join(planes[6], planes[7])))
+        x = tl.permute(x, (0, 4, 3, 2, 1))  # [r, c, i, j, k] holds plane 4k + 2j + i
+    return tl.reshape(x, (planes[0].shape[0], 32 * count))

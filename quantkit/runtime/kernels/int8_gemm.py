@@ -27,7 +27,7 @@ import triton.language as tl
 from quantkit.formats.nibble_planes import padded_k
 from quantkit.runtime.kernels.configs import TileConfig, gemm_config, mixed_second_bn
 from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda, a8_gemv_preferred, a8_gemv_problem
-from quantkit.runtime.kernels.dequant import planes_i8
+from quantkit.runtime.kernels.dequant import planes_i8, side_by_side
 from quantkit.runtime.kernels.jit import USE_ASM, check_device, kernel
 from quantkit.runtime.kernels.launch import act_groups_in_halves, groups_in_halves, split_plan
 from quantkit.runtime.kernels.splitk import split_workspace, store_tile
@@ -63,17 +63,16 @@ def _weight_scale(p, MODE: tl.constexpr):
 @kernel
 def _half_dot(a_ptr, rm_in, stride_am, K, t, h: tl.constexpr, w_lo, w_hi, planes, part, MODE: tl.constexpr,
               EVEN_K: tl.constexpr):
-    """``part`` + the int8 × int8 → int32 products of half h (128 columns) of tile t."""
+    """``part`` + the int8 × int8 → int32 products of half h (128 columns) of tile t: one tensor-core product
+    per half (the 4-bit planes side by side, :func:`.dequant.side_by_side`)."""
+    a = _load_act(a_ptr, rm_in, stride_am, K, t * 256 + h * 128, 128, EVEN_K)
     if MODE == _W8:
-        a = _load_act(a_ptr, rm_in, stride_am, K, t * 256 + h * 128, 128, EVEN_K)
         if h == 0:
             part = tl.dot(w_lo, a, part, out_dtype=tl.int32)
         else:
             part = tl.dot(w_hi, a, part, out_dtype=tl.int32)
     else:
-        for q in tl.static_range(4):
-            a = _load_act(a_ptr, rm_in, stride_am, K, t * 256 + (4 * h + q) * 32, 32, EVEN_K)
-            part = tl.dot(planes[4 * h + q], a, part, out_dtype=tl.int32)
+        part = tl.dot(side_by_side(planes, 4 * h, 4), a, part, out_dtype=tl.int32)
     return part
 
 
@@ -145,6 +144,9 @@ def _int8_tile(a_ptr, sa_ptr, w_ptr, p_ptr, cs_ptr, cols_ptr, out_ptr, ws_ptr, t
             acc = _half_epilogue(acc, part, sa_ptr, rm_in, stride_sm, act_hpg, act_groups, 2 * t, p_lo, MODE)
             part = _half_dot(a_ptr, rm_in, stride_am, K, t, 1, w_lo, w_hi, planes, bias, MODE, EVEN_K)
             acc = _half_epilogue(acc, part, sa_ptr, rm_in, stride_sm, act_hpg, act_groups, 2 * t + 1, p_hi, MODE)
+        elif MODE != _W8:  # one product over the tile's 8 planes side by side
+            a = _load_act(a_ptr, rm_in, stride_am, K, t * 256, 256, EVEN_K)
+            acc_i = tl.dot(side_by_side(planes, 0, 8), a, acc_i, out_dtype=tl.int32)
         else:
             acc_i = _half_dot(a_ptr, rm_in, stride_am, K, t, 0, w_lo, w_hi, planes, acc_i, MODE, EVEN_K)
             acc_i = _half_dot(a_ptr, rm_in, stride_am, K, t, 1, w_lo, w_hi, planes, acc_i, MODE, EVEN_K)

@@ -17,7 +17,7 @@ import triton.language as tl
 from quantkit.formats.nibble_planes import PLANE_K
 from quantkit.runtime.kernels.configs import TileConfig, gemm_config
 from quantkit.runtime.kernels.cuda_gemv import cuda_gemv_preferred, cuda_gemv_supported, w4a16_gemv_cuda
-from quantkit.runtime.kernels.dequant import planes_f16
+from quantkit.runtime.kernels.dequant import planes_f16, side_by_side
 from quantkit.runtime.kernels.jit import INTERPRET, USE_ASM, check_device, kernel
 from quantkit.runtime.kernels.launch import groups_in_halves, split_plan
 from quantkit.runtime.kernels.splitk import split_workspace, store_tile
@@ -53,11 +53,12 @@ def _w4a16_kernel(x_ptr, w_ptr, p_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, K, str
     rn = pid_n * BN + tl.arange(0, BN)
     rm = pid_m * BM + tl.arange(0, BM)
     rj = tl.arange(0, 32)
+    rk = tl.arange(0, 256)
     # rows past N / tokens past M read row N-1 / token M-1 (never stored): no masks in the main loop
     rn_in = tl.minimum(rn, N - 1)
     rm_in = tl.minimum(rm, M - 1)
     w_ptrs = w_ptr + rn_in[:, None] * w_row + rj[None, :]
-    x_ptrs = x_ptr + rm_in[None, :] * stride_xm + rj[:, None]
+    x_ptrs = x_ptr + rm_in[None, :] * stride_xm + rk[:, None]
     acc = tl.full((BN, BM), 0.0, tl.float32)
     t_begin = pid_k * tiles_per_split
     t_end = tl.minimum(t_begin + tiles_per_split, n_tiles)
@@ -69,16 +70,18 @@ def _w4a16_kernel(x_ptr, w_ptr, p_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, K, str
         s_lo, z_lo = _group_params(p_ptr, g_lo, N, rn_in, BF16)
         s_hi, z_hi = _group_params(p_ptr, g_hi, N, rn_in, BF16)
         planes = planes_f16(words, z_lo, s_lo, z_hi, s_hi, BF16, USE_ASM)
-        for p in tl.static_range(8):
-            if EVEN_K:
-                xp = tl.load(x_ptrs + t * 256 + p * 32)
-            else:
-                k = t * 256 + p * 32 + rj
-                xp = tl.load(x_ptrs + t * 256 + p * 32, mask=(k < K)[:, None], other=0.0)
-            if UPCAST_DOT:  # the CPU interpreter's bf16 tl.dot is wrong; fp32 holds bf16 products exactly
-                acc = tl.dot(planes[p].to(tl.float32), xp.to(tl.float32), acc)
-            else:
-                acc = tl.dot(planes[p], xp, acc)
+        if EVEN_K:
+            xt = tl.load(x_ptrs + t * 256)
+        else:
+            k = t * 256 + rk
+            xt = tl.load(x_ptrs + t * 256, mask=(k < K)[:, None], other=0.0)
+        # one product over the 8 planes side by side: Triton keeps the dequantized operand in registers and
+        # the tensor-core products of consecutive tiles in flight (8 separate products waited for each other)
+        w = side_by_side(planes, 0, 8)
+        if UPCAST_DOT:  # the CPU interpreter's bf16 tl.dot is wrong; fp32 holds bf16 products exactly
+            acc = tl.dot(w.to(tl.float32), xt.to(tl.float32), acc)
+        else:
+            acc = tl.dot(w, xt, acc)
     n_ok = rn < N
     m_ok = rm < M
     mask = m_ok[None, :] & n_ok[:, None]

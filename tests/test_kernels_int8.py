@@ -59,8 +59,10 @@ def test_int8_operand_is_liquidquant_eq12_and_mixllm_q_minus_z():
 
 
 @pytest.mark.parametrize("m,act_group,split", [(1, 128, 1), (5, 128, 2), (17, -1, 1)])
-def test_mixed_one_launch_scatters_both_partitions(m, act_group, split):
-    """A W4.4A8 layer: rows {1, 4, 30} at 8 bits, the rest asymmetric 4-bit, one launch, one activation."""
+@pytest.mark.parametrize("launches", [1, 2])
+def test_mixed_one_launch_scatters_both_partitions(m, act_group, split, launches):
+    """A W4.4A8 layer: rows {1, 4, 30} at 8 bits, the rest asymmetric 4-bit, one activation; one launch, or one
+    per partition (each epilogue scattering into its own output columns)."""
     n, k = 33, 328
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(m))
     rows8 = torch.tensor([1, 4, 30])
@@ -76,8 +78,10 @@ def test_mixed_one_launch_scatters_both_partitions(m, act_group, split):
         parts.append((layout, tensors, lay.layout_meta(qw), rows.to(DEVICE)))
         ref[:, rows] = int8_reference(codes, scales, act_group, layout, tensors, lay.layout_meta(qw)).cpu()
     out = mixed_int8_matmul(codes, scales, act_group, parts, n, config=TileConfig(16, 16, split),
-                            out=poisoned(m, n, torch.float16))
+                            out=poisoned(m, n, torch.float16), launches=launches)
     assert rel_err(out, ref) < TOL
+    with pytest.raises(ValueError, match="launches"):
+        mixed_int8_matmul(codes, scales, act_group, parts, n, launches=3)
 
 
 @pytest.mark.parametrize("bn,bn_b", [(32, 16), (16, 32)])
@@ -140,10 +144,12 @@ def test_default_config_grows_tiles_with_m():
 def test_wave_config_avoids_a_mostly_empty_last_wave():
     from quantkit.runtime.kernels.configs import wave_fill
     assert wave_fill(132, 1) == 1.0 and wave_fill(133, 1) == 133 / 264 and wave_fill(264, 2) == 1.0
-    # 4096x4096 M=1024: 128 programs of 128x256 fill one wave; 6144x4096 M=1024: 192 would leave the second
-    # wave 45 % full, so 64x256 tiles (384 programs, 97 %) — the faster of the two in the H100 sweep
-    assert (gemm_config(1024, 4096, 4096, "lqq").bn, gemm_config(1024, 4096, 4096, "lqq").bm) == (128, 256)
-    assert (gemm_config(1024, 6144, 4096, "lqq").bn, gemm_config(1024, 6144, 4096, "lqq").bm) == (64, 256)
+    # LiquidQuant 4096x4096 M=1024: 256 programs of 128x128 fill one wave of 2 per SM; 6144x4096 M=1024: 384 would
+    # leave the second wave 45 % full, so 64x128 tiles (768 programs, 97 %) — the faster of the two in the H100 sweep
+    assert (gemm_config(1024, 4096, 4096, "lqq").bn, gemm_config(1024, 4096, 4096, "lqq").bm) == (128, 128)
+    assert (gemm_config(1024, 6144, 4096, "lqq").bn, gemm_config(1024, 6144, 4096, "lqq").bm) == (64, 128)
+    # no tile fills its waves (6144x4096 M=256): the fullest of those with enough programs
+    assert (gemm_config(256, 6144, 4096, "lqq").bn, gemm_config(256, 6144, 4096, "lqq").bm) == (64, 128)
     # too few large tiles for the SMs: the smallest tile
     assert (gemm_config(256, 4096, 4096, "lqq").bn, gemm_config(256, 4096, 4096, "lqq").bm) == (64, 64)
     # nothing reaches MIN_PROGRAMS on a tiny layer: the last candidate, K split on long rows (LiquidQuant)

@@ -114,7 +114,8 @@ def build_problem(method: str, m: int, n: int, k: int, config=None, seed: int = 
         wb = sum(tensor_bytes(p[1]) + p[3].numel() * 4 for p in parts_t)
 
         def call(a, s, parts):
-            return mixed_int8_matmul(a, s, act_group, parts, n, config=state["config"])
+            return mixed_int8_matmul(a, s, act_group, parts, n, config=state["config"], bn_b=state.get("bn_b"),
+                                     launches=state.get("launches"))
         clone = lambda: [(p[0], {key: v.clone() for key, v in p[1].items()}, p[2], p[3]) for p in parts_t]  # noqa
     else:
         layout = {"w8a8": "w8", "w4a8": "w4a16", "w4a8-lqq": "w4a8-lqq"}[base]

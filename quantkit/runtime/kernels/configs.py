@@ -35,20 +35,20 @@ class TileConfig:
 
 # Above M = 16 the 4-bit kernels pick from a per-kind, per-M-class list of tiles (largest first): the first with
 # >= MIN_PROGRAMS programs whose last wave is not mostly empty (programs / (waves · SMs · per-SM) >= MIN_WAVE_FILL),
-# else the first with >= MIN_PROGRAMS programs, else the last (LiquidQuant then splits K on long rows). Measured
-# by docs/bench/wide_dot_ab.py --tune on an H100 (docs/logs/wide_tune_*_h100.json) at M = 64 … 4096 for the five
-# Llama-3.1-8B shapes, e.g. LiquidQuant 6144×4096 M=1024: 128×256 tiles (192 programs, 1.45 waves) 83 µs,
-# 128×128 (384 programs) 74 µs, 64×256 (384 programs) 73 µs; 4096×4096 M=1024: 128×256 (128 programs) 43 µs,
-# 128×128 49 µs; 4096×4096 M=64: 64×32 tiles (128 programs) 10.7 µs, 64×64 (64 programs) 12.1 µs.
-# Entries: (largest M of the class, [(config, programs resident per SM)]).
+# else, of those with >= MIN_PROGRAMS programs, the one with the fullest waves, else the last (LiquidQuant then
+# splits K on long rows). Measured by docs/bench/tile_sweep_4bit.py on an H100 (docs/logs/wide_tune_*_h100.json)
+# at M = 32 … 4096 on the five Llama-3.1-8B shapes. LiquidQuant runs best with two programs per SM (two-stage
+# 128×128 or 64×128 tiles of 4 warps: while one program dequantizes, the other's tensor-core products run — within
+# a program Triton 3.6 waits for each int8 product before the next tile), e.g. 6144×4096 M=4096: 128×128 2 stages
+# 218 µs, 128×256 8 warps 250 µs; M=1024: 64×128 (768 programs, 97 % wave fill) 61 µs, 128×128 (384, 73 %) 71 µs;
+# 4096×4096 M=64: 64×32 tiles (128 programs) 10.7 µs, 64×64 (64 programs) 12.1 µs.
+# Entries: (largest M of the class, [(config, programs resident per SM — shared memory and registers)]).
 MIN_PROGRAMS = 90
 MIN_WAVE_FILL = 0.8
-_T128x256 = TileConfig(128, 256, 1, 8, 3)
-_T128 = TileConfig(128, 128, 1, 4, 4)
 _T64 = TileConfig(64, 64, 1, 4, 4)
 WAVE_TILES: dict[str, list[tuple[int, list[tuple[TileConfig, int]]]]] = {
     "lqq": [(64, [(_T64, 2), (TileConfig(64, 32, 1, 4, 4), 3)]),
-            (1 << 30, [(_T128x256, 1), (TileConfig(64, 256, 1, 4, 3), 1), (_T128, 1), (_T64, 2)])],
+            (1 << 30, [(TileConfig(128, 128, 1, 4, 2), 2), (TileConfig(64, 128, 1, 4, 2), 2), (_T64, 2)])],
     "asym": [(64, [(_T64, 2)]), (1 << 30, [(TileConfig(256, 64, 1, 8, 4), 1), (_T64, 2)])],
     "w4a16": [(64, [(TileConfig(128, 64, 1, 4, 4), 1), (_T64, 2)]),
               (256, [(TileConfig(128, 128, 1, 8, 3), 1), (TileConfig(128, 64, 1, 4, 4), 1), (_T64, 2)]),
@@ -85,17 +85,18 @@ def wave_fill(programs: int, per_sm: int, sms: int = SMS_H100) -> float:
 
 def wave_config(m: int, n: int, k: int, kind: str, sms: int = SMS_H100) -> TileConfig:
     """Tile of a 4-bit kernel above M = 16 from WAVE_TILES (comment above it): the first of M's class with
-    >= MIN_PROGRAMS programs and a wave fill >= MIN_WAVE_FILL, else the first with >= MIN_PROGRAMS programs,
-    else the last; LiquidQuant's last resort splits K (doubling) while short of MIN_PROGRAMS programs and each
+    >= MIN_PROGRAMS programs and a wave fill >= MIN_WAVE_FILL, else the fullest-wave one with >= MIN_PROGRAMS
+    programs, else the last; LiquidQuant's last resort splits K (doubling) while short of MIN_PROGRAMS programs and each
     split keeps >= 16 tiles of 256 columns."""
     tiles = next(t for top, t in WAVE_TILES[kind] if m <= top)
-    programs = [(cfg, per_sm, -(-n // cfg.bn) * -(-m // cfg.bm)) for cfg, per_sm in tiles]
-    for cfg, per_sm, p in programs:
-        if p >= MIN_PROGRAMS and wave_fill(p, per_sm, sms) >= MIN_WAVE_FILL:
+    programs = [(cfg, wave_fill(p, per_sm, sms), p) for cfg, per_sm in tiles
+                for p in [-(-n // cfg.bn) * -(-m // cfg.bm)]]
+    enough = [(cfg, fill) for cfg, fill, p in programs if p >= MIN_PROGRAMS]
+    for cfg, fill in enough:
+        if fill >= MIN_WAVE_FILL:
             return cfg
-    for cfg, _, p in programs:
-        if p >= MIN_PROGRAMS:
-            return cfg
+    if enough:
+        return max(enough, key=lambda e: e[1])[0]  # first of the fullest on ties
     cfg, _, p = programs[-1]
     split, n_tiles = 1, -(-k // 256)
     while kind == "lqq" and p * split < MIN_PROGRAMS and n_tiles // (2 * split) >= 16:
@@ -132,3 +133,9 @@ def mixed_second_bn(cfg: TileConfig, second_is_wider: bool, m: int) -> int:
     the bytes per row (8-bit next to 4-bit), M <= 16 and BN >= 128 (see MIXED_HALF_BN_8BIT), else BN."""
     halve = MIXED_HALF_BN_8BIT and second_is_wider and m <= 16 and cfg.bn >= 128
     return cfg.bn // 2 if halve else cfg.bn
+
+
+def mixed_launches(m: int, n: int, k: int) -> int:
+    """How a mixed W4.4A8 layer runs where the CUDA A8 GEMV is not preferred: 1 (one Triton launch over both
+    partitions) or 2 (a Triton launch per partition)."""
+    return 1

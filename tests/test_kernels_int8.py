@@ -59,10 +59,8 @@ def test_int8_operand_is_liquidquant_eq12_and_mixllm_q_minus_z():
 
 
 @pytest.mark.parametrize("m,act_group,split", [(1, 128, 1), (5, 128, 2), (17, -1, 1)])
-@pytest.mark.parametrize("launches", [1, 2])
-def test_mixed_one_launch_scatters_both_partitions(m, act_group, split, launches):
-    """A W4.4A8 layer: rows {1, 4, 30} at 8 bits, the rest asymmetric 4-bit, one activation; one launch, or one
-    per partition (each epilogue scattering into its own output columns)."""
+def test_mixed_one_launch_scatters_both_partitions(m, act_group, split):
+    """A W4.4A8 layer: rows {1, 4, 30} at 8 bits, the rest asymmetric 4-bit, one launch, one activation."""
     n, k = 33, 328
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(m))
     rows8 = torch.tensor([1, 4, 30])
@@ -78,10 +76,10 @@ def test_mixed_one_launch_scatters_both_partitions(m, act_group, split, launches
         parts.append((layout, tensors, lay.layout_meta(qw), rows.to(DEVICE)))
         ref[:, rows] = int8_reference(codes, scales, act_group, layout, tensors, lay.layout_meta(qw)).cpu()
     out = mixed_int8_matmul(codes, scales, act_group, parts, n, config=TileConfig(16, 16, split),
-                            out=poisoned(m, n, torch.float16), launches=launches)
+                            out=poisoned(m, n, torch.float16), launches=1)
     assert rel_err(out, ref) < TOL
     with pytest.raises(ValueError, match="launches"):
-        mixed_int8_matmul(codes, scales, act_group, parts, n, launches=3)
+        mixed_int8_matmul(codes, scales, act_group, parts, n, launches=2)
 
 
 @pytest.mark.parametrize("bn,bn_b", [(32, 16), (16, 32)])

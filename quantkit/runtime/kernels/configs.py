@@ -134,8 +134,3 @@ def mixed_second_bn(cfg: TileConfig, second_is_wider: bool, m: int) -> int:
     halve = MIXED_HALF_BN_8BIT and second_is_wider and m <= 16 and cfg.bn >= 128
     return cfg.bn // 2 if halve else cfg.bn
 
-
-def mixed_launches(m: int, n: int, k: int) -> int:
-    """How a mixed W4.4A8 layer runs where the CUDA A8 GEMV is not preferred: 1 (one Triton launch over both
-    partitions) or 2 (a Triton launch per partition)."""
-    return 1

@@ -25,7 +25,7 @@ import torch
 import triton.language as tl
 
 from quantkit.formats.nibble_planes import padded_k
-from quantkit.runtime.kernels.configs import TileConfig, gemm_config, mixed_launches, mixed_second_bn
+from quantkit.runtime.kernels.configs import TileConfig, gemm_config, mixed_second_bn
 from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda, a8_gemv_preferred, a8_gemv_problem
 from quantkit.runtime.kernels.dequant import planes_i8, side_by_side
 from quantkit.runtime.kernels.jit import USE_ASM, check_device, kernel
@@ -162,7 +162,7 @@ def _int8_tile(a_ptr, sa_ptr, w_ptr, p_ptr, cs_ptr, cols_ptr, out_ptr, ws_ptr, t
     m_ok = rm < M
     mask = m_ok[None, :] & n_ok[:, None]
     store_tile(out_ptr, out_ptr + rm[None, :] * stride_om + cols[:, None],
-               ws_ptr + rm[None, :] * stride_om + cols[:, None], acc, mask,
+               ws_ptr + rm[None, :] * stride_om + rn[:, None], acc, mask,
                ticket_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), SPLIT_K)
 
 
@@ -193,7 +193,10 @@ def _int8_mixed_kernel(a_ptr, sa_ptr, M, K, stride_am, stride_sm, act_hpg, act_g
                    M, N_a, K, stride_am, stride_sm, act_hpg, act_groups, w_row_a, n_tiles, tiles_per_split, hpg_a,
                    groups_a, stride_om, MODE_A, HALF_EPI_A, BN, BM, SPLIT_K, True, EVEN_K, USE_ASM)
     else:
-        _int8_tile(a_ptr, sa_ptr, w_b, p_b, cs_b, cols_b, out_ptr, ws_ptr, ticket_ptr, pid_n - tiles_a, tl.program_id(1),
+        # split-K partial sums of partition B sit after A's in the workspace, each program's rows contiguous
+        # there (as in a single-partition launch); only the last program of a tile scatters it to its columns
+        _int8_tile(a_ptr, sa_ptr, w_b, p_b, cs_b, cols_b, out_ptr, ws_ptr + N_a, ticket_ptr, pid_n - tiles_a,
+                   tl.program_id(1),
                    tl.program_id(2), M, N_b, K, stride_am, stride_sm, act_hpg, act_groups, w_row_b, n_tiles,
                    tiles_per_split, hpg_b, groups_b, stride_om, MODE_B, HALF_EPI_B, BN_B, BM, SPLIT_K, True, EVEN_K,
                    USE_ASM)
@@ -242,28 +245,18 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
     n_tiles = padded_k(k) // 256
     wa = _weight_args(layout, tensors, meta, n_tiles, act_group_size)
     check_device(a_codes, a_scales, wa["w"], wa["p"], wa["cs"])
-    out = torch.empty(m, wa["n"], dtype=out_dtype, device=a_codes.device) if out is None else out
-    _launch(a_codes, a_scales, act_group_size, wa, config or gemm_config(m, wa["n"], k, KIND[wa["mode"]]), out,
-            USE_ASM if use_asm is None else use_asm)
-    return out
-
-
-def _launch(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, wa: dict, cfg: TileConfig,
-            out: torch.Tensor, use_asm: bool) -> None:
-    """One Triton launch over one weight (:func:`_weight_args`); with ``wa["cols"]`` its epilogue scatters row n
-    into output column cols[n] (a partition of a mixed-precision layer, MixLLM Sec. 3.4)."""
-    m, k = a_codes.shape
-    n_tiles = padded_k(k) // 256
+    cfg = config or gemm_config(m, wa["n"], k, KIND[wa["mode"]])
     tiles_per_split, split = split_plan(n_tiles, cfg.split_k)
+    out = torch.empty(m, wa["n"], dtype=out_dtype, device=a_codes.device) if out is None else out
     grid = (-(-wa["n"] // cfg.bn), -(-m // cfg.bm), split)
     ws, tickets = split_workspace(a_codes.device, m * out.stride(0), grid[0] * grid[1])
-    cols = wa.get("cols")
-    _int8_kernel[grid](a_codes, a_scales, wa["w"], wa["p"], wa["cs"], wa["w"] if cols is None else cols, out, ws,
-                       tickets, m, wa["n"], k, a_codes.stride(0), a_scales.stride(0),
-                       act_groups_in_halves(act_group_size, k), a_scales.shape[1], wa["w_row"], n_tiles,
-                       tiles_per_split, wa["hpg"], wa["groups"], out.stride(0), MODE=wa["mode"],
-                       HALF_EPI=wa["half_epi"], BN=cfg.bn, BM=cfg.bm, SPLIT_K=split, SCATTER=cols is not None,
-                       EVEN_K=k % 256 == 0, USE_ASM=use_asm, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    _int8_kernel[grid](a_codes, a_scales, wa["w"], wa["p"], wa["cs"], wa["w"], out, ws, tickets, m, wa["n"], k,
+                       a_codes.stride(0), a_scales.stride(0), act_groups_in_halves(act_group_size, k),
+                       a_scales.shape[1], wa["w_row"], n_tiles, tiles_per_split, wa["hpg"], wa["groups"],
+                       out.stride(0), MODE=wa["mode"], HALF_EPI=wa["half_epi"], BN=cfg.bn, BM=cfg.bm, SPLIT_K=split,
+                       SCATTER=False, EVEN_K=k % 256 == 0, USE_ASM=USE_ASM if use_asm is None else use_asm,
+                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out
 
 
 def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, parts: list,
@@ -277,25 +270,21 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
     rows per program of the second partition (default:
     :func:`quantkit.runtime.kernels.configs.mixed_second_bn` — half of BN for 8-bit rows at small M). With
     neither ``config`` nor ``bn_b`` at decode sizes, the CUDA A8 GEMV runs both partitions in one launch when it
-    can (as :func:`int8_matmul`). ``launches``: 0 that A8 GEMV (the one-launch Triton kernel where it declines),
-    1 the one-launch Triton kernel, 2 one Triton launch per partition, each with its own kind's default tile (the
-    sub-GEMMs with scattering epilogues of MixLLM Sec. 3.4); None (default): 0 at the decode sizes where the A8
-    GEMV is preferred, else :func:`quantkit.runtime.kernels.configs.mixed_launches`; ``config`` or ``bn_b``
-    given: 1."""
+    can (as :func:`int8_matmul`). ``launches``: 0 that A8 GEMV (the Triton kernel where it declines), 1 the
+    Triton kernel; None (default): 1 with ``config`` or ``bn_b``, else 0 at the decode sizes where the A8 GEMV
+    is preferred (:func:`.cuda_gemv_a8.a8_gemv_preferred`), else 1. (One Triton launch per partition, MixLLM
+    Sec. 3.4's other form, was measured slower at every size: docs/logs/mixed_launch_h100.json.)"""
     if len(parts) != 2:
         raise ValueError(f"the one-launch mixed kernel takes 2 partitions, got {len(parts)}")
     k = int(parts[0][2]["in_features"])
     _check_act(a_codes, a_scales, act_group_size, k)
     m = a_codes.shape[0]
-    if launches not in (None, 0, 1, 2):
-        raise ValueError(f"launches must be 0, 1, 2 or None, got {launches}")
+    if launches not in (None, 0, 1):
+        raise ValueError(f"launches must be 0, 1 or None, got {launches}")
     if launches is None:
-        if config is not None or bn_b is not None:
-            launches = 1
-        elif a8_gemv_preferred(m, out_features, k, mixed=True, layouts=tuple(p[0] for p in parts)):
-            launches = 0
-        else:
-            launches = mixed_launches(m, out_features, k)
+        gemv = config is None and bn_b is None and a8_gemv_preferred(m, out_features, k, mixed=True,
+                                                                      layouts=tuple(p[0] for p in parts))
+        launches = 0 if gemv else 1
     if (launches == 0
             and a8_gemv_problem(a_codes, a_scales, act_group_size, list(parts), out_dtype, out) is None):
         return a8_gemv_cuda(a_codes, a_scales, act_group_size, list(parts), out_features, out_dtype, out)
@@ -312,11 +301,6 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
         args.reverse()  # the wider 8-bit rows go second, where their programs may get fewer rows (bn_b)
     a, b = args
     out = torch.empty(m, out_features, dtype=out_dtype, device=a_codes.device) if out is None else out
-    if launches == 2:
-        for wa in args:
-            _launch(a_codes, a_scales, act_group_size, wa, config or gemm_config(m, wa["n"], k, KIND[wa["mode"]]),
-                    out, USE_ASM)
-        return out
     cfg = config or gemm_config(m, a["n"] + b["n"], k, "mixed")
     tiles_per_split, split = split_plan(n_tiles, cfg.split_k)
     # the second partition's programs get fewer rows when it has more bytes per row (MixLLM's 8-bit rows next to

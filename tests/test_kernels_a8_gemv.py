@@ -91,6 +91,8 @@ def test_decode_dispatch_rules():
     assert a8_gemv_preferred(8, 4096, 14336, layouts=("w4a8-lqq",))
     assert not a8_gemv_preferred(1, 14336, 4096, layouts=("w4a8-lqq",))
     assert not a8_gemv_preferred(16, 4096, 14336, layouts=("w4a8-lqq",))
+    assert not a8_gemv_preferred(16, 6144, 4096, layouts=("w4a8-lqq",))  # Triton's one product per tile wins
+    assert a8_gemv_preferred(16, 6144, 4096, mixed=True, layouts=("w4a8-lqq", "w8"))
     assert a8_token_sets(6144, 16) == 2 and a8_token_sets(4096, 16) == 1 and a8_token_sets(14336, 8) == 1
     assert cuda_gemv_preferred(8, 28672, 4096) and not cuda_gemv_preferred(16, 14336, 4096)
     assert cuda_gemv_preferred(16, 6144, 4096) and not cuda_gemv_preferred(0, 4096, 4096)

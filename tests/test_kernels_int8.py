@@ -139,6 +139,12 @@ def test_default_config_grows_tiles_with_m():
         assert big.bn * big.bm >= 64 * 128 and big.split_k == 1
 
 
+def test_small_m_splits_only_long_rows_above_8_tokens():
+    # M = 9-16 on a narrow layer: 16-tile rows unsplit, 56-tile rows split 4; M <= 8 still splits short rows
+    assert gemm_config(16, 6144, 4096, "lqq").split_k == 1 and gemm_config(16, 4096, 14336, "lqq").split_k == 4
+    assert gemm_config(8, 4096, 4096, "lqq").split_k > 1
+
+
 def test_wave_config_avoids_a_mostly_empty_last_wave():
     from quantkit.runtime.kernels.configs import wave_fill
     assert wave_fill(132, 1) == 1.0 and wave_fill(133, 1) == 133 / 264 and wave_fill(264, 2) == 1.0

@@ -69,10 +69,18 @@ TABLE: dict[str, list[tuple[int, TileConfig]]] = {
 }
 
 
-def _split_for(programs: int, tiles: int, sms: int) -> int:
-    """Split-K factor giving about one program per SM without splits shorter than 4 tiles of 256 columns."""
+# Shortest K split (in 256-column tiles) of the small-M rule: at M <= 8 a split may be 4 tiles long; at M = 9-16,
+# 12 — the one-product-per-tile kernels ran unsplit rows of 16 tiles faster than split ones (H100, 64×16 tiles,
+# docs/logs/tune_m16_triton_h100.json: LiquidQuant 6144×4096 M=16 10.3 µs unsplit vs 14 split 2, 4096×4096
+# 9.6 vs 11 split 4; W4A16 6144×4096 12.5 vs 16), while 56-tile rows still split 4 (4096×14336: 19.3 vs 26).
+MIN_SPLIT_TILES = {8: 4, 16: 12}
+
+
+def _split_for(programs: int, tiles: int, sms: int, min_tiles: int = 4) -> int:
+    """Split-K factor giving about one program per SM without splits shorter than ``min_tiles`` tiles of 256
+    columns."""
     split = 1
-    while programs * split < sms and tiles // (split * 2) >= 4:
+    while programs * split < sms and tiles // (split * 2) >= min_tiles:
         split *= 2
     return split
 
@@ -116,7 +124,8 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
     cfg = next(c for top, c in TABLE[kind] if m <= top)
     if m <= 16 and -(-n // cfg.bn) * -(-m // cfg.bm) < sms // 2:
         programs = -(-n // 64) * -(-m // cfg.bm)
-        cfg = TileConfig(64, cfg.bm, max(cfg.split_k, _split_for(programs, -(-k // 256), sms)), 4, 4)
+        min_tiles = next(t for top, t in MIN_SPLIT_TILES.items() if m <= top)
+        cfg = TileConfig(64, cfg.bm, max(cfg.split_k, _split_for(programs, -(-k // 256), sms, min_tiles)), 4, 4)
     return cfg
 
 

@@ -363,13 +363,15 @@ def a8_gemv_preferred(m: int, n: int, k: int, mixed: bool = False, layouts: tupl
     always, at M = 5-8 up to N = 16384 (28672×4096 at M = 8: W4A8 Triton 29.5 µs vs 35.2), at M = 9-16 up to
     N = 8192 — for a single partition only up to K = 8192 (4096×14336 at M = 16: W4A8 Triton 24.4 µs vs 29.1,
     mixed W4.4A8 34.4 vs 29.5). Measured on an H100 (docs/logs/a8_gemv_sweep_h100.json, *_m16_h100.json).
-    ``layouts``: the layer's partition layouts — with a LiquidQuant (``w4a8-lqq``) partition only up to N = 8192,
-    and at M = 9-16 only up to K = 8192 (the Triton LiquidQuant kernel is as fast on wide layers: 14336×4096 M = 1
-    16.4 vs 16.1 µs; 4096×4096 M = 1: 10.1 vs 6.9; docs/logs/a8_gemv_sweep_lqq_h100.json)."""
+    ``layouts``: the layer's partition layouts — with a LiquidQuant (``w4a8-lqq``) partition only up to N = 8192
+    (the Triton LiquidQuant kernel is as fast on wide layers: 14336×4096 M = 1 16.4 vs 16.1 µs; 4096×4096 M = 1:
+    10.1 vs 6.9; docs/logs/a8_gemv_sweep_lqq_h100.json), and at M = 9-16 only in a mixed layer up to K = 8192:
+    since its one product per tile, the Triton kernel runs a single LiquidQuant weight faster there (6144×4096
+    M = 16: 10.3 µs vs 13.4 on the GEMV, 4096×4096: 9.6 vs 10.3; docs/logs/tune_m16_triton_h100.json)."""
     if not 1 <= m <= A8_GEMV_MAX_M:
         return False
     if "w4a8-lqq" in layouts:
-        return n <= 8192 and (m <= 8 or k <= 8192)
+        return n <= 8192 and (m <= 8 or (mixed and k <= 8192))
     if m <= 4:
         return True
     if m <= 8:

@@ -1,7 +1,8 @@
 """How a mixed W4.4A8 layer (MixLLM Sec. 3.4; 10 % of rows 8-bit) should run, per size: the CUDA A8 GEMV (both
 partitions in one launch) or the one-launch Triton kernel — each timed next to the MixLLM W4A8 layer of the same
 shape (the issue's "mixed <= 1.15x W4A8"), under ``quantkit bench``'s rules. (At commit 69dd2d4 it also timed
-one Triton launch per partition, slower at every size: docs/logs/mixed_launch_h100.json.)
+one Triton launch per partition: up to 3.5x slower, never more than 1 % faster;
+docs/logs/mixed_launch_h100.json.)
 
     python docs/bench/mixed_launch_sweep.py --out mixed_launch.json
 """

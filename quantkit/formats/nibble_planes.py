@@ -8,10 +8,11 @@ at bits ``8·(p mod 4) + 4·(p div 4)``: byte b holds plane b in its low nibble 
 
 Why this order (the kernels read it with no run-time permutation, docs/formats.md draws it):
 
-* a [rows, 32]-word tile covers 256 columns; its 8 planes are 8 [rows, 32] operands of 8 consecutive tensor-core
-  products, and every word feeds the *same* fragment slot of all 8 (TurboMind Sec. 4.1: the layout follows the
-  MMA data path; LiquidGEMM Sec. 5.2: one wide load carries the codes of several MMAs). Unpacking a plane is
-  elementwise on the word tile, so Triton keeps it in the MMA operand registers;
+* a [rows, 32]-word tile covers 256 columns; its 8 planes are the 8 [rows, 32] k-slices of the tile's
+  tensor-core operand, and every word feeds the *same* fragment slot of all 8 (TurboMind Sec. 4.1: the layout
+  follows the MMA data path; LiquidGEMM Sec. 5.2: one wide load carries the codes of several MMAs). Unpacking a
+  plane is elementwise on the word tile, so Triton keeps it in the MMA operand registers, and the 8 planes side
+  by side are one [rows, 256] operand in the activations' K order: one product per tile;
 * low nibbles of all bytes are planes 0-3 (columns 256t..256t+127), high nibbles planes 4-7 (256t+128..255):
   one 0x0F0F0F0F mask yields four int8 lanes of one 128-column group (the SWAR dequantization of LiquidGEMM
   Fig. 8 with a single per-group multiplier), one 0x000F000F mask with the 0x6400 exponent yields an fp16 pair;

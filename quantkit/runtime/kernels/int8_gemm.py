@@ -8,7 +8,9 @@ tiles, each two 128-column halves:
   the 8 planes of a tile with :func:`quantkit.runtime.kernels.dequant.planes_i8` — (q·s + a) XOR 0x80 with
   (s, a) = (s_u8, a) for LiquidQuant (LiquidGEMM Eq. 12) or (1, 128 - z) for MixLLM's q - z (MixLLM Sec. 3.3
   two-step dequantization, step 1);
-* int8 × int8 → int32 tensor-core products (tl.dot), transposed Y^T = W·X^T (LiquidGEMM Sec. 5.4);
+* int8 × int8 → int32 tensor-core products (tl.dot), transposed Y^T = W·X^T (LiquidGEMM Sec. 5.4): one
+  product per 256-column tile (per 128-column half with group-wise activations), the planes placed side by
+  side (:func:`quantkit.runtime.kernels.dequant.side_by_side`);
 * group-tile accumulation (MixLLM Sec. 3.3, Fig. 3): each half's int32 partial sum starts at the bit pattern
   0x4b400000, so after the products ``bitcast(acc) - 12582912.0`` is its exact float value (the fast I2F,
   valid while |sum| < 2^22: 128·127·128 < 2^21), then it is scaled by weight-group × activation-group scale
@@ -273,7 +275,8 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
     can (as :func:`int8_matmul`). ``launches``: 0 that A8 GEMV (the Triton kernel where it declines), 1 the
     Triton kernel; None (default): 1 with ``config`` or ``bn_b``, else 0 at the decode sizes where the A8 GEMV
     is preferred (:func:`.cuda_gemv_a8.a8_gemv_preferred`), else 1. (One Triton launch per partition, MixLLM
-    Sec. 3.4's other form, was measured slower at every size: docs/logs/mixed_launch_h100.json.)"""
+    Sec. 3.4's other form, measured up to 3.5× slower and never more than 1 % faster: docs/logs/
+    mixed_launch_h100.json.)"""
     if len(parts) != 2:
         raise ValueError(f"the one-launch mixed kernel takes 2 partitions, got {len(parts)}")
     k = int(parts[0][2]["in_features"])

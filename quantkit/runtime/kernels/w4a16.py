@@ -2,8 +2,10 @@
 
 Per 256-column tile a program loads its BN rows' 32 words each (128 contiguous bytes a row), dequantizes the 8
 planes in registers (:func:`quantkit.runtime.kernels.dequant.planes_f16`: magic-number int→float, exact
-(q - z)·s) and issues 8 tensor-core products against the matching [32, BM] activation slices, accumulating in
-fp32 (TurboMind Sec. 4.1/4.3: the packed layout follows the MMA operand, dequantization overlaps the MMA). The
+(q - z)·s), places them side by side in K order (:func:`quantkit.runtime.kernels.dequant.side_by_side`) and
+issues one tensor-core product against the tile's [256, BM] activations, accumulating in fp32 (TurboMind Sec.
+4.1/4.3: the packed layout follows the MMA operand, dequantization overlaps the MMA — Triton keeps consecutive
+tiles' products in flight). The
 product is computed transposed, Y^T = W·X^T (LiquidGEMM Sec. 5.4), so a one-token GEMV still fills the MMA's
 64-row side with weights. Small M splits K over programs (:mod:`quantkit.runtime.kernels.splitk`); see
 :mod:`quantkit.runtime.kernels.configs`.

@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 from quantkit.quant import grid  # noqa: E402
 from quantkit.runtime.kernels.configs import TileConfig, gemm_config  # noqa: E402
 from quantkit.runtime.kernels.reference import w4a16_reference, w4a16_weight  # noqa: E402
-from quantkit.runtime.kernels.w4a16 import w4a16_matmul  # noqa: E402
+from quantkit.runtime.kernels.w4a16 import w4a16_dequantize, w4a16_matmul  # noqa: E402
 from tests.kernels_helpers import DEVICE, packed, poisoned, rel_err  # noqa: E402
 
 TOL = {torch.float16: 1e-3, torch.bfloat16: 8e-3}
@@ -37,6 +37,23 @@ def test_w4a16_matches_reference(m, n, k, group_size, split, dtype):
     if dtype == torch.float16:
         assert torch.equal(w4a16_weight(tensors, meta, dtype).cpu(), dense)
     assert rel_err(ref, x.double().cpu() @ dense.double().t()) < TOL[dtype]
+
+
+@pytest.mark.parametrize("n,k,group_size", [(33, 328, 128), (7, 256, 256), (100, 512, -1)])
+def test_w4a16_dequantize_then_matmul_matches_reference(n, k, group_size):
+    """The prefill path: Ŵ dequantized by a kernel (the GEMM kernel's bits; fp16 exactly — the CPU interpreter
+    truncates instead of rounding to bf16, so bf16 is checked to one bf16 step there), then one matmul."""
+    _, tensors, meta = packed("w4a16", n, k, group_size, seed=n)
+    assert torch.equal(w4a16_dequantize(tensors, meta, torch.float16), w4a16_weight(tensors, meta, torch.float16))
+    wb, ref = w4a16_dequantize(tensors, meta, torch.bfloat16).float(), w4a16_weight(tensors, meta, torch.bfloat16)
+    if DEVICE == "cuda":
+        assert torch.equal(wb, ref.float())
+    assert ((wb - ref.float()).abs() <= ref.float().abs() * 2.0 ** -7).all()
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(k)).half().to(DEVICE)
+    out = w4a16_matmul(x, tensors, meta, dequant=True, out=poisoned(5, n, torch.float16))
+    assert rel_err(out, w4a16_reference(x, tensors, meta)) < TOL[torch.float16]
+    from quantkit.runtime.kernels.configs import w4a16_dequant_preferred
+    assert w4a16_dequant_preferred(1024, 4096, 4096) and not w4a16_dequant_preferred(512, 4096, 4096)
 
 
 def test_w4a16_symmetric_and_strided_activations():

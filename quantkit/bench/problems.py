@@ -101,7 +101,8 @@ def build_problem(method: str, m: int, n: int, k: int, config=None, seed: int = 
         wb = tensor_bytes(t)
         copies = copies_to_defeat_l2(wb + 2 * m * k + 2 * m * n)
         inputs = [(randn(m, k), {key: v.clone() for key, v in t.items()}) for _ in range(copies)]
-        return Problem(lambda x, tt: w4a16_matmul(x, tt, meta, state["config"]), inputs, wb, 2.0, False, state)
+        return Problem(lambda x, tt: w4a16_matmul(x, tt, meta, state["config"], dequant=state.get("dequant")), inputs,
+                       wb, 2.0, False, state)
     base, with_aq = method.split("+")[0], method.endswith("+aq")
     act_group = -1 if base == "w4a8-lqq" else 128
     if base == "mixed":

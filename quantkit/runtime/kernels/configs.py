@@ -143,3 +143,14 @@ def mixed_second_bn(cfg: TileConfig, second_is_wider: bool, m: int) -> int:
     halve = MIXED_HALF_BN_8BIT and second_is_wider and m <= 16 and cfg.bn >= 128
     return cfg.bn // 2 if halve else cfg.bn
 
+
+# W4A16 at prefill sizes: dequantizing Ŵ once (N·K·2.5 bytes moved, ~55 µs for 14336×4096) and calling cuBLAS
+# beats the fused kernel from this many tokens on, on all five Llama-3.1-8B shapes (docs/bench/
+# w4a16_dequant_sweep.py on an H100, docs/logs/w4a16_dequant_h100.json: M = 1024 0.74-0.80× fp16 vs 0.63-0.68×
+# fused, M = 4096 0.93-0.95× vs 0.65-0.74×; at M = 512 it won on 2 of 5 shapes, by <= 8 %).
+W4A16_DEQUANT_MIN_M = 1024
+
+
+def w4a16_dequant_preferred(m: int, n: int, k: int) -> bool:
+    """Whether W4A16 with M tokens runs as dequantize-then-cuBLAS rather than the fused Triton kernel."""
+    return m >= W4A16_DEQUANT_MIN_M

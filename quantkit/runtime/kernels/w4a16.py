@@ -17,7 +17,7 @@ import torch
 import triton.language as tl
 
 from quantkit.formats.nibble_planes import PLANE_K
-from quantkit.runtime.kernels.configs import TileConfig, gemm_config
+from quantkit.runtime.kernels.configs import TileConfig, gemm_config, w4a16_dequant_preferred
 from quantkit.runtime.kernels.cuda_gemv import cuda_gemv_preferred, cuda_gemv_supported, w4a16_gemv_cuda
 from quantkit.runtime.kernels.dequant import planes_f16, side_by_side
 from quantkit.runtime.kernels.jit import INTERPRET, USE_ASM, check_device, kernel
@@ -91,14 +91,50 @@ def _w4a16_kernel(x_ptr, w_ptr, p_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, K, str
                acc, mask, ticket_ptr + pid_m * tl.num_programs(0) + pid_n, SPLIT_K)
 
 
+@kernel
+def _w4a16_dequant_kernel(w_ptr, p_ptr, out_ptr, N, K, w_row, halves_per_group, n_groups, BN: tl.constexpr,
+                          BF16: tl.constexpr, USE_ASM: tl.constexpr):
+    """Ŵ[rows, 256-column tile] = (q - z)·s in the output dtype, the same bits the GEMM kernel multiplies."""
+    pid_n = tl.program_id(0)
+    t = tl.program_id(1)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rn_in = tl.minimum(rn, N - 1)
+    words = tl.load(w_ptr + rn_in[:, None] * w_row + t * 32 + tl.arange(0, 32)[None, :])
+    s_lo, z_lo = _group_params(p_ptr, tl.minimum((2 * t) // halves_per_group, n_groups - 1), N, rn_in, BF16)
+    s_hi, z_hi = _group_params(p_ptr, tl.minimum((2 * t + 1) // halves_per_group, n_groups - 1), N, rn_in, BF16)
+    w = side_by_side(planes_f16(words, z_lo, s_lo, z_hi, s_hi, BF16, USE_ASM), 0, 8)
+    k = t * 256 + tl.arange(0, 256)
+    tl.store(out_ptr + rn[:, None] * K + k[None, :], w, mask=(rn < N)[:, None] & (k < K)[None, :])
+
+
+def w4a16_dequantize(tensors: dict, meta: dict, dtype: torch.dtype = torch.float16,
+                     use_asm: bool | None = None) -> torch.Tensor:
+    """Ŵ [N, K] of a ``w4a16`` weight in ``dtype`` (fp16/bf16), dequantized on the GPU with the GEMM kernel's
+    arithmetic: bit-identical to :func:`.reference.w4a16_weight`."""
+    qweight, qparams = tensors["qweight"], tensors["qparams"]
+    check_device(qweight, qparams)
+    n, k = int(meta["out_features"]), int(meta["in_features"])
+    n_tiles = qweight.shape[1] // PLANE_K
+    out = torch.empty(n, k, dtype=dtype, device=qweight.device)
+    bn = 64
+    _w4a16_dequant_kernel[(-(-n // bn), n_tiles)](qweight, qparams, out, n, k, qweight.shape[1],
+                                                   groups_in_halves(meta, n_tiles), qparams.shape[0], BN=bn,
+                                                   BF16=dtype == torch.bfloat16,
+                                                   USE_ASM=USE_ASM if use_asm is None else use_asm, num_warps=4)
+    return out
+
+
 def w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: TileConfig | None = None,
-                 out: torch.Tensor | None = None, use_asm: bool | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, use_asm: bool | None = None,
+                 dequant: bool | None = None) -> torch.Tensor:
     """Y = X·Ŵᵀ [M, N] in x's dtype (fp16 or bf16) for a ``w4a16`` weight, Ŵ = (q - z)·s rounded to x's dtype
     per element (bf16: s rounded to bf16 first); fp32 accumulation. ``x`` [M, K] (any row stride, unit column
     stride); ``out`` an optional [M, N] result tensor; ``use_asm`` False forces the plain-Triton dequantization
     (tests compare it with the PTX path). With no ``config``, at decode sizes (``cuda_gemv_preferred``) and
     CuPy present, the CUDA decode GEMV (:mod:`.cuda_gemv`, faster there; it scales exact (q - z)·x sums per
-    group instead of rounding Ŵ) runs instead. Reference: :func:`.reference.w4a16_reference`."""
+    group instead of rounding Ŵ) runs instead; at prefill sizes (:func:`.configs.w4a16_dequant_preferred`, or
+    ``dequant`` True) Ŵ is dequantized once (:func:`w4a16_dequantize`) and multiplied by cuBLAS, the same Ŵ the
+    kernel would form. Reference: :func:`.reference.w4a16_reference`."""
     if x.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"w4a16 kernel takes fp16/bf16 activations, got {x.dtype}")
     qweight, qparams = tensors["qweight"], tensors["qparams"]
@@ -111,6 +147,9 @@ def w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: TileConfig 
     if (config is None and use_asm is None and cuda_gemv_preferred(m, n, k)
             and cuda_gemv_supported(x, tensors, meta, out)):
         return w4a16_gemv_cuda(x, tensors, meta, out=out)
+    if dequant or (dequant is None and config is None and w4a16_dequant_preferred(m, n, k)):
+        w = w4a16_dequantize(tensors, meta, x.dtype, use_asm)
+        return torch.matmul(x, w.t()) if out is None else torch.matmul(x, w.t(), out=out)
     n_tiles = qweight.shape[1] // PLANE_K
     cfg = config or gemm_config(m, n, k, "w4a16")
     tiles_per_split, split = split_plan(n_tiles, cfg.split_k)

@@ -82,6 +82,33 @@ def test_mixed_one_launch_scatters_both_partitions(m, act_group, split):
         mixed_int8_matmul(codes, scales, act_group, parts, n, launches=2)
 
 
+def test_mixed_split_k_partitions_keep_their_own_workspace_rows():
+    """Split-K over a mixed layer into an output wider than the layer: partition B's partial sums sit after
+    partition A's in the workspace; with several tiles in flight (a GPU) an overlap would mix tiles' sums.
+    Three calls in a row also check that every tile leaves its workspace at zero."""
+    from quantkit.formats import get_layout
+
+    m, n, k, act_group = 4, 150, 1024, 128
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(7))
+    rows8 = torch.arange(3, n, 7)
+    rows4 = torch.tensor([r for r in range(n) if r not in set(rows8.tolist())])
+    x, codes, scales = _acts(m, k, act_group, seed=7)
+    parts, ref = [], torch.empty(m, n, dtype=torch.float64)
+    for layout, qw, rows in (("w4a16", grid.quantize(w[rows4], 4, 128), rows4),
+                             ("w8", grid.quantize(w[rows8], 8, 128, sym=True), rows8)):
+        lay = get_layout(layout)
+        tensors = {key: t.to(DEVICE) for key, t in lay.pack(qw).items()}
+        parts.append((layout, tensors, lay.layout_meta(qw), rows.to(DEVICE)))
+        ref[:, rows] = int8_reference(codes, scales, act_group, layout, tensors, lay.layout_meta(qw)).cpu()
+    wide = poisoned(m, n + 40, torch.float16)
+    for _ in range(3):
+        out = mixed_int8_matmul(codes, scales, act_group, parts, n, config=TileConfig(16, 16, 4), out=wide[:, :n])
+        assert rel_err(out, ref) < TOL
+    assert torch.isnan(wide[:, n:]).all()
+    with pytest.raises(ValueError, match="rows"):
+        mixed_int8_matmul(codes, scales, act_group, parts, n + 1, config=TileConfig(16, 16, 4))
+
+
 @pytest.mark.parametrize("bn,bn_b", [(32, 16), (16, 32)])
 def test_mixed_second_partition_with_its_own_rows_per_program(bn, bn_b):
     """The 8-bit partition's programs with another BN than the 4-bit ones (MixLLM Sec. 3.4 one launch): 20 rows

@@ -4,12 +4,13 @@ Both kernels compute the transposed product Y^T = W·X^T (LiquidGEMM Sec. 5.4): 
 (the tensor-core M dimension, 64 per warpgroup for wgmma) and BM tokens (the N dimension, as small as 16), so a
 decode step with one token wastes no weight-side work. Small M is memory-bound: the weight stream must be spread
 over enough programs to keep every SM loading (split-K adds programs along K and sums partial results with fp32
-atomics, at the price of a zeroed workspace and a final cast). Large M is compute-bound: big tiles, 8 warps.
+atomics into a workspace the last program of a tile reads back, :mod:`.splitk`). Large M is compute-bound.
 
-The table below is the fastest config per kernel kind and token-count class measured by
-``python -m quantkit.bench.sweep`` on an H100 at N = 14336, K = 4096 (docs/BENCHMARKS.md). For narrow layers
-at small M (fewer row tiles than half the SMs, e.g. N = 4096) the rule switches to 64-row tiles and splits K
-until about one program per SM streams weights — the config the same sweep found fastest at N = 4096.
+Up to M = 16 (and for the 8-bit and one-launch mixed kernels at every M) :data:`TABLE` holds the fastest config
+per kernel kind and token-count class measured by ``python -m quantkit.bench.sweep`` on an H100 at
+N = 14336, K = 4096; for narrow layers at small M (fewer row tiles than half the SMs, e.g. N = 4096) the rule
+switches to 64-row tiles and splits K until about one program per SM streams weights. Above M = 16 the 4-bit
+single-weight kernels pick from :data:`WAVE_TILES` by wave fill (:func:`wave_config`). docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -69,11 +70,13 @@ TABLE: dict[str, list[tuple[int, TileConfig]]] = {
 }
 
 
-# Shortest K split (in 256-column tiles) of the small-M rule: at M <= 8 a split may be 4 tiles long; at M = 9-16,
-# 12 — the one-product-per-tile kernels ran unsplit rows of 16 tiles faster than split ones (H100, 64×16 tiles,
+# Shortest K split (in 256-column tiles) of the small-M rule: 4 tiles; 12 for LiquidQuant and W4A16 at M = 9-16,
+# whose one-product-per-tile kernels ran unsplit rows of 16 tiles faster than split ones (H100, 64×16 tiles,
 # docs/logs/tune_m16_triton_h100.json: LiquidQuant 6144×4096 M=16 10.3 µs unsplit vs 14 split 2, 4096×4096
 # 9.6 vs 11 split 4; W4A16 6144×4096 12.5 vs 16), while 56-tile rows still split 4 (4096×14336: 19.3 vs 26).
-MIN_SPLIT_TILES = {8: 4, 16: 12}
+# (The 8-bit and mixed kernels were not measured that way; they keep 4.)
+MIN_SPLIT_TILES = 4
+MIN_SPLIT_TILES_M16 = {"lqq": 12, "w4a16": 12}
 
 
 def _split_for(programs: int, tiles: int, sms: int, min_tiles: int = 4) -> int:
@@ -92,11 +95,14 @@ def wave_fill(programs: int, per_sm: int, sms: int = SMS_H100) -> float:
 
 
 def wave_config(m: int, n: int, k: int, kind: str, sms: int = SMS_H100) -> TileConfig:
-    """Tile of a 4-bit kernel above M = 16 from WAVE_TILES (comment above it): the first of M's class with
+    """Tile of a 4-bit kernel above M = 16 from WAVE_TILES (comment above it), among those with no more token
+    columns than max(64, M): the first of M's class with
     >= MIN_PROGRAMS programs and a wave fill >= MIN_WAVE_FILL, else the fullest-wave one with >= MIN_PROGRAMS
     programs, else the last; LiquidQuant's last resort splits K (doubling) while short of MIN_PROGRAMS programs and each
     split keeps >= 16 tiles of 256 columns."""
     tiles = next(t for top, t in WAVE_TILES[kind] if m <= top)
+    # no tile with more token columns than M needs (M = 65-127 would leave half of a 128-token tile empty)
+    tiles = [(cfg, per_sm) for cfg, per_sm in tiles if cfg.bm <= max(64, m)] or tiles[-1:]
     programs = [(cfg, wave_fill(p, per_sm, sms), p) for cfg, per_sm in tiles
                 for p in [-(-n // cfg.bn) * -(-m // cfg.bm)]]
     enough = [(cfg, fill) for cfg, fill, p in programs if p >= MIN_PROGRAMS]
@@ -124,7 +130,7 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
     cfg = next(c for top, c in TABLE[kind] if m <= top)
     if m <= 16 and -(-n // cfg.bn) * -(-m // cfg.bm) < sms // 2:
         programs = -(-n // 64) * -(-m // cfg.bm)
-        min_tiles = next(t for top, t in MIN_SPLIT_TILES.items() if m <= top)
+        min_tiles = MIN_SPLIT_TILES_M16.get(kind, MIN_SPLIT_TILES) if m > 8 else MIN_SPLIT_TILES
         cfg = TileConfig(64, cfg.bm, max(cfg.split_k, _split_for(programs, -(-k // 256), sms, min_tiles)), 4, 4)
     return cfg
 

@@ -143,7 +143,9 @@ def planes_i8(words, s_lo, a_lo, s_hi, a_hi, USE_ASM: tl.constexpr):
 @kernel
 def side_by_side(planes, first: tl.constexpr, count: tl.constexpr):
     """planes[first .. first + count - 1] ([R, 32] each) as one [R, 32·count] operand, plane i at columns
-    32·i .. 32·i + 31 — the K order of the activation columns, so one tensor-core product covers them all."""
+    32·i .. 32·i + 31 — the K order of the activation columns, so one tensor-core product covers them all.
+    ``count`` 4 (planes ``first`` .. ``first`` + 3) or 8 (all planes, ``first`` 0)."""
+    tl.static_assert(count == 4 or (count == 8 and first == 0), "side_by_side: count 4, or count 8 from plane 0")
     if count == 4:
         x = tl.join(tl.join(planes[first], planes[first + 1]), tl.join(planes[first + 2], planes[first + 3]))
         x = tl.permute(x, (0, 3, 2, 1))  # [r, c, i, j] holds plane 2j + i → [r, j, i, c]

@@ -9,8 +9,9 @@ tiles, each two 128-column halves:
   (s, a) = (s_u8, a) for LiquidQuant (LiquidGEMM Eq. 12) or (1, 128 - z) for MixLLM's q - z (MixLLM Sec. 3.3
   two-step dequantization, step 1);
 * int8 × int8 → int32 tensor-core products (tl.dot), transposed Y^T = W·X^T (LiquidGEMM Sec. 5.4): one
-  product per 256-column tile (per 128-column half with group-wise activations), the planes placed side by
-  side (:func:`quantkit.runtime.kernels.dequant.side_by_side`);
+  product per 128-column half wherever a per-group float scale follows (``w8``, MixLLM W4A8, LiquidQuant with
+  group-wise activations), else one per 256-column tile (LiquidQuant with per-token activations), the 4-bit
+  planes placed side by side (:func:`quantkit.runtime.kernels.dequant.side_by_side`);
 * group-tile accumulation (MixLLM Sec. 3.3, Fig. 3): each half's int32 partial sum starts at the bit pattern
   0x4b400000, so after the products ``bitcast(acc) - 12582912.0`` is its exact float value (the fast I2F,
   valid while |sum| < 2^22: 128·127·128 < 2^21), then it is scaled by weight-group × activation-group scale
@@ -300,6 +301,8 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
         wa["cols"] = rows.to(torch.int32).contiguous()
         check_device(a_codes, a_scales, wa["w"], wa["p"], wa["cs"], wa["cols"])
         args.append(wa)
+    if args[0]["n"] + args[1]["n"] != out_features:
+        raise ValueError(f"the partitions have {args[0]['n']} + {args[1]['n']} rows, the layer {out_features}")
     if args[0]["mode"] == W8 and args[1]["mode"] != W8:
         args.reverse()  # the wider 8-bit rows go second, where their programs may get fewer rows (bn_b)
     a, b = args

@@ -58,23 +58,28 @@ def test_int8_operand_is_liquidquant_eq12_and_mixllm_q_minus_z():
     assert torch.equal(int8_weight("w4a16", tensors, meta)[:, :200].cpu().to(torch.int16), expect)
 
 
-@pytest.mark.parametrize("m,act_group,split", [(1, 128, 1), (5, 128, 2), (17, -1, 1)])
-def test_mixed_one_launch_scatters_both_partitions(m, act_group, split):
-    """A W4.4A8 layer: rows {1, 4, 30} at 8 bits, the rest asymmetric 4-bit, one launch, one activation."""
-    n, k = 33, 328
-    w = torch.randn(n, k, generator=torch.Generator().manual_seed(m))
-    rows8 = torch.tensor([1, 4, 30])
-    rows4 = torch.tensor([r for r in range(n) if r not in (1, 4, 30)])
+def _mixed_layer(m: int, n: int, k: int, act_group: int, rows8: torch.Tensor, seed: int, eight_first: bool = False):
+    """(parts, float64 reference [M, N], codes, scales) of a W4.4A8 layer: ``rows8`` sym-8, the rest asym-4 g128."""
     from quantkit.formats import get_layout
 
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
+    rows4 = torch.tensor([r for r in range(n) if r not in set(rows8.tolist())])
+    x, codes, scales = _acts(m, k, act_group, seed=seed)
+    specs = [("w4a16", grid.quantize(w[rows4], 4, 128), rows4), ("w8", grid.quantize(w[rows8], 8, 128, sym=True), rows8)]
     parts, ref = [], torch.empty(m, n, dtype=torch.float64)
-    x, codes, scales = _acts(m, k, act_group, seed=m)
-    for layout, qw, rows in (("w4a16", grid.quantize(w[rows4], 4, 128), rows4),
-                             ("w8", grid.quantize(w[rows8], 8, 128, sym=True), rows8)):
+    for layout, qw, rows in (specs[::-1] if eight_first else specs):
         lay = get_layout(layout)
         tensors = {key: t.to(DEVICE) for key, t in lay.pack(qw).items()}
         parts.append((layout, tensors, lay.layout_meta(qw), rows.to(DEVICE)))
         ref[:, rows] = int8_reference(codes, scales, act_group, layout, tensors, lay.layout_meta(qw)).cpu()
+    return parts, ref, codes, scales
+
+
+@pytest.mark.parametrize("m,act_group,split", [(1, 128, 1), (5, 128, 2), (17, -1, 1)])
+def test_mixed_one_launch_scatters_both_partitions(m, act_group, split):
+    """A W4.4A8 layer: rows {1, 4, 30} at 8 bits, the rest asymmetric 4-bit, one launch, one activation."""
+    n = 33
+    parts, ref, codes, scales = _mixed_layer(m, n, 328, act_group, torch.tensor([1, 4, 30]), seed=m)
     out = mixed_int8_matmul(codes, scales, act_group, parts, n, config=TileConfig(16, 16, split),
                             out=poisoned(m, n, torch.float16), launches=1)
     assert rel_err(out, ref) < TOL
@@ -86,20 +91,8 @@ def test_mixed_split_k_partitions_keep_their_own_workspace_rows():
     """Split-K over a mixed layer into an output wider than the layer: partition B's partial sums sit after
     partition A's in the workspace; with several tiles in flight (a GPU) an overlap would mix tiles' sums.
     Three calls in a row also check that every tile leaves its workspace at zero."""
-    from quantkit.formats import get_layout
-
-    m, n, k, act_group = 4, 150, 1024, 128
-    w = torch.randn(n, k, generator=torch.Generator().manual_seed(7))
-    rows8 = torch.arange(3, n, 7)
-    rows4 = torch.tensor([r for r in range(n) if r not in set(rows8.tolist())])
-    x, codes, scales = _acts(m, k, act_group, seed=7)
-    parts, ref = [], torch.empty(m, n, dtype=torch.float64)
-    for layout, qw, rows in (("w4a16", grid.quantize(w[rows4], 4, 128), rows4),
-                             ("w8", grid.quantize(w[rows8], 8, 128, sym=True), rows8)):
-        lay = get_layout(layout)
-        tensors = {key: t.to(DEVICE) for key, t in lay.pack(qw).items()}
-        parts.append((layout, tensors, lay.layout_meta(qw), rows.to(DEVICE)))
-        ref[:, rows] = int8_reference(codes, scales, act_group, layout, tensors, lay.layout_meta(qw)).cpu()
+    m, n, act_group = 4, 150, 128
+    parts, ref, codes, scales = _mixed_layer(m, n, 1024, act_group, torch.arange(3, n, 7), seed=7)
     wide = poisoned(m, n + 40, torch.float16)
     for _ in range(3):
         out = mixed_int8_matmul(codes, scales, act_group, parts, n, config=TileConfig(16, 16, 4), out=wide[:, :n])
@@ -114,20 +107,9 @@ def test_mixed_second_partition_with_its_own_rows_per_program(bn, bn_b):
     """The 8-bit partition's programs with another BN than the 4-bit ones (MixLLM Sec. 3.4 one launch): 20 rows
     of 8 bits span several programs of either size, so a grid or tile computed with the wrong BN misses rows;
     the partitions are passed 8-bit first, which the kernel reorders."""
-    from quantkit.formats import get_layout
-
-    m, n, k, act_group = 3, 70, 328, 128
-    w = torch.randn(n, k, generator=torch.Generator().manual_seed(bn))
-    rows8 = torch.arange(0, n, 3)[:20]
-    rows4 = torch.tensor([r for r in range(n) if r not in set(rows8.tolist())])
-    x, codes, scales = _acts(m, k, act_group, seed=bn)
-    parts, ref = [], torch.empty(m, n, dtype=torch.float64)
-    for layout, qw, rows in (("w8", grid.quantize(w[rows8], 8, 128, sym=True), rows8),
-                             ("w4a16", grid.quantize(w[rows4], 4, 128), rows4)):
-        lay = get_layout(layout)
-        tensors = {key: t.to(DEVICE) for key, t in lay.pack(qw).items()}
-        parts.append((layout, tensors, lay.layout_meta(qw), rows.to(DEVICE)))
-        ref[:, rows] = int8_reference(codes, scales, act_group, layout, tensors, lay.layout_meta(qw)).cpu()
+    m, n, act_group = 3, 70, 128
+    parts, ref, codes, scales = _mixed_layer(m, n, 328, act_group, torch.arange(0, n, 3)[:20], seed=bn,
+                                             eight_first=True)
     out = mixed_int8_matmul(codes, scales, act_group, parts, n, config=TileConfig(bn, 16, 1), bn_b=bn_b,
                             out=poisoned(m, n, torch.float16))
     assert rel_err(out, ref) < TOL

@@ -171,7 +171,6 @@ def u32(x: torch.Tensor) -> list[int]:
 
 
 def one_row(codes: list[int], bits: int, sym: bool = False) -> QuantizedWeight:
-    k = len(codes)
     zero = 2 ** (bits - 1) if sym else 1
     return QuantizedWeight(codes=torch.tensor([codes], dtype=torch.uint8), scales=torch.ones(1, 1),
                            zeros=torch.full((1, 1), zero, dtype=torch.uint8), bits=bits, group_size=-1, sym=sym)

@@ -70,3 +70,10 @@ def test_run_bench_on_gpu():
     assert {r["method"] for r in timed} >= {"w4a16", "w4a8-lqq", "mixed+aq"}
     assert all(r["ms"] > 0 and r["speedup_vs_fp16"] > 0 for r in timed)
     assert any(r.get("skipped") for r in rows if r["method"] == "int_mm" and r["m"] == 1)
+
+
+def test_time_problem_refuses_kernel_options_it_does_not_know():
+    from quantkit.bench.runner import time_problem
+
+    with pytest.raises(ValueError, match="unknown kernel options"):
+        time_problem("w4a16", 1, 64, 256, dequantize=True)  # a typo would silently time the default path

@@ -16,6 +16,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from quantkit.bench.command import parse_shapes
 from quantkit.bench.problems import MIXED_8BIT_SHARE, _packed
 from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
 from quantkit.runtime.kernels.act_quant import quantize_activation_triton
@@ -60,7 +61,7 @@ def main() -> None:
     a = p.parse_args()
     t0 = time.time()
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": []}
-    for n, k in (tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")):
+    for n, k in parse_shapes(a.shapes):
         for method in a.methods.split(","):
             parts = parts_for(method, n, k, torch.Generator().manual_seed(n + k))
             wb = sum(v.numel() * v.element_size() for p_ in parts for v in p_[1].values())

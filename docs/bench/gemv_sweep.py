@@ -16,6 +16,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from quantkit.bench.command import parse_shapes
 from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
 from quantkit.formats.registry import get_layout
 from quantkit.quant import grid
@@ -104,7 +105,7 @@ def main() -> None:
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     if not a.skip_check:
         result["check"] = check()
-    shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
+    shapes = parse_shapes(a.shapes)
     variants = VARIANTS
     if a.variants:
         variants = [v for v in variants if v.key in a.variants.split(",")]

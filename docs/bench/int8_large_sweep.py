@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from quantkit.bench.command import parse_shapes
 from quantkit.bench.runner import time_problem, tune
 from quantkit.runtime.kernels.configs import TileConfig
 
@@ -34,7 +35,7 @@ def main() -> None:
     a = p.parse_args()
     candidates = MID if a.mid else CANDIDATES
     res = []
-    for n, k in (tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")):
+    for n, k in parse_shapes(a.shapes):
         for m in (int(v) for v in a.ms.split(",")):
             fp16 = time_problem("fp16", m, n, k)[0]["ms"]
             for method in a.methods.split(","):

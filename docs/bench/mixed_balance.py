@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from quantkit.bench.command import parse_shapes
 from quantkit.bench.runner import time_problem
 from quantkit.runtime.kernels import int8_gemm
 
@@ -29,7 +30,7 @@ def main() -> None:
     p.add_argument("--ms", default="1,2,4,8,16,64,256,1024,4096")
     a = p.parse_args()
     rows = []
-    for n, k in (tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")):
+    for n, k in parse_shapes(a.shapes):
         for m in (int(v) for v in a.ms.split(",")):
             row = {"m": m, "n": n, "k": k, "w4a8_us": time_problem("w4a8", m, n, k, reps=30)[0]["ms"] * 1e3}
             for half, rule in ((False, _same_rows), (True, _half_rows)):

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from quantkit.bench.problems import build_problem
-from quantkit.bench.timing import time_rotating
+from quantkit.bench.command import parse_ints, parse_shapes
+from quantkit.bench.runner import time_problem
 from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_preferred
 
 WAYS = {"gemv": 0, "one": 1}
@@ -27,26 +27,20 @@ def main() -> None:
     p.add_argument("--ways", default=",".join(WAYS), help="a subset of gemv,one")
     a = p.parse_args()
     res = []
-    for n, k in (tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")):
-        for m in (int(v) for v in a.ms.split(",")):
-            w4a8 = time_rotating(*_fn_inputs(build_problem("w4a8", m, n, k)))["ms"]
+    for n, k in parse_shapes(a.shapes):
+        for m in parse_ints(a.ms, "--ms"):
+            w4a8 = time_problem("w4a8", m, n, k)[0]["ms"]
             row = {"m": m, "n": n, "k": k, "w4a8_ms": w4a8}
             for name, launches in ((w, WAYS[w]) for w in a.ways.split(",")):
                 if name == "gemv" and not a8_gemv_preferred(m, n, k, mixed=True, layouts=("w4a16", "w8")):
                     continue
-                prob = build_problem("mixed", m, n, k)
-                prob.state["launches"] = launches
-                row[f"{name}_ms"] = time_rotating(*_fn_inputs(prob))["ms"]
+                row[f"{name}_ms"] = time_problem("mixed", m, n, k, launches=launches)[0]["ms"]
             print(f"{n}x{k} M={m:5d} w4a8 {w4a8 * 1e3:7.1f} us | " + " ".join(
                 f"{name} {row[f'{name}_ms'] * 1e3:7.1f} ({row[f'{name}_ms'] / w4a8:.2f}x)"
                 for name in WAYS if f"{name}_ms" in row), flush=True)
             res.append(row)
             with open(a.out, "w") as f:
                 json.dump(res, f, indent=1)
-
-
-def _fn_inputs(prob):
-    return prob.fn, prob.inputs
 
 
 if __name__ == "__main__":

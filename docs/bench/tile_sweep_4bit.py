@@ -11,6 +11,7 @@ import argparse
 import json
 import re
 
+from quantkit.bench.command import parse_shapes
 from quantkit.bench.runner import time_problem, tune
 from quantkit.runtime.kernels.configs import TileConfig
 
@@ -47,7 +48,7 @@ def main() -> None:
     p.add_argument("--candidates", default="", help="instead of the built-in list: BNxBM[kS]wWsS,...")
     a = p.parse_args()
     res = []
-    for n, k in (tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")):
+    for n, k in parse_shapes(a.shapes):
         for m in (int(v) for v in a.ms.split(",")):
             fp16 = time_problem("fp16", m, n, k)[0]["ms"]
             for method in a.methods.split(","):

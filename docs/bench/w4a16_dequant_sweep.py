@@ -10,14 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from quantkit.bench.problems import build_problem
-from quantkit.bench.timing import time_rotating
+from quantkit.bench.command import parse_ints, parse_shapes
+from quantkit.bench.runner import time_problem
 
 
-def _ms(method: str, m: int, n: int, k: int, dequant: bool | None = None) -> float:
-    prob = build_problem(method, m, n, k)
-    prob.state["dequant"] = dequant
-    return time_rotating(prob.fn, prob.inputs)["ms"]
+def _ms(method: str, m: int, n: int, k: int, **state) -> float:
+    return time_problem(method, m, n, k, **state)[0]["ms"]
 
 
 def main() -> None:
@@ -27,10 +25,10 @@ def main() -> None:
     p.add_argument("--ms", default="64,128,256,512,1024,2048,4096")
     a = p.parse_args()
     res = []
-    for n, k in (tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")):
-        for m in (int(v) for v in a.ms.split(",")):
+    for n, k in parse_shapes(a.shapes):
+        for m in parse_ints(a.ms, "--ms"):
             row = {"m": m, "n": n, "k": k, "fp16_ms": _ms("fp16", m, n, k),
-                   "fused_ms": _ms("w4a16", m, n, k, False), "dequant_ms": _ms("w4a16", m, n, k, True)}
+                   "fused_ms": _ms("w4a16", m, n, k, dequant=False), "dequant_ms": _ms("w4a16", m, n, k, dequant=True)}
             res.append(row)
             print(f"{n}x{k} M={m:5d} fp16 {row['fp16_ms'] * 1e3:8.1f} fused {row['fused_ms'] * 1e3:8.1f} "
                   f"({row['fp16_ms'] / row['fused_ms']:.2f}x) dequant+cuBLAS {row['dequant_ms'] * 1e3:8.1f} "

@@ -11,17 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 
+from quantkit.bench.command import parse_shapes
 from quantkit.bench.problems import METHODS
 from quantkit.bench.report import format_table
 from quantkit.bench.runner import run_bench
 from quantkit.errors import QuantkitError
-
-
-def _shapes(text: str) -> list[tuple[int, int]]:
-    try:
-        return [tuple(int(v) for v in s.lower().split("x")) for s in text.split(",")]  # type: ignore[misc]
-    except ValueError:
-        raise QuantkitError(f"--shapes takes NxK pairs like 14336x4096,4096x4096, got '{text}'") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [x for x in methods if x not in METHODS]
         if unknown:
             raise QuantkitError(f"unknown --methods {unknown}; known: {', '.join(METHODS)}")
-        rows = run_bench(_shapes(args.shapes), [int(v) for v in args.ms.split(",")], methods, reps=args.reps)
+        rows = run_bench(parse_shapes(args.shapes), [int(v) for v in args.ms.split(",")], methods, reps=args.reps)
     except QuantkitError as e:
         print(f"error: {e}")
         return 2

@@ -30,6 +30,14 @@ def parse_ints(text: str, option: str, minimum: int = 1) -> list[int]:
     return values
 
 
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """(N, K) pairs of a ``--shapes 14336x4096,4096x4096`` option, or a one-line QuantkitError."""
+    try:
+        return [tuple(int(v) for v in s.lower().split("x")) for s in text.split(",")]  # type: ignore[misc]
+    except ValueError:
+        raise QuantkitError(f"--shapes takes NxK pairs like 14336x4096,4096x4096, got '{text}'") from None
+
+
 def _methods(text: str) -> list[str]:
     from quantkit.bench.problems import METHODS
 
@@ -45,15 +53,13 @@ def kernel_targets(packed: str | None, shapes: str | None, preset: str | None,
     """(shapes (N, K), methods) of a kernel sweep from exactly one of a packed checkpoint folder, ``--preset`` or
     ``--shapes``. Without ``--methods``: a checkpoint's own methods
     (:func:`quantkit.bench.packed_targets.checkpoint_methods`), else :data:`DEFAULT_METHODS`."""
-    from quantkit.bench.__main__ import _shapes
-
     if sum(x is not None for x in (packed, shapes, preset)) != 1:
         raise QuantkitError("give exactly one of PACKED (a `quantkit pack` folder), --preset "
                             f"{'|'.join(PRESETS)} or --shapes NxK,...")
     if preset is not None and preset not in PRESETS:
         raise QuantkitError(f"unknown --preset '{preset}'; known: {', '.join(PRESETS)}")
     if packed is None:
-        return _shapes(shapes or PRESETS[preset]), _methods(methods or DEFAULT_METHODS)
+        return parse_shapes(shapes or PRESETS[preset]), _methods(methods or DEFAULT_METHODS)
     from quantkit.bench.packed_targets import checkpoint_methods, checkpoint_shapes
     from quantkit.checkpoint import read_manifest
 

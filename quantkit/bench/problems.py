@@ -36,7 +36,8 @@ MIXED_8BIT_SHARE = 0.10  # MixLLM W4.4A8 (p10): 10 % of output channels at 8 bit
 class Problem:
     """What to time: ``fn(*inputs[i])`` for rotating copies, and the byte/op counts of one call. The quantkit
     kernels read their TileConfig from ``state["config"]`` at call time, so one problem (its weights quantized
-    and packed once) can be timed under several configs."""
+    and packed once) can be timed under several configs; likewise ``state["dequant"]`` (w4a16) and
+    ``state["launches"]`` / ``state["bn_b"]`` (mixed), None meaning the default rule."""
 
     fn: Callable
     inputs: list[tuple]

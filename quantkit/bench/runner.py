@@ -20,9 +20,15 @@ def _require_cuda() -> None:
 
 
 def time_problem(method: str, m: int, n: int, k: int, config: TileConfig | None = None, reps: int = 50,
-                 use_graph: bool = True) -> tuple[dict, object]:
-    """(timing dict of :func:`quantkit.bench.timing.time_rotating`, the Problem) of one method at one size."""
+                 use_graph: bool = True, **state) -> tuple[dict, object]:
+    """(timing dict of :func:`quantkit.bench.timing.time_rotating`, the Problem) of one method at one size;
+    ``state``: the problem's kernel options besides ``config`` (``dequant``, ``launches``, ``bn_b``; see
+    :func:`quantkit.bench.problems.build_problem`)."""
+    unknown = set(state) - {"dequant", "launches", "bn_b"}
+    if unknown:
+        raise ValueError(f"unknown kernel options {sorted(unknown)}")
     prob = build_problem(method, m, n, k, config)
+    prob.state.update(state)
     return time_rotating(prob.fn, prob.inputs, reps=reps, use_graph=use_graph), prob
 
 

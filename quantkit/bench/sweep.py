@@ -12,6 +12,7 @@ import argparse
 import json
 import time
 
+from quantkit.bench.command import parse_shapes
 from quantkit.bench.report import format_table
 from quantkit.bench.runner import run_bench, tune
 from quantkit.runtime.kernels.configs import TileConfig
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="after the sweep, run_bench the same shapes with the fastest configs found")
     p.add_argument("--bench-methods", default="w4a16,int_mm,w8a8,w4a8,w4a8-lqq,mixed,w4a8+aq,w4a8-lqq+aq,mixed+aq")
     args = p.parse_args(argv)
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    shapes = parse_shapes(args.shapes)
     results = {"shapes": shapes, "runs": [], "best": {}}
     for method in args.methods.split(","):
         for n, k in shapes:

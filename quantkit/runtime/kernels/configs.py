@@ -79,7 +79,7 @@ MIN_SPLIT_TILES = 4
 MIN_SPLIT_TILES_M16 = {"lqq": 12, "w4a16": 12}
 
 
-def _split_for(programs: int, tiles: int, sms: int, min_tiles: int = 4) -> int:
+def _split_for(programs: int, tiles: int, sms: int, min_tiles: int = MIN_SPLIT_TILES) -> int:
     """Split-K factor giving about one program per SM without splits shorter than ``min_tiles`` tiles of 256
     columns."""
     split = 1
@@ -96,22 +96,21 @@ def wave_fill(programs: int, per_sm: int, sms: int = SMS_H100) -> float:
 
 def wave_config(m: int, n: int, k: int, kind: str, sms: int = SMS_H100) -> TileConfig:
     """Tile of a 4-bit kernel above M = 16 from WAVE_TILES (comment above it), among those with no more token
-    columns than max(64, M): the first of M's class with
-    >= MIN_PROGRAMS programs and a wave fill >= MIN_WAVE_FILL, else the fullest-wave one with >= MIN_PROGRAMS
-    programs, else the last; LiquidQuant's last resort splits K (doubling) while short of MIN_PROGRAMS programs and each
-    split keeps >= 16 tiles of 256 columns."""
+    columns than max(64, M): the first of M's class with >= MIN_PROGRAMS programs and a wave fill >=
+    MIN_WAVE_FILL, else the fullest-wave one with >= MIN_PROGRAMS programs, else the last; LiquidQuant's last
+    resort splits K (doubling) while short of MIN_PROGRAMS programs and each split keeps >= 16 tiles of 256
+    columns."""
     tiles = next(t for top, t in WAVE_TILES[kind] if m <= top)
     # no tile with more token columns than M needs (M = 65-127 would leave half of a 128-token tile empty)
     tiles = [(cfg, per_sm) for cfg, per_sm in tiles if cfg.bm <= max(64, m)] or tiles[-1:]
-    programs = [(cfg, wave_fill(p, per_sm, sms), p) for cfg, per_sm in tiles
-                for p in [-(-n // cfg.bn) * -(-m // cfg.bm)]]
-    enough = [(cfg, fill) for cfg, fill, p in programs if p >= MIN_PROGRAMS]
+    programs = [-(-n // cfg.bn) * -(-m // cfg.bm) for cfg, _ in tiles]
+    enough = [(cfg, wave_fill(p, per_sm, sms)) for (cfg, per_sm), p in zip(tiles, programs) if p >= MIN_PROGRAMS]
     for cfg, fill in enough:
         if fill >= MIN_WAVE_FILL:
             return cfg
     if enough:
         return max(enough, key=lambda e: e[1])[0]  # first of the fullest on ties
-    cfg, _, p = programs[-1]
+    cfg, p = tiles[-1][0], programs[-1]
     split, n_tiles = 1, -(-k // 256)
     while kind == "lqq" and p * split < MIN_PROGRAMS and n_tiles // (2 * split) >= 16:
         split *= 2

@@ -3,8 +3,8 @@
 Both kernels compute the transposed product Y^T = W·X^T (LiquidGEMM Sec. 5.4): a program owns BN weight rows
 (the tensor-core M dimension, 64 per warpgroup for wgmma) and BM tokens (the N dimension, as small as 16), so a
 decode step with one token wastes no weight-side work. Small M is memory-bound: the weight stream must be spread
-over enough programs to keep every SM loading (split-K adds programs along K and sums partial results with fp32
-atomics into a workspace the last program of a tile reads back, :mod:`.splitk`). Large M is compute-bound.
+over enough programs to keep every SM loading (split-K adds programs along K; their fp32 partial sums go to
+per-split workspace slots that the last program of a tile adds, :mod:`.splitk`). Large M is compute-bound.
 
 Up to M = 16 (and for the 8-bit and one-launch mixed kernels at every M) :data:`TABLE` holds the fastest config
 per kernel kind and token-count class measured by ``python -m quantkit.bench.sweep`` on an H100 at

@@ -166,7 +166,7 @@ def _int8_tile(a_ptr, sa_ptr, w_ptr, p_ptr, cs_ptr, cols_ptr, out_ptr, ws_ptr, t
     mask = m_ok[None, :] & n_ok[:, None]
     store_tile(out_ptr, out_ptr + rm[None, :] * stride_om + cols[:, None],
                ws_ptr + rm[None, :] * stride_om + rn[:, None], acc, mask,
-               ticket_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), SPLIT_K)
+               ticket_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), pid_k, M * stride_om, SPLIT_K)
 
 
 @kernel
@@ -252,7 +252,7 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
     tiles_per_split, split = split_plan(n_tiles, cfg.split_k)
     out = torch.empty(m, wa["n"], dtype=out_dtype, device=a_codes.device) if out is None else out
     grid = (-(-wa["n"] // cfg.bn), -(-m // cfg.bm), split)
-    ws, tickets = split_workspace(a_codes.device, m * out.stride(0), grid[0] * grid[1])
+    ws, tickets = split_workspace(a_codes.device, m * out.stride(0) * split, grid[0] * grid[1])
     _int8_kernel[grid](a_codes, a_scales, wa["w"], wa["p"], wa["cs"], wa["w"], out, ws, tickets, m, wa["n"], k,
                        a_codes.stride(0), a_scales.stride(0), act_groups_in_halves(act_group_size, k),
                        a_scales.shape[1], wa["w_row"], n_tiles, tiles_per_split, wa["hpg"], wa["groups"],
@@ -314,7 +314,7 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
     bn_b = mixed_second_bn(cfg, b["mode"] == W8 and a["mode"] != W8, m) if bn_b is None else bn_b
     tiles_a = -(-a["n"] // cfg.bn)
     grid = (tiles_a + -(-b["n"] // bn_b), -(-m // cfg.bm), split)
-    ws, tickets = split_workspace(a_codes.device, m * out.stride(0), grid[0] * grid[1])
+    ws, tickets = split_workspace(a_codes.device, m * out.stride(0) * split, grid[0] * grid[1])
     _int8_mixed_kernel[grid](a_codes, a_scales, m, k, a_codes.stride(0), a_scales.stride(0),
                              act_groups_in_halves(act_group_size, k), a_scales.shape[1], n_tiles, tiles_per_split,
                              out.stride(0), out, ws, tickets, tiles_a,

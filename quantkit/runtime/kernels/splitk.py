@@ -1,10 +1,14 @@
-"""Split-K without extra kernels: the programs of one output tile add their fp32 partial sums into a workspace
-with atomics, the last one to arrive (an atomic ticket per tile) reads the total, writes the output in its
-dtype and leaves the workspace and its ticket at zero for the next call.
+"""Split-K without extra kernels: each program of one output tile stores its fp32 partial sums in its own slot
+of a workspace, takes an atomic ticket, and the last one to arrive adds the tile's slots in split order (so the
+result does not depend on which program finished last), writes the output in its dtype and leaves the ticket
+at zero for the next call.
 
-The earlier form — a zeroed fp32 result per call, atomics, then a cast into the output — cost two more kernels
-per GEMM (a memset and the cast), a few µs each against a ~15 µs decode GEMV. The workspace and tickets are
-allocated once per (device, stream) and grown on demand: a kernel on another stream never shares them.
+Earlier forms: a zeroed fp32 result per call, atomics, then a cast into the output — two more kernels per GEMM
+(a memset and the cast), a few µs each against a ~15 µs decode GEMV; then fp32 atomics into one shared slot,
+which cost little for a decode tile but up to 4× the GEMM above M = 64 (H100, LiquidQuant 6144×4096 M = 256,
+64×256 tiles: 26 µs unsplit, 103 µs split 2; docs/logs/lqq_m256_h100.json), and whose sums depended on arrival
+order. The workspace and tickets are allocated once per (device, stream) and grown on demand: a kernel on
+another stream never shares them.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ _WORKSPACES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def split_workspace(device: torch.device, elements: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp32 workspace of >= ``elements`` zeros, int32 tickets of >= ``tiles`` zeros) for split-K launches on
-    the current stream of ``device``; kernels return both to zero when they finish."""
+    """(fp32 workspace of >= ``elements`` — every split's slot — and int32 tickets of >= ``tiles`` zeros) for
+    split-K launches on the current stream of ``device``; kernels return the tickets to zero when they finish."""
     device = torch.device(device)
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (device, stream)
@@ -33,17 +37,20 @@ def split_workspace(device: torch.device, elements: int, tiles: int) -> tuple[to
 
 
 @kernel
-def store_tile(out_ptr, out_ptrs, ws_ptrs, acc, mask, ticket_ptr, SPLIT_K: tl.constexpr):
-    """Write a finished [BN, BM] fp32 tile: directly, or through the split-K workspace (module docstring)."""
+def store_tile(out_ptr, out_ptrs, ws_ptrs, acc, mask, ticket_ptr, pid_k, slot, SPLIT_K: tl.constexpr):
+    """Write a finished [BN, BM] fp32 tile: directly, or through split-K slot ``pid_k`` of the workspace
+    (``ws_ptrs`` point into slot 0; slots are ``slot`` elements apart; module docstring)."""
     if SPLIT_K == 1:
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
     else:
-        tl.atomic_add(ws_ptrs, acc, mask=mask)
-        # acq_rel: every program's partial sums are visible to the program that draws the last ticket
+        tl.store(ws_ptrs + pid_k * slot, acc, mask=mask)
+        # acq_rel: every program's stored partial sums are visible to the program that draws the last ticket
         if tl.atomic_add(ticket_ptr, 1) == SPLIT_K - 1:
-            zero = tl.full(acc.shape, 0.0, tl.float32)
-            total = tl.atomic_add(ws_ptrs, zero, mask=mask)  # an atomic read of the finished sums
-            total = tl.where(mask, total, zero)  # masked lanes return undefined values; keep the cast finite
-            tl.store(ws_ptrs, zero, mask=mask)
+            # every slot read back, this program's own too (its stores precede its loads): acc is dead by now,
+            # so the sum reuses its registers instead of doubling them (64×256 tiles spilled)
+            total = tl.full(acc.shape, 0.0, tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                # .cg: from L2, not from a line this SM may hold from an earlier call
+                total += tl.load(ws_ptrs + s * slot, mask=mask, other=0.0, cache_modifier=".cg")
             tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
             tl.atomic_xchg(ticket_ptr, 0)

@@ -88,7 +88,7 @@ def _w4a16_kernel(x_ptr, w_ptr, p_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, K, str
     m_ok = rm < M
     mask = m_ok[None, :] & n_ok[:, None]
     store_tile(out_ptr, out_ptr + rm[None, :] * stride_om + rn[:, None], ws_ptr + rm[None, :] * N + rn[:, None],
-               acc, mask, ticket_ptr + pid_m * tl.num_programs(0) + pid_n, SPLIT_K)
+               acc, mask, ticket_ptr + pid_m * tl.num_programs(0) + pid_n, pid_k, M * N, SPLIT_K)
 
 
 @kernel
@@ -155,7 +155,7 @@ def w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: TileConfig 
     tiles_per_split, split = split_plan(n_tiles, cfg.split_k)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
     grid = (-(-n // cfg.bn), -(-m // cfg.bm), split)
-    ws, tickets = split_workspace(x.device, m * n, grid[0] * grid[1])
+    ws, tickets = split_workspace(x.device, m * n * split, grid[0] * grid[1])
     _w4a16_kernel[grid](x, qweight, qparams, out, ws, tickets, m, n, k, x.stride(0), out.stride(0),
                         qweight.shape[1], n_tiles, tiles_per_split, groups_in_halves(meta, n_tiles), qparams.shape[0],
                         BN=cfg.bn, BM=cfg.bm, SPLIT_K=split, BF16=bf16, EVEN_K=k % 256 == 0,

@@ -79,23 +79,27 @@ def test_a8_gemv_cuda_refuses_bad_groups_and_shapes():
 
 
 def test_decode_dispatch_rules():
-    """The measured launch rules keep their shape: the A8 GEMV never past M = 16, single-partition layers with
-    long rows leave M = 9-16 to Triton while mixed ones do not; the W4A16 GEMV takes M <= 8 everywhere and
-    M = 9-16 only on layers up to 8192 × 8192, with 16-token launch columns there."""
+    """The measured launch rules keep their shape: the A8 GEMV never past M = 16 and above M = 8 only for 8-bit
+    weights on layers up to 8192 rows; at M = 5-8 mixed layers up to N = 16384, 4-bit ones up to 8192, and
+    LiquidQuant only with short rows; the W4A16 GEMV takes M <= 8 everywhere and nothing above."""
     from quantkit.runtime.kernels.cuda_gemv import cuda_gemv_preferred, default_variant
     from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_preferred, a8_token_sets
 
-    assert a8_gemv_preferred(1, 28672, 4096) and not a8_gemv_preferred(17, 4096, 4096)
-    assert not a8_gemv_preferred(8, 28672, 4096) and a8_gemv_preferred(8, 14336, 4096)
-    assert not a8_gemv_preferred(16, 4096, 14336) and a8_gemv_preferred(16, 4096, 14336, mixed=True)
-    assert a8_gemv_preferred(8, 4096, 14336, layouts=("w4a8-lqq",))
+    assert a8_gemv_preferred(1, 28672, 4096) and not a8_gemv_preferred(17, 4096, 4096, layouts=("w8",))
+    assert a8_gemv_preferred(8, 28672, 4096, layouts=("w8",)) and not a8_gemv_preferred(16, 14336, 4096, layouts=("w8",))
+    assert a8_gemv_preferred(16, 6144, 4096, layouts=("w8",))
+    assert not a8_gemv_preferred(8, 14336, 4096, layouts=("w4a16",)) and a8_gemv_preferred(8, 4096, 14336, layouts=("w4a16",))
+    assert a8_gemv_preferred(8, 14336, 4096, mixed=True, layouts=("w4a16", "w8"))
+    assert not a8_gemv_preferred(8, 28672, 4096, mixed=True, layouts=("w4a16", "w8"))
+    assert not a8_gemv_preferred(12, 4096, 4096, mixed=True, layouts=("w4a16", "w8"))
+    assert a8_gemv_preferred(8, 6144, 4096, layouts=("w4a8-lqq",))
+    assert not a8_gemv_preferred(8, 4096, 14336, layouts=("w4a8-lqq",))
+    assert a8_gemv_preferred(4, 4096, 14336, layouts=("w4a8-lqq",))
     assert not a8_gemv_preferred(1, 14336, 4096, layouts=("w4a8-lqq",))
-    assert not a8_gemv_preferred(16, 4096, 14336, layouts=("w4a8-lqq",))
     assert not a8_gemv_preferred(16, 6144, 4096, layouts=("w4a8-lqq",))  # Triton's one product per tile wins
-    assert a8_gemv_preferred(16, 6144, 4096, mixed=True, layouts=("w4a8-lqq", "w8"))
     assert a8_token_sets(6144, 16) == 2 and a8_token_sets(4096, 16) == 1 and a8_token_sets(14336, 8) == 1
     assert cuda_gemv_preferred(8, 28672, 4096) and not cuda_gemv_preferred(16, 14336, 4096)
-    assert cuda_gemv_preferred(16, 6144, 4096) and not cuda_gemv_preferred(0, 4096, 4096)
+    assert not cuda_gemv_preferred(9, 4096, 4096) and not cuda_gemv_preferred(0, 4096, 4096)
     assert default_variant(6144, 4096, 16).token_sets == 2 and default_variant(6144, 4096, 8).token_sets == 1
 
 
@@ -143,7 +147,7 @@ def test_mixed_a8_gemv_scatters_both_partitions_on_gpu(m, n, k, act_group, order
     4-bit, output columns scattered through each partition's row map into an output whose rows are wider than
     the layer; 8- or 16-token launch columns, fp16 or bf16, the 8-bit rows with their own group size; the Triton
     one-launch kernel agrees."""
-    from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda
+    from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda, a8_gemv_preferred
     from quantkit.runtime.kernels.int8_gemm import mixed_int8_matmul
 
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(n))
@@ -165,5 +169,8 @@ def test_mixed_a8_gemv_scatters_both_partitions_on_gpu(m, n, k, act_group, order
     assert rel_err(out, ref) < tol and torch.isnan(wide[:, n:]).all()  # the padding columns stay untouched
     triton = mixed_int8_matmul(codes, scales, act_group, parts, n, out_dtype, bn_b=16)  # bn_b: the Triton kernel
     assert rel_err(out, triton) < tol
-    assert torch.equal(mixed_int8_matmul(codes, scales, act_group, parts, n, out_dtype),
-                       a8_gemv_cuda(codes, scales, act_group, parts, n, out_dtype))
+    default = mixed_int8_matmul(codes, scales, act_group, parts, n, out_dtype)
+    if a8_gemv_preferred(m, n, k, mixed=True, layouts=tuple(p[0] for p in parts)):  # the default path is the GEMV
+        assert torch.equal(default, a8_gemv_cuda(codes, scales, act_group, parts, n, out_dtype))
+    else:
+        assert rel_err(default, ref) < tol

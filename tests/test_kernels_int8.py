@@ -148,10 +148,12 @@ def test_default_config_grows_tiles_with_m():
         assert big.bn * big.bm >= 64 * 128 and big.split_k == 1
 
 
-def test_small_m_splits_only_long_rows_above_8_tokens():
-    # M = 9-16 on a narrow layer: 16-tile rows unsplit, 56-tile rows split 4; M <= 8 still splits short rows
-    assert gemm_config(16, 6144, 4096, "lqq").split_k == 1 and gemm_config(16, 4096, 14336, "lqq").split_k == 4
-    assert gemm_config(8, 4096, 4096, "lqq").split_k > 1
+def test_small_m_splits_narrow_layers_until_about_one_program_per_sm():
+    # 64 row tiles of 4096x4096 split 4 (256 programs), 96 of 6144 split 2; wide layers and short splits stay whole
+    for m in (8, 16):
+        assert gemm_config(m, 4096, 4096, "lqq").split_k == 4 and gemm_config(m, 6144, 4096, "lqq").split_k == 2
+        assert gemm_config(m, 4096, 14336, "lqq").split_k == 4 and gemm_config(m, 14336, 4096, "lqq").split_k == 1
+    assert gemm_config(16, 4096, 1024, "w4a16").split_k == 1  # 4 tiles of 256 columns: no split shorter than 4
 
 
 def test_wave_config_avoids_a_mostly_empty_last_wave():

@@ -58,9 +58,10 @@ WAVE_TILES: dict[str, list[tuple[int, list[tuple[TileConfig, int]]]]] = {
 
 KINDS = ("w4a16", "lqq", "asym", "w8", "mixed")
 # kind → [(largest M of the class, config)] at M <= 16 (all kinds) and above (w8, mixed), measured at
-# N = 14336, K = 4096 (docs/BENCHMARKS.md)
+# N = 14336, K = 4096 (docs/BENCHMARKS.md); W4A16 at M = 2-16 on 128-row tiles since the split-K slots
+# (14336×4096 M = 8: 16.7 µs vs 21.2 on 64-row tiles, 28672×4096: 29.5 vs 43.7; docs/logs/tile_m16_slots_h100.json)
 TABLE: dict[str, list[tuple[int, TileConfig]]] = {
-    "w4a16": [(1, TileConfig(128, 16, 2, 4, 4)), (16, TileConfig(64, 16, 1, 4, 4))],
+    "w4a16": [(1, TileConfig(128, 16, 2, 4, 4)), (16, TileConfig(128, 16, 1, 4, 4))],
     "lqq": [(16, TileConfig(128, 16, 1, 4, 4))],
     "asym": [(16, TileConfig(128, 16, 1, 4, 4))],
     "w8": [(1, TileConfig(128, 16, 1, 4, 4)), (16, TileConfig(64, 16, 1, 4, 4)), (64, TileConfig(64, 64, 1, 4, 3)),
@@ -70,13 +71,11 @@ TABLE: dict[str, list[tuple[int, TileConfig]]] = {
 }
 
 
-# Shortest K split (in 256-column tiles) of the small-M rule: 4 tiles; 12 for LiquidQuant and W4A16 at M = 9-16,
-# whose one-product-per-tile kernels ran unsplit rows of 16 tiles faster than split ones (H100, 64×16 tiles,
-# docs/logs/tune_m16_triton_h100.json: LiquidQuant 6144×4096 M=16 10.3 µs unsplit vs 14 split 2, 4096×4096
-# 9.6 vs 11 split 4; W4A16 6144×4096 12.5 vs 16), while 56-tile rows still split 4 (4096×14336: 19.3 vs 26).
-# (The 8-bit and mixed kernels were not measured that way; they keep 4.)
+# Shortest K split (in 256-column tiles) of the small-M rule. (Until split-K sums went to per-split slots instead
+# of fp32 atomics, LiquidQuant and W4A16 at M = 9-16 ran unsplit 16-tile rows faster and had a 12-tile minimum;
+# with the slots 4096×4096 M = 16 runs split 4 in 8.7 µs vs 9.6 unsplit (LiquidQuant), 9.6 vs 12.0 (W4A16);
+# docs/logs/tile_m16_slots_h100.json.)
 MIN_SPLIT_TILES = 4
-MIN_SPLIT_TILES_M16 = {"lqq": 12, "w4a16": 12}
 
 
 def _split_for(programs: int, tiles: int, sms: int, min_tiles: int = MIN_SPLIT_TILES) -> int:
@@ -129,8 +128,7 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
     cfg = next(c for top, c in TABLE[kind] if m <= top)
     if m <= 16 and -(-n // cfg.bn) * -(-m // cfg.bm) < sms // 2:
         programs = -(-n // 64) * -(-m // cfg.bm)
-        min_tiles = MIN_SPLIT_TILES_M16.get(kind, MIN_SPLIT_TILES) if m > 8 else MIN_SPLIT_TILES
-        cfg = TileConfig(64, cfg.bm, max(cfg.split_k, _split_for(programs, -(-k // 256), sms, min_tiles)), 4, 4)
+        cfg = TileConfig(64, cfg.bm, max(cfg.split_k, _split_for(programs, -(-k // 256), sms)), 4, 4)
     return cfg
 
 

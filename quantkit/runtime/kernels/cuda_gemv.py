@@ -53,7 +53,7 @@ from quantkit.runtime.kernels.cuda_common import (PRELUDE, compile_problem, comp
 from quantkit.runtime.kernels.launch import groups_in_halves
 
 TOKENS_PER_COLUMN = 8  # the mma's N side: tokens of one launch column
-CUDA_GEMV_MAX_M = 16  # the most tokens w4a16_matmul's default path sends here (cuda_gemv_preferred)
+CUDA_GEMV_MAX_M = 8  # the most tokens w4a16_matmul's default path sends here (cuda_gemv_preferred); the kernel takes 16
 
 SOURCE = PRELUDE + r"""
 // c[0..3] += A (a0..a3) · B (b0, b1), fp32 accumulators, operands of element type TY ("f16" or "bf16")
@@ -316,17 +316,18 @@ def cuda_gemv_warps(n: int, k: int) -> int:
 
 
 def cuda_gemv_preferred(m: int, n: int, k: int) -> bool:
-    """Whether the CUDA GEMV beats the Triton W4A16 kernel for M tokens on an [N, K] weight (H100): M <= 8
-    always (docs/logs/gemv_sweep_h100.json and later sweeps), M = 9-16 up to N = 8192 and K = 8192 (4096×4096
-    M = 16: 10.4 vs 13.4 µs; 14336×4096: Triton 22.2 vs 28.5; docs/logs/gemv_sweep_m16_h100.json)."""
-    return 1 <= m <= 8 or (8 < m <= CUDA_GEMV_MAX_M and n <= 8192 and k <= 8192)
+    """Whether the CUDA GEMV beats the Triton W4A16 kernel for M tokens on an [N, K] weight (H100): M <= 8 on
+    every Llama-3.1-8B shape but 4096×14336 at M = 8 (Triton 18.2 µs vs 20.4, a tie left to the GEMV), Triton
+    above (4096×4096 M = 16: 9.6 vs 10.7 µs; 14336×4096: 19.4 vs 28.6; docs/logs/gemv_sweep_slots_h100.json and
+    tile_m16_slots_h100.json — before the split-K slots the GEMV also won M = 9-16 up to 8192 × 8192)."""
+    return 1 <= m <= CUDA_GEMV_MAX_M
 
 
 def default_variant(n: int, k: int, m: int = 1) -> GemvVariant:
     """The GEMV variant :func:`w4a16_gemv_cuda` runs for M tokens on an [N, K] weight when none is named: M <= 8:
     warps by :func:`cuda_gemv_warps`, 128-byte L2 prefetch (2-4 % faster than none, as fast as 256 on an H100:
     docs/logs/gemv_sweep_pf_h100.json); above: 4 warps, two 8-token sets per launch column (the fastest or within
-    4 % of it at M = 12 and 16 where :func:`cuda_gemv_preferred` sends them, docs/logs/gemv_sweep_m16_h100.json)."""
+    4 % of it at M = 12 and 16 on layers up to 8192 × 8192, docs/logs/gemv_sweep_m16_h100.json)."""
     if m > TOKENS_PER_COLUMN:
         return GemvVariant(4, 128, 2)
     return GemvVariant(cuda_gemv_warps(n, k), 128)

@@ -359,24 +359,26 @@ def a8_token_sets(n: int, m: int) -> int:
 
 
 def a8_gemv_preferred(m: int, n: int, k: int, mixed: bool = False, layouts: tuple = ()) -> bool:
-    """Whether the CUDA A8 GEMV beats the Triton int8 kernels for M tokens on an [N, K] layer: at M <= 4
-    always, at M = 5-8 up to N = 16384 (28672×4096 at M = 8: W4A8 Triton 29.5 µs vs 35.2), at M = 9-16 up to
-    N = 8192 — for a single partition only up to K = 8192 (4096×14336 at M = 16: W4A8 Triton 24.4 µs vs 29.1,
-    mixed W4.4A8 34.4 vs 29.5). Measured on an H100 (docs/logs/a8_gemv_sweep_h100.json, *_m16_h100.json).
-    ``layouts``: the layer's partition layouts — with a LiquidQuant (``w4a8-lqq``) partition only up to N = 8192
-    (the Triton LiquidQuant kernel is as fast on wide layers: 14336×4096 M = 1 16.4 vs 16.1 µs; 4096×4096 M = 1:
-    10.1 vs 6.9; docs/logs/a8_gemv_sweep_lqq_h100.json), and at M = 9-16 only in a mixed layer up to K = 8192:
-    since its one product per tile, the Triton kernel runs a single LiquidQuant weight faster there (6144×4096
-    M = 16: 10.3 µs vs 13.4 on the GEMV, 4096×4096: 9.6 vs 10.3; docs/logs/tune_m16_triton_h100.json)."""
+    """Whether the CUDA A8 GEMV beats the Triton int8 kernels for M tokens on an [N, K] layer of partition
+    ``layouts`` (``mixed``: two partitions), measured on an H100 (docs/bench/a8_gemv_sweep.py): at M <= 4
+    always, except LiquidQuant on layers wider than 8192 (the Triton kernel is as fast there: 14336×4096 M = 1
+    16.4 vs 16.1 µs, docs/logs/a8_gemv_sweep_lqq_h100.json); at M = 5-8 for 8-bit weights everywhere (28672×4096
+    M = 8: 44.1 vs 50.2 µs), mixed layers up to N = 16384 (14336×4096: 19.4 vs 22.6), 4-bit ones up to N = 8192
+    (14336×4096 W4A8: Triton 18.6 vs 18.8) and LiquidQuant only up to K = 8192 too (4096×14336: Triton 16.8 vs
+    18.4); at M = 9-16 only for 8-bit weights up to N = 8192 (6144×4096 M = 16: 13.4 vs 18.0 µs) — the 4-bit and
+    mixed layers run Triton there (4096×14336 mixed M = 16: 22.2 vs 28.9 µs). Those crossovers are from
+    docs/logs/a8_gemv_sweep_slots_h100.json, after split-K sums went to per-split slots, which made the split
+    Triton kernels at decode sizes up to ~30 % faster and moved every crossover toward Triton."""
     if not 1 <= m <= A8_GEMV_MAX_M:
         return False
+    eight_only = bool(layouts) and all(layout == "w8" for layout in layouts)
+    if m > 8:
+        return eight_only and n <= 8192
     if "w4a8-lqq" in layouts:
-        return n <= 8192 and (m <= 8 or (mixed and k <= 8192))
-    if m <= 4:
+        return n <= 8192 and (m <= 4 or k <= 8192)
+    if m <= 4 or eight_only:
         return True
-    if m <= 8:
-        return n <= 16384
-    return n <= 8192 and (mixed or k <= 8192)
+    return n <= (16384 if mixed else 8192)
 
 
 def _part_args(layout: str, tensors: dict, meta: dict, rows: torch.Tensor | None, n_tiles: int) -> list:

@@ -43,16 +43,34 @@ class TileConfig:
 # a program Triton 3.6 waits for each int8 product before the next tile), e.g. 6144×4096 M=4096: 128×128 2 stages
 # 218 µs, 128×256 8 warps 250 µs; M=1024: 64×128 (768 programs, 97 % wave fill) 61 µs, 128×128 (384, 73 %) 71 µs;
 # 4096×4096 M=64: 64×32 tiles (128 programs) 10.7 µs, 64×64 (64 programs) 12.1 µs.
+# Entries with split_k > 1 count split_k programs per tile and apply only to rows long enough that each split
+# keeps >= WAVE_SPLIT_MIN_TILES tiles of 256 columns (K >= 7168 at split 2, 14336 at 4): on a long-row layer
+# splitting K fills the waves where shrinking the tile did (4096×14336, docs/logs/{lqq,w4a16}_mid_split_h100.json,
+# measured after split-K sums went to per-split slots: LiquidQuant M=64 64×64 split 4 21.6 µs vs 29.5 for 64×32,
+# M=256 64×128 split 2 40.0 vs 49.7 for 64×64; W4A16 M=64 64×64 split 2 29.1 vs 48.1, M=256 128×128 split 2
+# 69.4 vs 92.8). On 16-tile rows (K = 4096) splits were mixed (4096×4096 W4A16 M=64 12.9 vs 15.8 µs, but 6144×4096
+# W4A16 M=64 22 vs 16.3) and are left out. LiquidQuant at M = 257-512 tries 64×128 tiles first and takes them
+# from a wave fill of 0.7 (WAVE_FILL_OF_CLASS): 6144×4096 M=512 33.9 µs vs 49.5 for the 64×64 tiles whose waves
+# are fuller (and 40 for 128×128); 14336×4096 pays 88 vs 80 (docs/logs/lqq_mid_split_h100.json).
 # Entries: (largest M of the class, [(config, programs resident per SM — shared memory and registers)]).
 MIN_PROGRAMS = 90
 MIN_WAVE_FILL = 0.8
+WAVE_SPLIT_MIN_TILES = 14
+WAVE_FILL_OF_CLASS = {("lqq", 512): 0.7}  # (kind, largest M of the class) → its MIN_WAVE_FILL
 _T64 = TileConfig(64, 64, 1, 4, 4)
 WAVE_TILES: dict[str, list[tuple[int, list[tuple[TileConfig, int]]]]] = {
-    "lqq": [(64, [(_T64, 2), (TileConfig(64, 32, 1, 4, 4), 3)]),
-            (1 << 30, [(TileConfig(128, 128, 1, 4, 2), 2), (TileConfig(64, 128, 1, 4, 2), 2), (_T64, 2)])],
+    "lqq": [(64, [(_T64, 2), (TileConfig(64, 64, 2, 4, 4), 2), (TileConfig(64, 64, 4, 4, 4), 2),
+                  (TileConfig(64, 32, 1, 4, 4), 3)]),
+            (256, [(TileConfig(128, 128, 1, 4, 2), 2), (TileConfig(64, 128, 1, 4, 2), 2),
+                   (TileConfig(64, 128, 2, 4, 3), 1), (TileConfig(64, 128, 4, 4, 3), 1), (_T64, 2)]),
+            (512, [(TileConfig(64, 128, 2, 4, 3), 1), (TileConfig(64, 128, 4, 4, 3), 1),
+                   (TileConfig(64, 128, 1, 4, 2), 2), (TileConfig(128, 128, 1, 4, 2), 2), (_T64, 2)]),
+            (1 << 30, [(TileConfig(128, 128, 1, 4, 2), 2), (TileConfig(64, 128, 1, 4, 2), 2),
+                       (TileConfig(64, 128, 2, 4, 3), 1), (TileConfig(64, 128, 4, 4, 3), 1), (_T64, 2)])],
     "asym": [(64, [(_T64, 2)]), (1 << 30, [(TileConfig(256, 64, 1, 8, 4), 1), (_T64, 2)])],
-    "w4a16": [(64, [(TileConfig(128, 64, 1, 4, 4), 1), (_T64, 2)]),
-              (256, [(TileConfig(128, 128, 1, 8, 3), 1), (TileConfig(128, 64, 1, 4, 4), 1), (_T64, 2)]),
+    "w4a16": [(64, [(TileConfig(128, 64, 1, 4, 4), 1), (_T64, 2), (TileConfig(64, 64, 2, 4, 4), 2)]),
+              (256, [(TileConfig(128, 128, 1, 8, 3), 1), (TileConfig(128, 128, 2, 8, 3), 1),
+                     (TileConfig(128, 64, 1, 4, 4), 1), (TileConfig(64, 128, 2, 4, 3), 1), (_T64, 2)]),
               (1 << 30, [(TileConfig(128, 128, 1, 8, 3), 1)])],
 }
 
@@ -95,22 +113,30 @@ def wave_fill(programs: int, per_sm: int, sms: int = SMS_H100) -> float:
 
 def wave_config(m: int, n: int, k: int, kind: str, sms: int = SMS_H100) -> TileConfig:
     """Tile of a 4-bit kernel above M = 16 from WAVE_TILES (comment above it), among those with no more token
-    columns than max(64, M): the first of M's class with >= MIN_PROGRAMS programs and a wave fill >=
-    MIN_WAVE_FILL, else the fullest-wave one with >= MIN_PROGRAMS programs, else the last; LiquidQuant's last
-    resort splits K (doubling) while short of MIN_PROGRAMS programs and each split keeps >= 16 tiles of 256
-    columns."""
-    tiles = next(t for top, t in WAVE_TILES[kind] if m <= top)
-    # no tile with more token columns than M needs (M = 65-127 would leave half of a 128-token tile empty)
-    tiles = [(cfg, per_sm) for cfg, per_sm in tiles if cfg.bm <= max(64, m)] or tiles[-1:]
-    programs = [-(-n // cfg.bn) * -(-m // cfg.bm) for cfg, _ in tiles]
+    columns than max(64, M), no half-empty last token tile and no K split shorter than WAVE_SPLIT_MIN_TILES
+    tiles: the first of M's class with
+    >= MIN_PROGRAMS programs and a wave fill >= MIN_WAVE_FILL (or the class's own, WAVE_FILL_OF_CLASS), else the
+    fullest-wave one with >= MIN_PROGRAMS programs, else the last; LiquidQuant's last resort splits K (doubling)
+    while short of MIN_PROGRAMS programs and each split keeps >= 16 tiles of 256 columns."""
+    n_tiles = -(-k // 256)
+    top, tiles = next((top, t) for top, t in WAVE_TILES[kind] if m <= top)
+    min_fill = WAVE_FILL_OF_CLASS.get((kind, top), MIN_WAVE_FILL)
+    # no tile with more token columns than M needs (M = 65-127 would leave half of a 128-token tile empty) or
+    # whose last token tile would be half empty or emptier (M = 192, 320, 448 on 128-token tiles: LiquidQuant
+    # 6144×4096 M=192 57 µs on 64×128 tiles vs 27 on 64×64, docs/logs/lqq_narrow_mid_h100.json), no split of
+    # rows too short for it
+    tiles = [(cfg, per_sm) for cfg, per_sm in tiles if cfg.bm <= max(64, m)
+             and not (cfg.bm > 64 and m > cfg.bm and (-m) % cfg.bm >= cfg.bm // 2)
+             and (cfg.split_k == 1 or n_tiles // cfg.split_k >= WAVE_SPLIT_MIN_TILES)] or tiles[-1:]
+    programs = [-(-n // cfg.bn) * -(-m // cfg.bm) * cfg.split_k for cfg, _ in tiles]
     enough = [(cfg, wave_fill(p, per_sm, sms)) for (cfg, per_sm), p in zip(tiles, programs) if p >= MIN_PROGRAMS]
     for cfg, fill in enough:
-        if fill >= MIN_WAVE_FILL:
+        if fill >= min_fill:
             return cfg
     if enough:
         return max(enough, key=lambda e: e[1])[0]  # first of the fullest on ties
-    cfg, p = tiles[-1][0], programs[-1]
-    split, n_tiles = 1, -(-k // 256)
+    cfg, p = tiles[-1][0], programs[-1]  # (the last entry of every LiquidQuant class is unsplit)
+    split = 1
     while kind == "lqq" and p * split < MIN_PROGRAMS and n_tiles // (2 * split) >= 16:
         split *= 2
     return TileConfig(cfg.bn, cfg.bm, split, cfg.num_warps, cfg.num_stages)

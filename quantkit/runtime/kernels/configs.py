@@ -116,8 +116,10 @@ def wave_config(m: int, n: int, k: int, kind: str, sms: int = SMS_H100) -> TileC
     columns than max(64, M), no half-empty last token tile and no K split shorter than WAVE_SPLIT_MIN_TILES
     tiles: the first of M's class with
     >= MIN_PROGRAMS programs and a wave fill >= MIN_WAVE_FILL (or the class's own, WAVE_FILL_OF_CLASS), else the
-    fullest-wave one with >= MIN_PROGRAMS programs, else the last; LiquidQuant's last resort splits K (doubling)
-    while short of MIN_PROGRAMS programs and each split keeps >= 16 tiles of 256 columns."""
+    fullest-wave one with >= MIN_PROGRAMS programs, else the last, whose K LiquidQuant and W4A16 split (doubling)
+    while short of MIN_PROGRAMS programs and each split keeps >= MIN_SPLIT_TILES tiles of 256 columns: the
+    narrow k/v projections (1024×4096 M = 32-128: 64×32 or 64×64 tiles split 4, 6.7-10 µs vs 10-15 unsplit;
+    docs/logs/narrow_kv_split_h100.json; 16 tiles per split until split-K sums went to per-split slots)."""
     n_tiles = -(-k // 256)
     top, tiles = next((top, t) for top, t in WAVE_TILES[kind] if m <= top)
     min_fill = WAVE_FILL_OF_CLASS.get((kind, top), MIN_WAVE_FILL)
@@ -135,9 +137,9 @@ def wave_config(m: int, n: int, k: int, kind: str, sms: int = SMS_H100) -> TileC
             return cfg
     if enough:
         return max(enough, key=lambda e: e[1])[0]  # first of the fullest on ties
-    cfg, p = tiles[-1][0], programs[-1]  # (the last entry of every LiquidQuant class is unsplit)
+    cfg, p = tiles[-1][0], programs[-1]  # (the last entry of every class is unsplit)
     split = 1
-    while kind == "lqq" and p * split < MIN_PROGRAMS and n_tiles // (2 * split) >= 16:
+    while kind in ("lqq", "w4a16") and p * split < MIN_PROGRAMS and n_tiles // (2 * split) >= MIN_SPLIT_TILES:
         split *= 2
     return TileConfig(cfg.bn, cfg.bm, split, cfg.num_warps, cfg.num_stages)
 

@@ -87,6 +87,22 @@ def test_mixed_one_launch_scatters_both_partitions(m, act_group, split):
         mixed_int8_matmul(codes, scales, act_group, parts, n, launches=2)
 
 
+def test_split_k_workspace_rows_do_not_follow_the_output_stride():
+    """A [1, N] output may report row stride 1 (torch calls it contiguous): split-K slots keep rows N apart in a
+    workspace sized for them, allocated afresh here so a short one cannot hide behind an earlier, larger one."""
+    from quantkit.runtime.kernels import splitk
+
+    n, k = 33, 1024
+    _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=11)
+    _, codes, scales = _acts(1, k, -1, seed=3)
+    out = torch.full((n, 1), float("nan"), dtype=torch.float16, device=DEVICE).t()
+    assert out.stride(0) == 1
+    splitk._WORKSPACES.clear()
+    int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, config=TileConfig(16, 16, 4), out=out)
+    assert rel_err(out, int8_reference(codes, scales, -1, "w4a8-lqq", tensors, meta)) < TOL
+    assert splitk._WORKSPACES[next(iter(splitk._WORKSPACES))][0].numel() >= 4 * n
+
+
 def test_mixed_split_k_partitions_keep_their_own_workspace_rows():
     """Split-K over a mixed layer into an output wider than the layer: partition B's partial sums sit after
     partition A's in the workspace; with several tiles in flight (a GPU) an overlap would mix tiles' sums.

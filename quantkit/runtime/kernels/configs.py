@@ -137,8 +137,8 @@ def wave_config(m: int, n: int, k: int, kind: str, sms: int = SMS_H100) -> TileC
             return cfg
     if enough:
         return max(enough, key=lambda e: e[1])[0]  # first of the fullest on ties
-    cfg, p = tiles[-1][0], programs[-1]  # (the last entry of every class is unsplit)
-    split = 1
+    cfg, p = tiles[-1][0], programs[-1] // tiles[-1][0].split_k  # p: programs of one split
+    split = cfg.split_k
     while kind in ("lqq", "w4a16") and p * split < MIN_PROGRAMS and n_tiles // (2 * split) >= MIN_SPLIT_TILES:
         split *= 2
     return TileConfig(cfg.bn, cfg.bm, split, cfg.num_warps, cfg.num_stages)

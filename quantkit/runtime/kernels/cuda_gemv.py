@@ -23,7 +23,8 @@ This kernel is warp-level, in the manner of TurboMind's GEMV path (TurboMind Sec
   tensor-core kernels do).
 
 Measured on an H100 (docs/BENCHMARKS.md, ``docs/bench/gemv_sweep.py``): 14.9 µs at M = 1 on 14336 × 4096
-(2.96× cuBLAS fp16, Triton 20.2 µs); 1.3–2.9× the Triton kernel on the five Llama-3.1-8B shapes at M <= 8.
+(2.96× cuBLAS fp16, Triton 20.2 µs); at M = 2-8 1.0–1.5× the Triton kernel's 128-row tiles on the five
+Llama-3.1-8B shapes (docs/logs/gemv_sweep_m8_tiles_h100.json).
 Nsight Compute showed the schedulers issuing on ~47 % of cycles with ~400 instructions per tile, so the loop was
 cut to ~270 (a signed division for the group index, a two-instruction mask, a tile copy and a token predicate
 removed: 17.8 → 14.9 µs); a pure read of the same bytes takes 11.8 µs. Variants measured and dropped:
@@ -316,9 +317,10 @@ def cuda_gemv_warps(n: int, k: int) -> int:
 
 
 def cuda_gemv_preferred(m: int, n: int, k: int) -> bool:
-    """Whether the CUDA GEMV beats the Triton W4A16 kernel for M tokens on an [N, K] weight (H100): M <= 8 on
-    every Llama-3.1-8B shape but 4096×14336 at M = 8 (Triton 18.2 µs vs 20.4, a tie left to the GEMV), Triton
-    above (4096×4096 M = 16: 9.6 vs 10.7 µs; 14336×4096: 19.4 vs 28.6; docs/logs/gemv_sweep_slots_h100.json and
+    """Whether the CUDA GEMV beats the Triton W4A16 kernel for M tokens on an [N, K] weight (H100): M <= 8 — it
+    wins or ties on every Llama-3.1-8B shape there (M = 8: 6144×4096 10.6 vs 12.7 µs, 14336×4096 16.6 vs 17.2;
+    28672×4096 and 4096×14336 within 2 %; docs/logs/gemv_sweep_m8_tiles_h100.json) — and Triton above
+    (4096×4096 M = 16: 9.6 vs 10.7 µs; 14336×4096: 19.4 vs 28.6; gemv_sweep_slots_h100.json and
     tile_m16_slots_h100.json — before the split-K slots the GEMV also won M = 9-16 up to 8192 × 8192)."""
     return 1 <= m <= CUDA_GEMV_MAX_M
 

@@ -96,7 +96,7 @@ def _half_epilogue(acc, part, sa_ptr, rm_in, stride_sm, act_hpg, act_groups, hal
 @kernel
 def _int8_tile(a_ptr, sa_ptr, w_ptr, p_ptr, cs_ptr, cols_ptr, out_ptr, ws_ptr, ticket_ptr, pid_n, pid_m, pid_k,
                M, N, K, stride_am, stride_sm, act_hpg, act_groups, w_row, n_tiles, tiles_per_split, hpg, groups,
-               stride_om, MODE: tl.constexpr, HALF_EPI: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+               stride_om, stride_wm, MODE: tl.constexpr, HALF_EPI: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
                SPLIT_K: tl.constexpr, SCATTER: tl.constexpr, EVEN_K: tl.constexpr,
                USE_ASM: tl.constexpr):
     """One [BN, BM] output tile (module docstring). p: the layout's per-group words — float32 scales (w8),
@@ -165,25 +165,25 @@ def _int8_tile(a_ptr, sa_ptr, w_ptr, p_ptr, cs_ptr, cols_ptr, out_ptr, ws_ptr, t
     m_ok = rm < M
     mask = m_ok[None, :] & n_ok[:, None]
     store_tile(out_ptr, out_ptr + rm[None, :] * stride_om + cols[:, None],
-               ws_ptr + rm[None, :] * stride_om + rn[:, None], acc, mask,
-               ticket_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), pid_k, M * stride_om, SPLIT_K)
+               ws_ptr + rm[None, :] * stride_wm + rn[:, None], acc, mask,
+               ticket_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), pid_k, M * stride_wm, SPLIT_K)
 
 
 @kernel
 def _int8_kernel(a_ptr, sa_ptr, w_ptr, p_ptr, cs_ptr, cols_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, K, stride_am,
                  stride_sm,
-                 act_hpg, act_groups, w_row, n_tiles, tiles_per_split, hpg, groups, stride_om,
+                 act_hpg, act_groups, w_row, n_tiles, tiles_per_split, hpg, groups, stride_om, stride_wm,
                  MODE: tl.constexpr, HALF_EPI: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
                  SPLIT_K: tl.constexpr, SCATTER: tl.constexpr, EVEN_K: tl.constexpr, USE_ASM: tl.constexpr):
     _int8_tile(a_ptr, sa_ptr, w_ptr, p_ptr, cs_ptr, cols_ptr, out_ptr, ws_ptr, ticket_ptr, tl.program_id(0),
                tl.program_id(1),
                tl.program_id(2), M, N, K, stride_am, stride_sm, act_hpg, act_groups, w_row, n_tiles, tiles_per_split,
-               hpg, groups, stride_om, MODE, HALF_EPI, BN, BM, SPLIT_K, SCATTER, EVEN_K, USE_ASM)
+               hpg, groups, stride_om, stride_wm, MODE, HALF_EPI, BN, BM, SPLIT_K, SCATTER, EVEN_K, USE_ASM)
 
 
 @kernel
 def _int8_mixed_kernel(a_ptr, sa_ptr, M, K, stride_am, stride_sm, act_hpg, act_groups, n_tiles, tiles_per_split,
-                       stride_om, out_ptr, ws_ptr, ticket_ptr, tiles_a,
+                       stride_om, stride_wm, out_ptr, ws_ptr, ticket_ptr, tiles_a,
                        w_a, p_a, cs_a, cols_a, N_a, w_row_a, hpg_a, groups_a,
                        w_b, p_b, cs_b, cols_b, N_b, w_row_b, hpg_b, groups_b,
                        MODE_A: tl.constexpr, HALF_EPI_A: tl.constexpr, MODE_B: tl.constexpr,
@@ -194,14 +194,15 @@ def _int8_mixed_kernel(a_ptr, sa_ptr, M, K, stride_am, stride_sm, act_hpg, act_g
     if pid_n < tiles_a:
         _int8_tile(a_ptr, sa_ptr, w_a, p_a, cs_a, cols_a, out_ptr, ws_ptr, ticket_ptr, pid_n, tl.program_id(1), tl.program_id(2),
                    M, N_a, K, stride_am, stride_sm, act_hpg, act_groups, w_row_a, n_tiles, tiles_per_split, hpg_a,
-                   groups_a, stride_om, MODE_A, HALF_EPI_A, BN, BM, SPLIT_K, True, EVEN_K, USE_ASM)
+                   groups_a, stride_om, stride_wm, MODE_A, HALF_EPI_A, BN, BM, SPLIT_K, True, EVEN_K, USE_ASM)
     else:
         # split-K partial sums of partition B sit after A's in the workspace, each program's rows contiguous
         # there (as in a single-partition launch); only the last program of a tile scatters it to its columns
         _int8_tile(a_ptr, sa_ptr, w_b, p_b, cs_b, cols_b, out_ptr, ws_ptr + N_a, ticket_ptr, pid_n - tiles_a,
                    tl.program_id(1),
                    tl.program_id(2), M, N_b, K, stride_am, stride_sm, act_hpg, act_groups, w_row_b, n_tiles,
-                   tiles_per_split, hpg_b, groups_b, stride_om, MODE_B, HALF_EPI_B, BN_B, BM, SPLIT_K, True, EVEN_K,
+                   tiles_per_split, hpg_b, groups_b, stride_om, stride_wm, MODE_B, HALF_EPI_B, BN_B, BM, SPLIT_K, True,
+                   EVEN_K,
                    USE_ASM)
 
 
@@ -252,11 +253,13 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
     tiles_per_split, split = split_plan(n_tiles, cfg.split_k)
     out = torch.empty(m, wa["n"], dtype=out_dtype, device=a_codes.device) if out is None else out
     grid = (-(-wa["n"] // cfg.bn), -(-m // cfg.bm), split)
-    ws, tickets = split_workspace(a_codes.device, m * out.stride(0) * split, grid[0] * grid[1])
+    # split-K slots hold [M, N] partial sums with rows N apart, whatever out's row stride (a [1, N] out may
+    # report stride 1)
+    ws, tickets = split_workspace(a_codes.device, m * wa["n"] * split, grid[0] * grid[1])
     _int8_kernel[grid](a_codes, a_scales, wa["w"], wa["p"], wa["cs"], wa["w"], out, ws, tickets, m, wa["n"], k,
                        a_codes.stride(0), a_scales.stride(0), act_groups_in_halves(act_group_size, k),
                        a_scales.shape[1], wa["w_row"], n_tiles, tiles_per_split, wa["hpg"], wa["groups"],
-                       out.stride(0), MODE=wa["mode"], HALF_EPI=wa["half_epi"], BN=cfg.bn, BM=cfg.bm, SPLIT_K=split,
+                       out.stride(0), wa["n"], MODE=wa["mode"], HALF_EPI=wa["half_epi"], BN=cfg.bn, BM=cfg.bm, SPLIT_K=split,
                        SCATTER=False, EVEN_K=k % 256 == 0, USE_ASM=USE_ASM if use_asm is None else use_asm,
                        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
@@ -314,10 +317,11 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
     bn_b = mixed_second_bn(cfg, b["mode"] == W8 and a["mode"] != W8, m) if bn_b is None else bn_b
     tiles_a = -(-a["n"] // cfg.bn)
     grid = (tiles_a + -(-b["n"] // bn_b), -(-m // cfg.bm), split)
-    ws, tickets = split_workspace(a_codes.device, m * out.stride(0) * split, grid[0] * grid[1])
+    # split-K slots: [M, out_features] partial sums, partition B's after A's in each row
+    ws, tickets = split_workspace(a_codes.device, m * out_features * split, grid[0] * grid[1])
     _int8_mixed_kernel[grid](a_codes, a_scales, m, k, a_codes.stride(0), a_scales.stride(0),
                              act_groups_in_halves(act_group_size, k), a_scales.shape[1], n_tiles, tiles_per_split,
-                             out.stride(0), out, ws, tickets, tiles_a,
+                             out.stride(0), out_features, out, ws, tickets, tiles_a,
                              a["w"], a["p"], a["cs"], a["cols"], a["n"], a["w_row"], a["hpg"], a["groups"],
                              b["w"], b["p"], b["cs"], b["cols"], b["n"], b["w_row"], b["hpg"], b["groups"],
                              MODE_A=a["mode"], HALF_EPI_A=a["half_epi"], MODE_B=b["mode"], HALF_EPI_B=b["half_epi"],

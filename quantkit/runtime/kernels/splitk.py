@@ -44,7 +44,10 @@ def store_tile(out_ptr, out_ptrs, ws_ptrs, acc, mask, ticket_ptr, pid_k, slot, S
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
     else:
         tl.store(ws_ptrs + pid_k * slot, acc, mask=mask)
-        # acq_rel: every program's stored partial sums are visible to the program that draws the last ticket
+        # One thread takes the ticket, and its release covers only what it has observed: the barrier first makes
+        # every warp's stores part of that (Triton releases inserted their own barrier only from mid-2026 on,
+        # triton-lang/triton#10816). acq_rel then makes all of the tile's slots visible to the last program.
+        tl.debug_barrier()
         if tl.atomic_add(ticket_ptr, 1) == SPLIT_K - 1:
             # every slot read back, this program's own too (its stores precede its loads): acc is dead by now,
             # so the sum reuses its registers instead of doubling them (64×256 tiles spilled)

@@ -86,9 +86,11 @@ def test_decode_dispatch_rules():
     from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_preferred, a8_token_sets
 
     assert a8_gemv_preferred(1, 28672, 4096) and not a8_gemv_preferred(17, 4096, 4096, layouts=("w8",))
-    assert a8_gemv_preferred(8, 28672, 4096, layouts=("w8",)) and not a8_gemv_preferred(16, 14336, 4096, layouts=("w8",))
+    assert a8_gemv_preferred(8, 28672, 4096, layouts=("w8",))
+    assert not a8_gemv_preferred(16, 14336, 4096, layouts=("w8",))
     assert a8_gemv_preferred(16, 6144, 4096, layouts=("w8",))
-    assert not a8_gemv_preferred(8, 14336, 4096, layouts=("w4a16",)) and a8_gemv_preferred(8, 4096, 14336, layouts=("w4a16",))
+    assert not a8_gemv_preferred(8, 14336, 4096, layouts=("w4a16",))
+    assert a8_gemv_preferred(8, 4096, 14336, layouts=("w4a16",))
     assert a8_gemv_preferred(8, 14336, 4096, mixed=True, layouts=("w4a16", "w8"))
     assert not a8_gemv_preferred(8, 28672, 4096, mixed=True, layouts=("w4a16", "w8"))
     assert not a8_gemv_preferred(12, 4096, 4096, mixed=True, layouts=("w4a16", "w8"))

@@ -191,9 +191,9 @@ def test_wave_config_avoids_a_mostly_empty_last_wave():
 
 def test_wave_config_splits_long_rows_and_prefers_128_token_tiles_up_to_512():
     """Long rows (4096x14336) fill their waves by splitting K (each split >= 14 tiles of 256 columns), 16-tile
-    rows only when no tile gives enough programs; LiquidQuant at M = 257-512 takes 64x128 tiles from a wave fill of 0.7 (6144x4096 M=512),
-    a layer too narrow for them (1024 rows) still gets the small tiles with enough programs, and no token tile
-    is left half empty."""
+    rows only when no tile gives enough programs; LiquidQuant at M = 257-512 takes 64x128 tiles from a wave fill
+    of 0.7 (6144x4096 M=512), a layer too narrow for them (1024 rows) still gets the small tiles with enough
+    programs, and no token tile is left half empty."""
     def key(cfg):
         return cfg.bn, cfg.bm, cfg.split_k
 
@@ -206,7 +206,8 @@ def test_wave_config_splits_long_rows_and_prefers_128_token_tiles_up_to_512():
             assert gemm_config(m, n, 4096, "lqq").split_k == 1 and gemm_config(m, n, 4096, "w4a16").split_k == 1
     # ... unless no tile reaches MIN_PROGRAMS: then 4-tile splits until it does (the k/v projections)
     assert key(gemm_config(64, 4096, 4096, "w4a16")) == (64, 64, 2)
-    assert key(gemm_config(64, 1024, 4096, "lqq")) == (64, 32, 4) and key(gemm_config(128, 1024, 4096, "lqq")) == (64, 64, 4)
+    assert key(gemm_config(64, 1024, 4096, "lqq")) == (64, 32, 4)
+    assert key(gemm_config(128, 1024, 4096, "lqq")) == (64, 64, 4)
     assert gemm_config(64, 1024, 4096, "asym").split_k == 1
     assert key(gemm_config(512, 6144, 4096, "lqq")) == (64, 128, 1)
     assert key(gemm_config(512, 1024, 4096, "lqq")) == (64, 64, 1)

@@ -192,7 +192,8 @@ def _int8_mixed_kernel(a_ptr, sa_ptr, M, K, stride_am, stride_sm, act_hpg, act_g
                        EVEN_K: tl.constexpr, USE_ASM: tl.constexpr):
     pid_n = tl.program_id(0)
     if pid_n < tiles_a:
-        _int8_tile(a_ptr, sa_ptr, w_a, p_a, cs_a, cols_a, out_ptr, ws_ptr, ticket_ptr, pid_n, tl.program_id(1), tl.program_id(2),
+        _int8_tile(a_ptr, sa_ptr, w_a, p_a, cs_a, cols_a, out_ptr, ws_ptr, ticket_ptr, pid_n, tl.program_id(1),
+                   tl.program_id(2),
                    M, N_a, K, stride_am, stride_sm, act_hpg, act_groups, w_row_a, n_tiles, tiles_per_split, hpg_a,
                    groups_a, stride_om, stride_wm, MODE_A, HALF_EPI_A, BN, BM, SPLIT_K, True, EVEN_K, USE_ASM)
     else:
@@ -259,9 +260,9 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
     _int8_kernel[grid](a_codes, a_scales, wa["w"], wa["p"], wa["cs"], wa["w"], out, ws, tickets, m, wa["n"], k,
                        a_codes.stride(0), a_scales.stride(0), act_groups_in_halves(act_group_size, k),
                        a_scales.shape[1], wa["w_row"], n_tiles, tiles_per_split, wa["hpg"], wa["groups"],
-                       out.stride(0), wa["n"], MODE=wa["mode"], HALF_EPI=wa["half_epi"], BN=cfg.bn, BM=cfg.bm, SPLIT_K=split,
-                       SCATTER=False, EVEN_K=k % 256 == 0, USE_ASM=USE_ASM if use_asm is None else use_asm,
-                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                       out.stride(0), wa["n"], MODE=wa["mode"], HALF_EPI=wa["half_epi"], BN=cfg.bn, BM=cfg.bm,
+                       SPLIT_K=split, SCATTER=False, EVEN_K=k % 256 == 0,
+                       USE_ASM=USE_ASM if use_asm is None else use_asm, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
 
@@ -272,7 +273,8 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
     """Y [M, out_features] of a mixed-precision layer in ONE launch (MixLLM Sec. 3.4): ``parts`` is two
     (layout, tensors, meta, rows) partitions — e.g. the 4-bit ``w4a16`` and 8-bit ``w8`` rows of a W4.4A8
     layer — sharing the activation codes (quantized once); programs 0..tiles_a-1 run the first partition
-    (the 4-bit one, whichever order ``parts`` has), the rest the second, and each epilogue scatters into its rows (int32 [N_part] output indices). ``bn_b``:
+    (the 4-bit one, whichever order ``parts`` has), the rest the second, and each epilogue scatters into its rows
+    (int32 [N_part] output indices). ``bn_b``:
     rows per program of the second partition (default:
     :func:`quantkit.runtime.kernels.configs.mixed_second_bn` — half of BN for 8-bit rows at small M). With
     neither ``config`` nor ``bn_b`` at decode sizes, the CUDA A8 GEMV runs both partitions in one launch when it

@@ -262,7 +262,8 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
                        a_scales.shape[1], wa["w_row"], n_tiles, tiles_per_split, wa["hpg"], wa["groups"],
                        out.stride(0), wa["n"], MODE=wa["mode"], HALF_EPI=wa["half_epi"], BN=cfg.bn, BM=cfg.bm,
                        SPLIT_K=split, SCATTER=False, EVEN_K=k % 256 == 0,
-                       USE_ASM=USE_ASM if use_asm is None else use_asm, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                       USE_ASM=USE_ASM if use_asm is None else use_asm, num_warps=cfg.num_warps,
+                       num_stages=cfg.num_stages)
     return out
 
 

@@ -123,6 +123,20 @@ def test_split_k_sums_in_split_order_and_leaves_its_tickets_zeroed():
     assert not tickets.any()
 
 
+def test_split_workspace_only_for_split_launches_and_within_32_bit_offsets():
+    """An unsplit launch never touches the workspace, so it must not allocate one (at prefill sizes that would be
+    M·N fp32 kept alive per stream); slots addressed past 2^31 elements are refused, not wrapped."""
+    from quantkit.runtime.kernels import splitk
+
+    _, tensors, meta = packed("w4a16", 33, 512, 128, seed=5)
+    x = torch.randn(40, 512, generator=torch.Generator().manual_seed(2)).half().to(DEVICE)
+    splitk._WORKSPACES.clear()
+    w4a16_matmul(x, tensors, meta, TileConfig(16, 16, 1))
+    assert all(ws.numel() == 1 for ws, _ in splitk._WORKSPACES.values())
+    with pytest.raises(ValueError, match="32-bit"):
+        splitk.split_workspace(x.device, 2**31, 1)
+
+
 def _cupy_ok() -> bool:
     from quantkit.runtime.kernels.cuda_gemv import cupy_available
 

@@ -119,7 +119,7 @@ def test_split_k_sums_in_split_order_and_leaves_its_tickets_zeroed():
         again = w4a16_matmul(x, tensors, meta, TileConfig(16, 16, 4))
         assert torch.equal(first, again)
     assert rel_err(first, w4a16_reference(x, tensors, meta)) < TOL[torch.float16]
-    _, tickets = split_workspace(x.device, 1, 1)
+    _, tickets = split_workspace(x.device, 1, 1, 1)
     assert not tickets.any()
 
 
@@ -134,7 +134,7 @@ def test_split_workspace_only_for_split_launches_and_within_32_bit_offsets():
     w4a16_matmul(x, tensors, meta, TileConfig(16, 16, 1))
     assert all(ws.numel() == 1 for ws, _ in splitk._WORKSPACES.values())
     with pytest.raises(ValueError, match="32-bit"):
-        splitk.split_workspace(x.device, 2**31, 1)
+        splitk.split_workspace(x.device, 2**30, 2, 1)
 
 
 def _cupy_ok() -> bool:

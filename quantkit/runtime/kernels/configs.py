@@ -96,11 +96,11 @@ TABLE: dict[str, list[tuple[int, TileConfig]]] = {
 MIN_SPLIT_TILES = 4
 
 
-def _split_for(programs: int, tiles: int, sms: int, min_tiles: int = MIN_SPLIT_TILES) -> int:
-    """Split-K factor giving about one program per SM without splits shorter than ``min_tiles`` tiles of 256
-    columns."""
+def _split_for(programs: int, tiles: int, target: int, min_tiles: int = MIN_SPLIT_TILES) -> int:
+    """Split-K factor (doubling) of a launch of ``programs`` unsplit programs over rows of ``tiles`` tiles of 256
+    columns, until it has ``target`` programs (e.g. one per SM) or a split would be shorter than ``min_tiles``."""
     split = 1
-    while programs * split < sms and tiles // (split * 2) >= min_tiles:
+    while programs * split < target and tiles // (split * 2) >= min_tiles:
         split *= 2
     return split
 
@@ -137,10 +137,10 @@ def wave_config(m: int, n: int, k: int, kind: str, sms: int = SMS_H100) -> TileC
             return cfg
     if enough:
         return max(enough, key=lambda e: e[1])[0]  # first of the fullest on ties
-    cfg, p = tiles[-1][0], programs[-1] // tiles[-1][0].split_k  # p: programs of one split
-    split = cfg.split_k
-    while kind in ("lqq", "w4a16") and p * split < MIN_PROGRAMS and n_tiles // (2 * split) >= MIN_SPLIT_TILES:
-        split *= 2
+    cfg = tiles[-1][0]
+    if kind not in ("lqq", "w4a16"):
+        return cfg
+    split = cfg.split_k * _split_for(programs[-1], n_tiles // cfg.split_k, MIN_PROGRAMS)
     return TileConfig(cfg.bn, cfg.bm, split, cfg.num_warps, cfg.num_stages)
 
 

@@ -256,7 +256,7 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
     grid = (-(-wa["n"] // cfg.bn), -(-m // cfg.bm), split)
     # split-K slots hold [M, N] partial sums with rows N apart, whatever out's row stride (a [1, N] out may
     # report stride 1)
-    ws, tickets = split_workspace(a_codes.device, m * wa["n"] * split if split > 1 else 0, grid[0] * grid[1])
+    ws, tickets = split_workspace(a_codes.device, m * wa["n"], split, grid[0] * grid[1])
     _int8_kernel[grid](a_codes, a_scales, wa["w"], wa["p"], wa["cs"], wa["w"], out, ws, tickets, m, wa["n"], k,
                        a_codes.stride(0), a_scales.stride(0), act_groups_in_halves(act_group_size, k),
                        a_scales.shape[1], wa["w_row"], n_tiles, tiles_per_split, wa["hpg"], wa["groups"],
@@ -321,7 +321,7 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
     tiles_a = -(-a["n"] // cfg.bn)
     grid = (tiles_a + -(-b["n"] // bn_b), -(-m // cfg.bm), split)
     # split-K slots: [M, out_features] partial sums, partition B's after A's in each row
-    ws, tickets = split_workspace(a_codes.device, m * out_features * split if split > 1 else 0, grid[0] * grid[1])
+    ws, tickets = split_workspace(a_codes.device, m * out_features, split, grid[0] * grid[1])
     _int8_mixed_kernel[grid](a_codes, a_scales, m, k, a_codes.stride(0), a_scales.stride(0),
                              act_groups_in_halves(act_group_size, k), a_scales.shape[1], n_tiles, tiles_per_split,
                              out.stride(0), out_features, out, ws, tickets, tiles_a,

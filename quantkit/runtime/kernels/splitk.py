@@ -21,11 +21,12 @@ from quantkit.runtime.kernels.jit import kernel
 _WORKSPACES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def split_workspace(device: torch.device, elements: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp32 workspace of >= ``elements`` — every split's slot, 0 for an unsplit launch, which never touches it —
-    and int32 tickets of >= ``tiles`` zeros) for split-K launches on the current stream of ``device``; kernels
-    return the tickets to zero when they finish. The kernels address slots with 32-bit offsets, so more than
-    2^31 - 1 elements is refused."""
+def split_workspace(device: torch.device, slot: int, split: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp32 workspace of >= ``split`` slots of ``slot`` elements — none for an unsplit launch, which never touches
+    it — and int32 tickets of >= ``tiles`` zeros) for split-K launches on the current stream of ``device``;
+    kernels return the tickets to zero when they finish. The kernels address slots with 32-bit offsets, so more
+    than 2^31 - 1 elements is refused."""
+    elements = slot * split if split > 1 else 0
     if elements >= 2**31:
         raise ValueError(f"a split-K workspace of {elements} elements exceeds 32-bit offsets; use split_k=1 "
                          "(or fewer tokens per call)")

@@ -155,7 +155,7 @@ def w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: TileConfig 
     tiles_per_split, split = split_plan(n_tiles, cfg.split_k)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
     grid = (-(-n // cfg.bn), -(-m // cfg.bm), split)
-    ws, tickets = split_workspace(x.device, m * n * split if split > 1 else 0, grid[0] * grid[1])
+    ws, tickets = split_workspace(x.device, m * n, split, grid[0] * grid[1])
     _w4a16_kernel[grid](x, qweight, qparams, out, ws, tickets, m, n, k, x.stride(0), out.stride(0),
                         qweight.shape[1], n_tiles, tiles_per_split, groups_in_halves(meta, n_tiles), qparams.shape[0],
                         BN=cfg.bn, BM=cfg.bm, SPLIT_K=split, BF16=bf16, EVEN_K=k % 256 == 0,

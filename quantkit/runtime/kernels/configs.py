@@ -160,6 +160,52 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
     return cfg
 
 
+# LiquidQuant W4A8 on Hopper at M = 32-2048: the Gluon kernel (:mod:`.lqq_wgmma`), whose dequantization overlaps
+# its own int8 products, where it beat the Triton kernel in docs/bench/lqq_wgmma_sweep.py on an H100
+# (docs/logs/lqq_wgmma_h100.json: 16 token counts from 32 to 4096 × six Llama-3-8B shapes; with this rule slower
+# than cuBLAS fp16 at 16 of the 96 points, the Triton kernel alone at 44, the best measured kernel per point at 12;
+# the rule's pick is 1.03× the best on average). Tokens per program: the largest of 128/64/32 that pads M no more
+# than 32 does (M = 96, 160 → 32; 192, 320, 448 → 64; multiples of 128 → 128), halved while fewer than half
+# the SMs get a program; 64-row programs, so at M <= 64 on layers narrower than MIN_PROGRAMS × 64 rows the Triton
+# kernel's split tiles stay (4096×4096 M = 32: 9.3 µs vs 10.2). K splits only for 32/64-token programs: up to one
+# program per SM, or on rows of >= WAVE_SPLIT_MIN_TILES tiles per split up to LQQ_WGMMA_LONG_ROW_PROGRAMS
+# (4096×14336 M = 192: 38.8 µs split 2 vs 45.9); a split of 128-token programs was slower everywhere measured
+# (4096×4096 M = 256: 20.8 vs 15.1 µs). Two activation stages instead of three at M = 513-1023 when >= two
+# programs per SM exist (4096×4096 M = 768: 30.5 vs 38.5 µs; the 1024-row layer keeps 3: 14.5 vs 23.2).
+# Above M = 768 only layers of N, K <= 8192 (28672×4096 M = 1024: Triton 299 µs vs 334), none above 2048.
+LQQ_WGMMA_BM = (128, 64, 32)
+LQQ_WGMMA_MIN_M = 32
+LQQ_WGMMA_MAX_M = 2048
+LQQ_WGMMA_WIDE_MAX_M = 768  # above this, only layers of N, K <= LQQ_WGMMA_NARROW
+LQQ_WGMMA_NARROW = 8192
+LQQ_WGMMA_LONG_ROW_PROGRAMS = 384
+
+
+def lqq_wgmma_config(m: int, n: int, k: int, sms: int = SMS_H100) -> tuple[int, int, int] | None:
+    """(tokens per program, activation stages, K split) of the Gluon LiquidQuant kernel for M tokens on an
+    [N, K] weight, or None where the Triton LiquidQuant kernel runs instead (comment above)."""
+    if not LQQ_WGMMA_MIN_M <= m <= LQQ_WGMMA_MAX_M:
+        return None
+    if m > LQQ_WGMMA_WIDE_MAX_M and (n > LQQ_WGMMA_NARROW or k > LQQ_WGMMA_NARROW):
+        return None
+    row_tiles = -(-n // 64)
+    padded = lambda b: -(-m // b) * b  # noqa: E731
+    bm = next(b for b in LQQ_WGMMA_BM if padded(b) == padded(LQQ_WGMMA_BM[-1]))
+    while bm > LQQ_WGMMA_BM[-1] and row_tiles * -(-m // bm) < sms // 2:
+        bm //= 2
+    programs = row_tiles * -(-m // bm)
+    if m <= 64 and programs < MIN_PROGRAMS:
+        return None
+    split = 1
+    if bm <= 64:
+        tiles = -(-k // 256)
+        while ((programs * split < sms and tiles // (2 * split) >= MIN_SPLIT_TILES)
+               or (programs * split < LQQ_WGMMA_LONG_ROW_PROGRAMS and tiles // (2 * split) >= WAVE_SPLIT_MIN_TILES)):
+            split *= 2
+    stages = 2 if 512 < m < 1024 and programs >= 2 * sms else 3
+    return bm, stages, split
+
+
 # One-launch mixed W4.4A8 at M <= 16 with 128-row (or larger) tiles: the 8-bit partition's programs get half
 # the rows, so their doubled bytes per row do not leave them running after the 4-bit ones
 # (docs/bench/mixed_balance.py on an H100: 14336×4096 M=2: 22.7 → 19.4 µs, 28672×4096 M=16: 42.0 → 32.2 µs;

@@ -28,11 +28,12 @@ import torch
 import triton.language as tl
 
 from quantkit.formats.nibble_planes import padded_k
-from quantkit.runtime.kernels.configs import TileConfig, gemm_config, mixed_second_bn
+from quantkit.runtime.kernels.configs import TileConfig, gemm_config, lqq_wgmma_config, mixed_second_bn
 from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda, a8_gemv_preferred, a8_gemv_problem
 from quantkit.runtime.kernels.dequant import planes_i8, side_by_side
 from quantkit.runtime.kernels.jit import USE_ASM, check_device, kernel
 from quantkit.runtime.kernels.launch import act_groups_in_halves, groups_in_halves, split_plan
+from quantkit.runtime.kernels.lqq_wgmma import lqq_wgmma_matmul, lqq_wgmma_problem
 from quantkit.runtime.kernels.splitk import split_workspace, store_tile
 
 W8, ASYM4, LQQ = 0, 1, 2
@@ -238,7 +239,9 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
     ``w4a16`` (MixLLM W4A8) or ``w4a8-lqq`` weight; ``out`` an optional [M, N] result tensor; ``use_asm`` False
     forces the plain-Triton dequantization. With no ``config`` at decode sizes (:func:`.cuda_gemv_a8.
     a8_gemv_preferred`) the weight runs the CUDA A8 GEMV instead when it can
-    (:func:`.cuda_gemv_a8.a8_gemv_problem`). Reference: :func:`.reference.int8_reference`."""
+    (:func:`.cuda_gemv_a8.a8_gemv_problem`), and a LiquidQuant weight with per-token activations and fp16 output
+    runs the Gluon wgmma kernel on Hopper where :func:`.configs.lqq_wgmma_config` picks it
+    (:func:`.lqq_wgmma.lqq_wgmma_problem` says when it cannot). Reference: :func:`.reference.int8_reference`."""
     k = int(meta["in_features"])
     _check_act(a_codes, a_scales, act_group_size, k)
     m = a_codes.shape[0]
@@ -247,6 +250,12 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
                                 out) is None):
         return a8_gemv_cuda(a_codes, a_scales, act_group_size, [(layout, tensors, meta, None)],
                             int(meta["out_features"]), out_dtype, out)
+    wgmma_cfg = (lqq_wgmma_config(m, int(meta["out_features"]), k)
+                 if config is None and use_asm is None and layout == "w4a8-lqq" and out_dtype == torch.float16
+                 else None)
+    if wgmma_cfg and lqq_wgmma_problem(a_codes, a_scales, act_group_size, layout, tensors, meta, out) is None:
+        bm, stages, split = wgmma_cfg
+        return lqq_wgmma_matmul(a_codes, a_scales, tensors, meta, bm, stages, split, out)
     n_tiles = padded_k(k) // 256
     wa = _weight_args(layout, tensors, meta, n_tiles, act_group_size)
     check_device(a_codes, a_scales, wa["w"], wa["p"], wa["cs"])

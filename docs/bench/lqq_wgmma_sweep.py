@@ -1,0 +1,90 @@
+"""LiquidQuant W4A8: the Gluon kernel whose dequantization overlaps its own wgmma products
+(quantkit/runtime/kernels/lqq_wgmma.py) against the Triton kernel (default launch rule) and cuBLAS fp16, above
+M = 16. First checks it bit-exact against the Triton kernel and within 1e-3 of the torch reference.
+
+    python docs/bench/lqq_wgmma_sweep.py --out lqq_wgmma.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+
+from quantkit.bench.command import parse_shapes
+from quantkit.bench.problems import _packed
+from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
+from quantkit.runtime.kernels.act_quant import quantize_activation_triton
+from quantkit.runtime.kernels.configs import TileConfig
+from quantkit.runtime.kernels.int8_gemm import int8_matmul
+from quantkit.runtime.kernels.lqq_wgmma import lqq_wgmma_matmul, lqq_wgmma_problem
+from quantkit.runtime.kernels.reference import int8_reference
+
+VARIANTS = [(32, 3, 1), (32, 3, 2), (32, 3, 4), (64, 3, 1), (64, 3, 2), (64, 3, 4), (64, 4, 1), (128, 3, 1),
+            (128, 3, 2), (128, 2, 1)]
+
+
+def check(dev: str) -> list[dict]:
+    out = []
+    for (n, k), m in [((200, 512), 33), ((1000, 1024), 130), ((4096, 4096), 64), ((1024, 14336), 257),
+                      ((64, 256), 1)]:
+        t, meta = _packed("w4a8-lqq", torch.randn(n, k, device=dev))
+        x = torch.randn(m, k, device=dev, dtype=torch.float16)
+        a, s = quantize_activation_triton(x, 8, -1)
+        ref = int8_reference(a, s, -1, "w4a8-lqq", t, meta).float()
+        for bm, st, sk in VARIANTS:
+            # the Triton kernel with the same rows, tokens and K split sums the same partials in the same order
+            tri = int8_matmul(a, s, -1, "w4a8-lqq", t, meta, config=TileConfig(64, bm, sk, 4, 3))
+            got = lqq_wgmma_matmul(a, s, t, meta, bm, st, sk)
+            rel = ((got.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-9)).item()
+            out.append({"n": n, "k": k, "m": m, "bm": bm, "stages": st, "split_k": sk,
+                        "equal_triton": bool(torch.equal(got, tri)), "rel_vs_reference": rel})
+            print("check", json.dumps(out[-1]), flush=True)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="lqq_wgmma.json")
+    p.add_argument("--shapes", default="14336x4096,4096x4096,6144x4096,28672x4096,4096x14336,1024x4096")
+    p.add_argument("--ms", default="32,64,96,128,160,192,256,320,384,448,512,640,768,1024,2048,4096")
+    args = p.parse_args()
+    dev = "cuda"
+    checks = check(dev)
+    rows = []
+    for n, k in parse_shapes(args.shapes):
+        t, meta = _packed("w4a8-lqq", torch.randn(n, k, device=dev))
+        for m in [int(v) for v in args.ms.split(",")]:
+            copies = copies_to_defeat_l2(n * k // 2 + 3 * m * k + 2 * m * n)
+            xs = [torch.randn(m, k, device=dev, dtype=torch.float16) for _ in range(copies)]
+            ws = [torch.randn(n, k, device=dev, dtype=torch.float16) for _ in range(min(copies, 4))]
+            row = {"n": n, "k": k, "m": m}
+            row["fp16"] = time_rotating(lambda x, w: F.linear(x, w), [(x, ws[i % len(ws)]) for i, x in
+                                                                     enumerate(xs)])["ms"] * 1e3
+            del ws
+            qa = [quantize_activation_triton(x, 8, -1) for x in xs]
+            tt = [{kk: v.clone() for kk, v in t.items()} for _ in range(copies)]
+            inputs = [(a, s, w) for (a, s), w in zip(qa, tt)]
+            row["triton"] = time_rotating(lambda a, s, w: int8_matmul(a, s, -1, "w4a8-lqq", w, meta), inputs)["ms"] * 1e3
+            if lqq_wgmma_problem(qa[0][0], qa[0][1], -1, "w4a8-lqq", t, meta) is None:
+                for bm, st, sk in VARIANTS:
+                    if bm > max(m, 32) or (bm == 32 and m > 512) or (m >= 2048 and bm < 128):
+                        continue
+                    row[f"gluon_{bm}_{st}_{sk}"] = time_rotating(
+                        lambda a, s, w: lqq_wgmma_matmul(a, s, w, meta, bm, st, sk), inputs)["ms"] * 1e3
+            best = min((v, kk) for kk, v in row.items() if kk.startswith("gluon_"))
+            row["best_gluon"] = best[1]
+            row["best_gluon_vs_fp16"] = row["fp16"] / best[0]
+            row["triton_vs_fp16"] = row["fp16"] / row["triton"]
+            print(json.dumps({kk: (round(v, 2) if isinstance(v, float) else v) for kk, v in row.items()}), flush=True)
+            rows.append(row)
+            del xs, qa, tt, inputs
+            torch.cuda.empty_cache()
+    with open(args.out, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "checks": checks, "rows": rows, "unit": "us"}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

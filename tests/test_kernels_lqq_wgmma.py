@@ -1,0 +1,128 @@
+"""The Gluon LiquidQuant wgmma kernel (quantkit/runtime/kernels/lqq_wgmma.py): its launch rule and the reasons it
+declines run anywhere; its numbers run on a Hopper GPU only (Gluon has no CPU interpreter), where they must equal
+the Triton LiquidQuant kernel's bit for bit at the same K split and stay within fp16 rounding of the reference."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (quantkit.runtime.kernels.jit)
+
+import pytest  # noqa: E402
+
+from quantkit.quant.act import quantize_activation_int  # noqa: E402
+from quantkit.runtime.kernels import int8_gemm  # noqa: E402
+from quantkit.runtime.kernels.configs import TileConfig, lqq_wgmma_config  # noqa: E402
+from quantkit.runtime.kernels.int8_gemm import int8_matmul  # noqa: E402
+from quantkit.runtime.kernels.lqq_wgmma import HAVE_GLUON, lqq_wgmma_matmul, lqq_wgmma_problem  # noqa: E402
+from quantkit.runtime.kernels.reference import int8_reference  # noqa: E402
+from tests.kernels_helpers import DEVICE, packed, poisoned, rel_err  # noqa: E402
+
+ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and HAVE_GLUON
+hopper = pytest.mark.skipif(not ON_HOPPER, reason="needs a Hopper (sm_90) GPU and Triton's Gluon")
+LLAMA = [(14336, 4096), (4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (1024, 4096)]
+
+
+def _acts(m: int, k: int, seed: int):
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed)) * 3
+    codes, scales = quantize_activation_int(x, 8, -1)
+    return codes.to(DEVICE), scales.float().to(DEVICE)
+
+
+def test_rule_keeps_decode_sizes_wide_prefill_and_narrow_small_m_on_triton():
+    assert lqq_wgmma_config(16, 14336, 4096) is None  # decode: CUDA GEMV / Triton
+    assert lqq_wgmma_config(4096, 4096, 4096) is None  # above 2048 tokens
+    assert lqq_wgmma_config(1024, 14336, 4096) is None  # wide layer above 768 tokens
+    assert lqq_wgmma_config(1024, 4096, 14336) is None  # long rows above 768 tokens
+    assert lqq_wgmma_config(1024, 4096, 4096) == (128, 3, 1)
+    assert lqq_wgmma_config(32, 4096, 4096) is None  # 64 programs: Triton's split 64×32 tiles
+    assert lqq_wgmma_config(32, 6144, 4096) == (32, 3, 2)
+
+
+def test_rule_picks_the_token_tile_that_pads_least_then_halves_for_narrow_layers():
+    bm = {m: lqq_wgmma_config(m, 14336, 4096)[0] for m in (96, 128, 160, 192, 256, 320, 384, 448, 512, 640)}
+    assert bm == {96: 32, 128: 128, 160: 32, 192: 64, 256: 128, 320: 64, 384: 128, 448: 64, 512: 128, 640: 128}
+    assert lqq_wgmma_config(128, 1024, 4096) == (32, 3, 4)  # 16 row tiles: 128 → 32 tokens, then split K
+    assert lqq_wgmma_config(100, 14336, 4096)[0] == 128  # 28 padded tokens whatever the tile
+
+
+def test_rule_splits_long_rows_and_never_128_token_programs():
+    assert lqq_wgmma_config(192, 4096, 14336) == (64, 3, 2)
+    assert lqq_wgmma_config(192, 4096, 4096) == (64, 3, 1)
+    for n, k in LLAMA:
+        for m in range(32, 2049, 32):
+            cfg = lqq_wgmma_config(m, n, k)
+            if cfg is not None:
+                bm, stages, split = cfg
+                assert bm in (32, 64, 128) and stages in (2, 3) and split in (1, 2, 4, 8)
+                assert bm < 128 or split == 1
+                assert (k // 256) // split >= 4  # every split keeps 4 tiles of 256 columns
+
+
+def test_rule_uses_two_stages_only_between_512_and_1024_tokens_on_wide_launches():
+    assert lqq_wgmma_config(768, 4096, 4096) == (128, 2, 1)
+    assert lqq_wgmma_config(768, 1024, 4096) == (128, 3, 1)
+    assert lqq_wgmma_config(512, 4096, 4096)[1] == 3
+
+
+def test_problem_names_what_the_kernel_cannot_take():
+    _, tensors, meta = packed("w4a8-lqq", 64, 512, 128)
+    codes, scales = _acts(40, 512, 0)
+    assert "not w4a8-lqq" in lqq_wgmma_problem(codes, scales, -1, "w8", tensors, meta)
+    assert "per-token" in lqq_wgmma_problem(codes, scales, 128, "w4a8-lqq", tensors, meta)
+    _, t300, m300 = packed("w4a8-lqq", 64, 300, 128)
+    c300, s300 = _acts(40, 300, 0)
+    assert "multiple of 256" in lqq_wgmma_problem(c300, s300, -1, "w4a8-lqq", t300, m300)
+    wide = torch.zeros(40, 520, dtype=torch.int8, device=codes.device)
+    wide[:, :512] = codes
+    assert "16-byte" in lqq_wgmma_problem(wide[:, 1:513], scales, -1, "w4a8-lqq", tensors, meta)
+    bf16 = torch.empty(40, 64, dtype=torch.bfloat16, device=codes.device)
+    assert "fp16" in lqq_wgmma_problem(codes, scales, -1, "w4a8-lqq", tensors, meta, bf16)
+    if not ON_HOPPER:
+        assert lqq_wgmma_problem(codes, scales, -1, "w4a8-lqq", tensors, meta) is not None
+
+
+@pytest.mark.skipif(ON_HOPPER, reason="checks the fallback where the Gluon kernel cannot run")
+def test_int8_matmul_falls_back_to_triton_where_gluon_cannot_run():
+    _, tensors, meta = packed("w4a8-lqq", 64, 256, 128, seed=3)
+    codes, scales = _acts(96, 256, 3)
+    assert lqq_wgmma_config(96, 64, 256) is not None  # the rule alone would pick the Gluon kernel
+    out = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, out=poisoned(96, 64, torch.float16))
+    assert rel_err(out, int8_reference(codes, scales, -1, "w4a8-lqq", tensors, meta)) < 1e-3
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("n,k,m,bm,stages,split", [
+    (200, 512, 33, 32, 3, 1), (1000, 1024, 130, 64, 3, 2), (33, 768, 1, 64, 3, 2), (127, 1280, 257, 128, 2, 1),
+    (64, 256, 5, 32, 3, 4), (4096, 2048, 200, 64, 4, 4), (65, 4096, 128, 128, 3, 2)])
+def test_gluon_kernel_equals_triton_at_the_same_split_and_the_reference(n, k, m, bm, stages, split):
+    _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n + m)
+    codes, scales = _acts(m, k, seed=m)
+    got = lqq_wgmma_matmul(codes, scales, tensors, meta, bm, stages, split, out=poisoned(m, n, torch.float16))
+    tri = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, config=TileConfig(64, bm, split, 4, 3))
+    assert torch.equal(got, tri)
+    assert rel_err(got, int8_reference(codes, scales, -1, "w4a8-lqq", tensors, meta)) < 1e-3
+
+
+@pytest.mark.gpu
+@hopper
+def test_int8_matmul_runs_the_gluon_kernel_where_the_rule_picks_it(monkeypatch):
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(args[4:7])
+        return lqq_wgmma_matmul(*args, **kwargs)
+
+    monkeypatch.setattr(int8_gemm, "lqq_wgmma_matmul", spy)
+    _, tensors, meta = packed("w4a8-lqq", 4096, 512, 128, seed=1)
+    codes, scales = _acts(256, 512, 1)
+    out = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta)
+    assert calls == [lqq_wgmma_config(256, 4096, 512)]
+    assert rel_err(out, int8_reference(codes, scales, -1, "w4a8-lqq", tensors, meta)) < 1e-3
+    int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, out_dtype=torch.bfloat16)  # bf16 out: Triton
+    int8_matmul(codes[:16], scales[:16], -1, "w4a8-lqq", tensors, meta)  # decode sizes: GEMV / Triton
+    assert len(calls) == 1

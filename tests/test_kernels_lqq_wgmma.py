@@ -79,8 +79,8 @@ def test_problem_names_what_the_kernel_cannot_take():
     wide = torch.zeros(40, 520, dtype=torch.int8, device=codes.device)
     wide[:, :512] = codes
     assert "16-byte" in lqq_wgmma_problem(wide[:, 1:513], scales, -1, "w4a8-lqq", tensors, meta)
-    bf16 = torch.empty(40, 64, dtype=torch.bfloat16, device=codes.device)
-    assert "fp16" in lqq_wgmma_problem(codes, scales, -1, "w4a8-lqq", tensors, meta, bf16)
+    f32 = torch.empty(40, 64, dtype=torch.float32, device=codes.device)
+    assert "fp16" in lqq_wgmma_problem(codes, scales, -1, "w4a8-lqq", tensors, meta, f32)
     if not ON_HOPPER:
         assert lqq_wgmma_problem(codes, scales, -1, "w4a8-lqq", tensors, meta) is not None
 
@@ -123,6 +123,9 @@ def test_int8_matmul_runs_the_gluon_kernel_where_the_rule_picks_it(monkeypatch):
     out = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta)
     assert calls == [lqq_wgmma_config(256, 4096, 512)]
     assert rel_err(out, int8_reference(codes, scales, -1, "w4a8-lqq", tensors, meta)) < 1e-3
-    int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, out_dtype=torch.bfloat16)  # bf16 out: Triton
+    bf16 = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, out_dtype=torch.bfloat16)
+    assert len(calls) == 2 and bf16.dtype == torch.bfloat16
+    assert torch.equal(bf16, int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, out_dtype=torch.bfloat16,
+                                         config=TileConfig(64, 128, 1, 4, 3)))
     int8_matmul(codes[:16], scales[:16], -1, "w4a8-lqq", tensors, meta)  # decode sizes: GEMV / Triton
-    assert len(calls) == 1
+    assert len(calls) == 2

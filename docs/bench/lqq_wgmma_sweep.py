@@ -17,7 +17,7 @@ from quantkit.bench.command import parse_shapes
 from quantkit.bench.problems import _packed
 from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
 from quantkit.runtime.kernels.act_quant import quantize_activation_triton
-from quantkit.runtime.kernels.configs import TileConfig
+from quantkit.runtime.kernels.configs import TileConfig, gemm_config
 from quantkit.runtime.kernels.int8_gemm import int8_matmul
 from quantkit.runtime.kernels.lqq_wgmma import lqq_wgmma_matmul, lqq_wgmma_problem
 from quantkit.runtime.kernels.reference import int8_reference
@@ -67,7 +67,9 @@ def main() -> None:
             qa = [quantize_activation_triton(x, 8, -1) for x in xs]
             tt = [{kk: v.clone() for kk, v in t.items()} for _ in range(copies)]
             inputs = [(a, s, w) for (a, s), w in zip(qa, tt)]
-            row["triton"] = time_rotating(lambda a, s, w: int8_matmul(a, s, -1, "w4a8-lqq", w, meta), inputs)["ms"] * 1e3
+            row["triton"] = time_rotating(lambda a, s, w: int8_matmul(a, s, -1, "w4a8-lqq", w, meta,
+                                                                      config=gemm_config(m, n, k, "lqq")),
+                                          inputs)["ms"] * 1e3
             if lqq_wgmma_problem(qa[0][0], qa[0][1], -1, "w4a8-lqq", t, meta) is None:
                 for bm, st, sk in VARIANTS:
                     if bm > max(m, 32) or (bm == 32 and m > 512) or (m >= 2048 and bm < 128):

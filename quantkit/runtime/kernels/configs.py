@@ -206,6 +206,38 @@ def lqq_wgmma_config(m: int, n: int, k: int, sms: int = SMS_H100) -> tuple[int, 
     return bm, stages, split
 
 
+# MixLLM W8A8 above M = 64: the Gluon TMA kernel (:mod:`.w8a8_wgmma`), 64 tokens × 128 weight rows per program
+# (64 rows when that leaves fewer than W8A8_WGMMA_MIN_PROGRAMS programs), 4 stages, one warpgroup. Against the
+# Triton W8A8 kernel in docs/bench/w8a8_wgmma_sweep.py on an H100 (docs/logs/w8a8_wgmma_h100.json, five
+# Llama-3-8B shapes × M = 32-4096): 1.2-1.5× faster at M >= 256, 2.7-3.8× at M = 128 (where the Triton rule's
+# 256-token tile is half empty), 0.54-1.14× cuBLAS fp16; at M = 32-64 the two are within a few percent on most
+# shapes. Of the other tiles measured, 128×128 (two warpgroups) was 1.2× slower, and pairing K blocks so one
+# block's epilogue overlaps the next one's products was slower at M >= 1024 (docs/logs/w8a8_wgmma_paired_h100.json).
+W8A8_WGMMA_MIN_M = 65
+W8A8_WGMMA_MIN_PROGRAMS = 200
+
+
+def w8a8_wgmma_config(m: int, n: int, k: int) -> tuple[int, int, int, int] | None:
+    """(tokens per program, weight rows per program, stages, warps) of the Gluon W8A8 kernel for M tokens on an
+    [N, K] weight, or None where the Triton kernel runs (comment above)."""
+    if m < W8A8_WGMMA_MIN_M:
+        return None
+    bn = 128 if -(-m // 64) * -(-n // 128) >= W8A8_WGMMA_MIN_PROGRAMS else 64
+    return 64, bn, 4, 4
+
+
+# MixLLM W4A8 and mixed W4.4A8 prefill: from this many tokens the layer's int8 operand q − z is written once per
+# call (:mod:`.int8_operand`) and the W8A8 TMA kernel multiplies it — bit-identical to the g128 Triton kernels, and
+# in docs/bench/int8_operand_sweep.py on an H100 (docs/logs/int8_operand_h100.json) 1.10-1.36× faster than the
+# W4A8 kernel at M = 1024-4096 on five Llama-3-8B shapes, 0.97-1.16× at M = 512 (the operand costs N·Kp·1.5 bytes
+# moved: 14336×4096 M = 1024 271 µs in all, 236 for the product alone). A mixed layer's operand also gathers the
+# 8-bit rows and both partitions' scales into output order, 38-70 µs in all, so mixed layers switch later: at
+# M = 1024 it won on 14336×4096 and 4096×14336 (1.11×, 1.15×) but lost on 4096×4096 (0.85×); 1.19-1.32× at
+# M = 4096 (docs/logs/int8_operand_mixed_h100.json).
+MIXLLM_OPERAND_MIN_M = 1024
+MIXLLM_MIXED_OPERAND_MIN_M = 2048
+
+
 # One-launch mixed W4.4A8 at M <= 16 with 128-row (or larger) tiles: the 8-bit partition's programs get half
 # the rows, so their doubled bytes per row do not leave them running after the 4-bit ones
 # (docs/bench/mixed_balance.py on an H100: 14336×4096 M=2: 22.7 → 19.4 µs, 28672×4096 M=16: 42.0 → 32.2 µs;

@@ -28,12 +28,15 @@ import torch
 import triton.language as tl
 
 from quantkit.formats.nibble_planes import padded_k
-from quantkit.runtime.kernels.configs import TileConfig, gemm_config, lqq_wgmma_config, mixed_second_bn
+from quantkit.runtime.kernels.configs import (MIXLLM_MIXED_OPERAND_MIN_M, MIXLLM_OPERAND_MIN_M, TileConfig,
+                                             gemm_config, lqq_wgmma_config, mixed_second_bn, w8a8_wgmma_config)
 from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda, a8_gemv_preferred, a8_gemv_problem
 from quantkit.runtime.kernels.dequant import planes_i8, side_by_side
 from quantkit.runtime.kernels.jit import USE_ASM, check_device, kernel
 from quantkit.runtime.kernels.launch import act_groups_in_halves, groups_in_halves, split_plan
+from quantkit.runtime.kernels.int8_operand import mixed_w8_operand, w8_operand
 from quantkit.runtime.kernels.lqq_wgmma import lqq_wgmma_matmul, lqq_wgmma_problem
+from quantkit.runtime.kernels.w8a8_wgmma import w8a8_wgmma_matmul, w8a8_wgmma_problem
 from quantkit.runtime.kernels.splitk import split_workspace, store_tile
 
 W8, ASYM4, LQQ = 0, 1, 2
@@ -239,9 +242,12 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
     ``w4a16`` (MixLLM W4A8) or ``w4a8-lqq`` weight; ``out`` an optional [M, N] result tensor; ``use_asm`` False
     forces the plain-Triton dequantization. With no ``config`` at decode sizes (:func:`.cuda_gemv_a8.
     a8_gemv_preferred`) the weight runs the CUDA A8 GEMV instead when it can
-    (:func:`.cuda_gemv_a8.a8_gemv_problem`), and a LiquidQuant weight with per-token activations and fp16 output
+    (:func:`.cuda_gemv_a8.a8_gemv_problem`), and a LiquidQuant weight with per-token activations
     runs the Gluon wgmma kernel on Hopper where :func:`.configs.lqq_wgmma_config` picks it
-    (:func:`.lqq_wgmma.lqq_wgmma_problem` says when it cannot). Reference: :func:`.reference.int8_reference`."""
+    (:func:`.lqq_wgmma.lqq_wgmma_problem` says when it cannot), a ``w8`` weight the Gluon TMA kernel where
+    :func:`.configs.w8a8_wgmma_config` does (:func:`.w8a8_wgmma.w8a8_wgmma_problem`), and from
+    :data:`.configs.MIXLLM_OPERAND_MIN_M` tokens a ``w4a16`` weight's int8 operand goes through that kernel too
+    (:mod:`.int8_operand`). Reference: :func:`.reference.int8_reference`."""
     k = int(meta["in_features"])
     _check_act(a_codes, a_scales, act_group_size, k)
     m = a_codes.shape[0]
@@ -251,11 +257,21 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
         return a8_gemv_cuda(a_codes, a_scales, act_group_size, [(layout, tensors, meta, None)],
                             int(meta["out_features"]), out_dtype, out)
     wgmma_cfg = (lqq_wgmma_config(m, int(meta["out_features"]), k)
-                 if config is None and use_asm is None and layout == "w4a8-lqq" and out_dtype == torch.float16
-                 else None)
-    if wgmma_cfg and lqq_wgmma_problem(a_codes, a_scales, act_group_size, layout, tensors, meta, out) is None:
+                 if config is None and use_asm is None and layout == "w4a8-lqq" else None)
+    if wgmma_cfg and lqq_wgmma_problem(a_codes, a_scales, act_group_size, layout, tensors, meta, out,
+                                       out_dtype) is None:
         bm, stages, split = wgmma_cfg
-        return lqq_wgmma_matmul(a_codes, a_scales, tensors, meta, bm, stages, split, out)
+        return lqq_wgmma_matmul(a_codes, a_scales, tensors, meta, bm, stages, split, out, out_dtype)
+    w8_cfg = (w8a8_wgmma_config(m, int(meta["out_features"]), k)
+              if config is None and use_asm is None and layout == "w8" else None)
+    if w8_cfg and w8a8_wgmma_problem(a_codes, act_group_size, layout, tensors, meta, out, out_dtype) is None:
+        bm, bn, stages, warps = w8_cfg
+        return w8a8_wgmma_matmul(a_codes, a_scales, act_group_size, tensors, meta, bm, bn, stages, warps, out,
+                                 out_dtype)
+    if (config is None and use_asm is None and layout == "w4a16" and m >= MIXLLM_OPERAND_MIN_M
+            and w8a8_wgmma_problem(a_codes, act_group_size, "w8", tensors, meta, out, out_dtype) is None):
+        return w8a8_wgmma_matmul(a_codes, a_scales, act_group_size, w8_operand(layout, tensors, meta), meta,
+                                 *w8a8_wgmma_config(m, int(meta["out_features"]), k), out, out_dtype)
     n_tiles = padded_k(k) // 256
     wa = _weight_args(layout, tensors, meta, n_tiles, act_group_size)
     check_device(a_codes, a_scales, wa["w"], wa["p"], wa["cs"])
@@ -292,7 +308,9 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
     Triton kernel; None (default): 1 with ``config`` or ``bn_b``, else 0 at the decode sizes where the A8 GEMV
     is preferred (:func:`.cuda_gemv_a8.a8_gemv_preferred`), else 1. (One Triton launch per partition, MixLLM
     Sec. 3.4's other form, measured up to 3.5× slower and never more than 1 % faster: docs/logs/
-    mixed_launch_h100.json.)"""
+    mixed_launch_h100.json.) With none of these three, from :data:`.configs.MIXLLM_MIXED_OPERAND_MIN_M` tokens on
+    a Hopper GPU both partitions' int8 operands are written in output-row order and the W8A8 TMA kernel multiplies
+    them in one launch (:mod:`.int8_operand`; the same bits)."""
     if len(parts) != 2:
         raise ValueError(f"the one-launch mixed kernel takes 2 partitions, got {len(parts)}")
     k = int(parts[0][2]["in_features"])
@@ -300,6 +318,7 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
     m = a_codes.shape[0]
     if launches not in (None, 0, 1):
         raise ValueError(f"launches must be 0, 1 or None, got {launches}")
+    default_path = launches is None and config is None and bn_b is None
     if launches is None:
         gemv = config is None and bn_b is None and a8_gemv_preferred(m, out_features, k, mixed=True,
                                                                       layouts=tuple(p[0] for p in parts))
@@ -307,6 +326,13 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
     if (launches == 0
             and a8_gemv_problem(a_codes, a_scales, act_group_size, list(parts), out_dtype, out) is None):
         return a8_gemv_cuda(a_codes, a_scales, act_group_size, list(parts), out_features, out_dtype, out)
+    if (default_path and m >= MIXLLM_MIXED_OPERAND_MIN_M
+            and all(p[0] in ("w8", "w4a16") for p in parts)
+            and w8a8_wgmma_problem(a_codes, act_group_size, "w8", parts[0][1], parts[0][2], out, out_dtype) is None):
+        operand = mixed_w8_operand(list(parts), out_features)
+        if operand is not None:
+            return w8a8_wgmma_matmul(a_codes, a_scales, act_group_size, *operand,
+                                     *w8a8_wgmma_config(m, out_features, k), out, out_dtype)
     n_tiles = padded_k(k) // 256
     args = []
     for layout, tensors, meta, rows in parts:

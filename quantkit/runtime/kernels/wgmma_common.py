@@ -30,13 +30,14 @@ OUT_DTYPES = (torch.float16, torch.bfloat16)
 __all__ = ["BN", "HAVE_GLUON", "OUT_DTYPES", "hopper_problem"]
 
 
-def hopper_problem(a_codes: torch.Tensor, k: int, out: torch.Tensor | None, out_dtype: torch.dtype) -> str | None:
-    """Why a Gluon wgmma kernel cannot run on these activations (None: it can): K a multiple of 256, int8 codes with
-    unit column stride and 16-byte aligned rows (cp.async moves 16 bytes), an fp16/bf16 output with unit column
-    stride, Gluon, and a Hopper GPU (compute capability 9.0: wgmma). The cheap shape checks come first, so they
-    are testable without a GPU."""
-    if k % 256:
-        return f"K = {k} is not a multiple of 256"
+def hopper_problem(a_codes: torch.Tensor, k: int, out: torch.Tensor | None, out_dtype: torch.dtype,
+                   k_multiple: int = 256) -> str | None:
+    """Why a Gluon wgmma kernel cannot run on these activations (None: it can): K a multiple of ``k_multiple``
+    (256 for the cp.async kernels' whole tiles, 16 for TMA), int8 codes with unit column stride and 16-byte aligned
+    rows (cp.async and TMA move 16 bytes), an fp16/bf16 output with unit column stride, Gluon, and a Hopper GPU
+    (compute capability 9.0: wgmma). The cheap shape checks come first, so they are testable without a GPU."""
+    if k % k_multiple:
+        return f"K = {k} is not a multiple of {k_multiple}"
     if a_codes.stride(1) != 1 or a_codes.data_ptr() % 16 or a_codes.stride(0) % 16:
         return "activation rows are not 16-byte aligned with unit column stride"
     dtype = out.dtype if out is not None else out_dtype

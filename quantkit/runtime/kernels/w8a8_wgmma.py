@@ -1,0 +1,153 @@
+"""MixLLM W8A8 (sym-8 g128 weights × A8 g128 activations) for prefill on Hopper: both int8 operands arrive in
+shared memory by TMA and each 128-column group's product is scaled into the fp32 accumulator while other
+warpgroups' products run (Gluon).
+
+MixLLM scales every group of 128 columns by weight scale × activation scale (MixLLM Sec. 3.3, group-tile
+accumulation), so a group's int32 sum must be finished, converted and scaled before it joins the fp32 result. The
+Triton kernel (:mod:`.int8_gemm`) holds the weight operand in registers and waits for each group's products before
+its epilogue: 378 TOP/s at M = 4096, about half of cuBLAS fp16 (docs/BENCHMARKS.md). An 8-bit weight needs no
+dequantization, so here the orientation is the plain one, Y = X·Wᵀ: a program owns BM tokens × BN weight rows, a
+TMA ring brings [BM, 128] activation and [BN, 128] weight blocks (STAGES deep, one mbarrier each), every block is
+one asynchronous wgmma into a fresh int32 accumulator, and its epilogue is the fast I2F of MixLLM Sec. 3.3 / Fig. 4
+((sum + 0x4b400000) as fp32 − 1.5·2^23, exact while |sum| < 2^22) times activation scale × weight scale. Two
+warpgroups per program (and two programs per SM where registers allow) take turns on the tensor cores: while one
+scales its block the other's products run — the DeepGEMM-style promotion of per-block sums on Hopper.
+
+Same sums in the same order as the Triton kernel (block by block from zero, product of the two scales), so the
+result is bit-identical to :func:`.int8_gemm.int8_matmul` for a ``w8`` weight. Requires K and the row strides to
+be multiples of 16 bytes (TMA) and groups that are multiples of 128 columns (or per-token activations):
+:func:`w8a8_wgmma_problem`. Reference: :func:`.reference.int8_reference`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quantkit.runtime.kernels.launch import act_groups_in_halves, groups_in_halves
+from quantkit.runtime.kernels.wgmma_common import HAVE_GLUON, hopper_problem
+
+if HAVE_GLUON:
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from quantkit.runtime.kernels.wgmma_common import gl, gluon, warpgroup_mma, warpgroup_mma_wait
+
+    I2F_BIAS_INT = gl.constexpr(0x4B400000)  # bit pattern of 12582912.0 = 1.5·2^23 (MixLLM Sec. 3.3, Fig. 4)
+    I2F_BIAS_FLOAT = gl.constexpr(12582912.0)
+
+    @gluon.constexpr_function
+    def _acc_layout(BM, BN, num_warps):
+        """wgmma accumulator layout of a [BM, BN] tile: warps stacked along the tokens (16 rows each)."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BN, 32])
+
+    @gluon.jit
+    def _load_block(x_desc, w_desc, xs, ws, bars, kb, off_m, off_n, STAGES: gl.constexpr):
+        """Start the TMA of K block kb of the activations and weights into ring slot kb % STAGES."""
+        s = kb % STAGES
+        mbarrier.expect(bars.index(s), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(x_desc, [off_m, kb * 128], bars.index(s), xs.index(s))
+        tma.async_copy_global_to_shared(w_desc, [off_n, kb * 128], bars.index(s), ws.index(s))
+
+    @gluon.jit
+    def _mma_block(xs, ws, bars, kb, part, STAGES: gl.constexpr):
+        """Wait for K block kb's operands and start its products into a fresh int32 accumulator."""
+        slot = kb % STAGES
+        mbarrier.wait(bars.index(slot), (kb // STAGES) & 1)
+        return warpgroup_mma(xs.index(slot), ws.index(slot).permute((1, 0)), part, use_acc=False, is_async=True)
+
+    @gluon.jit
+    def _block_scales(sa_ptr, sw_ptr, kb, rm_in, rn_in, N, stride_sm, act_hpg, act_groups, hpg, groups):
+        """(activation scales [BM], weight scales [BN]) of K block kb (MixLLM Sec. 3.3 step 2)."""
+        sa = gl.load(sa_ptr + rm_in * stride_sm + gl.minimum(kb // act_hpg, act_groups - 1))
+        sw = gl.load(sw_ptr + gl.minimum(kb // hpg, groups - 1) * N + rn_in)
+        return sa, sw
+
+    @gluon.jit
+    def _i2f(part):
+        """Exact float value of an int32 block sum (|sum| < 2^22) by the magic-number conversion."""
+        return (part + I2F_BIAS_INT).to(gl.float32, bitcast=True) - I2F_BIAS_FLOAT
+
+    @gluon.jit
+    def _w8a8_wgmma_kernel(x_desc, w_desc, sa_ptr, sw_ptr, out_ptr, M, N, K, stride_sm, stride_om, act_hpg,
+                           act_groups, hpg, groups, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                           GROUP_M: gl.constexpr, num_warps: gl.constexpr):
+        # grouped program order: GROUP_M token tiles share each weight tile while it is in L2
+        pid = gl.program_id(0)
+        num_m = gl.cdiv(M, BM)
+        num_n = gl.cdiv(N, BN)
+        in_group = GROUP_M * num_n
+        first_m = (pid // in_group) * GROUP_M
+        size_m = gl.minimum(num_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % in_group) % size_m
+        pid_n = (pid % in_group) // size_m
+        off_m = pid_m * BM
+        off_n = pid_n * BN
+        n_blocks = gl.cdiv(K, 128)
+        gl.assume(n_blocks > 0)
+
+        acc_l: gl.constexpr = _acc_layout(BM, BN, num_warps)
+        xs = gl.allocate_shared_memory(gl.int8, [STAGES, BM, 128], x_desc.layout)
+        ws = gl.allocate_shared_memory(gl.int8, [STAGES, BN, 128], w_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(bars.index(i), count=1)
+        for kb0 in gl.static_range(STAGES - 1):
+            if kb0 < n_blocks:
+                _load_block(x_desc, w_desc, xs, ws, bars, kb0, off_m, off_n, STAGES)
+
+        rm = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, acc_l))
+        rn = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_l))
+        rm_in = gl.minimum(rm, M - 1)
+        rn_in = gl.minimum(rn, N - 1)
+        acc = gl.zeros([BM, BN], gl.float32, acc_l)
+        part = gl.zeros([BM, BN], gl.int32, acc_l)
+        for kb in range(n_blocks):
+            # block kb + STAGES - 1 into the slot block kb - 1 left (its products were waited for)
+            if kb + STAGES - 1 < n_blocks:
+                _load_block(x_desc, w_desc, xs, ws, bars, kb + STAGES - 1, off_m, off_n, STAGES)
+            part = _mma_block(xs, ws, bars, kb, part, STAGES)
+            # the block's scales load while its products run
+            sa, sw = _block_scales(sa_ptr, sw_ptr, kb, rm_in, rn_in, N, stride_sm, act_hpg, act_groups, hpg, groups)
+            part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
+            acc += _i2f(part) * (sw[None, :] * sa[:, None])
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(i))
+        mask = (rm < M)[:, None] & (rn < N)[None, :]
+        gl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def w8a8_wgmma_problem(a_codes: torch.Tensor, act_group_size: int, layout: str, tensors: dict, meta: dict,
+                       out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16) -> str | None:
+    """Why :func:`w8a8_wgmma_matmul` cannot run (None: it can): a ``w8`` weight with 128-column groups (or
+    per-channel), activation groups of a multiple of 128 columns or per-token, 16-byte aligned int8 rows with
+    unit column stride (TMA), an fp16/bf16 output with unit column stride, Gluon and a Hopper GPU."""
+    if layout != "w8":
+        return f"layout {layout} is not w8"
+    gs = int(meta["group_size"])
+    if (gs != -1 and gs % 128) or (act_group_size != -1 and act_group_size % 128):
+        return "groups are not multiples of 128 columns"
+    return hopper_problem(a_codes, a_codes.shape[1], out, out_dtype, k_multiple=16)
+
+
+def w8a8_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, tensors: dict,
+                      meta: dict, bm: int = 64, bn: int = 128, stages: int = 4, num_warps: int = 4,
+                      out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    """Y [M, N] = dequant(A)·Ŵᵀ for int8 codes [M, K] with float32 scales [M, G] and a ``w8`` weight (module
+    docstring); ``bm`` tokens × ``bn`` weight rows per program, ``stages`` K blocks in flight, ``num_warps`` 4 or
+    8 (one or two warpgroups along the tokens). The caller checks :func:`w8a8_wgmma_problem`."""
+    m, k = a_codes.shape
+    qweight, scales = tensors["qweight"], tensors["scales"]
+    n = int(meta["out_features"])
+    out = torch.empty(m, n, dtype=out_dtype, device=a_codes.device) if out is None else out
+    x_layout = gl.NVMMASharedLayout.get_default_for([bm, 128], gl.int8)
+    w_layout = gl.NVMMASharedLayout.get_default_for([bn, 128], gl.int8)
+    x_desc = TensorDescriptor(a_codes, [m, k], [a_codes.stride(0), 1], [bm, 128], x_layout)
+    # the weight's columns past K are zero padding (nibble_planes.padded_k): the descriptor stops at K
+    w_desc = TensorDescriptor(qweight, [n, k], [qweight.stride(0), 1], [bn, 128], w_layout)
+    n_tiles = qweight.shape[1] // 256
+    grid = (-(-m // bm) * -(-n // bn),)
+    _w8a8_wgmma_kernel[grid](x_desc, w_desc, a_scales, scales, out, m, n, k, a_scales.stride(0), out.stride(0),
+                             act_groups_in_halves(act_group_size, k), a_scales.shape[1],
+                             groups_in_halves(meta, n_tiles), scales.shape[0], BM=bm, BN=bn, STAGES=stages,
+                             GROUP_M=8, num_warps=num_warps)
+    return out

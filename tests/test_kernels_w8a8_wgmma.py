@@ -1,0 +1,147 @@
+"""The W8A8 TMA kernel (quantkit/runtime/kernels/w8a8_wgmma.py) and the int8 operands that let MixLLM W4A8 and
+mixed layers run it (int8_operand.py). The operands and the launch rule are checked anywhere (the operand kernel
+under Triton's CPU interpreter); the kernel itself only on a Hopper GPU, where it must equal the Triton W8A8 kernel
+bit for bit."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (quantkit.runtime.kernels.jit)
+
+import pytest  # noqa: E402
+
+from quantkit.quant.act import quantize_activation_int  # noqa: E402
+from quantkit.runtime.kernels import int8_gemm  # noqa: E402
+from quantkit.runtime.kernels.configs import (MIXLLM_MIXED_OPERAND_MIN_M, MIXLLM_OPERAND_MIN_M,  # noqa: E402
+                                             TileConfig, w8a8_wgmma_config)
+from quantkit.runtime.kernels.int8_gemm import int8_matmul, mixed_int8_matmul  # noqa: E402
+from quantkit.runtime.kernels.int8_operand import (asym4_int8_operand, group_scales_fp32,  # noqa: E402
+                                                   mixed_w8_operand)
+from quantkit.runtime.kernels.reference import int8_reference, int8_weight  # noqa: E402
+from quantkit.runtime.kernels.w8a8_wgmma import w8a8_wgmma_matmul, w8a8_wgmma_problem  # noqa: E402
+from quantkit.runtime.kernels.wgmma_common import HAVE_GLUON  # noqa: E402
+from tests.kernels_helpers import DEVICE, packed, poisoned, rel_err  # noqa: E402
+
+ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and HAVE_GLUON
+hopper = pytest.mark.skipif(not ON_HOPPER, reason="needs a Hopper (sm_90) GPU and Triton's Gluon")
+
+
+def _acts(m: int, k: int, act_group: int, seed: int):
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed)) * 3
+    codes, scales = quantize_activation_int(x, 8, act_group)
+    return codes.to(DEVICE), scales.float().to(DEVICE)
+
+
+def _mixed_parts(n: int, k: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(n, generator=g)
+    rows8, rows4 = perm[: max(1, n // 10)].sort().values, perm[max(1, n // 10):].sort().values
+    parts = []
+    for layout, rows in (("w4a16", rows4), ("w8", rows8)):
+        _, tensors, meta = packed(layout, len(rows), k, 128, seed=seed + len(rows))
+        parts.append((layout, tensors, meta, rows.to(torch.int32).to(DEVICE)))
+    return parts
+
+
+def test_rule_takes_w8a8_above_64_tokens_with_fewer_rows_per_program_on_small_launches():
+    assert w8a8_wgmma_config(64, 14336, 4096) is None
+    assert w8a8_wgmma_config(65, 14336, 4096) == (64, 128, 4, 4)
+    assert w8a8_wgmma_config(256, 4096, 4096) == (64, 64, 4, 4)  # 4 × 32 = 128 programs of 128 rows
+    assert w8a8_wgmma_config(512, 4096, 4096) == (64, 128, 4, 4)
+
+
+@pytest.mark.parametrize("n,k", [(33, 200), (70, 512), (5, 1000)])
+def test_asym4_operand_is_the_w4a8_kernels_q_minus_z_and_scales_widen_exactly(n, k):
+    _, tensors, meta = packed("w4a16", n, k, 128, seed=n)
+    assert torch.equal(asym4_int8_operand(tensors, meta).cpu(), int8_weight("w4a16", tensors, meta).cpu())
+    fp16 = (tensors["qparams"].cpu() & 0xFFFF).to(torch.int16).view(torch.float16)
+    assert torch.equal(group_scales_fp32("w4a16", tensors).cpu(), fp16.float())
+
+
+def test_mixed_operand_puts_each_partitions_rows_in_output_order():
+    n, k, m = 50, 384, 3
+    parts = _mixed_parts(n, k, seed=5)
+    (tensors, meta) = mixed_w8_operand(parts, n)
+    codes, scales = _acts(m, k, 128, seed=1)
+    got = int8_reference(codes, scales, 128, "w8", tensors, meta)
+    for layout, t, mt, rows in parts:
+        part = int8_reference(codes, scales, 128, layout, t, mt)
+        assert torch.equal(got[:, rows.long()].cpu(), part.cpu())
+
+
+def test_mixed_operand_declines_partitions_of_different_group_sizes():
+    n, k = 20, 512
+    parts = _mixed_parts(n, k, seed=2)
+    _, t, mt = packed("w8", 2, k, 256)
+    assert mixed_w8_operand([parts[0], ("w8", t, mt, torch.tensor([0, 1], dtype=torch.int32))], n) is None
+
+
+def test_problem_names_what_the_kernel_cannot_take():
+    _, tensors, meta = packed("w8", 64, 512, 128)
+    codes, _ = _acts(40, 512, 128, 0)
+    assert "not w8" in w8a8_wgmma_problem(codes, 128, "w4a16", tensors, meta)
+    assert "128 columns" in w8a8_wgmma_problem(codes, 64, "w8", tensors, meta)
+    wide = torch.zeros(40, 520, dtype=torch.int8, device=codes.device)
+    assert "16-byte" in w8a8_wgmma_problem(wide[:, 1:513], 128, "w8", tensors, meta)
+    f32 = torch.empty(40, 64, dtype=torch.float32, device=codes.device)
+    assert "fp16 or bf16" in w8a8_wgmma_problem(codes, 128, "w8", tensors, meta, f32)
+    if not ON_HOPPER:
+        assert w8a8_wgmma_problem(codes, 128, "w8", tensors, meta) is not None
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("n,k,m,act_group,tile", [
+    (200, 512, 33, 128, (64, 128, 4, 4)), (1000, 1024, 130, 128, (64, 64, 4, 4)), (64, 256, 1, 128, (64, 64, 3, 4)),
+    (127, 1280, 257, -1, (128, 128, 4, 8)), (129, 400, 70, 128, (64, 128, 4, 4))])
+def test_gluon_w8a8_equals_triton_and_the_reference(n, k, m, act_group, tile):
+    _, tensors, meta = packed("w8", n, k, 128, seed=n + m)
+    codes, scales = _acts(m, k, act_group, seed=m)
+    got = w8a8_wgmma_matmul(codes, scales, act_group, tensors, meta, *tile, out=poisoned(m, n, torch.float16))
+    tri = int8_matmul(codes, scales, act_group, "w8", tensors, meta, config=TileConfig(64, 64, 1, 4, 3))
+    assert torch.equal(got, tri)
+    assert rel_err(got, int8_reference(codes, scales, act_group, "w8", tensors, meta)) < 1e-3
+
+
+@pytest.mark.gpu
+@hopper
+def test_int8_matmul_runs_the_w8a8_kernel_where_the_rule_picks_it(monkeypatch):
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(args[5:9])
+        return w8a8_wgmma_matmul(*args, **kwargs)
+
+    monkeypatch.setattr(int8_gemm, "w8a8_wgmma_matmul", spy)
+    _, tensors, meta = packed("w8", 4096, 512, 128, seed=1)
+    codes, scales = _acts(256, 512, 128, 1)
+    out = int8_matmul(codes, scales, 128, "w8", tensors, meta)
+    assert calls == [w8a8_wgmma_config(256, 4096, 512)]
+    assert rel_err(out, int8_reference(codes, scales, 128, "w8", tensors, meta)) < 1e-3
+    int8_matmul(codes[:64], scales[:64], 128, "w8", tensors, meta)  # 64 tokens: the Triton kernel
+    assert len(calls) == 1
+
+
+@pytest.mark.gpu
+@hopper
+def test_w4a8_and_mixed_prefill_through_the_int8_operand_equal_their_triton_kernels(monkeypatch):
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(args[3]["qweight"].dtype)
+        return w8a8_wgmma_matmul(*args, **kwargs)
+
+    monkeypatch.setattr(int8_gemm, "w8a8_wgmma_matmul", spy)
+    m, n, k = max(MIXLLM_OPERAND_MIN_M, MIXLLM_MIXED_OPERAND_MIN_M) + 3, 300, 768
+    codes, scales = _acts(m, k, 128, seed=3)
+    _, tensors, meta = packed("w4a16", n, k, 128, seed=3)
+    via = int8_matmul(codes, scales, 128, "w4a16", tensors, meta)
+    assert torch.equal(via, int8_matmul(codes, scales, 128, "w4a16", tensors, meta, config=TileConfig(64, 64, 1, 4, 3)))
+    parts = _mixed_parts(n, k, seed=4)
+    mixed = mixed_int8_matmul(codes, scales, 128, parts, n)
+    assert torch.equal(mixed, mixed_int8_matmul(codes, scales, 128, parts, n, config=TileConfig(64, 64, 1, 4, 3)))
+    assert calls == [torch.int8, torch.int8]  # both through the materialized operand

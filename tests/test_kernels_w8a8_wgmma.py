@@ -19,8 +19,7 @@ from quantkit.runtime.kernels import int8_gemm  # noqa: E402
 from quantkit.runtime.kernels.configs import (MIXLLM_MIXED_OPERAND_MIN_M, MIXLLM_OPERAND_MIN_M,  # noqa: E402
                                              TileConfig, w8a8_wgmma_config)
 from quantkit.runtime.kernels.int8_gemm import int8_matmul, mixed_int8_matmul  # noqa: E402
-from quantkit.runtime.kernels.int8_operand import (asym4_int8_operand, group_scales_fp32,  # noqa: E402
-                                                   mixed_w8_operand)
+from quantkit.runtime.kernels.int8_operand import mixed_w8_operand, w8_operand  # noqa: E402
 from quantkit.runtime.kernels.reference import int8_reference, int8_weight  # noqa: E402
 from quantkit.runtime.kernels.w8a8_wgmma import w8a8_wgmma_matmul, w8a8_wgmma_problem  # noqa: E402
 from quantkit.runtime.kernels.wgmma_common import HAVE_GLUON  # noqa: E402
@@ -57,9 +56,10 @@ def test_rule_takes_w8a8_above_64_tokens_with_fewer_rows_per_program_on_small_la
 @pytest.mark.parametrize("n,k", [(33, 200), (70, 512), (5, 1000)])
 def test_asym4_operand_is_the_w4a8_kernels_q_minus_z_and_scales_widen_exactly(n, k):
     _, tensors, meta = packed("w4a16", n, k, 128, seed=n)
-    assert torch.equal(asym4_int8_operand(tensors, meta).cpu(), int8_weight("w4a16", tensors, meta).cpu())
+    operand = w8_operand("w4a16", tensors, meta)
+    assert torch.equal(operand["qweight"].cpu(), int8_weight("w4a16", tensors, meta).cpu())
     fp16 = (tensors["qparams"].cpu() & 0xFFFF).to(torch.int16).view(torch.float16)
-    assert torch.equal(group_scales_fp32("w4a16", tensors).cpu(), fp16.float())
+    assert torch.equal(operand["scales"].cpu(), fp16.float())
 
 
 def test_mixed_operand_puts_each_partitions_rows_in_output_order():

@@ -227,15 +227,14 @@ def w8a8_wgmma_config(m: int, n: int, k: int) -> tuple[int, int, int, int] | Non
 
 
 # MixLLM W4A8 and mixed W4.4A8 prefill: from this many tokens the layer's int8 operand q − z is written once per
-# call (:mod:`.int8_operand`) and the W8A8 TMA kernel multiplies it — bit-identical to the g128 Triton kernels, and
-# in docs/bench/int8_operand_sweep.py on an H100 (docs/logs/int8_operand_h100.json) 1.10-1.36× faster than the
-# W4A8 kernel at M = 1024-4096 on five Llama-3-8B shapes, 0.97-1.16× at M = 512 (the operand costs N·Kp·1.5 bytes
-# moved: 14336×4096 M = 1024 271 µs in all, 236 for the product alone). A mixed layer's operand also gathers the
-# 8-bit rows and both partitions' scales into output order, 38-70 µs in all, so mixed layers switch later: at
-# M = 1024 it won on 14336×4096 and 4096×14336 (1.11×, 1.15×) but lost on 4096×4096 (0.85×); 1.19-1.32× at
-# M = 4096 (docs/logs/int8_operand_mixed_h100.json).
+# call (:mod:`.int8_operand`, one launch per partition, a mixed layer's rows in output order) and the W8A8 TMA kernel
+# multiplies it — bit-identical to the g128 Triton kernels, and in docs/bench/int8_operand_sweep.py on an H100
+# (docs/logs/int8_operand_h100.json) 1.10-1.36× faster than the W4A8 kernel at M = 1024-4096 on five Llama-3-8B
+# shapes, 0.97-1.16× at M = 512 (the operand moves N·Kp·1.5 bytes: 14336×4096 M = 1024 271 µs in all, 236 for
+# the product alone). Mixed layers: docs/logs/int8_operand_mixed_fused_h100.json (the operand written by one launch
+# per partition; gathering it with indexed copies cost 38-70 µs more, docs/logs/int8_operand_mixed_h100.json).
 MIXLLM_OPERAND_MIN_M = 1024
-MIXLLM_MIXED_OPERAND_MIN_M = 2048
+MIXLLM_MIXED_OPERAND_MIN_M = 1024
 
 
 # One-launch mixed W4.4A8 at M <= 16 with 128-row (or larger) tiles: the 8-bit partition's programs get half

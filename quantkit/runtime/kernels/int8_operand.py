@@ -20,51 +20,63 @@ from quantkit.runtime.kernels.launch import groups_in_halves
 
 
 @kernel
-def _asym4_to_int8_kernel(w_ptr, p_ptr, rows_ptr, out_ptr, N, w_row, out_row, hpg, groups, BN: tl.constexpr,
-                          SCATTER: tl.constexpr, USE_ASM: tl.constexpr):
-    """int8 q − z of rows [BN] × one 256-column tile of a ``w4a16`` weight: ((q·1 + 128 − z) mod 256) XOR 0x80,
-    stored to row ``rows[n]`` of the output when SCATTER, else row n."""
+def _operand_kernel(w_ptr, p_ptr, rows_ptr, out_ptr, scales_ptr, N, n_out, w_row, out_row, hpg, groups,
+                    BN: tl.constexpr, W8: tl.constexpr, SCATTER: tl.constexpr, USE_ASM: tl.constexpr):
+    """Rows [BN] × one 256-column tile of a weight's int8 operand — ``w8``: its stored bytes; ``w4a16``: q − z as
+    ((q·1 + 128 − z) mod 256) XOR 0x80 — and the fp32 scales of the tile's two groups, stored to output row
+    ``rows[n]`` when SCATTER, else row n."""
     pid_n = tl.program_id(0)
     t = tl.program_id(1)
     rn = pid_n * BN + tl.arange(0, BN)
     rn_in = tl.minimum(rn, N - 1)
-    words = tl.load(w_ptr + rn_in[:, None] * w_row + t * 32 + tl.arange(0, 32)[None, :])
-    z_lo = (tl.load(p_ptr + tl.minimum((2 * t) // hpg, groups - 1) * N + rn_in) >> 16) & 0xFF
-    z_hi = (tl.load(p_ptr + tl.minimum((2 * t + 1) // hpg, groups - 1) * N + rn_in) >> 16) & 0xFF
-    one = tl.full((BN, 1), 1, tl.int32)
-    w = side_by_side(planes_i8(words, one, (128 - z_lo)[:, None], one, (128 - z_hi)[:, None], USE_ASM), 0, 8)
-    k = t * 256 + tl.arange(0, 256)
+    g_lo = tl.minimum((2 * t) // hpg, groups - 1)
+    g_hi = tl.minimum((2 * t + 1) // hpg, groups - 1)
+    p_lo = tl.load(p_ptr + g_lo * N + rn_in)
+    p_hi = tl.load(p_ptr + g_hi * N + rn_in)
+    if W8:
+        w = tl.load(w_ptr + rn_in[:, None] * w_row + t * 256 + tl.arange(0, 256)[None, :])
+        s_lo = p_lo
+        s_hi = p_hi
+    else:
+        words = tl.load(w_ptr + rn_in[:, None] * w_row + t * 32 + tl.arange(0, 32)[None, :])
+        one = tl.full((BN, 1), 1, tl.int32)
+        planes = planes_i8(words, one, (128 - ((p_lo >> 16) & 0xFF))[:, None], one,
+                           (128 - ((p_hi >> 16) & 0xFF))[:, None], USE_ASM)
+        w = side_by_side(planes, 0, 8)
+        s_lo = (p_lo & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        s_hi = (p_hi & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     if SCATTER:
         dest = tl.load(rows_ptr + rn_in).to(tl.int64)
     else:
         dest = rn.to(tl.int64)
-    tl.store(out_ptr + dest[:, None] * out_row + k[None, :], w, mask=(rn < N)[:, None])
+    ok = rn < N
+    k = t * 256 + tl.arange(0, 256)
+    tl.store(out_ptr + dest[:, None] * out_row + k[None, :], w, mask=ok[:, None])
+    tl.store(scales_ptr + g_lo * n_out + dest, s_lo, mask=ok)
+    tl.store(scales_ptr + g_hi * n_out + dest, s_hi, mask=ok)
 
 
-def asym4_int8_operand(tensors: dict, meta: dict, out: torch.Tensor | None = None, rows: torch.Tensor | None = None,
-                       use_asm: bool | None = None) -> torch.Tensor:
-    """int8 [N, Kp] q − z of a ``w4a16`` weight (Kp = K padded to 256), computed on the weights' device with the
-    W4A8 kernels' arithmetic: equal to :func:`.reference.int8_weight` ("w4a16"). With ``rows`` (int32 [N]) row n
-    goes to row rows[n] of ``out`` (a mixed layer's operand)."""
-    qweight, qparams = tensors["qweight"], tensors["qparams"]
-    check_device(qweight, qparams)
+def write_operand(layout: str, tensors: dict, meta: dict, weight: torch.Tensor, scales: torch.Tensor,
+                  rows: torch.Tensor | None = None, use_asm: bool | None = None) -> None:
+    """Write a ``w8`` or ``w4a16`` weight's int8 operand into ``weight`` [N_out, Kp] and its fp32 group scales
+    into ``scales`` [G, N_out], at rows ``rows`` (int32 [N], a mixed layer's partition) or 0..N-1 — one launch.
+    The operand equals :func:`.reference.int8_weight`; the scales are the W4A8 kernels' widened fp16 scales."""
+    w = tensors["qweight"]
+    p = tensors["scales"] if layout == "w8" else tensors["qparams"]
+    check_device(w, p, weight, scales)
     n = int(meta["out_features"])
-    n_tiles = qweight.shape[1] // 32
-    out = torch.empty(n, n_tiles * 256, dtype=torch.int8, device=qweight.device) if out is None else out
+    n_tiles = weight.shape[1] // 256
     bn = 64
-    _asym4_to_int8_kernel[(-(-n // bn), n_tiles)](qweight, qparams, qparams if rows is None else rows, out, n,
-                                                  qweight.shape[1], out.stride(0), groups_in_halves(meta, n_tiles),
-                                                  qparams.shape[0], BN=bn, SCATTER=rows is not None,
-                                                  USE_ASM=USE_ASM if use_asm is None else use_asm, num_warps=4)
-    return out
+    _operand_kernel[(-(-n // bn), n_tiles)](w, p, p if rows is None else rows, weight, scales, n, weight.shape[0],
+                                            w.shape[1], weight.stride(0), groups_in_halves(meta, n_tiles),
+                                            p.shape[0], BN=bn, W8=layout == "w8", SCATTER=rows is not None,
+                                            USE_ASM=USE_ASM if use_asm is None else use_asm, num_warps=4)
 
 
-def group_scales_fp32(layout: str, tensors: dict) -> torch.Tensor:
-    """The fp32 weight scale of every (group, row) [G, N]: stored (``w8``) or the fp16 bits 0-15 of each ``w4a16``
-    group word, widened exactly (the W4A8 kernels' ``_weight_scale``)."""
-    if layout == "w8":
-        return tensors["scales"]
-    return (tensors["qparams"] & 0xFFFF).to(torch.int16).view(torch.float16).float()
+def _empty_operand(n: int, meta: dict, device) -> tuple[torch.Tensor, torch.Tensor]:
+    kp = -(-int(meta["in_features"]) // 256) * 256
+    return (torch.empty(n, kp, dtype=torch.int8, device=device),
+            torch.empty(int(meta["num_groups"]), n, dtype=torch.float32, device=device))
 
 
 def w8_operand(layout: str, tensors: dict, meta: dict) -> dict:
@@ -72,28 +84,21 @@ def w8_operand(layout: str, tensors: dict, meta: dict) -> dict:
     group scales as a ``w8`` or ``w4a16`` weight (module docstring)."""
     if layout == "w8":
         return tensors
-    return {"qweight": asym4_int8_operand(tensors, meta), "scales": group_scales_fp32(layout, tensors)}
+    weight, scales = _empty_operand(int(meta["out_features"]), meta, tensors["qweight"].device)
+    write_operand(layout, tensors, meta, weight, scales)
+    return {"qweight": weight, "scales": scales}
 
 
 def mixed_w8_operand(parts: list, out_features: int) -> tuple[dict, dict] | None:
     """One ``w8``-layout (tensors, meta) for a mixed layer's partitions ((layout, tensors, meta, rows) of ``w8`` /
-    ``w4a16`` rows), rows in output order; None when the partitions' K or group sizes differ (then each keeps its
-    own kernel)."""
+    ``w4a16`` rows), rows in output order, written by one launch per partition; None when the partitions' K or
+    group sizes differ (then each keeps its own kernel)."""
     metas = [p[2] for p in parts]
     if len({int(m["in_features"]) for m in metas}) != 1 or len({int(m["group_size"]) for m in metas}) != 1:
         return None
-    meta0 = metas[0]
-    dev = parts[0][1]["qweight"].device
-    kp = -(-int(meta0["in_features"]) // 256) * 256
-    groups = int(meta0["num_groups"])
-    weight = torch.empty(out_features, kp, dtype=torch.int8, device=dev)
-    scales = torch.empty(groups, out_features, dtype=torch.float32, device=dev)
+    weight, scales = _empty_operand(out_features, metas[0], parts[0][1]["qweight"].device)
     for layout, tensors, meta, rows in parts:
-        if layout == "w8":
-            weight.index_copy_(0, rows.long(), tensors["qweight"])
-        else:  # written straight to its rows (an indexed assignment of the whole operand cost ~300 µs at 14336 rows)
-            asym4_int8_operand(tensors, meta, weight, rows.to(torch.int32).contiguous())
-        scales.index_copy_(1, rows.long(), group_scales_fp32(layout, tensors))
-    meta = {"out_features": out_features, "in_features": int(meta0["in_features"]),
-            "group_size": int(meta0["group_size"]), "num_groups": groups}
+        write_operand(layout, tensors, meta, weight, scales, rows.to(torch.int32))
+    meta = {"out_features": out_features, "in_features": int(metas[0]["in_features"]),
+            "group_size": int(metas[0]["group_size"]), "num_groups": scales.shape[0]}
     return {"qweight": weight, "scales": scales}, meta

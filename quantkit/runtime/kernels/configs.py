@@ -228,11 +228,12 @@ def w8a8_wgmma_config(m: int, n: int, k: int) -> tuple[int, int, int, int] | Non
 
 # MixLLM W4A8 and mixed W4.4A8 prefill: from this many tokens the layer's int8 operand q − z is written once per
 # call (:mod:`.int8_operand`, one launch per partition, a mixed layer's rows in output order) and the W8A8 TMA kernel
-# multiplies it — bit-identical to the g128 Triton kernels, and in docs/bench/int8_operand_sweep.py on an H100
-# (docs/logs/int8_operand_h100.json) 1.10-1.36× faster than the W4A8 kernel at M = 1024-4096 on five Llama-3-8B
-# shapes, 0.97-1.16× at M = 512 (the operand moves N·Kp·1.5 bytes: 14336×4096 M = 1024 271 µs in all, 236 for
-# the product alone). Mixed layers: docs/logs/int8_operand_mixed_fused_h100.json (the operand written by one launch
-# per partition; gathering it with indexed copies cost 38-70 µs more, docs/logs/int8_operand_mixed_h100.json).
+# multiplies it — bit-identical to the g128 Triton kernels. docs/bench/int8_operand_sweep.py on an H100
+# (docs/logs/int8_operand_mixed_fused_h100.json, five Llama-3-8B shapes): W4A8 1.19-1.30× the Triton kernel at
+# M = 1024 and 1.28-1.38× at 2048, mixed 1.13-1.28× and 1.25-1.34× (the operand moves N·Kp·1.5 bytes: 14336×4096
+# M = 1024 274 µs in all, 234 for the product alone); at M = 512 W4A8 won by 1.08-1.17× but mixed lost on
+# 6144×4096 (0.87×), so both switch at 1024 and a mixed layer stays within 1.04× of W4A8 there. (Gathering the
+# mixed operand with indexed copies instead cost 38-70 µs more: docs/logs/int8_operand_mixed_h100.json.)
 MIXLLM_OPERAND_MIN_M = 1024
 MIXLLM_MIXED_OPERAND_MIN_M = 1024
 

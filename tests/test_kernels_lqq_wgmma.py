@@ -69,20 +69,35 @@ def test_rule_uses_two_stages_only_between_512_and_1024_tokens_on_wide_launches(
 
 
 def test_problem_names_what_the_kernel_cannot_take():
-    _, tensors, meta = packed("w4a8-lqq", 64, 512, 128)
-    codes, scales = _acts(40, 512, 0)
-    assert "not w4a8-lqq" in lqq_wgmma_problem(codes, scales, -1, "w8", tensors, meta)
-    assert "per-token" in lqq_wgmma_problem(codes, scales, 128, "w4a8-lqq", tensors, meta)
-    _, t300, m300 = packed("w4a8-lqq", 64, 300, 128)
-    c300, s300 = _acts(40, 300, 0)
-    assert "multiple of 256" in lqq_wgmma_problem(c300, s300, -1, "w4a8-lqq", t300, m300)
+    _, _, meta = packed("w4a8-lqq", 64, 512, 128)
+    codes, _ = _acts(40, 512, 0)
+    assert "not w4a8-lqq" in lqq_wgmma_problem(codes, -1, "w8", meta)
+    assert "per-token" in lqq_wgmma_problem(codes, 128, "w4a8-lqq", meta)
+    _, _, m300 = packed("w4a8-lqq", 64, 300, 128)
+    c300, _ = _acts(40, 300, 0)
+    assert "multiple of 256" in lqq_wgmma_problem(c300, -1, "w4a8-lqq", m300)
     wide = torch.zeros(40, 520, dtype=torch.int8, device=codes.device)
-    wide[:, :512] = codes
-    assert "16-byte" in lqq_wgmma_problem(wide[:, 1:513], scales, -1, "w4a8-lqq", tensors, meta)
+    assert "16-byte" in lqq_wgmma_problem(wide[:, 1:513], -1, "w4a8-lqq", meta)
     f32 = torch.empty(40, 64, dtype=torch.float32, device=codes.device)
-    assert "fp16" in lqq_wgmma_problem(codes, scales, -1, "w4a8-lqq", tensors, meta, f32)
+    assert "fp16" in lqq_wgmma_problem(codes, -1, "w4a8-lqq", meta, f32)
     if not ON_HOPPER:
-        assert lqq_wgmma_problem(codes, scales, -1, "w4a8-lqq", tensors, meta) is not None
+        assert lqq_wgmma_problem(codes, -1, "w4a8-lqq", meta) is not None
+
+
+def test_a_kernel_that_does_not_compile_is_declined_from_then_on(monkeypatch):
+    from quantkit.runtime.kernels import wgmma_common
+
+    if not wgmma_common.HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    monkeypatch.setattr(wgmma_common, "_FAILED", {})
+
+    def broken():
+        raise wgmma_common.CompilationError(None, None, "async_copy_global_to_shared has been removed")
+
+    with pytest.warns(RuntimeWarning, match="did not compile"):
+        assert wgmma_common.launch_or_decline("lqq_wgmma", broken) is None
+    assert "lqq_wgmma" in wgmma_common._FAILED
+    assert wgmma_common.launch_or_decline("other", lambda: 7) == 7
 
 
 @pytest.mark.skipif(ON_HOPPER, reason="checks the fallback where the Gluon kernel cannot run")
@@ -102,7 +117,9 @@ def test_int8_matmul_falls_back_to_triton_where_gluon_cannot_run():
 def test_gluon_kernel_equals_triton_at_the_same_split_and_the_reference(n, k, m, bm, stages, split):
     _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n + m)
     codes, scales = _acts(m, k, seed=m)
-    got = lqq_wgmma_matmul(codes, scales, tensors, meta, bm, stages, split, out=poisoned(m, n, torch.float16))
+    # a row-strided output (rows n + 8 apart), as QuantLinear's callers may pass
+    out = torch.full((m, n + 8), float("nan"), dtype=torch.float16, device=DEVICE)[:, :n]
+    got = lqq_wgmma_matmul(codes, scales, tensors, meta, bm, stages, split, out=out)
     tri = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, config=TileConfig(64, bm, split, 4, 3))
     assert torch.equal(got, tri)
     assert rel_err(got, int8_reference(codes, scales, -1, "w4a8-lqq", tensors, meta)) < 1e-3

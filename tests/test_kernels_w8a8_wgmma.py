@@ -23,7 +23,7 @@ from quantkit.runtime.kernels.int8_operand import mixed_w8_operand, w8_operand  
 from quantkit.runtime.kernels.reference import int8_reference, int8_weight  # noqa: E402
 from quantkit.runtime.kernels.w8a8_wgmma import w8a8_wgmma_matmul, w8a8_wgmma_problem  # noqa: E402
 from quantkit.runtime.kernels.wgmma_common import HAVE_GLUON  # noqa: E402
-from tests.kernels_helpers import DEVICE, packed, poisoned, rel_err  # noqa: E402
+from tests.kernels_helpers import DEVICE, packed, rel_err  # noqa: E402
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and HAVE_GLUON
 hopper = pytest.mark.skipif(not ON_HOPPER, reason="needs a Hopper (sm_90) GPU and Triton's Gluon")
@@ -81,28 +81,56 @@ def test_mixed_operand_declines_partitions_of_different_group_sizes():
 
 
 def test_problem_names_what_the_kernel_cannot_take():
-    _, tensors, meta = packed("w8", 64, 512, 128)
+    _, _, meta = packed("w8", 64, 512, 128)
     codes, _ = _acts(40, 512, 128, 0)
-    assert "not w8" in w8a8_wgmma_problem(codes, 128, "w4a16", tensors, meta)
-    assert "128 columns" in w8a8_wgmma_problem(codes, 64, "w8", tensors, meta)
+    assert "not w8" in w8a8_wgmma_problem(codes, 128, "w4a16", meta)
+    assert "128 columns" in w8a8_wgmma_problem(codes, 64, "w8", meta)
     wide = torch.zeros(40, 520, dtype=torch.int8, device=codes.device)
-    assert "16-byte" in w8a8_wgmma_problem(wide[:, 1:513], 128, "w8", tensors, meta)
+    assert "16-byte" in w8a8_wgmma_problem(wide[:, 1:513], 128, "w8", meta)
     f32 = torch.empty(40, 64, dtype=torch.float32, device=codes.device)
-    assert "fp16 or bf16" in w8a8_wgmma_problem(codes, 128, "w8", tensors, meta, f32)
+    assert "fp16 or bf16" in w8a8_wgmma_problem(codes, 128, "w8", meta, f32)
     if not ON_HOPPER:
-        assert w8a8_wgmma_problem(codes, 128, "w8", tensors, meta) is not None
+        assert w8a8_wgmma_problem(codes, 128, "w8", meta) is not None
+
+
+def test_mixed_operand_refuses_partitions_that_do_not_cover_the_layer():
+    parts = _mixed_parts(20, 256, seed=7)
+    with pytest.raises(ValueError, match="rows"):
+        mixed_w8_operand(parts, 21)
+
+
+@pytest.mark.skipif(ON_HOPPER, reason="checks the fallback where the Gluon kernels cannot run")
+def test_int8_matmul_falls_back_to_triton_where_the_gluon_paths_cannot_run():
+    # sizes where the rules would pick the TMA kernel (w8 above 64 tokens) or the int8 operand (from 1024 tokens)
+    m8, mo, k = 70, MIXLLM_OPERAND_MIN_M, 256
+    codes, scales = _acts(m8, k, 128, seed=2)
+    _, tensors, meta = packed("w8", 30, k, 128, seed=2)
+    assert w8a8_wgmma_config(m8, 30, k) is not None
+    y = int8_matmul(codes, scales, 128, "w8", tensors, meta)
+    assert rel_err(y, int8_reference(codes, scales, 128, "w8", tensors, meta)) < 1e-3
+    codes, scales = _acts(mo, k, 128, seed=3)
+    _, tensors, meta = packed("w4a16", 20, k, 128, seed=3)
+    y = int8_matmul(codes, scales, 128, "w4a16", tensors, meta)
+    assert rel_err(y, int8_reference(codes, scales, 128, "w4a16", tensors, meta)) < 1e-3
+    parts = _mixed_parts(20, k, seed=4)
+    y = mixed_int8_matmul(codes, scales, 128, parts, 20)
+    for layout, t, mt, rows in parts:
+        assert rel_err(y[:, rows.long()], int8_reference(codes, scales, 128, layout, t, mt)) < 1e-3
 
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("n,k,m,act_group,tile", [
-    (200, 512, 33, 128, (64, 128, 4, 4)), (1000, 1024, 130, 128, (64, 64, 4, 4)), (64, 256, 1, 128, (64, 64, 3, 4)),
-    (127, 1280, 257, -1, (128, 128, 4, 8)), (129, 400, 70, 128, (64, 128, 4, 4))])
-def test_gluon_w8a8_equals_triton_and_the_reference(n, k, m, act_group, tile):
+@pytest.mark.parametrize("n,k,m,act_group,tile,dtype", [
+    (200, 512, 33, 128, (64, 128, 4, 4), torch.float16), (1000, 1024, 130, 128, (64, 64, 4, 4), torch.bfloat16),
+    (64, 256, 1, 128, (64, 64, 3, 4), torch.float16), (127, 1280, 257, -1, (128, 128, 4, 8), torch.float16),
+    (129, 400, 70, 128, (64, 128, 4, 4), torch.bfloat16)])
+def test_gluon_w8a8_equals_triton_and_the_reference(n, k, m, act_group, tile, dtype):
     _, tensors, meta = packed("w8", n, k, 128, seed=n + m)
     codes, scales = _acts(m, k, act_group, seed=m)
-    got = w8a8_wgmma_matmul(codes, scales, act_group, tensors, meta, *tile, out=poisoned(m, n, torch.float16))
-    tri = int8_matmul(codes, scales, act_group, "w8", tensors, meta, config=TileConfig(64, 64, 1, 4, 3))
+    out = torch.full((m, n + 8), float("nan"), dtype=dtype, device=DEVICE)[:, :n]  # rows n + 8 apart
+    got = w8a8_wgmma_matmul(codes, scales, act_group, tensors, meta, *tile, out=out)
+    tri = int8_matmul(codes, scales, act_group, "w8", tensors, meta, out_dtype=dtype,
+                      config=TileConfig(64, 64, 1, 4, 3))
     assert torch.equal(got, tri)
     assert rel_err(got, int8_reference(codes, scales, act_group, "w8", tensors, meta)) < 1e-3
 
@@ -132,7 +160,7 @@ def test_w4a8_and_mixed_prefill_through_the_int8_operand_equal_their_triton_kern
     calls = []
 
     def spy(*args, **kwargs):
-        calls.append(args[3]["qweight"].dtype)
+        calls.append(args[3]["qweight"].shape)  # the materialized operand: [N, Kp] int8
         return w8a8_wgmma_matmul(*args, **kwargs)
 
     monkeypatch.setattr(int8_gemm, "w8a8_wgmma_matmul", spy)
@@ -144,4 +172,4 @@ def test_w4a8_and_mixed_prefill_through_the_int8_operand_equal_their_triton_kern
     parts = _mixed_parts(n, k, seed=4)
     mixed = mixed_int8_matmul(codes, scales, 128, parts, n)
     assert torch.equal(mixed, mixed_int8_matmul(codes, scales, 128, parts, n, config=TileConfig(64, 64, 1, 4, 3)))
-    assert calls == [torch.int8, torch.int8]  # both through the materialized operand
+    assert calls == [(n, k), (n, k)]  # both through the materialized operand (Kp = K = 768)

@@ -1,6 +1,8 @@
 """MixLLM W4A8 and mixed W4.4A8 at prefill sizes: the Triton kernels (default tiles) against writing the int8
 operand q − z once per call and running the W8A8 TMA kernel (quantkit/runtime/kernels/int8_operand.py,
-w8a8_wgmma.py), and cuBLAS fp16. Checks the second path bit-exact against the first.
+w8a8_wgmma.py), and cuBLAS fp16. Checks the second path bit-exact against the first. Only the activations rotate
+past the L2 here, not the weights (fp16 ones included): the two quantized paths compare like for like, but for
+speedups against fp16 read `quantkit bench`, which rotates every operand.
 
     python docs/bench/int8_operand_sweep.py --out int8_operand.json
 """

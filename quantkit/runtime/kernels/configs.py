@@ -161,11 +161,13 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
 
 
 # LiquidQuant W4A8 on Hopper at M = 32-2048: the Gluon kernel (:mod:`.lqq_wgmma`), whose dequantization overlaps
-# its own int8 products, where it beat the Triton kernel in docs/bench/lqq_wgmma_sweep.py on an H100
-# (docs/logs/lqq_wgmma_h100.json: 16 token counts from 32 to 4096 × six Llama-3-8B shapes; with this rule slower
-# than cuBLAS fp16 at 16 of the 96 points, the Triton kernel alone at 44, the best measured kernel per point at 12;
-# the rule's pick is 1.03× the best on average). Tokens per program: the largest of 128/64/32 that pads M no more
-# than 32 does (M = 96, 160 → 32; 192, 320, 448 → 64; multiples of 128 → 128), halved while fewer than half
+# its own int8 products, by a rule fitted to docs/bench/lqq_wgmma_sweep.py on an H100 (docs/logs/lqq_wgmma_h100.json:
+# 16 token counts from 32 to 4096 × six Llama-3-8B shapes). With it the layer is slower than cuBLAS fp16 at 16 of
+# the 96 points (the Triton kernel alone: 44; the best measured kernel per point: 12) and the pick is 1.03× the
+# best on average; at 18 of the 80 points it takes, the Triton kernel was faster, mostly by 1-7 % — by 10-26 % at
+# 4096×4096 M = 64/128, 4096×14336 M = 64, 6144×4096 M = 640 (the stage rule below picks the slower of 2/3 stages
+# there) and the 1024×4096 layer at M = 448/512, which this rule does not single out. Tokens per program: the
+# largest of 128/64/32 that pads M no more than 32 does (M = 96, 160 → 32; 192, 320, 448 → 64; multiples of 128 → 128), halved while fewer than half
 # the SMs get a program; 64-row programs, so at M <= 64 on layers narrower than MIN_PROGRAMS × 64 rows the Triton
 # kernel's split tiles stay (4096×4096 M = 32: 9.3 µs vs 10.2). K splits only for 32/64-token programs: up to one
 # program per SM, or on rows of >= WAVE_SPLIT_MIN_TILES tiles per split up to LQQ_WGMMA_LONG_ROW_PROGRAMS
@@ -209,10 +211,12 @@ def lqq_wgmma_config(m: int, n: int, k: int, sms: int = SMS_H100) -> tuple[int, 
 # MixLLM W8A8 above M = 64: the Gluon TMA kernel (:mod:`.w8a8_wgmma`), 64 tokens × 128 weight rows per program
 # (64 rows when that leaves fewer than W8A8_WGMMA_MIN_PROGRAMS programs), 4 stages, one warpgroup. Against the
 # Triton W8A8 kernel in docs/bench/w8a8_wgmma_sweep.py on an H100 (docs/logs/w8a8_wgmma_h100.json, five
-# Llama-3-8B shapes × M = 32-4096): 1.2-1.5× faster at M >= 256, 2.7-3.8× at M = 128 (where the Triton rule's
-# 256-token tile is half empty), 0.54-1.14× cuBLAS fp16; at M = 32-64 the two are within a few percent on most
-# shapes. Of the other tiles measured, 128×128 (two warpgroups) was 1.2× slower, and pairing K blocks so one
-# block's epilogue overlaps the next one's products was slower at M >= 1024 (docs/logs/w8a8_wgmma_paired_h100.json).
+# Llama-3-8B shapes × M = 32-4096), with these tiles: 1.2-1.6× faster at M >= 256, 2.7-3.8× at M = 128 (where the
+# Triton rule's 256-token tile is half empty), 0.54-1.14× cuBLAS fp16. At M = 64 the Triton kernel was faster on
+# four of five shapes (1.07-1.15×); at M = 32 this kernel was 1.25-2.0× faster on the 6144-, 14336- and 28672-row
+# layers and within 6 % on the other two, but M = 17-48 was not measured, so the rule starts above 64. Of the
+# other tiles measured, 128×128 (two warpgroups) was 1.2× slower, and pairing K blocks so one block's epilogue
+# overlaps the next one's products was slower at M >= 1024 (docs/logs/w8a8_wgmma_paired_h100.json).
 W8A8_WGMMA_MIN_M = 65
 W8A8_WGMMA_MIN_PROGRAMS = 200
 

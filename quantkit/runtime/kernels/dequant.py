@@ -71,9 +71,11 @@ def _asm_i8() -> str:
 
 ASM_F16 = tl.constexpr(_asm_f16(False))
 ASM_BF16 = tl.constexpr(_asm_f16(True))
-ASM_I8 = tl.constexpr(_asm_i8())
+ASM_I8_TEXT = _asm_i8()  # also the Gluon kernel's (lqq_wgmma), which wraps it in its own constexpr
+ASM_I8 = tl.constexpr(ASM_I8_TEXT)
 CONSTRAINTS_F16 = tl.constexpr("=r," * 8 + ",".join(["r"] * 6))  # 8 outputs; 2 words + 4 f16x2 per pack of 2
-CONSTRAINTS_I8 = tl.constexpr("=r," * 8 + ",".join(["r"] * 20))  # 8 outputs; 4 words + 4 × 4 int32 per pack of 4
+CONSTRAINTS_I8_TEXT = "=r," * 8 + ",".join(["r"] * 20)  # 8 outputs; 4 words + 4 × 4 int32 per pack of 4
+CONSTRAINTS_I8 = tl.constexpr(CONSTRAINTS_I8_TEXT)
 
 
 @kernel
@@ -154,3 +156,14 @@ def side_by_side(planes, first: tl.constexpr, count: tl.constexpr):
                     tl.join(tl.join(planes[4], planes[5]), tl.join(planes[6], planes[7])))
         x = tl.permute(x, (0, 4, 3, 2, 1))  # [r, c, i, j, k] holds plane 4k + 2j + i
     return tl.reshape(x, (planes[0].shape[0], 32 * count))
+
+
+@kernel
+def group_scale_f32(p, W8: tl.constexpr):
+    """fp32 weight-group scale from a per-group word: stored as float32 (``w8``) or as the fp16 bits 0-15 of a
+    ``w4a16`` word (scale | zero << 16), widened exactly (MixLLM Sec. 3.3 step 2's weight scale)."""
+    if W8:
+        s = p
+    else:
+        s = (p & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return s

@@ -31,13 +31,16 @@ from quantkit.formats.nibble_planes import padded_k
 from quantkit.runtime.kernels.configs import (MIXLLM_MIXED_OPERAND_MIN_M, MIXLLM_OPERAND_MIN_M, TileConfig,
                                              gemm_config, lqq_wgmma_config, mixed_second_bn, w8a8_wgmma_config)
 from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda, a8_gemv_preferred, a8_gemv_problem
-from quantkit.runtime.kernels.dequant import planes_i8, side_by_side
+from quantkit.runtime.kernels.dequant import group_scale_f32, planes_i8, side_by_side
+from quantkit.runtime.kernels.int8_operand import mixed_w8_operand, w8_operand
 from quantkit.runtime.kernels.jit import USE_ASM, check_device, kernel
 from quantkit.runtime.kernels.launch import act_groups_in_halves, groups_in_halves, split_plan
-from quantkit.runtime.kernels.int8_operand import mixed_w8_operand, w8_operand
+from quantkit.runtime.kernels.lqq_wgmma import KERNEL as LQQ_KERNEL
 from quantkit.runtime.kernels.lqq_wgmma import lqq_wgmma_matmul, lqq_wgmma_problem
-from quantkit.runtime.kernels.w8a8_wgmma import w8a8_wgmma_matmul, w8a8_wgmma_problem
 from quantkit.runtime.kernels.splitk import split_workspace, store_tile
+from quantkit.runtime.kernels.w8a8_wgmma import KERNEL as W8A8_KERNEL
+from quantkit.runtime.kernels.w8a8_wgmma import w8a8_wgmma_matmul, w8a8_wgmma_problem
+from quantkit.runtime.kernels.wgmma_common import launch_or_decline
 
 W8, ASYM4, LQQ = 0, 1, 2
 MODES = {"w8": W8, "w4a16": ASYM4, "w4a8-lqq": LQQ}
@@ -55,16 +58,6 @@ def _load_act(a_ptr, rm_in, stride_am, K, k0, WIDTH: tl.constexpr, EVEN_K: tl.co
     if EVEN_K:
         return tl.load(ptrs)
     return tl.load(ptrs, mask=(k < K)[:, None], other=0)
-
-
-@kernel
-def _weight_scale(p, MODE: tl.constexpr):
-    """Float32 weight-group scale from a per-group word: stored as float32 (w8) or fp16 in bits 0-15 (w4a16)."""
-    if MODE == _W8:
-        s = p
-    else:
-        s = (p & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    return s
 
 
 @kernel
@@ -93,7 +86,7 @@ def _half_epilogue(acc, part, sa_ptr, rm_in, stride_sm, act_hpg, act_groups, hal
     if MODE == _LQQ:
         acc += f * sa[None, :]
     else:
-        acc += f * (_weight_scale(p, MODE)[:, None] * sa[None, :])
+        acc += f * (group_scale_f32(p, MODE == _W8)[:, None] * sa[None, :])
     return acc
 
 
@@ -234,6 +227,30 @@ def _check_act(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: in
         raise ValueError(f"activation scales must be float32 [M, G], got {a_scales.dtype} {tuple(a_scales.shape)}")
 
 
+def _gluon_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, layout: str, tensors: dict,
+                  meta: dict, out: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor | None:
+    """Y from the Gluon kernel that the launch rules pick for this product on Hopper — LiquidQuant: the wgmma
+    kernel (:func:`.configs.lqq_wgmma_config`); ``w8``: the TMA kernel (:func:`.configs.w8a8_wgmma_config`);
+    ``w4a16`` from :data:`.configs.MIXLLM_OPERAND_MIN_M` tokens: its int8 operand through the TMA kernel
+    (:mod:`.int8_operand`) — or None where none applies, none can run (the ``*_problem`` functions) or the kernel
+    did not compile with this Triton (:func:`.wgmma_common.launch_or_decline`)."""
+    m, k = a_codes.shape[0], int(meta["in_features"])
+    n = int(meta["out_features"])
+    if layout == "w4a8-lqq":
+        cfg = lqq_wgmma_config(m, n, k)
+        if cfg is None or lqq_wgmma_problem(a_codes, act_group_size, layout, meta, out, out_dtype) is not None:
+            return None
+        return launch_or_decline(LQQ_KERNEL, lambda: lqq_wgmma_matmul(a_codes, a_scales, tensors, meta, *cfg, out,
+                                                                      out_dtype))
+    if layout == "w4a16" and m < MIXLLM_OPERAND_MIN_M:
+        return None
+    cfg = w8a8_wgmma_config(m, n, k)
+    if cfg is None or w8a8_wgmma_problem(a_codes, act_group_size, "w8", meta, out, out_dtype) is not None:
+        return None
+    return launch_or_decline(W8A8_KERNEL, lambda: w8a8_wgmma_matmul(
+        a_codes, a_scales, act_group_size, w8_operand(layout, tensors, meta), meta, *cfg, out, out_dtype))
+
+
 def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, layout: str, tensors: dict,
                 meta: dict, out_dtype: torch.dtype = torch.float16, config: TileConfig | None = None,
                 out: torch.Tensor | None = None, use_asm: bool | None = None) -> torch.Tensor:
@@ -242,12 +259,9 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
     ``w4a16`` (MixLLM W4A8) or ``w4a8-lqq`` weight; ``out`` an optional [M, N] result tensor; ``use_asm`` False
     forces the plain-Triton dequantization. With no ``config`` at decode sizes (:func:`.cuda_gemv_a8.
     a8_gemv_preferred`) the weight runs the CUDA A8 GEMV instead when it can
-    (:func:`.cuda_gemv_a8.a8_gemv_problem`), and a LiquidQuant weight with per-token activations
-    runs the Gluon wgmma kernel on Hopper where :func:`.configs.lqq_wgmma_config` picks it
-    (:func:`.lqq_wgmma.lqq_wgmma_problem` says when it cannot), a ``w8`` weight the Gluon TMA kernel where
-    :func:`.configs.w8a8_wgmma_config` does (:func:`.w8a8_wgmma.w8a8_wgmma_problem`), and from
-    :data:`.configs.MIXLLM_OPERAND_MIN_M` tokens a ``w4a16`` weight's int8 operand goes through that kernel too
-    (:mod:`.int8_operand`). Reference: :func:`.reference.int8_reference`."""
+    (:func:`.cuda_gemv_a8.a8_gemv_problem`), and on Hopper above decode sizes the Gluon kernels run where their
+    launch rules pick them (:func:`_gluon_matmul`). A ``config`` or a ``use_asm`` value keeps the Triton kernel.
+    Reference: :func:`.reference.int8_reference`."""
     k = int(meta["in_features"])
     _check_act(a_codes, a_scales, act_group_size, k)
     m = a_codes.shape[0]
@@ -256,22 +270,10 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
                                 out) is None):
         return a8_gemv_cuda(a_codes, a_scales, act_group_size, [(layout, tensors, meta, None)],
                             int(meta["out_features"]), out_dtype, out)
-    wgmma_cfg = (lqq_wgmma_config(m, int(meta["out_features"]), k)
-                 if config is None and use_asm is None and layout == "w4a8-lqq" else None)
-    if wgmma_cfg and lqq_wgmma_problem(a_codes, a_scales, act_group_size, layout, tensors, meta, out,
-                                       out_dtype) is None:
-        bm, stages, split = wgmma_cfg
-        return lqq_wgmma_matmul(a_codes, a_scales, tensors, meta, bm, stages, split, out, out_dtype)
-    w8_cfg = (w8a8_wgmma_config(m, int(meta["out_features"]), k)
-              if config is None and use_asm is None and layout == "w8" else None)
-    if w8_cfg and w8a8_wgmma_problem(a_codes, act_group_size, layout, tensors, meta, out, out_dtype) is None:
-        bm, bn, stages, warps = w8_cfg
-        return w8a8_wgmma_matmul(a_codes, a_scales, act_group_size, tensors, meta, bm, bn, stages, warps, out,
-                                 out_dtype)
-    if (config is None and use_asm is None and layout == "w4a16" and m >= MIXLLM_OPERAND_MIN_M
-            and w8a8_wgmma_problem(a_codes, act_group_size, "w8", tensors, meta, out, out_dtype) is None):
-        return w8a8_wgmma_matmul(a_codes, a_scales, act_group_size, w8_operand(layout, tensors, meta), meta,
-                                 *w8a8_wgmma_config(m, int(meta["out_features"]), k), out, out_dtype)
+    if config is None and use_asm is None:
+        y = _gluon_matmul(a_codes, a_scales, act_group_size, layout, tensors, meta, out, out_dtype)
+        if y is not None:
+            return y
     n_tiles = padded_k(k) // 256
     wa = _weight_args(layout, tensors, meta, n_tiles, act_group_size)
     check_device(a_codes, a_scales, wa["w"], wa["p"], wa["cs"])
@@ -326,13 +328,14 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
     if (launches == 0
             and a8_gemv_problem(a_codes, a_scales, act_group_size, list(parts), out_dtype, out) is None):
         return a8_gemv_cuda(a_codes, a_scales, act_group_size, list(parts), out_features, out_dtype, out)
-    if (default_path and m >= MIXLLM_MIXED_OPERAND_MIN_M
-            and all(p[0] in ("w8", "w4a16") for p in parts)
-            and w8a8_wgmma_problem(a_codes, act_group_size, "w8", parts[0][1], parts[0][2], out, out_dtype) is None):
+    if (default_path and m >= MIXLLM_MIXED_OPERAND_MIN_M and all(p[0] in ("w8", "w4a16") for p in parts)
+            and w8a8_wgmma_problem(a_codes, act_group_size, "w8", parts[0][2], out, out_dtype) is None):
         operand = mixed_w8_operand(list(parts), out_features)
         if operand is not None:
-            return w8a8_wgmma_matmul(a_codes, a_scales, act_group_size, *operand,
-                                     *w8a8_wgmma_config(m, out_features, k), out, out_dtype)
+            y = launch_or_decline(W8A8_KERNEL, lambda: w8a8_wgmma_matmul(
+                a_codes, a_scales, act_group_size, *operand, *w8a8_wgmma_config(m, out_features, k), out, out_dtype))
+            if y is not None:
+                return y
     n_tiles = padded_k(k) // 256
     args = []
     for layout, tensors, meta, rows in parts:

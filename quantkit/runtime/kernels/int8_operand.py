@@ -2,11 +2,12 @@
 the W8A8 kernel (:mod:`.w8a8_wgmma`), as W4A16 prefill dequantizes and calls cuBLAS.
 
 At prefill sizes the products dominate and the MixLLM g128 kernels are bound by their per-group epilogues, which
-the W8A8 TMA kernel overlaps better (docs/BENCHMARKS.md). MixLLM's two-step dequantization makes that exact:
-step 1 turns a 4-bit code into the int8 q − z (MixLLM Sec. 3.3) — the operand the W4A8 kernel multiplies anyway —
-and step 2 is the same per-group float scale. So writing q − z once per call (N·Kp bytes; reading the 4-bit words) and
-running the W8A8 kernel with the fp16 group scales widened to fp32 gives the W4A8 kernel's bits. A mixed layer's two
-partitions land in one [N, Kp] operand in output-row order, so one launch covers the layer with no scatter.
+the W8A8 TMA kernel overlaps better (docs/BENCHMARKS.md). MixLLM's two-step dequantization makes that exact: step
+1 turns a 4-bit code into the int8 q − z (MixLLM Sec. 3.3) — the operand the W4A8 kernel multiplies anyway — and
+step 2 is the same per-group float scale. So writing q − z once per call (N·Kp bytes; reading the 4-bit words)
+and running the W8A8 kernel with the fp16 group scales widened to fp32 gives the W4A8 kernel's bits. A mixed
+layer's two partitions land in one [N, Kp] operand in output-row order, so one launch covers the layer with no
+scatter.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
-from quantkit.runtime.kernels.dequant import planes_i8, side_by_side
+from quantkit.runtime.kernels.dequant import group_scale_f32, planes_i8, side_by_side
 from quantkit.runtime.kernels.jit import USE_ASM, check_device, kernel
 from quantkit.runtime.kernels.launch import groups_in_halves
 
@@ -43,8 +44,8 @@ def _operand_kernel(w_ptr, p_ptr, rows_ptr, out_ptr, scales_ptr, N, n_out, w_row
         planes = planes_i8(words, one, (128 - ((p_lo >> 16) & 0xFF))[:, None], one,
                            (128 - ((p_hi >> 16) & 0xFF))[:, None], USE_ASM)
         w = side_by_side(planes, 0, 8)
-        s_lo = (p_lo & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        s_hi = (p_hi & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        s_lo = group_scale_f32(p_lo, False)
+        s_hi = group_scale_f32(p_hi, False)
     if SCATTER:
         dest = tl.load(rows_ptr + rn_in).to(tl.int64)
     else:
@@ -63,7 +64,7 @@ def write_operand(layout: str, tensors: dict, meta: dict, weight: torch.Tensor, 
     The operand equals :func:`.reference.int8_weight`; the scales are the W4A8 kernels' widened fp16 scales."""
     w = tensors["qweight"]
     p = tensors["scales"] if layout == "w8" else tensors["qparams"]
-    check_device(w, p, weight, scales)
+    check_device(w, p, weight, scales, *(() if rows is None else (rows,)))
     n = int(meta["out_features"])
     n_tiles = weight.shape[1] // 256
     bn = 64
@@ -94,11 +95,14 @@ def mixed_w8_operand(parts: list, out_features: int) -> tuple[dict, dict] | None
     ``w4a16`` rows), rows in output order, written by one launch per partition; None when the partitions' K or
     group sizes differ (then each keeps its own kernel)."""
     metas = [p[2] for p in parts]
+    if sum(int(m["out_features"]) for m in metas) != out_features:
+        raise ValueError(f"the partitions have {[int(m['out_features']) for m in metas]} rows, the layer "
+                         f"{out_features}")
     if len({int(m["in_features"]) for m in metas}) != 1 or len({int(m["group_size"]) for m in metas}) != 1:
         return None
     weight, scales = _empty_operand(out_features, metas[0], parts[0][1]["qweight"].device)
     for layout, tensors, meta, rows in parts:
-        write_operand(layout, tensors, meta, weight, scales, rows.to(torch.int32))
+        write_operand(layout, tensors, meta, weight, scales, rows.to(torch.int32).contiguous())
     meta = {"out_features": out_features, "in_features": int(metas[0]["in_features"]),
             "group_size": int(metas[0]["group_size"]), "num_groups": scales.shape[0]}
     return {"qweight": weight, "scales": scales}, meta

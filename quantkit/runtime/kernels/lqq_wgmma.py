@@ -29,17 +29,21 @@ from __future__ import annotations
 
 import torch
 
-from quantkit.runtime.kernels.dequant import _asm_i8
+from quantkit.runtime.kernels.dequant import ASM_I8_TEXT, CONSTRAINTS_I8_TEXT
+from quantkit.runtime.kernels.jit import check_device
 from quantkit.runtime.kernels.launch import groups_in_halves, split_plan
 from quantkit.runtime.kernels.splitk import split_workspace
 from quantkit.runtime.kernels.wgmma_common import BN, HAVE_GLUON, hopper_problem
 
-if HAVE_GLUON:
-    from quantkit.runtime.kernels.wgmma_common import (ROWS, X_LAYOUT, X_SMEM, a_layout, copy_x, gl, gluon, mma_layout,
-                                                       store_tile, wait_x, warpgroup_mma, warpgroup_mma_wait)
+KERNEL = "lqq_wgmma"  # its name for hopper_problem / launch_or_decline
 
-    ASM_I8 = gl.constexpr(_asm_i8())
-    CONSTRAINTS_I8 = gl.constexpr("=r," * 8 + ",".join(["r"] * 20))
+if HAVE_GLUON:
+    from quantkit.runtime.kernels.wgmma_common import (ROWS, X_LAYOUT, X_SMEM, a_layout, async_copy, copy_x, gl, gluon,
+                                                       mma_layout, store_tile, wait_x, warpgroup_mma,
+                                                       warpgroup_mma_wait)
+
+    ASM_I8 = gl.constexpr(ASM_I8_TEXT)
+    CONSTRAINTS_I8 = gl.constexpr(CONSTRAINTS_I8_TEXT)
 
     @gluon.jit
     def planes_wgmma(words, s_lo, a_lo, s_hi, a_hi):
@@ -94,24 +98,26 @@ if HAVE_GLUON:
             acc = warpgroup_mma_wait(num_outstanding=8, deps=(acc, ))  # tile t-1's products are done
             copy_x(xs, x_ptrs, i + STAGES - 1, t_begin, t_end, STAGES)  # into tile t-1's slot
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        # the empty copies issued past the last tile still write (zeros) into the ring, which the split-K ticket's
+        # scratch may share: let them land first
+        async_copy.wait_group(0)
         rm = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
         rn_o = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
         sa = gl.load(sa_ptr + gl.minimum(rm, M - 1) * stride_sm)
         cs = gl.load(cs_ptr + gl.minimum(rn_o, N - 1)).to(gl.float32)
         y = acc.to(gl.float32) * sa[None, :] * cs[:, None]
-        store_tile(out_ptr, ws_ptr, ticket_ptr, y, rm, rn_o, rn_o, M, N, stride_om, N, pid_k, SPLIT_K)
+        store_tile(out_ptr, ws_ptr, ticket_ptr, y, rm, rn_o, M, N, stride_om, pid_k, SPLIT_K)
 
 
-def lqq_wgmma_problem(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, layout: str,
-                      tensors: dict, meta: dict, out: torch.Tensor | None = None,
-                      out_dtype: torch.dtype = torch.float16) -> str | None:
+def lqq_wgmma_problem(a_codes: torch.Tensor, act_group_size: int, layout: str, meta: dict,
+                      out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16) -> str | None:
     """Why :func:`lqq_wgmma_matmul` cannot run this product (None: it can): a ``w4a8-lqq`` weight with per-token
     activations (act_group_size -1), then :func:`.wgmma_common.hopper_problem`."""
     if layout != "w4a8-lqq":
         return f"layout {layout} is not w4a8-lqq"
     if act_group_size != -1:
         return "activations are not per-token"
-    return hopper_problem(a_codes, int(meta["in_features"]), out, out_dtype)
+    return hopper_problem(a_codes, int(meta["in_features"]), out, out_dtype, KERNEL)
 
 
 def lqq_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, meta: dict, bm: int = 128,
@@ -124,6 +130,7 @@ def lqq_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dic
     the same split (exact int32 products, then (acc · token scale) · channel scale)."""
     m, k = a_codes.shape
     qweight, qparams, cs = tensors["qweight"], tensors["qparams"], tensors["channel_scales"]
+    check_device(a_codes, a_scales, qweight, qparams, cs)
     n = int(meta["out_features"])
     n_tiles = qweight.shape[1] // 32
     tiles_per_split, split = split_plan(n_tiles, split_k)

@@ -9,9 +9,10 @@ its epilogue: 378 TOP/s at M = 4096, about half of cuBLAS fp16 (docs/BENCHMARKS.
 dequantization, so here the orientation is the plain one, Y = X·Wᵀ: a program owns BM tokens × BN weight rows, a
 TMA ring brings [BM, 128] activation and [BN, 128] weight blocks (STAGES deep, one mbarrier each), every block is
 one asynchronous wgmma into a fresh int32 accumulator, and its epilogue is the fast I2F of MixLLM Sec. 3.3 / Fig. 4
-((sum + 0x4b400000) as fp32 − 1.5·2^23, exact while |sum| < 2^22) times activation scale × weight scale. Two
-warpgroups per program (and two programs per SM where registers allow) take turns on the tensor cores: while one
-scales its block the other's products run — the DeepGEMM-style promotion of per-block sums on Hopper.
+((sum + 0x4b400000) as fp32 − 1.5·2^23, exact while |sum| < 2^22) times activation scale × weight scale. Within
+a warpgroup each block's epilogue waits for its products; the tiles the launch rule picks are one warpgroup of
+64 tokens, two programs per SM, so one program's products run while the other scales its block (the per-block
+promotion of DeepGEMM on Hopper, without its strict ping-pong scheduling).
 
 Same sums in the same order as the Triton kernel (block by block from zero, product of the two scales), so the
 result is bit-identical to :func:`.int8_gemm.int8_matmul` for a ``w8`` weight. Requires K and the row strides to
@@ -23,14 +24,16 @@ from __future__ import annotations
 
 import torch
 
+from quantkit.runtime.kernels.jit import check_device
 from quantkit.runtime.kernels.launch import act_groups_in_halves, groups_in_halves
 from quantkit.runtime.kernels.wgmma_common import HAVE_GLUON, hopper_problem
 
+KERNEL = "w8a8_wgmma"  # its name for hopper_problem / launch_or_decline
+
 if HAVE_GLUON:
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from quantkit.runtime.kernels.wgmma_common import gl, gluon, warpgroup_mma, warpgroup_mma_wait
+    from quantkit.runtime.kernels.wgmma_common import gl, gluon, mbarrier, tma_load, warpgroup_mma, warpgroup_mma_wait
 
     I2F_BIAS_INT = gl.constexpr(0x4B400000)  # bit pattern of 12582912.0 = 1.5·2^23 (MixLLM Sec. 3.3, Fig. 4)
     I2F_BIAS_FLOAT = gl.constexpr(12582912.0)
@@ -45,8 +48,8 @@ if HAVE_GLUON:
         """Start the TMA of K block kb of the activations and weights into ring slot kb % STAGES."""
         s = kb % STAGES
         mbarrier.expect(bars.index(s), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(x_desc, [off_m, kb * 128], bars.index(s), xs.index(s))
-        tma.async_copy_global_to_shared(w_desc, [off_n, kb * 128], bars.index(s), ws.index(s))
+        tma_load(x_desc, [off_m, kb * 128], bars.index(s), xs.index(s))
+        tma_load(w_desc, [off_n, kb * 128], bars.index(s), ws.index(s))
 
     @gluon.jit
     def _mma_block(xs, ws, bars, kb, part, STAGES: gl.constexpr):
@@ -116,17 +119,17 @@ if HAVE_GLUON:
         gl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def w8a8_wgmma_problem(a_codes: torch.Tensor, act_group_size: int, layout: str, tensors: dict, meta: dict,
+def w8a8_wgmma_problem(a_codes: torch.Tensor, act_group_size: int, layout: str, meta: dict,
                        out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16) -> str | None:
     """Why :func:`w8a8_wgmma_matmul` cannot run (None: it can): a ``w8`` weight with 128-column groups (or
-    per-channel), activation groups of a multiple of 128 columns or per-token, 16-byte aligned int8 rows with
-    unit column stride (TMA), an fp16/bf16 output with unit column stride, Gluon and a Hopper GPU."""
+    per-channel), activation groups of a multiple of 128 columns or per-token, then
+    :func:`.wgmma_common.hopper_problem` with TMA's 16-byte rule for K."""
     if layout != "w8":
         return f"layout {layout} is not w8"
     gs = int(meta["group_size"])
     if (gs != -1 and gs % 128) or (act_group_size != -1 and act_group_size % 128):
         return "groups are not multiples of 128 columns"
-    return hopper_problem(a_codes, a_codes.shape[1], out, out_dtype, k_multiple=16)
+    return hopper_problem(a_codes, a_codes.shape[1], out, out_dtype, KERNEL, k_multiple=16)
 
 
 def w8a8_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, tensors: dict,
@@ -134,9 +137,13 @@ def w8a8_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
                       out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16) -> torch.Tensor:
     """Y [M, N] = dequant(A)·Ŵᵀ for int8 codes [M, K] with float32 scales [M, G] and a ``w8`` weight (module
     docstring); ``bm`` tokens × ``bn`` weight rows per program, ``stages`` K blocks in flight, ``num_warps`` 4 or
-    8 (one or two warpgroups along the tokens). The caller checks :func:`w8a8_wgmma_problem`."""
+    8 (one or two warpgroups along the tokens; ``bm`` a multiple of 16·num_warps). The caller checks
+    :func:`w8a8_wgmma_problem`."""
+    if bm % (16 * num_warps) or bn not in (64, 128):
+        raise ValueError(f"tile {bm}x{bn} with {num_warps} warps: BM must be a multiple of 16·warps, BN 64 or 128")
     m, k = a_codes.shape
     qweight, scales = tensors["qweight"], tensors["scales"]
+    check_device(a_codes, a_scales, qweight, scales)
     n = int(meta["out_features"])
     out = torch.empty(m, n, dtype=out_dtype, device=a_codes.device) if out is None else out
     x_layout = gl.NVMMASharedLayout.get_default_for([bm, 128], gl.int8)

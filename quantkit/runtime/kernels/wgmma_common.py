@@ -1,41 +1,46 @@
-"""Shared pieces of the Gluon kernels for Hopper's wgmma (:mod:`.lqq_wgmma`, :mod:`.group_wgmma`): the import
-guard, the activation-tile ring (cp.async into 128-byte-swizzled shared memory), the output store (direct,
-scattered to a partition's columns, or through split-K slots as :mod:`.splitk`), and the checks every such
-launch needs.
+"""Shared pieces of the Gluon kernels for Hopper's wgmma (:mod:`.lqq_wgmma`, :mod:`.w8a8_wgmma`): the import
+guard and the few Gluon operations whose names changed between Triton releases, the activation-tile ring of the
+register-operand kernel (cp.async into 128-byte-swizzled shared memory), its output store (direct or through
+split-K slots as :mod:`.splitk`), and the checks every such launch needs — including a kernel that did not compile
+with the installed Triton, after which the Triton kernels run instead.
 
 Why Gluon: Triton 3.6's ``tl.dot`` waits for each int8 product whose operand sits in registers before the
 program goes on (``wgmma.wait_group 0``), so a kernel that dequantizes weights in registers cannot overlap that
 work with its own tensor-core products; Gluon exposes ``warpgroup_mma(is_async=True)`` and
-``warpgroup_mma_wait(num_outstanding)`` (docs/BENCHMARKS.md). Every kernel here is one warpgroup: a program owns
-``BN`` = 64 weight rows (wgmma's M side) × BM tokens (its N side), the transposed product Y^T = W·X^T
-(LiquidGEMM Sec. 5.4), and reads its weights straight into the register layout of wgmma's A operand.
+``warpgroup_mma_wait(num_outstanding)``, TMA and mbarriers (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 try:  # Gluon (Triton >= 3.5) and its Hopper ops; absent with older Triton
+    from triton.compiler.errors import CompilationError
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
-    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                  warpgroup_mma_wait)
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover - depends on the installed Triton
     HAVE_GLUON = False
 
-BN = 64  # weight rows per program: one warpgroup of wgmma's M = 64
+BN = 64  # weight rows per program of the register-operand kernel: one warpgroup of wgmma's M = 64
 OUT_DTYPES = (torch.float16, torch.bfloat16)
+_FAILED: dict[str, str] = {}  # kernel name → why it did not compile here
 
-__all__ = ["BN", "HAVE_GLUON", "OUT_DTYPES", "hopper_problem"]
+__all__ = ["BN", "HAVE_GLUON", "OUT_DTYPES", "hopper_problem", "launch_or_decline"]
 
 
-def hopper_problem(a_codes: torch.Tensor, k: int, out: torch.Tensor | None, out_dtype: torch.dtype,
+def hopper_problem(a_codes: torch.Tensor, k: int, out: torch.Tensor | None, out_dtype: torch.dtype, kernel: str,
                    k_multiple: int = 256) -> str | None:
-    """Why a Gluon wgmma kernel cannot run on these activations (None: it can): K a multiple of ``k_multiple``
-    (256 for the cp.async kernels' whole tiles, 16 for TMA), int8 codes with unit column stride and 16-byte aligned
-    rows (cp.async and TMA move 16 bytes), an fp16/bf16 output with unit column stride, Gluon, and a Hopper GPU
-    (compute capability 9.0: wgmma). The cheap shape checks come first, so they are testable without a GPU."""
+    """Why Gluon wgmma kernel ``kernel`` cannot run on these activations (None: it can): K a multiple of
+    ``k_multiple`` (256 for the cp.async kernel's whole tiles, 16 for TMA), int8 codes with unit column stride and
+    16-byte aligned rows (cp.async and TMA move 16 bytes), an fp16/bf16 output with unit column stride, Gluon, a
+    Hopper GPU (compute capability 9.0: wgmma), and a kernel that compiled with this Triton. The cheap shape checks
+    come first, so they are testable without a GPU."""
     if k % k_multiple:
         return f"K = {k} is not a multiple of {k_multiple}"
     if a_codes.stride(1) != 1 or a_codes.data_ptr() % 16 or a_codes.stride(0) % 16:
@@ -47,10 +52,60 @@ def hopper_problem(a_codes: torch.Tensor, k: int, out: torch.Tensor | None, out_
         return "this Triton has no Gluon"
     if not a_codes.is_cuda or torch.cuda.get_device_capability(a_codes.device) != (9, 0):
         return "not a Hopper (sm_90) GPU"
+    if kernel in _FAILED:
+        return f"the Gluon kernel did not compile with this Triton ({_FAILED[kernel]})"
     return None
 
 
+def launch_or_decline(kernel: str, launch):
+    """``launch()``'s result, or None when the Gluon kernel does not compile with the installed Triton (Gluon is an
+    experimental dialect whose operations change between releases): the failure is remembered, so
+    :func:`hopper_problem` declines that kernel from then on and the caller runs its Triton kernel."""
+    try:
+        return launch()
+    except CompilationError as e:
+        _FAILED[kernel] = str(e).strip().splitlines()[-1][:200] if str(e).strip() else type(e).__name__
+        warnings.warn(f"quantkit: Gluon kernel {kernel} did not compile ({_FAILED[kernel]}); using the Triton kernel",
+                      RuntimeWarning, stacklevel=2)
+        return None
+
+
 if HAVE_GLUON:
+    # the operations renamed between Triton releases (3.6: async_copy_global_to_shared / thread_barrier; 3.9:
+    # async_load / barrier), picked once here so the kernels compile with either
+    if hasattr(async_copy, "async_load"):
+        @gluon.jit
+        def cp_async(smem, pointer, mask):
+            """cp.async of ``pointer``'s elements into ``smem`` (masked lanes write zeros)."""
+            async_copy.async_load(smem, pointer, mask=mask)
+    else:
+        @gluon.jit
+        def cp_async(smem, pointer, mask):
+            """cp.async of ``pointer``'s elements into ``smem`` (masked lanes write zeros)."""
+            async_copy.async_copy_global_to_shared(smem, pointer, mask=mask)
+
+    if hasattr(tma, "async_load"):
+        @gluon.jit
+        def tma_load(desc, coord, bar, smem):
+            """TMA copy of ``desc``'s block at ``coord`` into ``smem``, completing on mbarrier ``bar``."""
+            tma.async_load(desc, coord, bar, smem)
+    else:
+        @gluon.jit
+        def tma_load(desc, coord, bar, smem):
+            """TMA copy of ``desc``'s block at ``coord`` into ``smem``, completing on mbarrier ``bar``."""
+            tma.async_copy_global_to_shared(desc, coord, bar, smem)
+
+    if hasattr(gl, "barrier"):
+        @gluon.jit
+        def cta_barrier():
+            """All threads of the program meet (bar.sync)."""
+            gl.barrier()
+    else:
+        @gluon.jit
+        def cta_barrier():
+            """All threads of the program meet (bar.sync)."""
+            gl.thread_barrier()
+
     @gluon.constexpr_function
     def mma_layout(BM):
         """Accumulator layout of a [64, BM] wgmma tile of one warpgroup (int8: instruction k 32, n <= 128)."""
@@ -76,43 +131,38 @@ if HAVE_GLUON:
         t = t_begin + i
         ok = t < t_end
         tt = gl.where(ok, t, t_begin)
-        async_copy.async_copy_global_to_shared(xs.index(2 * s), x_ptrs + tt * 256, mask=ok)
-        async_copy.async_copy_global_to_shared(xs.index(2 * s + 1), x_ptrs + tt * 256 + 128, mask=ok)
+        cp_async(xs.index(2 * s), x_ptrs + tt * 256, ok)
+        cp_async(xs.index(2 * s + 1), x_ptrs + tt * 256 + 128, ok)
         async_copy.commit_group()
 
     @gluon.jit
     def wait_x(STAGES: gl.constexpr):
         """Wait until the oldest activation tile in flight has landed for every thread and is visible to wgmma."""
         async_copy.wait_group(STAGES - 2)  # this thread's copies
-        gl.thread_barrier()  # ... and every other thread's
+        cta_barrier()  # ... and every other thread's
         fence_async_shared()  # generic-proxy writes before the async-proxy reads of wgmma
 
     @gluon.jit
-    def x_half(xs, i, h: gl.constexpr, STAGES: gl.constexpr):
-        """Shared-memory view [128, BM] (K-major B operand) of half h of the i-th tile of the ring."""
-        return xs.index(2 * (i % STAGES) + h).permute((1, 0))
-
-    @gluon.jit
-    def store_tile(out_ptr, ws_ptr, ticket_ptr, y, rm, rn, cols, M, N, stride_om, stride_wm, pid_k,
-                   SPLIT_K: gl.constexpr):
-        """Write a finished fp32 tile y [64, BM] (rows rn of the partition, tokens rm) to output columns ``cols``:
-        directly, or through split-K slot pid_k of the workspace, the last program of the tile adding the slots in
-        split order (:func:`quantkit.runtime.kernels.splitk.store_tile`, the same bits)."""
+    def store_tile(out_ptr, ws_ptr, ticket_ptr, y, rm, rn, M, N, stride_om, pid_k, SPLIT_K: gl.constexpr):
+        """Write a finished fp32 tile y [64, BM] (weight rows rn, tokens rm) of Y [M, N]: directly, or through
+        split-K slot pid_k of the workspace (slots M·N apart, rows N apart), the last program of the tile adding the
+        slots in split order (:func:`quantkit.runtime.kernels.splitk.store_tile`, the same bits)."""
         mask = (rm < M)[None, :] & (rn < N)[:, None]
-        out_ptrs = out_ptr + rm[None, :] * stride_om + cols[:, None]
+        out_ptrs = out_ptr + rm[None, :] * stride_om + rn[:, None]
         if SPLIT_K == 1:
             gl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
         else:
-            ws_ptrs = ws_ptr + rm[None, :] * stride_wm + rn[:, None]
-            gl.store(ws_ptrs + pid_k * (M * stride_wm), y, mask=mask)
-            gl.thread_barrier()  # every warp's slot stores precede the ticket's release
+            ws_ptrs = ws_ptr + rm[None, :] * N + rn[:, None]
+            gl.store(ws_ptrs + pid_k * (M * N), y, mask=mask)
+            cta_barrier()  # every warp's slot stores precede the ticket's release
             ticket = ticket_ptr + gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)
             if gl.atomic_add(ticket, 1) == SPLIT_K - 1:
                 total = gl.full(y.shape, 0.0, gl.float32, y.type.layout)
                 for s in gl.static_range(SPLIT_K):
-                    total += gl.load(ws_ptrs + s * (M * stride_wm), mask=mask, other=0.0, cache_modifier=".cg")
+                    total += gl.load(ws_ptrs + s * (M * N), mask=mask, other=0.0, cache_modifier=".cg")
                 gl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
                 gl.atomic_xchg(ticket, 0)
 
-    __all__ += ["ROWS", "X_LAYOUT", "X_SMEM", "a_layout", "async_copy", "copy_x", "fence_async_shared", "gl", "gluon",
-                "mma_layout", "store_tile", "wait_x", "warpgroup_mma", "warpgroup_mma_wait", "x_half"]
+    __all__ += ["ROWS", "X_LAYOUT", "X_SMEM", "a_layout", "async_copy", "copy_x", "cta_barrier", "fence_async_shared",
+                "gl", "gluon", "mbarrier", "mma_layout", "store_tile", "tma_load", "wait_x", "warpgroup_mma",
+                "warpgroup_mma_wait"]

@@ -168,8 +168,8 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
 # 4096×4096 M = 64/128, 4096×14336 M = 64, 6144×4096 M = 640 (the stage rule below picks the slower of 2/3 stages
 # there) and the 1024×4096 layer at M = 448/512, which this rule does not single out. Tokens per program: the
 # largest of 128/64/32 that pads M no more than 32 does (M = 96, 160 → 32; 192, 320, 448 → 64; multiples of
-# 128 → 128), halved while fewer than half the SMs get a program; 64-row programs, so at M <= 64 on layers narrower than MIN_PROGRAMS × 64 rows the Triton
-# kernel's split tiles stay (4096×4096 M = 32: 9.3 µs vs 10.2). K splits only for 32/64-token programs: up to one
+# 128 → 128), halved while fewer than half the SMs get a program; 64-row programs, so at M <= 64 on layers
+# narrower than MIN_PROGRAMS × 64 rows the Triton kernel's split tiles stay (4096×4096 M = 32: 9.3 µs vs 10.2). K splits only for 32/64-token programs: up to one
 # program per SM, or on rows of >= WAVE_SPLIT_MIN_TILES tiles per split up to LQQ_WGMMA_LONG_ROW_PROGRAMS
 # (4096×14336 M = 192: 38.8 µs split 2 vs 45.9); a split of 128-token programs was slower everywhere measured
 # (4096×4096 M = 256: 20.8 vs 15.1 µs). Two activation stages instead of three at M = 513-1023 when >= two

@@ -160,21 +160,21 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
     return cfg
 
 
-# LiquidQuant W4A8 on Hopper at M = 32-2048: the Gluon kernel (:mod:`.lqq_wgmma`), whose dequantization overlaps
-# its own int8 products, by a rule fitted to docs/bench/lqq_wgmma_sweep.py on an H100 (docs/logs/lqq_wgmma_h100.json:
-# 16 token counts from 32 to 4096 × six Llama-3-8B shapes). With it the layer is slower than cuBLAS fp16 at 16 of
-# the 96 points (the Triton kernel alone: 44; the best measured kernel per point: 12) and the pick is 1.03× the
-# best on average; at 18 of the 80 points it takes, the Triton kernel was faster, mostly by 1-7 % — by 10-26 % at
-# 4096×4096 M = 64/128, 4096×14336 M = 64, 6144×4096 M = 640 (the stage rule below picks the slower of 2/3 stages
-# there) and the 1024×4096 layer at M = 448/512, which this rule does not single out. Tokens per program: the
-# largest of 128/64/32 that pads M no more than 32 does (M = 96, 160 → 32; 192, 320, 448 → 64; multiples of
-# 128 → 128), halved while fewer than half the SMs get a program; 64-row programs, so at M <= 64 on layers
-# narrower than MIN_PROGRAMS × 64 rows the Triton kernel's split tiles stay (4096×4096 M = 32: 9.3 µs vs 10.2). K splits only for 32/64-token programs: up to one
-# program per SM, or on rows of >= WAVE_SPLIT_MIN_TILES tiles per split up to LQQ_WGMMA_LONG_ROW_PROGRAMS
-# (4096×14336 M = 192: 38.8 µs split 2 vs 45.9); a split of 128-token programs was slower everywhere measured
-# (4096×4096 M = 256: 20.8 vs 15.1 µs). Two activation stages instead of three at M = 513-1023 when >= two
-# programs per SM exist (4096×4096 M = 768: 30.5 vs 38.5 µs; the 1024-row layer keeps 3: 14.5 vs 23.2).
-# Above M = 768 only layers of N, K <= 8192 (28672×4096 M = 1024: Triton 299 µs vs 334), none above 2048.
+# LiquidQuant W4A8 on Hopper at M = 32-2048: the Gluon kernel (:mod:`.lqq_wgmma`), whose dequantization overlaps its own
+# int8 products, by a rule fitted to docs/bench/lqq_wgmma_sweep.py on an H100 (docs/logs/lqq_wgmma_h100.json: 16 token
+# counts from 32 to 4096 × six Llama-3-8B shapes). With it the layer is slower than cuBLAS fp16 at 16 of the 96 points
+# (the Triton kernel alone: 44; the best measured kernel per point: 12) and the pick is 1.03× the best on average; at 18
+# of the 80 points it takes, the Triton kernel was faster, mostly by 1-7 % — by 10-26 % at 4096×4096 M = 64/128,
+# 4096×14336 M = 64, 6144×4096 M = 640 (the stage rule below picks the slower of 2/3 stages there) and the 1024×4096
+# layer at M = 448/512, which this rule does not single out. Tokens per program: the largest of 128/64/32 that pads M no
+# more than 32 does (M = 96, 160 → 32; 192, 320, 448 → 64; multiples of 128 → 128), halved while fewer than half the SMs
+# get a program; 64-row programs, so at M <= 64 on layers narrower than MIN_PROGRAMS × 64 rows the Triton kernel's split
+# tiles stay (4096×4096 M = 32: 9.3 µs vs 10.2). K splits only for 32/64-token programs: up to one program per SM, or on
+# rows of >= WAVE_SPLIT_MIN_TILES tiles per split up to LQQ_WGMMA_LONG_ROW_PROGRAMS (4096×14336 M = 192: 38.8 µs split 2
+# vs 45.9); a split of 128-token programs was slower everywhere measured (4096×4096 M = 256: 20.8 vs 15.1 µs). Two
+# activation stages instead of three at M = 513-1023 when >= two programs per SM exist (4096×4096 M = 768: 30.5 vs 38.5
+# µs; the 1024-row layer keeps 3: 14.5 vs 23.2). Above M = 768 only layers of N, K <= 8192 (28672×4096 M = 1024: Triton
+# 299 µs vs 334), none above 2048.
 LQQ_WGMMA_BM = (128, 64, 32)
 LQQ_WGMMA_MIN_M = 32
 LQQ_WGMMA_MAX_M = 2048

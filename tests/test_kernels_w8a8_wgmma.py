@@ -46,8 +46,10 @@ def _mixed_parts(n: int, k: int, seed: int):
     return parts
 
 
-def test_rule_takes_w8a8_above_64_tokens_with_fewer_rows_per_program_on_small_launches():
+def test_rule_takes_w8a8_at_17_to_32_and_above_64_tokens_with_fewer_rows_per_program_on_small_launches():
+    assert w8a8_wgmma_config(16, 14336, 4096) is None and w8a8_wgmma_config(48, 14336, 4096) is None
     assert w8a8_wgmma_config(64, 14336, 4096) is None
+    assert w8a8_wgmma_config(17, 14336, 4096) == (64, 64, 4, 4) and w8a8_wgmma_config(32, 28672, 4096)[1] == 128
     assert w8a8_wgmma_config(65, 14336, 4096) == (64, 128, 4, 4)
     assert w8a8_wgmma_config(256, 4096, 4096) == (64, 64, 4, 4)  # 4 × 32 = 128 programs of 128 rows
     assert w8a8_wgmma_config(512, 4096, 4096) == (64, 128, 4, 4)
@@ -132,7 +134,8 @@ def test_gluon_w8a8_equals_triton_and_the_reference(n, k, m, act_group, tile, dt
     tri = int8_matmul(codes, scales, act_group, "w8", tensors, meta, out_dtype=dtype,
                       config=TileConfig(64, 64, 1, 4, 3))
     assert torch.equal(got, tri)
-    assert rel_err(got, int8_reference(codes, scales, act_group, "w8", tensors, meta)) < 1e-3
+    tol = 1e-3 if dtype == torch.float16 else 4e-3  # the output's rounding: bf16 keeps 8 significant bits
+    assert rel_err(got, int8_reference(codes, scales, act_group, "w8", tensors, meta)) < tol
 
 
 @pytest.mark.gpu
@@ -151,6 +154,7 @@ def test_int8_matmul_runs_the_w8a8_kernel_where_the_rule_picks_it(monkeypatch):
     assert calls == [w8a8_wgmma_config(256, 4096, 512)]
     assert rel_err(out, int8_reference(codes, scales, 128, "w8", tensors, meta)) < 1e-3
     int8_matmul(codes[:64], scales[:64], 128, "w8", tensors, meta)  # 64 tokens: the Triton kernel
+    int8_matmul(codes[:8], scales[:8], 128, "w8", tensors, meta)  # decode: the A8 GEMV
     assert len(calls) == 1
 
 

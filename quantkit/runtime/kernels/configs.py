@@ -208,15 +208,16 @@ def lqq_wgmma_config(m: int, n: int, k: int, sms: int = SMS_H100) -> tuple[int, 
     return bm, stages, split
 
 
-# MixLLM W8A8 above M = 64: the Gluon TMA kernel (:mod:`.w8a8_wgmma`), 64 tokens × 128 weight rows per program
-# (64 rows when that leaves fewer than W8A8_WGMMA_MIN_PROGRAMS programs), 4 stages, one warpgroup. Against the
-# Triton W8A8 kernel in docs/bench/w8a8_wgmma_sweep.py on an H100 (docs/logs/w8a8_wgmma_h100.json, five
-# Llama-3-8B shapes × M = 32-4096), with these tiles: 1.2-1.6× faster at M >= 256, 2.7-3.8× at M = 128 (where the
-# Triton rule's 256-token tile is half empty), 0.54-1.14× cuBLAS fp16. At M = 64 the Triton kernel was faster on
-# four of five shapes (1.07-1.15×); at M = 32 this kernel was 1.25-2.0× faster on the 6144-, 14336- and 28672-row
-# layers and within 6 % on the other two, but M = 17-48 was not measured, so the rule starts above 64. Of the
-# other tiles measured, 128×128 (two warpgroups) was 1.2× slower, and pairing K blocks so one block's epilogue
-# overlaps the next one's products was slower at M >= 1024 (docs/logs/w8a8_wgmma_paired_h100.json).
+# MixLLM W8A8 at M = 17-32 and above 64: the Gluon TMA kernel (:mod:`.w8a8_wgmma`), 64 tokens × 128 weight rows
+# per program (64 rows when that leaves fewer than W8A8_WGMMA_MIN_PROGRAMS programs), 4 stages, one warpgroup.
+# Against the Triton W8A8 kernel in docs/bench/w8a8_wgmma_sweep.py on an H100 (docs/logs/w8a8_wgmma_h100.json and
+# w8a8_wgmma_small_m_h100.json, five Llama-3-8B shapes × M = 17-4096), with these tiles: 1.2-1.6× faster at
+# M >= 256, 2.7-3.8× at M = 128 (where the Triton rule's 256-token tile is half empty), 0.54-1.14× cuBLAS fp16;
+# at M = 17-32 1.08-2.4× faster on four shapes and 0.97-1.13× on 4096×14336, but at M = 48-64 the Triton kernel was
+# faster on three or four of the five (by up to 1.15×), so that range keeps it. Of the other tiles measured,
+# 128×128 (two warpgroups) was 1.2× slower, and pairing K blocks so one block's epilogue overlaps the next one's
+# products was slower at M >= 1024 (docs/logs/w8a8_wgmma_paired_h100.json).
+W8A8_WGMMA_SMALL_M = (17, 32)
 W8A8_WGMMA_MIN_M = 65
 W8A8_WGMMA_MIN_PROGRAMS = 200
 
@@ -224,7 +225,7 @@ W8A8_WGMMA_MIN_PROGRAMS = 200
 def w8a8_wgmma_config(m: int, n: int, k: int) -> tuple[int, int, int, int] | None:
     """(tokens per program, weight rows per program, stages, warps) of the Gluon W8A8 kernel for M tokens on an
     [N, K] weight, or None where the Triton kernel runs (comment above)."""
-    if m < W8A8_WGMMA_MIN_M:
+    if m < W8A8_WGMMA_MIN_M and not W8A8_WGMMA_SMALL_M[0] <= m <= W8A8_WGMMA_SMALL_M[1]:
         return None
     bn = 128 if -(-m // 64) * -(-n // 128) >= W8A8_WGMMA_MIN_PROGRAMS else 64
     return 64, bn, 4, 4

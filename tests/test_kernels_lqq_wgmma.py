@@ -84,20 +84,24 @@ def test_problem_names_what_the_kernel_cannot_take():
         assert lqq_wgmma_problem(codes, -1, "w4a8-lqq", meta) is not None
 
 
-def test_a_kernel_that_does_not_compile_is_declined_from_then_on(monkeypatch):
+def test_a_kernel_that_does_not_build_is_declined_from_then_on_and_later_errors_are_raised(monkeypatch):
     from quantkit.runtime.kernels import wgmma_common
 
-    if not wgmma_common.HAVE_GLUON:
-        pytest.skip("this Triton has no Gluon")
     monkeypatch.setattr(wgmma_common, "_FAILED", {})
+    monkeypatch.setattr(wgmma_common, "_LAUNCHED", set())
 
     def broken():
-        raise wgmma_common.CompilationError(None, None, "async_copy_global_to_shared has been removed")
+        raise RuntimeError("async_copy_global_to_shared has been removed; call async_load instead")
 
-    with pytest.warns(RuntimeWarning, match="did not compile"):
-        assert wgmma_common.launch_or_decline("lqq_wgmma", broken) is None
-    assert "lqq_wgmma" in wgmma_common._FAILED
-    assert wgmma_common.launch_or_decline("other", lambda: 7) == 7
+    with pytest.warns(RuntimeWarning, match="did not build"):
+        assert wgmma_common.launch_or_decline("lqq_wgmma", (64, 3, 1), broken) is None
+    assert "async_load" in wgmma_common._FAILED["lqq_wgmma"]
+    codes = torch.zeros(4, 256, dtype=torch.int8)
+    if wgmma_common.HAVE_GLUON and ON_HOPPER:
+        assert "did not build" in wgmma_common.hopper_problem(codes.cuda(), 256, None, torch.float16, "lqq_wgmma")
+    assert wgmma_common.launch_or_decline("w8a8_wgmma", (64, 64, 4, 4), lambda: 7) == 7
+    with pytest.raises(RuntimeError):  # the same config ran before: a real error, raised
+        wgmma_common.launch_or_decline("w8a8_wgmma", (64, 64, 4, 4), broken)
 
 
 @pytest.mark.skipif(ON_HOPPER, reason="checks the fallback where the Gluon kernel cannot run")

@@ -240,14 +240,14 @@ def _gluon_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size:
         cfg = lqq_wgmma_config(m, n, k)
         if cfg is None or lqq_wgmma_problem(a_codes, act_group_size, layout, meta, out, out_dtype) is not None:
             return None
-        return launch_or_decline(LQQ_KERNEL, lambda: lqq_wgmma_matmul(a_codes, a_scales, tensors, meta, *cfg, out,
-                                                                      out_dtype))
+        return launch_or_decline(LQQ_KERNEL, cfg, lambda: lqq_wgmma_matmul(a_codes, a_scales, tensors, meta, *cfg,
+                                                                           out, out_dtype))
     if layout == "w4a16" and m < MIXLLM_OPERAND_MIN_M:
         return None
     cfg = w8a8_wgmma_config(m, n, k)
     if cfg is None or w8a8_wgmma_problem(a_codes, act_group_size, "w8", meta, out, out_dtype) is not None:
         return None
-    return launch_or_decline(W8A8_KERNEL, lambda: w8a8_wgmma_matmul(
+    return launch_or_decline(W8A8_KERNEL, cfg, lambda: w8a8_wgmma_matmul(
         a_codes, a_scales, act_group_size, w8_operand(layout, tensors, meta), meta, *cfg, out, out_dtype))
 
 
@@ -332,8 +332,9 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
             and w8a8_wgmma_problem(a_codes, act_group_size, "w8", parts[0][2], out, out_dtype) is None):
         operand = mixed_w8_operand(list(parts), out_features)
         if operand is not None:
-            y = launch_or_decline(W8A8_KERNEL, lambda: w8a8_wgmma_matmul(
-                a_codes, a_scales, act_group_size, *operand, *w8a8_wgmma_config(m, out_features, k), out, out_dtype))
+            cfg = w8a8_wgmma_config(m, out_features, k)
+            y = launch_or_decline(W8A8_KERNEL, cfg, lambda: w8a8_wgmma_matmul(
+                a_codes, a_scales, act_group_size, *operand, *cfg, out, out_dtype))
             if y is not None:
                 return y
     n_tiles = padded_k(k) // 256

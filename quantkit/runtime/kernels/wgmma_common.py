@@ -17,7 +17,6 @@ import warnings
 import torch
 
 try:  # Gluon (Triton >= 3.5) and its Hopper ops; absent with older Triton
-    from triton.compiler.errors import CompilationError
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -29,7 +28,8 @@ except ImportError:  # pragma: no cover - depends on the installed Triton
 
 BN = 64  # weight rows per program of the register-operand kernel: one warpgroup of wgmma's M = 64
 OUT_DTYPES = (torch.float16, torch.bfloat16)
-_FAILED: dict[str, str] = {}  # kernel name → why it did not compile here
+_FAILED: dict[str, str] = {}  # kernel name → why it did not build here
+_LAUNCHED: set[tuple] = set()  # (kernel name, launch config) that have run here
 
 __all__ = ["BN", "HAVE_GLUON", "OUT_DTYPES", "hopper_problem", "launch_or_decline"]
 
@@ -53,21 +53,28 @@ def hopper_problem(a_codes: torch.Tensor, k: int, out: torch.Tensor | None, out_
     if not a_codes.is_cuda or torch.cuda.get_device_capability(a_codes.device) != (9, 0):
         return "not a Hopper (sm_90) GPU"
     if kernel in _FAILED:
-        return f"the Gluon kernel did not compile with this Triton ({_FAILED[kernel]})"
+        return f"the Gluon kernel did not build with this Triton ({_FAILED[kernel]})"
     return None
 
 
-def launch_or_decline(kernel: str, launch):
-    """``launch()``'s result, or None when the Gluon kernel does not compile with the installed Triton (Gluon is an
-    experimental dialect whose operations change between releases): the failure is remembered, so
-    :func:`hopper_problem` declines that kernel from then on and the caller runs its Triton kernel."""
+def launch_or_decline(kernel: str, config: tuple, launch):
+    """``launch()``'s result, or None when the Gluon kernel does not build with the installed Triton (Gluon is an
+    experimental dialect whose operations change between releases): any error from the first launch of a
+    ``config`` that never ran here before counts as that, is remembered (so :func:`hopper_problem` declines the
+    kernel from then on and the caller runs its Triton kernel) and is reported once as a warning; errors of a
+    config that has run are raised."""
     try:
-        return launch()
-    except CompilationError as e:
-        _FAILED[kernel] = str(e).strip().splitlines()[-1][:200] if str(e).strip() else type(e).__name__
-        warnings.warn(f"quantkit: Gluon kernel {kernel} did not compile ({_FAILED[kernel]}); using the Triton kernel",
+        y = launch()
+    except Exception as e:  # noqa: BLE001 — compile errors of any stage: frontend, MLIR passes, ptxas
+        if (kernel, config) in _LAUNCHED:
+            raise
+        msg = str(e).strip().splitlines()[-1][:200] if str(e).strip() else type(e).__name__
+        _FAILED[kernel] = f"{type(e).__name__}: {msg}"
+        warnings.warn(f"quantkit: Gluon kernel {kernel} did not build ({_FAILED[kernel]}); using the Triton kernel",
                       RuntimeWarning, stacklevel=2)
         return None
+    _LAUNCHED.add((kernel, config))
+    return y
 
 
 if HAVE_GLUON:

@@ -199,11 +199,10 @@ def lqq_wgmma_config(m: int, n: int, k: int, sms: int = SMS_H100) -> tuple[int, 
     if m <= 64 and programs < MIN_PROGRAMS:
         return None
     split = 1
-    if bm <= 64:
+    if bm <= 64:  # up to one program per SM, or more programs on rows long enough for WAVE_SPLIT_MIN_TILES a split
         tiles = -(-k // 256)
-        while ((programs * split < sms and tiles // (2 * split) >= MIN_SPLIT_TILES)
-               or (programs * split < LQQ_WGMMA_LONG_ROW_PROGRAMS and tiles // (2 * split) >= WAVE_SPLIT_MIN_TILES)):
-            split *= 2
+        split = max(_split_for(programs, tiles, sms),
+                    _split_for(programs, tiles, LQQ_WGMMA_LONG_ROW_PROGRAMS, WAVE_SPLIT_MIN_TILES))
     stages = 2 if 512 < m < 1024 and programs >= 2 * sms else 3
     return bm, stages, split
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
+from quantkit.formats.nibble_planes import padded_k
 from quantkit.runtime.kernels.dequant import group_scale_f32, planes_i8, side_by_side
 from quantkit.runtime.kernels.jit import USE_ASM, check_device, kernel
 from quantkit.runtime.kernels.launch import groups_in_halves
@@ -75,7 +76,7 @@ def write_operand(layout: str, tensors: dict, meta: dict, weight: torch.Tensor, 
 
 
 def _empty_operand(n: int, meta: dict, device) -> tuple[torch.Tensor, torch.Tensor]:
-    kp = -(-int(meta["in_features"]) // 256) * 256
+    kp = padded_k(int(meta["in_features"]))
     return (torch.empty(n, kp, dtype=torch.int8, device=device),
             torch.empty(int(meta["num_groups"]), n, dtype=torch.float32, device=device))
 

@@ -37,34 +37,58 @@ def test_rule_keeps_decode_sizes_wide_prefill_and_narrow_small_m_on_triton():
     assert lqq_wgmma_config(4096, 4096, 4096) is None  # above 2048 tokens
     assert lqq_wgmma_config(1024, 14336, 4096) is None  # wide layer above 768 tokens
     assert lqq_wgmma_config(1024, 4096, 14336) is None  # long rows above 768 tokens
-    assert lqq_wgmma_config(1024, 4096, 4096) == (128, 3, 1)
+    assert lqq_wgmma_config(1024, 4096, 4096) == (128, 3, 1, 0)
     assert lqq_wgmma_config(32, 4096, 4096) is None  # 64 programs: Triton's split 64×32 tiles
-    assert lqq_wgmma_config(32, 6144, 4096) == (32, 3, 2)
+    assert lqq_wgmma_config(32, 6144, 4096) == (32, 3, 2, 0)
 
 
-def test_rule_picks_the_token_tile_that_pads_least_then_halves_for_narrow_layers():
-    bm = {m: lqq_wgmma_config(m, 14336, 4096)[0] for m in (96, 128, 160, 192, 256, 320, 384, 448, 512, 640)}
-    assert bm == {96: 32, 128: 128, 160: 32, 192: 64, 256: 128, 320: 64, 384: 128, 448: 64, 512: 128, 640: 128}
-    assert lqq_wgmma_config(128, 1024, 4096) == (32, 3, 4)  # 16 row tiles: 128 → 32 tokens, then split K
-    assert lqq_wgmma_config(100, 14336, 4096)[0] == 128  # 28 padded tokens whatever the tile
+def tokens(cfg):
+    return cfg[0] + cfg[3]
+
+
+def test_rule_covers_up_to_192_tokens_with_one_tile_and_a_tail():
+    tile = {m: lqq_wgmma_config(m, 14336, 4096) for m in (64, 96, 100, 128, 130, 160, 192)}
+    assert tile == {64: (64, 3, 1, 0), 96: (64, 3, 1, 32), 100: (128, 3, 1, 0), 128: (128, 3, 1, 0),
+                    130: (128, 3, 1, 32), 160: (128, 3, 1, 32), 192: (128, 3, 1, 64)}
+    # fewer programs than half the SMs: long rows split K, short ones step the tile down
+    assert lqq_wgmma_config(160, 4096, 14336) == (128, 3, 2, 32)
+    assert lqq_wgmma_config(192, 4096, 4096) == (64, 3, 1, 32)  # 192 → 96: 128 programs
+    assert lqq_wgmma_config(96, 4096, 4096) == (32, 3, 1, 0)  # 96 → 32: 192 programs
+    assert lqq_wgmma_config(160, 4096, 4096) == (128, 3, 1, 32)  # 160 → 32 would make 320 programs: kept
+    assert lqq_wgmma_config(160, 1024, 4096) == (32, 3, 2, 0)  # 16 row tiles: 32 tokens, then split K
+    assert lqq_wgmma_config(128, 1024, 4096) == (32, 3, 4, 0)
+
+
+def test_rule_above_192_takes_a_tail_tile_only_on_whole_waves_of_a_multiple_of_it():
+    bm = {m: lqq_wgmma_config(m, 14336, 4096)[:2] + lqq_wgmma_config(m, 14336, 4096)[3:]
+          for m in (256, 320, 384, 448, 512, 640, 768)}
+    # 224 row tiles: 448 programs of 160 or 192 fill 3.4 waves of one per SM, so the 64/128 tiles stay
+    assert bm == {256: (128, 3, 0), 320: (64, 3, 0), 384: (128, 3, 0), 448: (64, 3, 0), 512: (128, 3, 0),
+                  640: (128, 2, 0), 768: (128, 2, 0)}
+    assert lqq_wgmma_config(320, 4096, 4096) == (128, 3, 1, 32)  # 128 programs: one wave
+    assert lqq_wgmma_config(768, 28672, 4096) == (128, 2, 1, 64)  # 1792 programs, two per SM: 6.8 waves
+    assert lqq_wgmma_config(384, 6144, 4096) == (64, 3, 1, 32)  # 384 programs of 96, three per SM
+    assert tokens(lqq_wgmma_config(448, 28672, 4096)) == 64  # 160 would pad 448 to 480
+    assert tokens(lqq_wgmma_config(768, 14336, 4096)) == 128  # 96-token tails only up to M = 512
 
 
 def test_rule_splits_long_rows_and_never_128_token_programs():
-    assert lqq_wgmma_config(192, 4096, 14336) == (64, 3, 2)
-    assert lqq_wgmma_config(192, 4096, 4096) == (64, 3, 1)
+    assert lqq_wgmma_config(256, 4096, 14336) == (128, 3, 1, 0)
+    assert lqq_wgmma_config(64, 4096, 14336) == (32, 3, 4, 0)  # 64 row tiles: 32 tokens, 56-tile rows split 4
     for n, k in LLAMA:
         for m in range(32, 2049, 32):
             cfg = lqq_wgmma_config(m, n, k)
             if cfg is not None:
-                bm, stages, split = cfg
-                assert bm in (32, 64, 128) and stages in (2, 3) and split in (1, 2, 4, 8)
-                assert bm < 128 or split == 1
+                bm, stages, split, tail = cfg
+                assert bm in (32, 64, 128) and stages in (2, 3) and split in (1, 2, 4, 8) and tail in (0, 32, 64)
+                assert bm < 128 or split == 1 or (tail and m <= 192)
                 assert (k // 256) // split >= 4  # every split keeps 4 tiles of 256 columns
+                assert -(-m // tokens(cfg)) * tokens(cfg) - m < 32 or (not tail and m > 192)
 
 
 def test_rule_uses_two_stages_only_between_512_and_1024_tokens_on_wide_launches():
-    assert lqq_wgmma_config(768, 4096, 4096) == (128, 2, 1)
-    assert lqq_wgmma_config(768, 1024, 4096) == (128, 3, 1)
+    assert lqq_wgmma_config(896, 4096, 4096) == (128, 2, 1, 0)
+    assert lqq_wgmma_config(768, 1024, 4096) == (128, 3, 1, 0)
     assert lqq_wgmma_config(512, 4096, 4096)[1] == 3
 
 
@@ -115,18 +139,43 @@ def test_int8_matmul_falls_back_to_triton_where_gluon_cannot_run():
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("n,k,m,bm,stages,split", [
-    (200, 512, 33, 32, 3, 1), (1000, 1024, 130, 64, 3, 2), (33, 768, 1, 64, 3, 2), (127, 1280, 257, 128, 2, 1),
-    (64, 256, 5, 32, 3, 4), (4096, 2048, 200, 64, 4, 4), (65, 4096, 128, 128, 3, 2)])
-def test_gluon_kernel_equals_triton_at_the_same_split_and_the_reference(n, k, m, bm, stages, split):
+@pytest.mark.parametrize("n,k,m,bm,stages,split,tail", [
+    (200, 512, 33, 32, 3, 1, 0), (1000, 1024, 130, 64, 3, 2, 0), (33, 768, 1, 64, 3, 2, 0),
+    (127, 1280, 257, 128, 2, 1, 0), (64, 256, 5, 32, 3, 4, 0), (4096, 2048, 200, 64, 4, 4, 0),
+    (65, 4096, 128, 128, 3, 2, 0),
+    # a tail tile of 32/64 tokens beside the main one: partly or wholly past M, split or not
+    (200, 512, 33, 32, 3, 1, 32), (1000, 1024, 130, 128, 3, 1, 32), (127, 1280, 257, 64, 3, 2, 32),
+    (4096, 2048, 200, 128, 2, 1, 64), (65, 4096, 300, 128, 3, 2, 64), (64, 256, 5, 32, 3, 4, 64),
+    (333, 768, 161, 128, 3, 1, 32)])
+def test_gluon_kernel_equals_triton_at_the_same_split_and_the_reference(n, k, m, bm, stages, split, tail):
     _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n + m)
     codes, scales = _acts(m, k, seed=m)
     # a row-strided output (rows n + 8 apart), as QuantLinear's callers may pass
     out = torch.full((m, n + 8), float("nan"), dtype=torch.float16, device=DEVICE)[:, :n]
-    got = lqq_wgmma_matmul(codes, scales, tensors, meta, bm, stages, split, out=out)
+    got = lqq_wgmma_matmul(codes, scales, tensors, meta, bm, stages, split, tail, out=out)
     tri = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, config=TileConfig(64, bm, split, 4, 3))
     assert torch.equal(got, tri)
     assert rel_err(got, int8_reference(codes, scales, -1, "w4a8-lqq", tensors, meta)) < 1e-3
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("ahead", [2, 3])
+@pytest.mark.parametrize("n,k,m,bm,split,tail", [(1000, 1024, 130, 128, 1, 32), (127, 1280, 257, 64, 2, 32),
+                                                 (64, 256, 5, 32, 4, 0), (300, 768, 40, 64, 1, 0)])
+def test_weight_tiles_loaded_further_ahead_give_the_same_bits(n, k, m, bm, split, tail, ahead):
+    _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n + m + ahead)
+    codes, scales = _acts(m, k, seed=m)
+    got = lqq_wgmma_matmul(codes, scales, tensors, meta, bm, 3, split, tail, ahead)
+    assert torch.equal(got, lqq_wgmma_matmul(codes, scales, tensors, meta, bm, 3, split, tail, 1))
+
+
+def test_matmul_refuses_tiles_it_has_no_kernel_for():
+    _, tensors, meta = packed("w4a8-lqq", 64, 256, 128)
+    codes, scales = _acts(8, 256, 0)
+    for bm, tail, ahead in [(96, 0, 1), (128, 16, 1), (64, 0, 4)]:
+        with pytest.raises(ValueError, match="bm must be"):
+            lqq_wgmma_matmul(codes, scales, tensors, meta, bm, 3, 1, tail, ahead)
 
 
 @pytest.mark.gpu
@@ -135,7 +184,7 @@ def test_int8_matmul_runs_the_gluon_kernel_where_the_rule_picks_it(monkeypatch):
     calls = []
 
     def spy(*args, **kwargs):
-        calls.append(args[4:7])
+        calls.append(args[4:8])
         return lqq_wgmma_matmul(*args, **kwargs)
 
     monkeypatch.setattr(int8_gemm, "lqq_wgmma_matmul", spy)

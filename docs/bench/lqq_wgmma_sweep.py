@@ -3,6 +3,12 @@
 M = 16. First checks it bit-exact against the Triton kernel and within 1e-3 of the torch reference.
 
     python docs/bench/lqq_wgmma_sweep.py --out lqq_wgmma.json
+    python docs/bench/lqq_wgmma_sweep.py --tails --ms 96,160,192,320 --out tails.json
+
+``--tails`` times, instead of the fixed variant list, every program token tile of 32-192 (a 32/64/128-token tile
+plus a 32- or 64-token tail tile multiplying the same dequantized weights) that pads M by at most 32 tokens, at
+K split 1 and 2, plus the launch rule's own pick (``rule``: what int8_matmul runs). ``--ahead`` times the rule's
+pick with 1, 2 and 3 weight tiles loaded ahead into registers (``lqq_wgmma_matmul(ahead=)``).
 """
 
 from __future__ import annotations
@@ -17,16 +23,32 @@ from quantkit.bench.command import parse_shapes
 from quantkit.bench.problems import _packed
 from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
 from quantkit.runtime.kernels.act_quant import quantize_activation_triton
-from quantkit.runtime.kernels.configs import TileConfig, gemm_config
+from quantkit.runtime.kernels.configs import TileConfig, gemm_config, lqq_wgmma_config
 from quantkit.runtime.kernels.int8_gemm import int8_matmul
 from quantkit.runtime.kernels.lqq_wgmma import lqq_wgmma_matmul, lqq_wgmma_problem
 from quantkit.runtime.kernels.reference import int8_reference
 
 VARIANTS = [(32, 3, 1), (32, 3, 2), (32, 3, 4), (64, 3, 1), (64, 3, 2), (64, 3, 4), (64, 4, 1), (128, 3, 1),
             (128, 3, 2), (128, 2, 1)]
+TAIL_CHECKS = [(64, 3, 1, 32), (128, 3, 1, 32), (128, 3, 2, 32), (128, 2, 1, 64), (64, 3, 2, 64), (32, 3, 4, 32)]
+TILES = {32: (32, 0), 64: (64, 0), 96: (64, 32), 128: (128, 0), 160: (128, 32), 192: (128, 64)}  # tile: (bm, tail)
 
 
-def check(dev: str) -> list[dict]:
+def tail_variants(m: int) -> list[tuple[int, int, int, int]]:
+    """(bm, stages, split, tail) of every token tile padding M by <= 32, split 1 and 2 (two stages above M = 512)."""
+    out = []
+    for tile, (bm, tail) in TILES.items():
+        if -(-m // tile) * tile - m <= 32:
+            out += [(bm, 2 if m > 512 else 3, split, tail) for split in (1, 2)]
+    return out
+
+
+def key(bm: int, stages: int, split: int, tail: int, ahead: int = 1) -> str:
+    name = f"gluon_{bm}_{stages}_{split}" if not tail else f"gluon_{bm}+{tail}_{stages}_{split}"
+    return name if ahead == 1 else f"{name}_ahead{ahead}"
+
+
+def check(dev: str, variants: list[tuple[int, int, int, int]]) -> list[dict]:
     out = []
     for (n, k), m in [((200, 512), 33), ((1000, 1024), 130), ((4096, 4096), 64), ((1024, 14336), 257),
                       ((64, 256), 1)]:
@@ -34,12 +56,13 @@ def check(dev: str) -> list[dict]:
         x = torch.randn(m, k, device=dev, dtype=torch.float16)
         a, s = quantize_activation_triton(x, 8, -1)
         ref = int8_reference(a, s, -1, "w4a8-lqq", t, meta).float()
-        for bm, st, sk in VARIANTS:
-            # the Triton kernel with the same rows, tokens and K split sums the same partials in the same order
+        for bm, st, sk, tail, *ahead in variants:
+            # the Triton kernel with the same rows and K split sums the same partials in the same order
             tri = int8_matmul(a, s, -1, "w4a8-lqq", t, meta, config=TileConfig(64, bm, sk, 4, 3))
-            got = lqq_wgmma_matmul(a, s, t, meta, bm, st, sk)
+            got = lqq_wgmma_matmul(a, s, t, meta, bm, st, sk, tail, *ahead)
             rel = ((got.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-9)).item()
-            out.append({"n": n, "k": k, "m": m, "bm": bm, "stages": st, "split_k": sk,
+            out.append({"n": n, "k": k, "m": m, "bm": bm, "tail": tail, "ahead": ahead[0] if ahead else 1,
+                        "stages": st, "split_k": sk,
                         "equal_triton": bool(torch.equal(got, tri)), "rel_vs_reference": rel})
             print("check", json.dumps(out[-1]), flush=True)
     return out
@@ -50,9 +73,13 @@ def main() -> None:
     p.add_argument("--out", default="lqq_wgmma.json")
     p.add_argument("--shapes", default="14336x4096,4096x4096,6144x4096,28672x4096,4096x14336,1024x4096")
     p.add_argument("--ms", default="32,64,96,128,160,192,256,320,384,448,512,640,768,1024,2048,4096")
+    p.add_argument("--tails", action="store_true", help="time the token tiles with a tail tile (docstring)")
+    p.add_argument("--ahead", action="store_true", help="time the rule's pick with 1-3 weight tiles ahead")
     args = p.parse_args()
     dev = "cuda"
-    checks = check(dev)
+    checks = check(dev, TAIL_CHECKS if args.tails or args.ahead else [v + (0,) for v in VARIANTS])
+    if args.ahead:
+        checks += check(dev, [v + (ahead,) for v in TAIL_CHECKS[:3] for ahead in (2, 3)])
     rows = []
     for n, k in parse_shapes(args.shapes):
         t, meta = _packed("w4a8-lqq", torch.randn(n, k, device=dev))
@@ -70,12 +97,26 @@ def main() -> None:
             row["triton"] = time_rotating(lambda a, s, w: int8_matmul(a, s, -1, "w4a8-lqq", w, meta,
                                                                       config=gemm_config(m, n, k, "lqq")),
                                           inputs)["ms"] * 1e3
-            if lqq_wgmma_problem(qa[0][0], qa[0][1], -1, "w4a8-lqq", t, meta) is None:
-                for bm, st, sk in VARIANTS:
-                    if bm > max(m, 32) or (bm == 32 and m > 512) or (m >= 2048 and bm < 128):
+            if args.tails or args.ahead:
+                cfg = lqq_wgmma_config(m, n, k)
+                row["rule_config"] = cfg
+                row["rule"] = time_rotating(lambda a, s, w: int8_matmul(a, s, -1, "w4a8-lqq", w, meta),
+                                            inputs)["ms"] * 1e3
+            if lqq_wgmma_problem(qa[0][0], -1, "w4a8-lqq", meta) is None:
+                variants = tail_variants(m) if args.tails else [v + (0,) for v in VARIANTS]
+                if args.ahead:
+                    variants = [] if cfg is None else [tuple(cfg[:4]) + (ahead,) for ahead in (1, 2, 3)]
+                for bm, st, sk, tail, *ahead in variants:
+                    fixed = not (args.tails or args.ahead)
+                    if fixed and (bm > max(m, 32) or (bm == 32 and m > 512) or (m >= 2048 and bm < 128)):
                         continue
-                    row[f"gluon_{bm}_{st}_{sk}"] = time_rotating(
-                        lambda a, s, w: lqq_wgmma_matmul(a, s, w, meta, bm, st, sk), inputs)["ms"] * 1e3
+                    if (k // 256) // sk < 4:
+                        continue
+                    wpf = ahead[0] if ahead else 1
+                    row[key(bm, st, sk, tail, wpf)] = time_rotating(
+                        lambda a, s, w: lqq_wgmma_matmul(a, s, w, meta, bm, st, sk, tail, wpf), inputs)["ms"] * 1e3
+            if not any(kk.startswith("gluon_") for kk in row):
+                row["gluon_none"] = float("inf")  # the rule keeps the Triton kernel here
             best = min((v, kk) for kk, v in row.items() if kk.startswith("gluon_"))
             row["best_gluon"] = best[1]
             row["best_gluon_vs_fp16"] = row["fp16"] / best[0]
@@ -84,8 +125,9 @@ def main() -> None:
             rows.append(row)
             del xs, qa, tt, inputs
             torch.cuda.empty_cache()
-    with open(args.out, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "checks": checks, "rows": rows, "unit": "us"}, f, indent=1)
+        with open(args.out, "w") as f:  # after every shape, so a cut-off run keeps what it measured
+            json.dump({"device": torch.cuda.get_device_name(), "checks": checks, "rows": rows, "unit": "us"}, f,
+                      indent=1)
 
 
 if __name__ == "__main__":

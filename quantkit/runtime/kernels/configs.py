@@ -161,50 +161,89 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
 
 
 # LiquidQuant W4A8 on Hopper at M = 32-2048: the Gluon kernel (:mod:`.lqq_wgmma`), whose dequantization overlaps its own
-# int8 products, by a rule fitted to docs/bench/lqq_wgmma_sweep.py on an H100 (docs/logs/lqq_wgmma_h100.json: 16 token
-# counts from 32 to 4096 × six Llama-3-8B shapes). With it the layer is slower than cuBLAS fp16 at 16 of the 96 points
-# (the Triton kernel alone: 44; the best measured kernel per point: 12) and the pick is 1.03× the best on average; at 18
-# of the 80 points it takes, the Triton kernel was faster, mostly by 1-7 % — by 10-26 % at 4096×4096 M = 64/128,
-# 4096×14336 M = 64, 6144×4096 M = 640 (the stage rule below picks the slower of 2/3 stages there) and the 1024×4096
-# layer at M = 448/512, which this rule does not single out. Tokens per program: the largest of 128/64/32 that pads M no
-# more than 32 does (M = 96, 160 → 32; 192, 320, 448 → 64; multiples of 128 → 128), halved while fewer than half the SMs
-# get a program; 64-row programs, so at M <= 64 on layers narrower than MIN_PROGRAMS × 64 rows the Triton kernel's split
-# tiles stay (4096×4096 M = 32: 9.3 µs vs 10.2). K splits only for 32/64-token programs: up to one program per SM, or on
-# rows of >= WAVE_SPLIT_MIN_TILES tiles per split up to LQQ_WGMMA_LONG_ROW_PROGRAMS (4096×14336 M = 192: 38.8 µs split 2
-# vs 45.9); a split of 128-token programs was slower everywhere measured (4096×4096 M = 256: 20.8 vs 15.1 µs). Two
-# activation stages instead of three at M = 513-1023 when >= two programs per SM exist (4096×4096 M = 768: 30.5 vs 38.5
-# µs; the 1024-row layer keeps 3: 14.5 vs 23.2). Above M = 768 only layers of N, K <= 8192 (28672×4096 M = 1024: Triton
-# 299 µs vs 334), none above 2048.
+# int8 products. A program owns 64 weight rows and a token tile of 32, 64 or 128 tokens, or 96 / 160 / 192 as a
+# 64- or 128-token tile plus a 32- or 64-token tail tile multiplying the same dequantized weights (each program
+# dequantizes its whole weight slice once, whatever its token tile: more token tiles, more dequantization).
+# Fitted to docs/bench/lqq_wgmma_sweep.py on an H100: docs/logs/lqq_wgmma_h100.json (32/64/128 tiles, 16 token counts
+# from 32 to 4096 × six Llama-3-8B shapes) and docs/logs/lqq_tails_h100.json (the tail tiles, M = 96-768):
+# * M <= 192: one token tile, M rounded up to 32 (M = 96, 160, 192 → one 64+32 / 128+32 / 128+64 program per row tile:
+#   14336×4096 M = 160 33.9 µs vs 47.8 for five 32-token tiles, 28672×4096 M = 96 42.2 vs 64.4). Where that leaves fewer
+#   programs than half the SMs: a tail tile on long rows (each split >= WAVE_SPLIT_MIN_TILES tiles of 256 columns)
+#   splits K in two (4096×14336 M = 160 33.4 vs 46.7 µs unsplit); otherwise the tile steps down (192 → 96 → 32, 128 → 64 → 32, 160 → 32)
+#   while the stepped launch stays within LQQ_WGMMA_STEP_PROGRAMS programs (4096×4096 M = 192: 96-token tiles 15.6 µs
+#   vs 17.5; M = 160 keeps 160: 16.6 vs 18.1 for 320 programs of 32; the 1024-row layer steps to 32 everywhere).
+# * Above: a 192/160/96 tail tile that M is a multiple of, when its launch fills >= LQQ_WGMMA_TAIL_FILL of its last
+#   wave (LQQ_WGMMA_TAILS_PER_SM), two stages above M = 512 — 4096×4096 M = 320 16.5 µs vs 21.1, 28672×4096 M = 768
+#   230.5 vs 252.8, 6144×4096 M = 384 27.2 vs 33.8 (96 only up to M = 512: at 14336×4096 M = 768 122.0 vs 115.7 µs on
+#   128-token tiles); on ragged launches (14336×4096 M = 320: 3.4 waves) and where the tail tile pads M (6144×4096
+#   M = 768 on 160: 72.3 µs vs 53.9) the 64/128 tiles won. Otherwise the largest of 128/64/32 that pads M no more than
+#   32 does, halved while fewer than half the SMs get a program; K splits only for 32/64-token programs: up to one program per
+#   SM, or on rows of >= WAVE_SPLIT_MIN_TILES tiles per split up to LQQ_WGMMA_LONG_ROW_PROGRAMS (4096×14336 M = 192:
+#   38.8 µs split 2 vs 45.9); a split of 128-token programs was slower everywhere measured (4096×4096 M = 256: 20.8 vs
+#   15.1 µs). Two activation stages instead of three at M = 513-1023 when >= two programs per SM exist (4096×4096
+#   M = 768: 30.5 vs 38.5 µs; the 1024-row layer keeps 3: 14.5 vs 23.2).
+# * Above M = 768 only layers of N, K <= 8192 (28672×4096 M = 1024: Triton 299 µs vs 334), none above 2048.
+# At M <= 64 on layers narrower than MIN_PROGRAMS × 64 rows the Triton kernel's split tiles stay (4096×4096 M = 32:
+# 9.3 µs vs 10.2).
 LQQ_WGMMA_BM = (128, 64, 32)
 LQQ_WGMMA_MIN_M = 32
 LQQ_WGMMA_MAX_M = 2048
 LQQ_WGMMA_WIDE_MAX_M = 768  # above this, only layers of N, K <= LQQ_WGMMA_NARROW
 LQQ_WGMMA_NARROW = 8192
 LQQ_WGMMA_LONG_ROW_PROGRAMS = 384
+LQQ_WGMMA_TILES = {32: (32, 0), 64: (64, 0), 96: (64, 32), 128: (128, 0), 160: (128, 32), 192: (128, 64)}
+LQQ_WGMMA_STEP_DOWN = {192: 96, 160: 32, 128: 64, 96: 32, 64: 32}
+LQQ_WGMMA_STEP_PROGRAMS = 200
+LQQ_WGMMA_TAIL_FILL = 0.9
+# activation stages → [(tail tile, programs resident per SM: ptxas registers and shared memory, Triton 3.6)] in the
+# order tried above M = 192
+LQQ_WGMMA_TAILS_PER_SM = {3: ((192, 1), (160, 1), (96, 3)), 2: ((192, 2), (160, 2))}
 
 
-def lqq_wgmma_config(m: int, n: int, k: int, sms: int = SMS_H100) -> tuple[int, int, int] | None:
-    """(tokens per program, activation stages, K split) of the Gluon LiquidQuant kernel for M tokens on an
-    [N, K] weight, or None where the Triton LiquidQuant kernel runs instead (comment above)."""
+def _lqq_one_tile(m: int, row_tiles: int, k_tiles: int, sms: int) -> tuple[int, int]:
+    """(token tile, K split) at M <= 192: one token tile covering M, split or stepped down on narrow launches."""
+    tile = -(-m // 32) * 32
+    if LQQ_WGMMA_TILES[tile][1] and row_tiles < sms // 2 and k_tiles // 2 >= WAVE_SPLIT_MIN_TILES:
+        return tile, 2
+    while (tile in LQQ_WGMMA_STEP_DOWN and row_tiles * -(-m // tile) < sms // 2
+           and row_tiles * -(-m // LQQ_WGMMA_STEP_DOWN[tile]) <= LQQ_WGMMA_STEP_PROGRAMS):
+        tile = LQQ_WGMMA_STEP_DOWN[tile]
+    return tile, 1
+
+
+def lqq_wgmma_config(m: int, n: int, k: int, sms: int = SMS_H100) -> tuple[int, int, int, int] | None:
+    """(tokens per program, activation stages, K split, tail tokens per program) of the Gluon LiquidQuant kernel for
+    M tokens on an [N, K] weight, or None where the Triton LiquidQuant kernel runs instead (comment above)."""
     if not LQQ_WGMMA_MIN_M <= m <= LQQ_WGMMA_MAX_M:
         return None
     if m > LQQ_WGMMA_WIDE_MAX_M and (n > LQQ_WGMMA_NARROW or k > LQQ_WGMMA_NARROW):
         return None
-    row_tiles = -(-n // 64)
+    row_tiles, k_tiles = -(-n // 64), -(-k // 256)
     padded = lambda b: -(-m // b) * b  # noqa: E731
-    bm = next(b for b in LQQ_WGMMA_BM if padded(b) == padded(LQQ_WGMMA_BM[-1]))
-    while bm > LQQ_WGMMA_BM[-1] and row_tiles * -(-m // bm) < sms // 2:
-        bm //= 2
+    if m <= 192:
+        tile, split = _lqq_one_tile(m, row_tiles, k_tiles, sms)
+        bm, tail = LQQ_WGMMA_TILES[tile]
+        if tail:
+            return bm, 3, split, tail
+    else:
+        stages = 2 if m > 512 else 3
+        for tile, per_sm in LQQ_WGMMA_TAILS_PER_SM[stages]:
+            programs = row_tiles * -(-m // tile)
+            if padded(tile) == m and programs >= sms // 2 and wave_fill(programs, per_sm, sms) >= LQQ_WGMMA_TAIL_FILL:
+                bm, tail = LQQ_WGMMA_TILES[tile]
+                return bm, stages, 1, tail
+        bm = next(b for b in LQQ_WGMMA_BM if padded(b) == padded(LQQ_WGMMA_BM[-1]))
+        while bm > LQQ_WGMMA_BM[-1] and row_tiles * -(-m // bm) < sms // 2:
+            bm //= 2
     programs = row_tiles * -(-m // bm)
     if m <= 64 and programs < MIN_PROGRAMS:
         return None
     split = 1
     if bm <= 64:  # up to one program per SM, or more programs on rows long enough for WAVE_SPLIT_MIN_TILES a split
-        tiles = -(-k // 256)
-        split = max(_split_for(programs, tiles, sms),
-                    _split_for(programs, tiles, LQQ_WGMMA_LONG_ROW_PROGRAMS, WAVE_SPLIT_MIN_TILES))
+        split = max(_split_for(programs, k_tiles, sms),
+                    _split_for(programs, k_tiles, LQQ_WGMMA_LONG_ROW_PROGRAMS, WAVE_SPLIT_MIN_TILES))
     stages = 2 if 512 < m < 1024 and programs >= 2 * sms else 3
-    return bm, stages, split
+    return bm, stages, split, 0
 
 
 # MixLLM W8A8 at M = 17-32 and above 64: the Gluon TMA kernel (:mod:`.w8a8_wgmma`), 64 tokens × 128 weight rows

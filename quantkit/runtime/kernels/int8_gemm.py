@@ -241,7 +241,7 @@ def _gluon_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size:
         if cfg is None or lqq_wgmma_problem(a_codes, act_group_size, layout, meta, out, out_dtype) is not None:
             return None
         return launch_or_decline(LQQ_KERNEL, cfg, lambda: lqq_wgmma_matmul(a_codes, a_scales, tensors, meta, *cfg,
-                                                                           out, out_dtype))
+                                                                           out=out, out_dtype=out_dtype))
     if layout == "w4a16" and m < MIXLLM_OPERAND_MIN_M:
         return None
     cfg = w8a8_wgmma_config(m, n, k)

@@ -38,8 +38,8 @@ from quantkit.runtime.kernels.wgmma_common import BN, HAVE_GLUON, hopper_problem
 KERNEL = "lqq_wgmma"  # its name for hopper_problem / launch_or_decline
 
 if HAVE_GLUON:
-    from quantkit.runtime.kernels.wgmma_common import (ROWS, X_LAYOUT, X_SMEM, a_layout, async_copy, copy_x, gl, gluon,
-                                                       mma_layout, store_tile, wait_x, warpgroup_mma,
+    from quantkit.runtime.kernels.wgmma_common import (ROWS, X_LAYOUT, X_SMEM, a_layout, async_copy, gl, gluon, issue_x,
+                                                       mma_layout, store_tile, store_tile_pair, wait_x, warpgroup_mma,
                                                        warpgroup_mma_wait)
 
     ASM_I8 = gl.constexpr(ASM_I8_TEXT)
@@ -55,9 +55,27 @@ if HAVE_GLUON:
             dtype=(gl.int8, ) * 8, is_pure=True, pack=4)
 
     @gluon.jit
+    def load_words(w_ptrs, p_ptr, t, t_end, hpg, groups, N, rn_in):
+        """Weight tile t's words [64, 32] (in the A-operand layout) and its two half-tiles' group words (the
+        last tile again past t_end, so the loop needs no predicate)."""
+        t = gl.minimum(t, t_end - 1)
+        words = gl.load(w_ptrs + t * 32)
+        p_lo = gl.load(p_ptr + gl.minimum((2 * t) // hpg, groups - 1) * N + rn_in)
+        p_hi = gl.load(p_ptr + gl.minimum((2 * t + 1) // hpg, groups - 1) * N + rn_in)
+        return words, p_lo, p_hi
+
+    @gluon.jit
+    def scaled(acc, sa_ptr, cs_ptr, rm, rn, M, N, stride_sm):
+        """fp32 (acc · token scale) · channel scale of an int32 tile [64, BM] (LiquidGEMM Sec. 4: per-token
+        activation scales and the per-channel first-level weight scale, applied once after K)."""
+        sa = gl.load(sa_ptr + gl.minimum(rm, M - 1) * stride_sm)
+        cs = gl.load(cs_ptr + gl.minimum(rn, N - 1)).to(gl.float32)
+        return acc.to(gl.float32) * sa[None, :] * cs[:, None]
+
+    @gluon.jit
     def _lqq_wgmma_kernel(a_ptr, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_am, stride_sm,
                           stride_om, w_row, n_tiles, tiles_per_split, hpg, groups, BM: gl.constexpr,
-                          STAGES: gl.constexpr, SPLIT_K: gl.constexpr):
+                          STAGES: gl.constexpr, SPLIT_K: gl.constexpr, BT: gl.constexpr, WPF: gl.constexpr):
         pid_n = gl.program_id(0)
         pid_m = gl.program_id(1)
         pid_k = gl.program_id(2)
@@ -68,45 +86,91 @@ if HAVE_GLUON:
         gl.assume(t_end > t_begin)
         mma: gl.constexpr = mma_layout(BM)
         a_l: gl.constexpr = a_layout(BM)
+        TM: gl.constexpr = BM + BT  # tokens per program: a [64, BM] tile and, if BT, a [64, BT] tail tile
         xs = gl.allocate_shared_memory(gl.int8, [2 * STAGES, BM, 128], X_SMEM)
 
         rn = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, a_l))
         rn_in = gl.minimum(rn, N - 1)
         w_ptrs = w_ptr + rn_in[:, None] * w_row + gl.arange(0, 32, layout=gl.SliceLayout(0, a_l))[None, :]
-        rm_x = gl.minimum(pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, X_LAYOUT)), M - 1)
-        x_ptrs = a_ptr + rm_x[:, None] * stride_am + gl.arange(0, 128, layout=gl.SliceLayout(0, X_LAYOUT))[None, :]
+        cols_x = gl.arange(0, 128, layout=gl.SliceLayout(0, X_LAYOUT))[None, :]
+        rm_x = gl.minimum(pid_m * TM + gl.arange(0, BM, layout=gl.SliceLayout(1, X_LAYOUT)), M - 1)
+        x_ptrs = a_ptr + rm_x[:, None] * stride_am + cols_x
+        if BT > 0:
+            mma_t: gl.constexpr = mma_layout(BT)
+            a_t: gl.constexpr = a_layout(BT)
+            xt = gl.allocate_shared_memory(gl.int8, [2 * STAGES, BT, 128], X_SMEM)
+            rt_x = gl.minimum(pid_m * TM + BM + gl.arange(0, BT, layout=gl.SliceLayout(1, X_LAYOUT)), M - 1)
+            xt_ptrs = a_ptr + rt_x[:, None] * stride_am + cols_x
 
         for i0 in gl.static_range(STAGES - 1):
-            copy_x(xs, x_ptrs, i0, t_begin, t_end, STAGES)
+            issue_x(xs, x_ptrs, i0, t_begin, t_end, STAGES)
+            if BT > 0:
+                issue_x(xt, xt_ptrs, i0, t_begin, t_end, STAGES)
+            async_copy.commit_group()
         acc = gl.zeros([ROWS, BM], gl.int32, mma)
-        words = gl.load(w_ptrs + t_begin * 32)
-        p_lo = gl.load(p_ptr + gl.minimum((2 * t_begin) // hpg, groups - 1) * N + rn_in)
-        p_hi = gl.load(p_ptr + gl.minimum((2 * t_begin + 1) // hpg, groups - 1) * N + rn_in)
+        if BT > 0:
+            acc_t = gl.zeros([ROWS, BT], gl.int32, mma_t)
+        # WPF weight tiles (words and group words) in registers ahead of the one being dequantized: each program
+        # waits on its own loads once per tile, so with few programs per SM one tile ahead leaves the load latency
+        # exposed
+        words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t_begin, t_end, hpg, groups, N, rn_in)
+        if WPF >= 2:
+            words1, p_lo1, p_hi1 = load_words(w_ptrs, p_ptr, t_begin + 1, t_end, hpg, groups, N, rn_in)
+        if WPF >= 3:
+            words2, p_lo2, p_hi2 = load_words(w_ptrs, p_ptr, t_begin + 2, t_end, hpg, groups, N, rn_in)
         for t in range(t_begin, t_end):
             i = t - t_begin
             planes = planes_wgmma(words, p_lo & 0xFF, (p_lo >> 8) & 0xFF, p_hi & 0xFF, (p_hi >> 8) & 0xFF)
-            # the next tile's words and group words load while this tile's products run
-            tn = gl.minimum(t + 1, t_end - 1)
-            words = gl.load(w_ptrs + tn * 32)
-            p_lo = gl.load(p_ptr + gl.minimum((2 * tn) // hpg, groups - 1) * N + rn_in)
-            p_hi = gl.load(p_ptr + gl.minimum((2 * tn + 1) // hpg, groups - 1) * N + rn_in)
+            # the next tiles' words and group words load while this tile's products run
+            if WPF == 1:
+                words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t + 1, t_end, hpg, groups, N, rn_in)
+            elif WPF == 2:
+                words, p_lo, p_hi = words1, p_lo1, p_hi1
+                words1, p_lo1, p_hi1 = load_words(w_ptrs, p_ptr, t + 2, t_end, hpg, groups, N, rn_in)
+            else:
+                words, p_lo, p_hi = words1, p_lo1, p_hi1
+                words1, p_lo1, p_hi1 = words2, p_lo2, p_hi2
+                words2, p_lo2, p_hi2 = load_words(w_ptrs, p_ptr, t + 3, t_end, hpg, groups, N, rn_in)
             wait_x(STAGES)
             slot = i % STAGES
+            # the tail tile multiplies the same dequantized planes: one dequantization for BM + BT tokens
             for p in gl.static_range(8):
                 xb = xs.index(2 * slot + p // 4).slice(32 * (p % 4), 32, dim=1).permute((1, 0))
                 acc = warpgroup_mma(planes[p], xb, acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=8, deps=(acc, ))  # tile t-1's products are done
-            copy_x(xs, x_ptrs, i + STAGES - 1, t_begin, t_end, STAGES)  # into tile t-1's slot
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                if BT > 0:
+                    xtb = xt.index(2 * slot + p // 4).slice(32 * (p % 4), 32, dim=1).permute((1, 0))
+                    acc_t = warpgroup_mma(gl.convert_layout(planes[p], a_t), xtb, acc_t, is_async=True)
+            if BT > 0:  # tile t-1's products are done
+                acc, acc_t = warpgroup_mma_wait(num_outstanding=16, deps=(acc, acc_t))
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=8, deps=(acc, ))
+            issue_x(xs, x_ptrs, i + STAGES - 1, t_begin, t_end, STAGES)  # into tile t-1's slot
+            if BT > 0:
+                issue_x(xt, xt_ptrs, i + STAGES - 1, t_begin, t_end, STAGES)
+            async_copy.commit_group()
+        if BT > 0:
+            acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_t))
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         # the empty copies issued past the last tile still write (zeros) into the ring, which the split-K ticket's
         # scratch may share: let them land first
         async_copy.wait_group(0)
-        rm = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+        rm = pid_m * TM + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
         rn_o = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
-        sa = gl.load(sa_ptr + gl.minimum(rm, M - 1) * stride_sm)
-        cs = gl.load(cs_ptr + gl.minimum(rn_o, N - 1)).to(gl.float32)
-        y = acc.to(gl.float32) * sa[None, :] * cs[:, None]
-        store_tile(out_ptr, ws_ptr, ticket_ptr, y, rm, rn_o, M, N, stride_om, pid_k, SPLIT_K)
+        y = scaled(acc, sa_ptr, cs_ptr, rm, rn_o, M, N, stride_sm)
+        if BT == 0:
+            store_tile(out_ptr, ws_ptr, ticket_ptr, y, rm, rn_o, M, N, stride_om, pid_k, SPLIT_K)
+        else:
+            rm_t = pid_m * TM + BM + gl.arange(0, BT, layout=gl.SliceLayout(0, mma_t))
+            rn_t = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_t))
+            if SPLIT_K == 1:  # one tile at a time: fewer live registers
+                store_tile(out_ptr, ws_ptr, ticket_ptr, y, rm, rn_o, M, N, stride_om, pid_k, SPLIT_K)
+                y_t = scaled(acc_t, sa_ptr, cs_ptr, rm_t, rn_t, M, N, stride_sm)
+                store_tile(out_ptr, ws_ptr, ticket_ptr, y_t, rm_t, rn_t, M, N, stride_om, pid_k, SPLIT_K)
+            else:
+                y_t = scaled(acc_t, sa_ptr, cs_ptr, rm_t, rn_t, M, N, stride_sm)
+                store_tile_pair(out_ptr, ws_ptr, ticket_ptr, y, rm, rn_o, y_t, rm_t, rn_t, M, N, stride_om, pid_k,
+                                SPLIT_K)
 
 
 def lqq_wgmma_problem(a_codes: torch.Tensor, act_group_size: int, layout: str, meta: dict,
@@ -121,13 +185,18 @@ def lqq_wgmma_problem(a_codes: torch.Tensor, act_group_size: int, layout: str, m
 
 
 def lqq_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, meta: dict, bm: int = 128,
-                     stages: int = 3, split_k: int = 1, out: torch.Tensor | None = None,
-                     out_dtype: torch.dtype = torch.float16) -> torch.Tensor:
+                     stages: int = 3, split_k: int = 1, tail: int = 0, ahead: int = 1,
+                     out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16) -> torch.Tensor:
     """Y [M, N] (``out_dtype``, or ``out``'s) = dequant(A)·Ŵᵀ for int8 codes [M, K] with per-token float32
-    scales [M, 1] and a ``w4a8-lqq`` weight (module docstring); ``bm`` tokens per program (32, 64 or 128),
-    ``stages`` activation tiles in flight, ``split_k`` programs along K (fp32 slots summed in split order,
+    scales [M, 1] and a ``w4a8-lqq`` weight (module docstring); ``bm`` tokens per program (32, 64 or 128) plus
+    ``tail`` more (0, 32 or 64) that multiply the same dequantized weights — so M = 160 runs as
+    one 128 + 32 program per row tile instead of five 32-token ones that each dequantize the whole weight;
+    ``stages`` activation tiles in flight, ``ahead`` weight tiles loaded ahead into registers (1-3),
+    ``split_k`` programs along K (fp32 slots summed in split order,
     :mod:`.splitk`). The caller checks :func:`lqq_wgmma_problem`. Same bits as the Triton LiquidQuant kernel with
     the same split (exact int32 products, then (acc · token scale) · channel scale)."""
+    if bm not in (32, 64, 128) or tail not in (0, 32, 64) or ahead not in (1, 2, 3):
+        raise ValueError(f"bm must be 32, 64 or 128, tail 0, 32 or 64 and ahead 1-3; got {bm}, {tail}, {ahead}")
     m, k = a_codes.shape
     qweight, qparams, cs = tensors["qweight"], tensors["qparams"], tensors["channel_scales"]
     check_device(a_codes, a_scales, qweight, qparams, cs)
@@ -135,10 +204,10 @@ def lqq_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dic
     n_tiles = qweight.shape[1] // 32
     tiles_per_split, split = split_plan(n_tiles, split_k)
     out = torch.empty(m, n, dtype=out_dtype, device=a_codes.device) if out is None else out
-    grid = (-(-n // BN), -(-m // bm), split)
+    grid = (-(-n // BN), -(-m // (bm + tail)), split)
     ws, tickets = split_workspace(a_codes.device, m * n, split, grid[0] * grid[1])
     _lqq_wgmma_kernel[grid](a_codes, a_scales, qweight, qparams, cs, out, ws, tickets, m, n, a_codes.stride(0),
                             a_scales.stride(0), out.stride(0), qweight.shape[1], n_tiles, tiles_per_split,
                             groups_in_halves(meta, n_tiles), qparams.shape[0], BM=bm, STAGES=stages,
-                            SPLIT_K=split, num_warps=4)
+                            SPLIT_K=split, BT=tail, WPF=ahead, num_warps=4)
     return out

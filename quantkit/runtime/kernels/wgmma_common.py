@@ -131,16 +131,16 @@ if HAVE_GLUON:
     X_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))
 
     @gluon.jit
-    def copy_x(xs, x_ptrs, i, t_begin, t_end, STAGES: gl.constexpr):
-        """Start the cp.async of activation tile t_begin + i (both 128-column halves) into ring slot i % STAGES;
-        one commit group per call, empty past t_end, so wait_group counts stay uniform."""
+    def issue_x(xs, x_ptrs, i, t_begin, t_end, STAGES: gl.constexpr):
+        """Start the cp.async of activation tile t_begin + i (both 128-column halves) into ring slot i % STAGES,
+        empty past t_end so that wait_group counts stay uniform; the caller commits the group (one per tile, which
+        may hold several token tiles' copies)."""
         s = i % STAGES
         t = t_begin + i
         ok = t < t_end
         tt = gl.where(ok, t, t_begin)
         cp_async(xs.index(2 * s), x_ptrs + tt * 256, ok)
         cp_async(xs.index(2 * s + 1), x_ptrs + tt * 256 + 128, ok)
-        async_copy.commit_group()
 
     @gluon.jit
     def wait_x(STAGES: gl.constexpr):
@@ -150,26 +150,65 @@ if HAVE_GLUON:
         fence_async_shared()  # generic-proxy writes before the async-proxy reads of wgmma
 
     @gluon.jit
+    def _store_out(out_ptr, y, rm, rn, M, N, stride_om):
+        mask = (rm < M)[None, :] & (rn < N)[:, None]
+        gl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @gluon.jit
+    def _store_slot(ws_ptr, y, rm, rn, M, N, pid_k):
+        mask = (rm < M)[None, :] & (rn < N)[:, None]
+        gl.store(ws_ptr + rm[None, :] * N + rn[:, None] + pid_k * (M * N), y, mask=mask)
+
+    @gluon.jit
+    def _sum_slots(out_ptr, ws_ptr, y, rm, rn, M, N, stride_om, SPLIT_K: gl.constexpr):
+        mask = (rm < M)[None, :] & (rn < N)[:, None]
+        ws_ptrs = ws_ptr + rm[None, :] * N + rn[:, None]
+        total = gl.full(y.shape, 0.0, gl.float32, y.type.layout)
+        for s in gl.static_range(SPLIT_K):
+            total += gl.load(ws_ptrs + s * (M * N), mask=mask, other=0.0, cache_modifier=".cg")
+        _store_out(out_ptr, total, rm, rn, M, N, stride_om)
+
+    @gluon.jit
+    def _take_ticket(ticket_ptr, SPLIT_K: gl.constexpr):
+        """After this program's slot stores: whether it is the split tile's last program (then it adds the slots
+        and resets the ticket with :func:`_release_ticket`)."""
+        cta_barrier()  # every warp's slot stores precede the ticket's release
+        ticket = ticket_ptr + gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)
+        return gl.atomic_add(ticket, 1) == SPLIT_K - 1
+
+    @gluon.jit
+    def _release_ticket(ticket_ptr):
+        gl.atomic_xchg(ticket_ptr + gl.program_id(1) * gl.num_programs(0) + gl.program_id(0), 0)
+
+    @gluon.jit
     def store_tile(out_ptr, ws_ptr, ticket_ptr, y, rm, rn, M, N, stride_om, pid_k, SPLIT_K: gl.constexpr):
         """Write a finished fp32 tile y [64, BM] (weight rows rn, tokens rm) of Y [M, N]: directly, or through
         split-K slot pid_k of the workspace (slots M·N apart, rows N apart), the last program of the tile adding the
         slots in split order (:func:`quantkit.runtime.kernels.splitk.store_tile`, the same bits)."""
-        mask = (rm < M)[None, :] & (rn < N)[:, None]
-        out_ptrs = out_ptr + rm[None, :] * stride_om + rn[:, None]
         if SPLIT_K == 1:
-            gl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
+            _store_out(out_ptr, y, rm, rn, M, N, stride_om)
         else:
-            ws_ptrs = ws_ptr + rm[None, :] * N + rn[:, None]
-            gl.store(ws_ptrs + pid_k * (M * N), y, mask=mask)
-            cta_barrier()  # every warp's slot stores precede the ticket's release
-            ticket = ticket_ptr + gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)
-            if gl.atomic_add(ticket, 1) == SPLIT_K - 1:
-                total = gl.full(y.shape, 0.0, gl.float32, y.type.layout)
-                for s in gl.static_range(SPLIT_K):
-                    total += gl.load(ws_ptrs + s * (M * N), mask=mask, other=0.0, cache_modifier=".cg")
-                gl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
-                gl.atomic_xchg(ticket, 0)
+            _store_slot(ws_ptr, y, rm, rn, M, N, pid_k)
+            if _take_ticket(ticket_ptr, SPLIT_K):
+                _sum_slots(out_ptr, ws_ptr, y, rm, rn, M, N, stride_om, SPLIT_K)
+                _release_ticket(ticket_ptr)
 
-    __all__ += ["ROWS", "X_LAYOUT", "X_SMEM", "a_layout", "async_copy", "copy_x", "cta_barrier", "fence_async_shared",
-                "gl", "gluon", "mbarrier", "mma_layout", "store_tile", "tma_load", "wait_x", "warpgroup_mma",
+    @gluon.jit
+    def store_tile_pair(out_ptr, ws_ptr, ticket_ptr, y, rm, rn, y2, rm2, rn2, M, N, stride_om, pid_k,
+                        SPLIT_K: gl.constexpr):
+        """:func:`store_tile` for a program that finished two tiles (a token tile and its tail): one split-K
+        ticket covers both."""
+        if SPLIT_K == 1:
+            _store_out(out_ptr, y, rm, rn, M, N, stride_om)
+            _store_out(out_ptr, y2, rm2, rn2, M, N, stride_om)
+        else:
+            _store_slot(ws_ptr, y, rm, rn, M, N, pid_k)
+            _store_slot(ws_ptr, y2, rm2, rn2, M, N, pid_k)
+            if _take_ticket(ticket_ptr, SPLIT_K):
+                _sum_slots(out_ptr, ws_ptr, y, rm, rn, M, N, stride_om, SPLIT_K)
+                _sum_slots(out_ptr, ws_ptr, y2, rm2, rn2, M, N, stride_om, SPLIT_K)
+                _release_ticket(ticket_ptr)
+
+    __all__ += ["ROWS", "X_LAYOUT", "X_SMEM", "a_layout", "async_copy", "issue_x", "cta_barrier", "fence_async_shared",
+                "gl", "gluon", "mbarrier", "mma_layout", "store_tile", "store_tile_pair", "tma_load", "wait_x", "warpgroup_mma",
                 "warpgroup_mma_wait"]

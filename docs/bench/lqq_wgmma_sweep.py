@@ -7,8 +7,9 @@ M = 16. First checks it bit-exact against the Triton kernel and within 1e-3 of t
 
 ``--tails`` times, instead of the fixed variant list, every program token tile of 32-192 (a 32/64/128-token tile
 plus a 32- or 64-token tail tile multiplying the same dequantized weights) that pads M by at most 32 tokens, at
-K split 1 and 2, plus the launch rule's own pick (``rule``: what int8_matmul runs). ``--ahead`` times the rule's
-pick with 1, 2 and 3 weight tiles loaded ahead into registers (``lqq_wgmma_matmul(ahead=)``).
+K split 1 and 2, plus the launch rule's own pick (``rule``: what int8_matmul runs); with ``--all-tiles`` every token
+tile whatever it pads. (docs/logs/lqq_ahead_h100.json came from this script's ``--ahead`` mode at commit dfcf03b:
+the rule's pick with 1-3 weight tiles loaded ahead into registers, an option since removed.)
 """
 
 from __future__ import annotations
@@ -34,18 +35,18 @@ TAIL_CHECKS = [(64, 3, 1, 32), (128, 3, 1, 32), (128, 3, 2, 32), (128, 2, 1, 64)
 TILES = {32: (32, 0), 64: (64, 0), 96: (64, 32), 128: (128, 0), 160: (128, 32), 192: (128, 64)}  # tile: (bm, tail)
 
 
-def tail_variants(m: int) -> list[tuple[int, int, int, int]]:
-    """(bm, stages, split, tail) of every token tile padding M by <= 32, split 1 and 2 (two stages above M = 512)."""
+def tail_variants(m: int, all_tiles: bool = False) -> list[tuple[int, int, int, int]]:
+    """(bm, stages, split, tail) of every token tile padding M by <= 32 (any, with ``all_tiles``), split 1 and 2
+    (two stages above M = 512)."""
     out = []
     for tile, (bm, tail) in TILES.items():
-        if -(-m // tile) * tile - m <= 32:
+        if all_tiles or -(-m // tile) * tile - m <= 32:
             out += [(bm, 2 if m > 512 else 3, split, tail) for split in (1, 2)]
     return out
 
 
-def key(bm: int, stages: int, split: int, tail: int, ahead: int = 1) -> str:
-    name = f"gluon_{bm}_{stages}_{split}" if not tail else f"gluon_{bm}+{tail}_{stages}_{split}"
-    return name if ahead == 1 else f"{name}_ahead{ahead}"
+def key(bm: int, stages: int, split: int, tail: int) -> str:
+    return f"gluon_{bm}_{stages}_{split}" if not tail else f"gluon_{bm}+{tail}_{stages}_{split}"
 
 
 def check(dev: str, variants: list[tuple[int, int, int, int]]) -> list[dict]:
@@ -56,13 +57,12 @@ def check(dev: str, variants: list[tuple[int, int, int, int]]) -> list[dict]:
         x = torch.randn(m, k, device=dev, dtype=torch.float16)
         a, s = quantize_activation_triton(x, 8, -1)
         ref = int8_reference(a, s, -1, "w4a8-lqq", t, meta).float()
-        for bm, st, sk, tail, *ahead in variants:
+        for bm, st, sk, tail in variants:
             # the Triton kernel with the same rows and K split sums the same partials in the same order
             tri = int8_matmul(a, s, -1, "w4a8-lqq", t, meta, config=TileConfig(64, bm, sk, 4, 3))
-            got = lqq_wgmma_matmul(a, s, t, meta, bm, st, sk, tail, *ahead)
+            got = lqq_wgmma_matmul(a, s, t, meta, bm, st, sk, tail)
             rel = ((got.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-9)).item()
-            out.append({"n": n, "k": k, "m": m, "bm": bm, "tail": tail, "ahead": ahead[0] if ahead else 1,
-                        "stages": st, "split_k": sk,
+            out.append({"n": n, "k": k, "m": m, "bm": bm, "tail": tail, "stages": st, "split_k": sk,
                         "equal_triton": bool(torch.equal(got, tri)), "rel_vs_reference": rel})
             print("check", json.dumps(out[-1]), flush=True)
     return out
@@ -74,12 +74,10 @@ def main() -> None:
     p.add_argument("--shapes", default="14336x4096,4096x4096,6144x4096,28672x4096,4096x14336,1024x4096")
     p.add_argument("--ms", default="32,64,96,128,160,192,256,320,384,448,512,640,768,1024,2048,4096")
     p.add_argument("--tails", action="store_true", help="time the token tiles with a tail tile (docstring)")
-    p.add_argument("--ahead", action="store_true", help="time the rule's pick with 1-3 weight tiles ahead")
+    p.add_argument("--all-tiles", action="store_true", help="with --tails: every token tile, whatever it pads")
     args = p.parse_args()
     dev = "cuda"
-    checks = check(dev, TAIL_CHECKS if args.tails or args.ahead else [v + (0,) for v in VARIANTS])
-    if args.ahead:
-        checks += check(dev, [v + (ahead,) for v in TAIL_CHECKS[:3] for ahead in (2, 3)])
+    checks = check(dev, TAIL_CHECKS if args.tails else [v + (0,) for v in VARIANTS])
     rows = []
     for n, k in parse_shapes(args.shapes):
         t, meta = _packed("w4a8-lqq", torch.randn(n, k, device=dev))
@@ -97,24 +95,20 @@ def main() -> None:
             row["triton"] = time_rotating(lambda a, s, w: int8_matmul(a, s, -1, "w4a8-lqq", w, meta,
                                                                       config=gemm_config(m, n, k, "lqq")),
                                           inputs)["ms"] * 1e3
-            if args.tails or args.ahead:
+            if args.tails:
                 cfg = lqq_wgmma_config(m, n, k)
                 row["rule_config"] = cfg
                 row["rule"] = time_rotating(lambda a, s, w: int8_matmul(a, s, -1, "w4a8-lqq", w, meta),
                                             inputs)["ms"] * 1e3
             if lqq_wgmma_problem(qa[0][0], -1, "w4a8-lqq", meta) is None:
-                variants = tail_variants(m) if args.tails else [v + (0,) for v in VARIANTS]
-                if args.ahead:
-                    variants = [] if cfg is None else [tuple(cfg[:4]) + (ahead,) for ahead in (1, 2, 3)]
-                for bm, st, sk, tail, *ahead in variants:
-                    fixed = not (args.tails or args.ahead)
-                    if fixed and (bm > max(m, 32) or (bm == 32 and m > 512) or (m >= 2048 and bm < 128)):
+                variants = tail_variants(m, args.all_tiles) if args.tails else [v + (0,) for v in VARIANTS]
+                for bm, st, sk, tail in variants:
+                    if not args.tails and (bm > max(m, 32) or (bm == 32 and m > 512) or (m >= 2048 and bm < 128)):
                         continue
                     if (k // 256) // sk < 4:
                         continue
-                    wpf = ahead[0] if ahead else 1
-                    row[key(bm, st, sk, tail, wpf)] = time_rotating(
-                        lambda a, s, w: lqq_wgmma_matmul(a, s, w, meta, bm, st, sk, tail, wpf), inputs)["ms"] * 1e3
+                    row[key(bm, st, sk, tail)] = time_rotating(
+                        lambda a, s, w: lqq_wgmma_matmul(a, s, w, meta, bm, st, sk, tail), inputs)["ms"] * 1e3
             if not any(kk.startswith("gluon_") for kk in row):
                 row["gluon_none"] = float("inf")  # the rule keeps the Triton kernel here
             best = min((v, kk) for kk, v in row.items() if kk.startswith("gluon_"))

@@ -7,7 +7,10 @@ idle while the integer units work and vice versa (docs/BENCHMARKS.md). LiquidGEM
 Sec. 5) overlaps the two. This kernel does that in Gluon, where the waits are explicit:
 
 * a program owns BN = 64 weight rows (one warpgroup, wgmma's M side) × BM tokens (wgmma's N side), the
-  transposed product Y^T = W·X^T (LiquidGEMM Sec. 5.4);
+  transposed product Y^T = W·X^T (LiquidGEMM Sec. 5.4), optionally plus a tail tile of BT = 32/64 more tokens
+  that multiplies the same dequantized planes into a second accumulator — a program dequantizes its weight slice
+  once whatever its token count, so M = 160 runs one 128 + 32 program per row tile rather than five of 32
+  (Triton tensors are powers of two; the tail is how a 96/160/192-token tile is written);
 * per 256-column tile, the lane loads its words directly in the register layout of wgmma's A operand, so the
   dequantized int8 planes need no shuffle: plane p of 4 consecutive words is 4 consecutive K positions — exactly
   the 4 bytes of one A-fragment register (k_width 4). The arithmetic is :data:`.dequant.ASM_I8`: (q·s + a) XOR
@@ -75,7 +78,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _lqq_wgmma_kernel(a_ptr, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_am, stride_sm,
                           stride_om, w_row, n_tiles, tiles_per_split, hpg, groups, BM: gl.constexpr,
-                          STAGES: gl.constexpr, SPLIT_K: gl.constexpr, BT: gl.constexpr, WPF: gl.constexpr):
+                          STAGES: gl.constexpr, SPLIT_K: gl.constexpr, BT: gl.constexpr):
         pid_n = gl.program_id(0)
         pid_m = gl.program_id(1)
         pid_k = gl.program_id(2)
@@ -110,27 +113,13 @@ if HAVE_GLUON:
         acc = gl.zeros([ROWS, BM], gl.int32, mma)
         if BT > 0:
             acc_t = gl.zeros([ROWS, BT], gl.int32, mma_t)
-        # WPF weight tiles (words and group words) in registers ahead of the one being dequantized: each program
-        # waits on its own loads once per tile, so with few programs per SM one tile ahead leaves the load latency
-        # exposed
         words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t_begin, t_end, hpg, groups, N, rn_in)
-        if WPF >= 2:
-            words1, p_lo1, p_hi1 = load_words(w_ptrs, p_ptr, t_begin + 1, t_end, hpg, groups, N, rn_in)
-        if WPF >= 3:
-            words2, p_lo2, p_hi2 = load_words(w_ptrs, p_ptr, t_begin + 2, t_end, hpg, groups, N, rn_in)
         for t in range(t_begin, t_end):
             i = t - t_begin
             planes = planes_wgmma(words, p_lo & 0xFF, (p_lo >> 8) & 0xFF, p_hi & 0xFF, (p_hi >> 8) & 0xFF)
-            # the next tiles' words and group words load while this tile's products run
-            if WPF == 1:
-                words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t + 1, t_end, hpg, groups, N, rn_in)
-            elif WPF == 2:
-                words, p_lo, p_hi = words1, p_lo1, p_hi1
-                words1, p_lo1, p_hi1 = load_words(w_ptrs, p_ptr, t + 2, t_end, hpg, groups, N, rn_in)
-            else:
-                words, p_lo, p_hi = words1, p_lo1, p_hi1
-                words1, p_lo1, p_hi1 = words2, p_lo2, p_hi2
-                words2, p_lo2, p_hi2 = load_words(w_ptrs, p_ptr, t + 3, t_end, hpg, groups, N, rn_in)
+            # the next tile's words and group words load while this tile's products run (loading 2-3 tiles ahead
+            # was slower almost everywhere: docs/logs/lqq_ahead_h100.json, code at dfcf03b)
+            words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t + 1, t_end, hpg, groups, N, rn_in)
             wait_x(STAGES)
             slot = i % STAGES
             # the tail tile multiplies the same dequantized planes: one dequantization for BM + BT tokens
@@ -185,18 +174,17 @@ def lqq_wgmma_problem(a_codes: torch.Tensor, act_group_size: int, layout: str, m
 
 
 def lqq_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, meta: dict, bm: int = 128,
-                     stages: int = 3, split_k: int = 1, tail: int = 0, ahead: int = 1,
-                     out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16) -> torch.Tensor:
+                     stages: int = 3, split_k: int = 1, tail: int = 0, out: torch.Tensor | None = None,
+                     out_dtype: torch.dtype = torch.float16) -> torch.Tensor:
     """Y [M, N] (``out_dtype``, or ``out``'s) = dequant(A)·Ŵᵀ for int8 codes [M, K] with per-token float32
     scales [M, 1] and a ``w4a8-lqq`` weight (module docstring); ``bm`` tokens per program (32, 64 or 128) plus
     ``tail`` more (0, 32 or 64) that multiply the same dequantized weights — so M = 160 runs as
     one 128 + 32 program per row tile instead of five 32-token ones that each dequantize the whole weight;
-    ``stages`` activation tiles in flight, ``ahead`` weight tiles loaded ahead into registers (1-3),
-    ``split_k`` programs along K (fp32 slots summed in split order,
+    ``stages`` activation tiles in flight, ``split_k`` programs along K (fp32 slots summed in split order,
     :mod:`.splitk`). The caller checks :func:`lqq_wgmma_problem`. Same bits as the Triton LiquidQuant kernel with
     the same split (exact int32 products, then (acc · token scale) · channel scale)."""
-    if bm not in (32, 64, 128) or tail not in (0, 32, 64) or ahead not in (1, 2, 3):
-        raise ValueError(f"bm must be 32, 64 or 128, tail 0, 32 or 64 and ahead 1-3; got {bm}, {tail}, {ahead}")
+    if bm not in (32, 64, 128) or tail not in (0, 32, 64):
+        raise ValueError(f"bm must be 32, 64 or 128 and tail 0, 32 or 64; got {bm}, {tail}")
     m, k = a_codes.shape
     qweight, qparams, cs = tensors["qweight"], tensors["qparams"], tensors["channel_scales"]
     check_device(a_codes, a_scales, qweight, qparams, cs)
@@ -209,5 +197,5 @@ def lqq_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dic
     _lqq_wgmma_kernel[grid](a_codes, a_scales, qweight, qparams, cs, out, ws, tickets, m, n, a_codes.stride(0),
                             a_scales.stride(0), out.stride(0), qweight.shape[1], n_tiles, tiles_per_split,
                             groups_in_halves(meta, n_tiles), qparams.shape[0], BM=bm, STAGES=stages,
-                            SPLIT_K=split, BT=tail, WPF=ahead, num_warps=4)
+                            SPLIT_K=split, BT=tail, num_warps=4)
     return out

@@ -35,13 +35,14 @@ TAIL_CHECKS = [(64, 3, 1, 32), (128, 3, 1, 32), (128, 3, 2, 32), (128, 2, 1, 64)
 TILES = {32: (32, 0), 64: (64, 0), 96: (64, 32), 128: (128, 0), 160: (128, 32), 192: (128, 64)}  # tile: (bm, tail)
 
 
-def tail_variants(m: int, all_tiles: bool = False) -> list[tuple[int, int, int, int]]:
+def tail_variants(m: int, all_tiles: bool = False, n: int | None = None) -> list[tuple[int, int, int, int]]:
     """(bm, stages, split, tail) of every token tile padding M by <= 32 (any, with ``all_tiles``), split 1 and 2
-    (two stages above M = 512)."""
+    (split 2 only on layers of fewer than 66 row tiles when ``n`` is given; two stages above M = 512)."""
     out = []
+    splits = (1, 2) if n is None or -(-n // 64) < 66 else (1,)
     for tile, (bm, tail) in TILES.items():
         if all_tiles or -(-m // tile) * tile - m <= 32:
-            out += [(bm, 2 if m > 512 else 3, split, tail) for split in (1, 2)]
+            out += [(bm, 2 if m > 512 else 3, split, tail) for split in splits]
     return out
 
 
@@ -75,6 +76,7 @@ def main() -> None:
     p.add_argument("--ms", default="32,64,96,128,160,192,256,320,384,448,512,640,768,1024,2048,4096")
     p.add_argument("--tails", action="store_true", help="time the token tiles with a tail tile (docstring)")
     p.add_argument("--all-tiles", action="store_true", help="with --tails: every token tile, whatever it pads")
+    p.add_argument("--split-narrow", action="store_true", help="with --tails: split 2 only below 66 row tiles")
     args = p.parse_args()
     dev = "cuda"
     checks = check(dev, TAIL_CHECKS if args.tails else [v + (0,) for v in VARIANTS])
@@ -101,7 +103,8 @@ def main() -> None:
                 row["rule"] = time_rotating(lambda a, s, w: int8_matmul(a, s, -1, "w4a8-lqq", w, meta),
                                             inputs)["ms"] * 1e3
             if lqq_wgmma_problem(qa[0][0], -1, "w4a8-lqq", meta) is None:
-                variants = tail_variants(m, args.all_tiles) if args.tails else [v + (0,) for v in VARIANTS]
+                variants = (tail_variants(m, args.all_tiles, n if args.split_narrow else None) if args.tails
+                            else [v + (0,) for v in VARIANTS])
                 for bm, st, sk, tail in variants:
                     if not args.tails and (bm > max(m, 32) or (bm == 32 and m > 512) or (m >= 2048 and bm < 128)):
                         continue

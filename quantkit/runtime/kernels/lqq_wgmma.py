@@ -96,13 +96,15 @@ if HAVE_GLUON:
         rn_in = gl.minimum(rn, N - 1)
         w_ptrs = w_ptr + rn_in[:, None] * w_row + gl.arange(0, 32, layout=gl.SliceLayout(0, a_l))[None, :]
         cols_x = gl.arange(0, 128, layout=gl.SliceLayout(0, X_LAYOUT))[None, :]
-        rm_x = gl.minimum(pid_m * TM + gl.arange(0, BM, layout=gl.SliceLayout(1, X_LAYOUT)), M - 1)
+        # token rows past M read rows from the start again (their products are never stored): clamped to row
+        # M - 1 instead, every program of a ragged last token tile read that one row, the same lines from all SMs
+        rm_x = (pid_m * TM + gl.arange(0, BM, layout=gl.SliceLayout(1, X_LAYOUT))) % M
         x_ptrs = a_ptr + rm_x[:, None] * stride_am + cols_x
         if BT > 0:
             mma_t: gl.constexpr = mma_layout(BT)
             a_t: gl.constexpr = a_layout(BT)
             xt = gl.allocate_shared_memory(gl.int8, [2 * STAGES, BT, 128], X_SMEM)
-            rt_x = gl.minimum(pid_m * TM + BM + gl.arange(0, BT, layout=gl.SliceLayout(1, X_LAYOUT)), M - 1)
+            rt_x = (pid_m * TM + BM + gl.arange(0, BT, layout=gl.SliceLayout(1, X_LAYOUT))) % M
             xt_ptrs = a_ptr + rt_x[:, None] * stride_am + cols_x
 
         for i0 in gl.static_range(STAGES - 1):

@@ -56,9 +56,11 @@ def _w4a16_kernel(x_ptr, w_ptr, p_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, K, str
     rm = pid_m * BM + tl.arange(0, BM)
     rj = tl.arange(0, 32)
     rk = tl.arange(0, 256)
-    # rows past N / tokens past M read row N-1 / token M-1 (never stored): no masks in the main loop
+    # rows past N / tokens past M read row N-1 / tokens from the start again (never stored): no masks in the main
+    # loop. (Tokens clamped to M - 1 made every program of a ragged last token tile read that one row many times
+    # over, the same lines from all SMs: docs/BENCHMARKS.md.)
     rn_in = tl.minimum(rn, N - 1)
-    rm_in = tl.minimum(rm, M - 1)
+    rm_in = rm % M
     w_ptrs = w_ptr + rn_in[:, None] * w_row + rj[None, :]
     x_ptrs = x_ptr + rm_in[None, :] * stride_xm + rk[:, None]
     acc = tl.full((BN, BM), 0.0, tl.float32)

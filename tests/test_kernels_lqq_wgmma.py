@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 
 from quantkit.quant.act import quantize_activation_int  # noqa: E402
 from quantkit.runtime.kernels import int8_gemm  # noqa: E402
-from quantkit.runtime.kernels.configs import TileConfig, lqq_wgmma_config  # noqa: E402
+from quantkit.runtime.kernels.configs import TileConfig, lqq_wgmma_config, lqq_wgmma_cost  # noqa: E402
 from quantkit.runtime.kernels.int8_gemm import int8_matmul  # noqa: E402
 from quantkit.runtime.kernels.lqq_wgmma import HAVE_GLUON, lqq_wgmma_matmul, lqq_wgmma_problem  # noqa: E402
 from quantkit.runtime.kernels.reference import int8_reference  # noqa: E402
@@ -37,59 +37,59 @@ def test_rule_keeps_decode_sizes_wide_prefill_and_narrow_small_m_on_triton():
     assert lqq_wgmma_config(4096, 4096, 4096) is None  # above 2048 tokens
     assert lqq_wgmma_config(1024, 14336, 4096) is None  # wide layer above 768 tokens
     assert lqq_wgmma_config(1024, 4096, 14336) is None  # long rows above 768 tokens
-    assert lqq_wgmma_config(1024, 4096, 4096) == (128, 3, 1, 0)
     assert lqq_wgmma_config(32, 4096, 4096) is None  # 64 programs: Triton's split 64×32 tiles
     assert lqq_wgmma_config(32, 6144, 4096) == (32, 3, 2, 0)
+    assert lqq_wgmma_config(64, 4096, 14336) == (32, 3, 4, 0)  # 64 row tiles: 32 tokens, 56-tile rows split 4
 
 
 def tokens(cfg):
     return cfg[0] + cfg[3]
 
 
-def test_rule_covers_up_to_192_tokens_with_one_tile_and_a_tail():
-    tile = {m: lqq_wgmma_config(m, 14336, 4096) for m in (64, 96, 100, 128, 130, 160, 192)}
-    assert tile == {64: (64, 3, 1, 0), 96: (64, 3, 1, 32), 100: (128, 3, 1, 0), 128: (128, 3, 1, 0),
-                    130: (128, 3, 1, 32), 160: (128, 3, 1, 32), 192: (128, 3, 1, 64)}
-    # fewer programs than half the SMs: long rows split K, short ones step the tile down
-    assert lqq_wgmma_config(160, 4096, 14336) == (128, 3, 2, 32)
-    assert lqq_wgmma_config(192, 4096, 4096) == (64, 3, 1, 32)  # 192 → 96: 128 programs
-    assert lqq_wgmma_config(96, 4096, 4096) == (32, 3, 1, 0)  # 96 → 32: 192 programs
-    assert lqq_wgmma_config(160, 4096, 4096) == (128, 3, 1, 32)  # 160 → 32 would make 320 programs: kept
-    assert lqq_wgmma_config(160, 1024, 4096) == (32, 3, 2, 0)  # 16 row tiles: 32 tokens, then split K
-    assert lqq_wgmma_config(128, 1024, 4096) == (32, 3, 4, 0)
+def test_rule_above_64_tokens_takes_the_tiles_the_sweep_measured_fastest():
+    # docs/logs/lqq_tiles_wrapped_h100.json: one 96/160-token program per row tile where M fits one
+    assert lqq_wgmma_config(96, 14336, 4096) == (64, 3, 1, 32)
+    assert lqq_wgmma_config(160, 14336, 4096) == (128, 3, 1, 32)
+    assert lqq_wgmma_config(288, 14336, 4096) == (64, 3, 1, 32)  # 52.2 µs; 32-token tiles 81.5
+    assert lqq_wgmma_config(160, 4096, 14336) == (128, 3, 2, 32)  # 64 programs: K split in two
+    assert lqq_wgmma_config(768, 28672, 4096) == (128, 2, 1, 64)
+    assert lqq_wgmma_config(1024, 4096, 4096) == (128, 3, 1, 0)
 
 
-def test_rule_above_192_takes_a_tail_tile_only_on_whole_waves_of_a_multiple_of_it():
-    bm = {m: lqq_wgmma_config(m, 14336, 4096)[:2] + lqq_wgmma_config(m, 14336, 4096)[3:]
-          for m in (256, 320, 384, 448, 512, 640, 768)}
-    # 224 row tiles: 448 programs of 160 or 192 fill 3.4 waves of one per SM, so the 64/128 tiles stay
-    assert bm == {256: (128, 3, 0), 320: (64, 3, 0), 384: (128, 3, 0), 448: (64, 3, 0), 512: (128, 3, 0),
-                  640: (128, 2, 0), 768: (128, 2, 0)}
-    assert lqq_wgmma_config(320, 4096, 4096) == (128, 3, 1, 32)  # 128 programs: one wave
-    assert lqq_wgmma_config(768, 28672, 4096) == (128, 2, 1, 64)  # 1792 programs, two per SM: 6.8 waves
-    assert lqq_wgmma_config(384, 6144, 4096) == (64, 3, 1, 32)  # 384 programs of 96, three per SM
-    assert tokens(lqq_wgmma_config(448, 28672, 4096)) == 64  # 160 would pad 448 to 480
-    assert tokens(lqq_wgmma_config(768, 14336, 4096)) == 128  # 96-token tails only up to M = 512
+def test_rule_never_falls_to_32_token_tiles_above_64_tokens_on_llama_shapes():
+    for n, k in LLAMA[:-1]:  # the 16-row-tile 1024×4096 layer takes them at M <= 160 (its fastest, measured)
+        for m in range(65, 2049, 7):
+            cfg = lqq_wgmma_config(m, n, k)
+            assert cfg is None or tokens(cfg) >= 64, (n, k, m, cfg)
 
 
-def test_rule_splits_long_rows_and_never_128_token_programs():
-    assert lqq_wgmma_config(256, 4096, 14336) == (128, 3, 1, 0)
-    assert lqq_wgmma_config(64, 4096, 14336) == (32, 3, 4, 0)  # 64 row tiles: 32 tokens, 56-tile rows split 4
-    for n, k in LLAMA:
-        for m in range(32, 2049, 32):
+def test_rule_configs_are_ones_the_kernel_has():
+    for n, k in LLAMA + [(3584, 3584), (512, 3584), (18944, 3584), (1000, 4352)]:
+        for m in range(32, 2049, 13):
             cfg = lqq_wgmma_config(m, n, k)
             if cfg is not None:
                 bm, stages, split, tail = cfg
                 assert bm in (32, 64, 128) and stages in (2, 3) and split in (1, 2, 4, 8) and tail in (0, 32, 64)
-                assert bm < 128 or split == 1 or (tail and m <= 192)
                 assert (k // 256) // split >= 4  # every split keeps 4 tiles of 256 columns
-                assert -(-m // tokens(cfg)) * tokens(cfg) - m < 32 or (not tail and m > 192)
+                if split > 1 and m > 64:  # splits only where the unsplit launch has fewer programs than SMs
+                    assert -(-n // 64) * -(-m // tokens(cfg)) < 132
 
 
-def test_rule_uses_two_stages_only_between_512_and_1024_tokens_on_wide_launches():
-    assert lqq_wgmma_config(896, 4096, 4096) == (128, 2, 1, 0)
-    assert lqq_wgmma_config(768, 1024, 4096) == (128, 3, 1, 0)
+def test_rule_uses_two_stages_only_between_512_and_768_tokens_on_launches_of_a_program_per_sm():
+    assert lqq_wgmma_config(640, 4096, 4096)[1] == 2
+    assert lqq_wgmma_config(768, 4096, 4096)[1] == 2
+    assert lqq_wgmma_config(896, 4096, 4096) == (128, 3, 1, 0)  # above 768: 128-token tiles
+    assert lqq_wgmma_config(768, 1024, 4096)[1] == 3  # 16 row tiles: fewer programs than SMs
     assert lqq_wgmma_config(512, 4096, 4096)[1] == 3
+    assert lqq_wgmma_config(1024, 4096, 4096)[1] == 3
+
+
+def test_cost_model_prefers_fewer_token_tiles_and_fuller_waves():
+    # the same launch with more tokens per program (less dequantization per token) costs less per token
+    assert lqq_wgmma_cost(160, 14336, 4096, 160, 1) < lqq_wgmma_cost(160, 14336, 4096, 32, 1)
+    # a split helps a launch of few programs on long rows, not one that already fills the GPU
+    assert lqq_wgmma_cost(160, 4096, 14336, 160, 2) < lqq_wgmma_cost(160, 4096, 14336, 160, 1)
+    assert lqq_wgmma_cost(512, 14336, 4096, 128, 2) > lqq_wgmma_cost(512, 14336, 4096, 128, 1)
 
 
 def test_problem_names_what_the_kernel_cannot_take():

@@ -15,6 +15,8 @@ single-weight kernels pick from :data:`WAVE_TILES` by wave fill (:func:`wave_con
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import asdict, dataclass
 
 SMS_H100 = 132
@@ -123,12 +125,14 @@ def wave_config(m: int, n: int, k: int, kind: str, sms: int = SMS_H100) -> TileC
     n_tiles = -(-k // 256)
     top, tiles = next((top, t) for top, t in WAVE_TILES[kind] if m <= top)
     min_fill = WAVE_FILL_OF_CLASS.get((kind, top), MIN_WAVE_FILL)
-    # no tile with more token columns than M needs (M = 65-127 would leave half of a 128-token tile empty) or
-    # whose last token tile would be half empty or emptier (M = 192, 320, 448 on 128-token tiles: LiquidQuant
-    # 6144×4096 M=192 57 µs on 64×128 tiles vs 27 on 64×64, docs/logs/lqq_narrow_mid_h100.json), no split of
-    # rows too short for it
+    # no tile with more token columns than M needs (M = 65-127 would leave half of a 128-token tile empty) or,
+    # up to M = 512, whose last token tile would be half empty or emptier (M = 192, 320, 448 on 128-token tiles:
+    # LiquidQuant 6144×4096 M=192 57 µs on 64×128 tiles vs 27 on 64×64, docs/logs/lqq_narrow_mid_h100.json —
+    # measured while tokens past M were clamped to row M - 1, which made any ragged tile slow; above 512 the last
+    # tile pads M by < 25 % and 64-token tiles cost far more: LiquidQuant 14336×4096 M = 1025 on 64×64 250.8 µs,
+    # 0.66× fp16, M = 1000 on 128×128 151.4, docs/logs/lqq_coverage_h100.json), no split of rows too short for it
     tiles = [(cfg, per_sm) for cfg, per_sm in tiles if cfg.bm <= max(64, m)
-             and not (cfg.bm > 64 and m > cfg.bm and (-m) % cfg.bm >= cfg.bm // 2)
+             and not (m <= 512 and cfg.bm > 64 and m > cfg.bm and (-m) % cfg.bm >= cfg.bm // 2)
              and (cfg.split_k == 1 or n_tiles // cfg.split_k >= WAVE_SPLIT_MIN_TILES)] or tiles[-1:]
     programs = [-(-n // cfg.bn) * -(-m // cfg.bm) * cfg.split_k for cfg, _ in tiles]
     enough = [(cfg, wave_fill(p, per_sm, sms)) for (cfg, per_sm), p in zip(tiles, programs) if p >= MIN_PROGRAMS]
@@ -161,30 +165,29 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
 
 
 # LiquidQuant W4A8 on Hopper at M = 32-2048: the Gluon kernel (:mod:`.lqq_wgmma`), whose dequantization overlaps its own
-# int8 products. A program owns 64 weight rows and a token tile of 32, 64 or 128 tokens, or 96 / 160 / 192 as a
-# 64- or 128-token tile plus a 32- or 64-token tail tile multiplying the same dequantized weights (each program
-# dequantizes its whole weight slice once, whatever its token tile: more token tiles, more dequantization).
-# Fitted to docs/bench/lqq_wgmma_sweep.py on an H100: docs/logs/lqq_wgmma_h100.json (32/64/128 tiles, 16 token counts
-# from 32 to 4096 × six Llama-3-8B shapes) and docs/logs/lqq_tails_h100.json (the tail tiles, M = 96-768):
-# * M <= 192: one token tile, M rounded up to 32 (M = 96, 160, 192 → one 64+32 / 128+32 / 128+64 program per row tile:
-#   14336×4096 M = 160 33.9 µs vs 47.8 for five 32-token tiles, 28672×4096 M = 96 42.2 vs 64.4). Where that leaves fewer
-#   programs than half the SMs: a tail tile on long rows (each split >= WAVE_SPLIT_MIN_TILES tiles of 256 columns)
-#   splits K in two (4096×14336 M = 160 33.4 vs 46.7 µs unsplit); otherwise the tile steps down (192 → 96 → 32, 128 → 64 → 32, 160 → 32)
-#   while the stepped launch stays within LQQ_WGMMA_STEP_PROGRAMS programs (4096×4096 M = 192: 96-token tiles 15.6 µs
-#   vs 17.5; M = 160 keeps 160: 16.6 vs 18.1 for 320 programs of 32; the 1024-row layer steps to 32 everywhere).
-# * Above: a 192/160/96 tail tile that M is a multiple of, when its launch fills >= LQQ_WGMMA_TAIL_FILL of its last
-#   wave (LQQ_WGMMA_TAILS_PER_SM), two stages above M = 512 — 4096×4096 M = 320 16.5 µs vs 21.1, 28672×4096 M = 768
-#   230.5 vs 252.8, 6144×4096 M = 384 27.2 vs 33.8 (96 only up to M = 512: at 14336×4096 M = 768 122.0 vs 115.7 µs on
-#   128-token tiles); on ragged launches (14336×4096 M = 320: 3.4 waves) and where the tail tile pads M (6144×4096
-#   M = 768 on 160: 72.3 µs vs 53.9) the 64/128 tiles won. Otherwise the largest of 128/64/32 that pads M no more than
-#   32 does, halved while fewer than half the SMs get a program; K splits only for 32/64-token programs: up to one program per
-#   SM, or on rows of >= WAVE_SPLIT_MIN_TILES tiles per split up to LQQ_WGMMA_LONG_ROW_PROGRAMS (4096×14336 M = 192:
-#   38.8 µs split 2 vs 45.9); a split of 128-token programs was slower everywhere measured (4096×4096 M = 256: 20.8 vs
-#   15.1 µs). Two activation stages instead of three at M = 513-1023 when >= two programs per SM exist (4096×4096
-#   M = 768: 30.5 vs 38.5 µs; the 1024-row layer keeps 3: 14.5 vs 23.2).
-# * Above M = 768 only layers of N, K <= 8192 (28672×4096 M = 1024: Triton 299 µs vs 334), none above 2048.
-# At M <= 64 on layers narrower than MIN_PROGRAMS × 64 rows the Triton kernel's split tiles stay (4096×4096 M = 32:
-# 9.3 µs vs 10.2).
+# int8 products. A program owns 64 weight rows and a token tile of 32, 64 or 128 tokens, or 96 / 160 / 192 as a 64- or
+# 128-token tile plus a 32- or 64-token tail tile multiplying the same dequantized weights (a program dequantizes its
+# weight slice once whatever its token tile, so fewer token tiles mean less dequantization, but fewer programs).
+# Above M = 64 the rule scores every (token tile, K split) with a small cost model fitted to docs/bench/
+# lqq_wgmma_sweep.py --tails --all-tiles on an H100 (docs/logs/lqq_tiles_wrapped_h100.json: every tile at 18 token
+# counts from 96 to 768 on six Llama-3-8B shapes, after the ragged-tile fix of commit c6d9e77): rounds of programs
+# (ceil of programs / (SMs × resident programs), blended with the exact fraction) × resident programs ^ 0.6 (programs
+# sharing an SM slow each other, less than linearly) × (1 + 0.1 × tokens / 32) (a tile's products next to its
+# dequantization) × (K tiles per split + 2, + 4 when split: the prologue, epilogue and split-K sum). Its pick is the
+# fastest measured or within 5 % of it at 92 of the 108 points, 1.25× at worst (6144×4096 M = 416-768, where every
+# tile leaves the 96 row tiles' waves ragged); the fixed 32/64/128 rule it replaces chose 32-token tiles at every
+# M = 64j + 32 (14336×4096 M = 288: 81.5 µs vs 52.2 on 96-token tiles). Resident programs per SM (LQQ_WGMMA_PER_SM)
+# come from ptxas's registers and the shared-memory ring (Triton 3.6); two activation stages instead of three at
+# M = 513-768 when the launch has a program per SM (4096×4096 M = 768: 30.5 vs 38.5 µs on 128-token tiles;
+# 4096×14336 M = 640 82.5 µs on 160-token tiles, 256 programs; the 1024-row layer's 80 keep 3: 14.1 µs on 128-token
+# tiles vs 17.7 at best with 2). K splits only when the unsplit launch has fewer programs than
+# SMs, each split keeping >= MIN_SPLIT_TILES tiles of 256 columns (4096×14336 M = 160: 34 µs split 2 vs 47).
+# At M <= 64: 32 or 64 tokens, halved while fewer than half the SMs get a program, K split up to one program per SM
+# or on rows of >= WAVE_SPLIT_MIN_TILES tiles per split up to LQQ_WGMMA_LONG_ROW_PROGRAMS; on layers narrower than
+# MIN_PROGRAMS × 64 rows the Triton kernel's split tiles stay (4096×4096 M = 32: 9.3 µs vs 10.2). Above M = 768 only
+# layers of N, K <= 8192 (28672×4096 M = 1024: Triton 299 µs vs 334), on 128-token tiles with three stages (4096×4096
+# M = 1024 42.4 µs, 1.09× fp16; 160-token tiles with two stages at M = 769-1000 were 0.79-0.88×,
+# docs/logs/lqq_coverage_h100.json), none above 2048.
 LQQ_WGMMA_BM = (128, 64, 32)
 LQQ_WGMMA_MIN_M = 32
 LQQ_WGMMA_MAX_M = 2048
@@ -192,23 +195,28 @@ LQQ_WGMMA_WIDE_MAX_M = 768  # above this, only layers of N, K <= LQQ_WGMMA_NARRO
 LQQ_WGMMA_NARROW = 8192
 LQQ_WGMMA_LONG_ROW_PROGRAMS = 384
 LQQ_WGMMA_TILES = {32: (32, 0), 64: (64, 0), 96: (64, 32), 128: (128, 0), 160: (128, 32), 192: (128, 64)}
-LQQ_WGMMA_STEP_DOWN = {192: 96, 160: 32, 128: 64, 96: 32, 64: 32}
-LQQ_WGMMA_STEP_PROGRAMS = 200
-LQQ_WGMMA_TAIL_FILL = 0.9
-# activation stages → [(tail tile, programs resident per SM: ptxas registers and shared memory, Triton 3.6)] in the
-# order tried above M = 192
-LQQ_WGMMA_TAILS_PER_SM = {3: ((192, 1), (160, 1), (96, 3)), 2: ((192, 2), (160, 2))}
+# (tokens per program, activation stages) → programs resident per SM
+LQQ_WGMMA_PER_SM = {(32, 3): 5, (64, 3): 4, (96, 3): 3, (128, 3): 2, (160, 3): 1, (192, 3): 1,
+                    (32, 2): 5, (64, 2): 4, (96, 2): 3, (128, 2): 3, (160, 2): 2, (192, 2): 2}
+LQQ_WGMMA_COST = {"share": 0.6, "tokens": 0.1, "exact_rounds": 0.4, "fixed_tiles": 2, "split_tiles": 4}
 
 
-def _lqq_one_tile(m: int, row_tiles: int, k_tiles: int, sms: int) -> tuple[int, int]:
-    """(token tile, K split) at M <= 192: one token tile covering M, split or stepped down on narrow launches."""
-    tile = -(-m // 32) * 32
-    if LQQ_WGMMA_TILES[tile][1] and row_tiles < sms // 2 and k_tiles // 2 >= WAVE_SPLIT_MIN_TILES:
-        return tile, 2
-    while (tile in LQQ_WGMMA_STEP_DOWN and row_tiles * -(-m // tile) < sms // 2
-           and row_tiles * -(-m // LQQ_WGMMA_STEP_DOWN[tile]) <= LQQ_WGMMA_STEP_PROGRAMS):
-        tile = LQQ_WGMMA_STEP_DOWN[tile]
-    return tile, 1
+def _lqq_stages(m: int, programs: int, sms: int) -> int:
+    return 2 if m > 512 and programs >= sms else 3
+
+
+def lqq_wgmma_cost(m: int, n: int, k: int, tile: int, split: int, sms: int = SMS_H100) -> float:
+    """Relative time of the Gluon LiquidQuant kernel on ``tile`` tokens per program and a K split (the cost model
+    of the comment above; only its ordering means anything)."""
+    c = LQQ_WGMMA_COST
+    unsplit = -(-n // 64) * -(-m // tile)
+    programs = unsplit * split
+    per_sm = LQQ_WGMMA_PER_SM[(tile, _lqq_stages(m, unsplit, sms))]
+    rounds = programs / (sms * per_sm)
+    rounds = math.ceil(rounds) * (1 - c["exact_rounds"]) + rounds * c["exact_rounds"]
+    resident = min(per_sm, -(-programs // sms))
+    work = -(-k // 256) / split + c["fixed_tiles"] + (c["split_tiles"] if split > 1 else 0)
+    return rounds * resident ** c["share"] * (1 + c["tokens"] * tile / 32) * work
 
 
 def lqq_wgmma_config(m: int, n: int, k: int, sms: int = SMS_H100) -> tuple[int, int, int, int] | None:
@@ -219,31 +227,24 @@ def lqq_wgmma_config(m: int, n: int, k: int, sms: int = SMS_H100) -> tuple[int, 
     if m > LQQ_WGMMA_WIDE_MAX_M and (n > LQQ_WGMMA_NARROW or k > LQQ_WGMMA_NARROW):
         return None
     row_tiles, k_tiles = -(-n // 64), -(-k // 256)
-    padded = lambda b: -(-m // b) * b  # noqa: E731
-    if m <= 192:
-        tile, split = _lqq_one_tile(m, row_tiles, k_tiles, sms)
+    if m > LQQ_WGMMA_WIDE_MAX_M:  # narrow layers only: 128-token tiles (the model was fitted up to M = 768)
+        return 128, 3, 1, 0
+    if m > 64:
+        options = [(tile, split) for tile in LQQ_WGMMA_TILES for split in (1, 2)
+                   if split == 1 or (row_tiles * -(-m // tile) < sms and k_tiles // split >= MIN_SPLIT_TILES)]
+        tile, split = min(options, key=lambda o: lqq_wgmma_cost(m, n, k, *o, sms))
         bm, tail = LQQ_WGMMA_TILES[tile]
-        if tail:
-            return bm, 3, split, tail
-    else:
-        stages = 2 if m > 512 else 3
-        for tile, per_sm in LQQ_WGMMA_TAILS_PER_SM[stages]:
-            programs = row_tiles * -(-m // tile)
-            if padded(tile) == m and programs >= sms // 2 and wave_fill(programs, per_sm, sms) >= LQQ_WGMMA_TAIL_FILL:
-                bm, tail = LQQ_WGMMA_TILES[tile]
-                return bm, stages, 1, tail
-        bm = next(b for b in LQQ_WGMMA_BM if padded(b) == padded(LQQ_WGMMA_BM[-1]))
-        while bm > LQQ_WGMMA_BM[-1] and row_tiles * -(-m // bm) < sms // 2:
-            bm //= 2
+        return bm, _lqq_stages(m, row_tiles * -(-m // tile), sms), split, tail
+    padded = lambda b: -(-m // b) * b  # noqa: E731
+    bm = next(b for b in LQQ_WGMMA_BM if padded(b) == padded(LQQ_WGMMA_BM[-1]))
+    while bm > LQQ_WGMMA_BM[-1] and row_tiles * -(-m // bm) < sms // 2:
+        bm //= 2
     programs = row_tiles * -(-m // bm)
-    if m <= 64 and programs < MIN_PROGRAMS:
+    if programs < MIN_PROGRAMS:
         return None
-    split = 1
-    if bm <= 64:  # up to one program per SM, or more programs on rows long enough for WAVE_SPLIT_MIN_TILES a split
-        split = max(_split_for(programs, k_tiles, sms),
-                    _split_for(programs, k_tiles, LQQ_WGMMA_LONG_ROW_PROGRAMS, WAVE_SPLIT_MIN_TILES))
-    stages = 2 if 512 < m < 1024 and programs >= 2 * sms else 3
-    return bm, stages, split, 0
+    split = max(_split_for(programs, k_tiles, sms),
+                _split_for(programs, k_tiles, LQQ_WGMMA_LONG_ROW_PROGRAMS, WAVE_SPLIT_MIN_TILES))
+    return bm, 3, split, 0
 
 
 # MixLLM W8A8 at M = 17-32 and above 64: the Gluon TMA kernel (:mod:`.w8a8_wgmma`), 64 tokens × 128 weight rows

@@ -187,13 +187,19 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
 # MIN_PROGRAMS × 64 rows the Triton kernel's split tiles stay (4096×4096 M = 32: 9.3 µs vs 10.2). Above M = 768 only
 # layers of N, K <= 8192 (28672×4096 M = 1024: Triton 299 µs vs 334), on 128-token tiles with three stages (4096×4096
 # M = 1024 42.4 µs, 1.09× fp16; 160-token tiles with two stages at M = 769-1000 were 0.79-0.88×,
-# docs/logs/lqq_coverage_h100.json), none above 2048.
+# docs/logs/lqq_coverage_h100.json); above 2048 only layers of up to LQQ_WGMMA_SMALL_N rows (M = 4096: 4096×4096
+# 154 µs vs 180 for the Triton kernel, 1024×4096 42.0 vs 40.3, docs/logs/lqq_wgmma_h100.json — but between 2048 and
+# 4096 the Triton rule's 64×64 tiles ran these layers at 0.67-0.80× fp16, lqq_coverage_rule_h100.json, and this
+# kernel at 1.10-1.30× on 4096×4096 and 0.84-1.15× on 1024×4096, docs/logs/lqq_narrow_big_m_h100.json; the wider
+# layers keep Triton, 5-12 % faster at M = 4096).
 LQQ_WGMMA_BM = (128, 64, 32)
 LQQ_WGMMA_MIN_M = 32
 LQQ_WGMMA_MAX_M = 2048
 LQQ_WGMMA_WIDE_MAX_M = 768  # above this, only layers of N, K <= LQQ_WGMMA_NARROW
 LQQ_WGMMA_NARROW = 8192
 LQQ_WGMMA_LONG_ROW_PROGRAMS = 384
+LQQ_WGMMA_SMALL_N = 4096  # layers of at most this many rows (and K <= LQQ_WGMMA_NARROW) ...
+LQQ_WGMMA_SMALL_N_MAX_M = 4096  # ... run the Gluon kernel up to this many tokens
 LQQ_WGMMA_TILES = {32: (32, 0), 64: (64, 0), 96: (64, 32), 128: (128, 0), 160: (128, 32), 192: (128, 64)}
 # (tokens per program, activation stages) → programs resident per SM
 LQQ_WGMMA_PER_SM = {(32, 3): 5, (64, 3): 4, (96, 3): 3, (128, 3): 2, (160, 3): 1, (192, 3): 1,
@@ -222,7 +228,8 @@ def lqq_wgmma_cost(m: int, n: int, k: int, tile: int, split: int, sms: int = SMS
 def lqq_wgmma_config(m: int, n: int, k: int, sms: int = SMS_H100) -> tuple[int, int, int, int] | None:
     """(tokens per program, activation stages, K split, tail tokens per program) of the Gluon LiquidQuant kernel for
     M tokens on an [N, K] weight, or None where the Triton LiquidQuant kernel runs instead (comment above)."""
-    if not LQQ_WGMMA_MIN_M <= m <= LQQ_WGMMA_MAX_M:
+    small_n = n <= LQQ_WGMMA_SMALL_N and k <= LQQ_WGMMA_NARROW
+    if not LQQ_WGMMA_MIN_M <= m <= (LQQ_WGMMA_SMALL_N_MAX_M if small_n else LQQ_WGMMA_MAX_M):
         return None
     if m > LQQ_WGMMA_WIDE_MAX_M and (n > LQQ_WGMMA_NARROW or k > LQQ_WGMMA_NARROW):
         return None

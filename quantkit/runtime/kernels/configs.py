@@ -189,9 +189,10 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
 # M = 1024 42.4 µs, 1.09× fp16; 160-token tiles with two stages at M = 769-1000 were 0.79-0.88×,
 # docs/logs/lqq_coverage_h100.json); above 2048 only layers of up to LQQ_WGMMA_SMALL_N rows (M = 4096: 4096×4096
 # 154 µs vs 180 for the Triton kernel, 1024×4096 42.0 vs 40.3, docs/logs/lqq_wgmma_h100.json — but between 2048 and
-# 4096 the Triton rule's 64×64 tiles ran these layers at 0.67-0.80× fp16, lqq_coverage_rule_h100.json, and this
-# kernel at 1.10-1.30× on 4096×4096 and 0.84-1.15× on 1024×4096, docs/logs/lqq_narrow_big_m_h100.json; the wider
-# layers keep Triton, 5-12 % faster at M = 4096).
+# 4096 the Triton rule's tiles ran the 1024-row layer at 0.68-0.80× fp16 (M = 2049-3072,
+# lqq_coverage_rule_h100.json) and this kernel at 0.84-1.15×, docs/logs/lqq_narrow_big_m_h100.json; on 4096×4096
+# 1.10-1.30× here vs Triton's 1.00-1.31× — Triton was the faster of the two at M = 3000-4096 in those two runs,
+# both above fp16; the wider layers keep Triton, 5-12 % faster at M = 4096).
 LQQ_WGMMA_BM = (128, 64, 32)
 LQQ_WGMMA_MIN_M = 32
 LQQ_WGMMA_MAX_M = 2048

@@ -34,8 +34,8 @@ def _acts(m: int, k: int, seed: int):
 
 def test_rule_keeps_decode_sizes_wide_prefill_and_narrow_small_m_on_triton():
     assert lqq_wgmma_config(16, 14336, 4096) is None  # decode: CUDA GEMV / Triton
-    assert lqq_wgmma_config(4096, 6144, 4096) is None  # above 2048 tokens on layers wider than 4096 rows
-    assert lqq_wgmma_config(4096, 4096, 4096) == (128, 3, 1, 0)  # up to 4096 tokens on narrower ones
+    assert lqq_wgmma_config(4096, 4096, 4096) is None  # above 2048 tokens on layers wider than 2048 rows
+    assert lqq_wgmma_config(3000, 1024, 4096) == (128, 3, 1, 0)  # up to 4096 tokens on narrower ones
     assert lqq_wgmma_config(4097, 1024, 4096) is None
     assert lqq_wgmma_config(1024, 14336, 4096) is None  # wide layer above 768 tokens
     assert lqq_wgmma_config(1024, 4096, 14336) is None  # long rows above 768 tokens

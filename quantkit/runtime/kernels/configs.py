@@ -187,19 +187,18 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
 # MIN_PROGRAMS × 64 rows the Triton kernel's split tiles stay (4096×4096 M = 32: 9.3 µs vs 10.2). Above M = 768 only
 # layers of N, K <= 8192 (28672×4096 M = 1024: Triton 299 µs vs 334), on 128-token tiles with three stages (4096×4096
 # M = 1024 42.4 µs, 1.09× fp16; 160-token tiles with two stages at M = 769-1000 were 0.79-0.88×,
-# docs/logs/lqq_coverage_h100.json); above 2048 only layers of up to LQQ_WGMMA_SMALL_N rows (M = 4096: 4096×4096
-# 154 µs vs 180 for the Triton kernel, 1024×4096 42.0 vs 40.3, docs/logs/lqq_wgmma_h100.json — but between 2048 and
-# 4096 the Triton rule's tiles ran the 1024-row layer at 0.68-0.80× fp16 (M = 2049-3072,
-# lqq_coverage_rule_h100.json) and this kernel at 0.84-1.15×, docs/logs/lqq_narrow_big_m_h100.json; on 4096×4096
-# 1.10-1.30× here vs Triton's 1.00-1.31× — Triton was the faster of the two at M = 3000-4096 in those two runs,
-# both above fp16; the wider layers keep Triton, 5-12 % faster at M = 4096).
+# docs/logs/lqq_coverage_h100.json); above 2048 only layers of up to LQQ_WGMMA_SMALL_N rows: between 2048 and 4096
+# the Triton rule's tiles ran the 1024-row layer at 0.68-0.80× fp16 (M = 2049-3072, lqq_coverage_rule_h100.json)
+# and this kernel at 0.84-1.03× (docs/logs/lqq_narrow_big_m_h100.json), 1.07-1.15× at 3584-4096 (Triton 1.16×); on
+# 4096×4096 Gluon ran 1.10-1.30× and Triton 1.00-1.31× (0.999× at M = 2049; the faster from M = 3000), and at
+# M = 4096 the Triton kernel was the faster on five of six Llama-3-8B shapes (docs/logs/lqq_wgmma_h100.json).
 LQQ_WGMMA_BM = (128, 64, 32)
 LQQ_WGMMA_MIN_M = 32
 LQQ_WGMMA_MAX_M = 2048
 LQQ_WGMMA_WIDE_MAX_M = 768  # above this, only layers of N, K <= LQQ_WGMMA_NARROW
 LQQ_WGMMA_NARROW = 8192
 LQQ_WGMMA_LONG_ROW_PROGRAMS = 384
-LQQ_WGMMA_SMALL_N = 4096  # layers of at most this many rows (and K <= LQQ_WGMMA_NARROW) ...
+LQQ_WGMMA_SMALL_N = 2048  # layers of at most this many rows (and K <= LQQ_WGMMA_NARROW) ...
 LQQ_WGMMA_SMALL_N_MAX_M = 4096  # ... run the Gluon kernel up to this many tokens
 LQQ_WGMMA_TILES = {32: (32, 0), 64: (64, 0), 96: (64, 32), 128: (128, 0), 160: (128, 32), 192: (128, 64)}
 # (tokens per program, activation stages) → programs resident per SM

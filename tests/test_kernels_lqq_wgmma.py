@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 
 from quantkit.quant.act import quantize_activation_int  # noqa: E402
 from quantkit.runtime.kernels import int8_gemm  # noqa: E402
-from quantkit.runtime.kernels.configs import TileConfig, lqq_wgmma_config, lqq_wgmma_cost  # noqa: E402
+from quantkit.runtime.kernels.configs import TileConfig, gemm_config, lqq_wgmma_config, lqq_wgmma_cost  # noqa: E402
 from quantkit.runtime.kernels.int8_gemm import int8_matmul  # noqa: E402
 from quantkit.runtime.kernels.lqq_wgmma import HAVE_GLUON, lqq_wgmma_matmul, lqq_wgmma_problem  # noqa: E402
 from quantkit.runtime.kernels.reference import int8_reference  # noqa: E402
@@ -45,6 +45,7 @@ def test_rule_keeps_decode_sizes_wide_prefill_and_narrow_small_m_on_triton():
 
 
 def tokens(cfg):
+    """Tokens per program of a lqq_wgmma_config: the token tile plus its tail."""
     return cfg[0] + cfg[3]
 
 
@@ -66,8 +67,8 @@ def test_rule_never_falls_to_32_token_tiles_above_64_tokens_on_llama_shapes():
 
 
 def test_rule_configs_are_ones_the_kernel_has():
-    for n, k in LLAMA + [(3584, 3584), (512, 3584), (18944, 3584), (1000, 4352)]:
-        for m in range(32, 2049, 13):
+    for n, k in LLAMA + [(3584, 3584), (512, 3584), (18944, 3584), (1000, 4352), (2048, 4096)]:
+        for m in range(32, 4097, 13):
             cfg = lqq_wgmma_config(m, n, k)
             if cfg is not None:
                 bm, stages, split, tail = cfg
@@ -163,9 +164,16 @@ def test_gluon_kernel_equals_triton_at_the_same_split_and_the_reference(n, k, m,
 def test_matmul_refuses_tiles_it_has_no_kernel_for():
     _, tensors, meta = packed("w4a8-lqq", 64, 256, 128)
     codes, scales = _acts(8, 256, 0)
-    for bm, tail in [(96, 0), (128, 16), (16, 32)]:
+    for bm, stages, split, tail in [(96, 3, 1, 0), (128, 3, 1, 16), (16, 3, 1, 32), (64, 1, 1, 0), (64, 3, 0, 0)]:
         with pytest.raises(ValueError, match="bm must be"):
-            lqq_wgmma_matmul(codes, scales, tensors, meta, bm, 3, 1, tail)
+            lqq_wgmma_matmul(codes, scales, tensors, meta, bm, stages, split, tail)
+
+
+def test_triton_rule_takes_128_token_tiles_with_a_ragged_last_tile_above_512_tokens():
+    # LiquidQuant 14336×4096 M = 1025 on 64×64 tiles ran 0.66× fp16 (docs/logs/lqq_coverage_h100.json)
+    assert gemm_config(1025, 14336, 4096, "lqq").bm == 128
+    assert gemm_config(2049, 28672, 4096, "lqq").bm == 128
+    assert gemm_config(448, 14336, 4096, "lqq").bm == 64  # up to 512 a half-empty 128-token tile is still refused
 
 
 @pytest.mark.gpu
@@ -182,6 +190,12 @@ def test_int8_matmul_runs_the_gluon_kernel_where_the_rule_picks_it(monkeypatch):
     codes, scales = _acts(256, 512, 1)
     out = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta)
     assert calls == [lqq_wgmma_config(256, 4096, 512)]
+    tail_cfg = lqq_wgmma_config(160, 4096, 512)
+    assert tail_cfg[3] > 0  # a tail tile through the rule's tuple (its 4th element)
+    tail_out = int8_matmul(codes[:160], scales[:160], -1, "w4a8-lqq", tensors, meta)
+    assert calls[-1] == tail_cfg
+    assert rel_err(tail_out, int8_reference(codes[:160], scales[:160], -1, "w4a8-lqq", tensors, meta)) < 1e-3
+    calls.pop()
     assert rel_err(out, int8_reference(codes, scales, -1, "w4a8-lqq", tensors, meta)) < 1e-3
     bf16 = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, out_dtype=torch.bfloat16)
     assert len(calls) == 2 and bf16.dtype == torch.bfloat16

@@ -115,9 +115,9 @@ def wave_fill(programs: int, per_sm: int, sms: int = SMS_H100) -> float:
 
 def wave_config(m: int, n: int, k: int, kind: str, sms: int = SMS_H100) -> TileConfig:
     """Tile of a 4-bit kernel above M = 16 from WAVE_TILES (comment above it), among those with no more token
-    columns than max(64, M), no half-empty last token tile and no K split shorter than WAVE_SPLIT_MIN_TILES
-    tiles: the first of M's class with
-    >= MIN_PROGRAMS programs and a wave fill >= MIN_WAVE_FILL (or the class's own, WAVE_FILL_OF_CLASS), else the
+    columns than max(64, M), up to M = 512 no half-empty last token tile, and no K split shorter than
+    WAVE_SPLIT_MIN_TILES tiles: the first of M's class with >= MIN_PROGRAMS programs and a wave fill
+    >= MIN_WAVE_FILL (or the class's own, WAVE_FILL_OF_CLASS), else the
     fullest-wave one with >= MIN_PROGRAMS programs, else the last, whose K LiquidQuant and W4A16 split (doubling)
     while short of MIN_PROGRAMS programs and each split keeps >= MIN_SPLIT_TILES tiles of 256 columns: the
     narrow k/v projections (1024×4096 M = 32-128: 64×32 or 64×64 tiles split 4, 6.7-10 µs vs 10-15 unsplit;
@@ -174,24 +174,29 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
 # (ceil of programs / (SMs × resident programs), blended with the exact fraction) × resident programs ^ 0.6 (programs
 # sharing an SM slow each other, less than linearly) × (1 + 0.1 × tokens / 32) (a tile's products next to its
 # dequantization) × (K tiles per split + 2, + 4 when split: the prologue, epilogue and split-K sum). Its pick is the
-# fastest measured or within 5 % of it at 92 of the 108 points, 1.25× at worst (6144×4096 M = 416-768, where every
-# tile leaves the 96 row tiles' waves ragged); the fixed 32/64/128 rule it replaces chose 32-token tiles at every
+# fastest measured or within 5 % of it at 92 of the 104 measured points, 1.11× at worst (6144×4096 M = 416-768,
+# where every tile leaves the 96 row tiles' waves ragged — there the Triton kernel's 128-row programs were faster
+# at M = 480, 512 and 640, 35-39 µs vs 40-53, and slower elsewhere); the fixed 32/64/128 rule it replaces chose
+# 32-token tiles at every
 # M = 64j + 32 (14336×4096 M = 288: 81.5 µs vs 52.2 on 96-token tiles). Resident programs per SM (LQQ_WGMMA_PER_SM)
 # come from ptxas's registers and the shared-memory ring (Triton 3.6); two activation stages instead of three at
 # M = 513-768 when the launch has a program per SM (4096×4096 M = 768: 30.5 vs 38.5 µs on 128-token tiles;
 # 4096×14336 M = 640 82.5 µs on 160-token tiles, 256 programs; the 1024-row layer's 80 keep 3: 14.1 µs on 128-token
-# tiles vs 17.7 at best with 2). K splits only when the unsplit launch has fewer programs than
+# tiles vs 17.7 at best with 2, and 14.1-14.4 µs on the 96-token tiles the model picks there at M = 576-768,
+# docs/logs/lqq_coverage_rule_h100.json). K splits only when the unsplit launch has fewer programs than
 # SMs, each split keeping >= MIN_SPLIT_TILES tiles of 256 columns (4096×14336 M = 160: 34 µs split 2 vs 47).
 # At M <= 64: 32 or 64 tokens, halved while fewer than half the SMs get a program, K split up to one program per SM
 # or on rows of >= WAVE_SPLIT_MIN_TILES tiles per split up to LQQ_WGMMA_LONG_ROW_PROGRAMS; on layers narrower than
 # MIN_PROGRAMS × 64 rows the Triton kernel's split tiles stay (4096×4096 M = 32: 9.3 µs vs 10.2). Above M = 768 only
 # layers of N, K <= 8192 (28672×4096 M = 1024: Triton 299 µs vs 334), on 128-token tiles with three stages (4096×4096
 # M = 1024 42.4 µs, 1.09× fp16; 160-token tiles with two stages at M = 769-1000 were 0.79-0.88×,
-# docs/logs/lqq_coverage_h100.json); above 2048 only layers of up to LQQ_WGMMA_SMALL_N rows: between 2048 and 4096
-# the Triton rule's tiles ran the 1024-row layer at 0.68-0.80× fp16 (M = 2049-3072, lqq_coverage_rule_h100.json)
-# and this kernel at 0.84-1.03× (docs/logs/lqq_narrow_big_m_h100.json), 1.07-1.15× at 3584-4096 (Triton 1.16×); on
-# 4096×4096 Gluon ran 1.10-1.30× and Triton 1.00-1.31× (0.999× at M = 2049; the faster from M = 3000), and at
-# M = 4096 the Triton kernel was the faster on five of six Llama-3-8B shapes (docs/logs/lqq_wgmma_h100.json).
+# docs/logs/lqq_coverage_h100.json), halved and K split as at M <= 64 where fewer than half the SMs would get a
+# program. Above 2048 only layers of up to LQQ_WGMMA_SMALL_N rows: between 2048 and 4096 the Triton rule's tiles ran
+# the 1024-row layer at 0.68-0.80× fp16 (M = 2049-3072, lqq_coverage_rule_h100.json) and this kernel at 0.84-1.03×
+# (docs/logs/lqq_narrow_big_m_h100.json; 1.07-1.15× at 3584-4096, where Triton ran 1.16×). On the 4096-row layer
+# Triton never fell below 0.999× (M = 2049) there; this kernel ran 10-12 % faster than it at M = 2049-2560 and
+# slower at 3072 and 4096 (two runs whose fp16 times differ by up to 11 %: not settled, Triton kept). At M = 4096
+# the Triton kernel was the faster on five of six Llama-3-8B shapes (docs/logs/lqq_wgmma_h100.json).
 LQQ_WGMMA_BM = (128, 64, 32)
 LQQ_WGMMA_MIN_M = 32
 LQQ_WGMMA_MAX_M = 2048
@@ -234,20 +239,19 @@ def lqq_wgmma_config(m: int, n: int, k: int, sms: int = SMS_H100) -> tuple[int, 
     if m > LQQ_WGMMA_WIDE_MAX_M and (n > LQQ_WGMMA_NARROW or k > LQQ_WGMMA_NARROW):
         return None
     row_tiles, k_tiles = -(-n // 64), -(-k // 256)
-    if m > LQQ_WGMMA_WIDE_MAX_M:  # narrow layers only: 128-token tiles (the model was fitted up to M = 768)
-        return 128, 3, 1, 0
-    if m > 64:
+    if 64 < m <= LQQ_WGMMA_WIDE_MAX_M:
         options = [(tile, split) for tile in LQQ_WGMMA_TILES for split in (1, 2)
                    if split == 1 or (row_tiles * -(-m // tile) < sms and k_tiles // split >= MIN_SPLIT_TILES)]
         tile, split = min(options, key=lambda o: lqq_wgmma_cost(m, n, k, *o, sms))
         bm, tail = LQQ_WGMMA_TILES[tile]
         return bm, _lqq_stages(m, row_tiles * -(-m // tile), sms), split, tail
+    # M <= 64: the tile that pads M least; above 768 (narrow layers; the model was fitted up to 768): 128 tokens
     padded = lambda b: -(-m // b) * b  # noqa: E731
-    bm = next(b for b in LQQ_WGMMA_BM if padded(b) == padded(LQQ_WGMMA_BM[-1]))
+    bm = 128 if m > 64 else next(b for b in LQQ_WGMMA_BM if padded(b) == padded(LQQ_WGMMA_BM[-1]))
     while bm > LQQ_WGMMA_BM[-1] and row_tiles * -(-m // bm) < sms // 2:
         bm //= 2
     programs = row_tiles * -(-m // bm)
-    if programs < MIN_PROGRAMS:
+    if m <= 64 and programs < MIN_PROGRAMS:
         return None
     split = max(_split_for(programs, k_tiles, sms),
                 _split_for(programs, k_tiles, LQQ_WGMMA_LONG_ROW_PROGRAMS, WAVE_SPLIT_MIN_TILES))

@@ -42,7 +42,7 @@ KERNEL = "lqq_wgmma"  # its name for hopper_problem / launch_or_decline
 
 if HAVE_GLUON:
     from quantkit.runtime.kernels.wgmma_common import (ROWS, X_LAYOUT, X_SMEM, a_layout, async_copy, gl, gluon, issue_x,
-                                                       mma_layout, store_tile, store_tile_pair, wait_x, warpgroup_mma,
+                                                       mma_layout, store_split_pair, store_tile, wait_x, warpgroup_mma,
                                                        warpgroup_mma_wait)
 
     ASM_I8 = gl.constexpr(ASM_I8_TEXT)
@@ -68,7 +68,7 @@ if HAVE_GLUON:
         return words, p_lo, p_hi
 
     @gluon.jit
-    def scaled(acc, sa_ptr, cs_ptr, rm, rn, M, N, stride_sm):
+    def apply_scales(acc, sa_ptr, cs_ptr, rm, rn, M, N, stride_sm):
         """fp32 (acc · token scale) · channel scale of an int32 tile [64, BM] (LiquidGEMM Sec. 4: per-token
         activation scales and the per-channel first-level weight scale, applied once after K)."""
         sa = gl.load(sa_ptr + gl.minimum(rm, M - 1) * stride_sm)
@@ -148,7 +148,7 @@ if HAVE_GLUON:
         async_copy.wait_group(0)
         rm = pid_m * TM + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
         rn_o = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
-        y = scaled(acc, sa_ptr, cs_ptr, rm, rn_o, M, N, stride_sm)
+        y = apply_scales(acc, sa_ptr, cs_ptr, rm, rn_o, M, N, stride_sm)
         if BT == 0:
             store_tile(out_ptr, ws_ptr, ticket_ptr, y, rm, rn_o, M, N, stride_om, pid_k, SPLIT_K)
         else:
@@ -156,12 +156,12 @@ if HAVE_GLUON:
             rn_t = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_t))
             if SPLIT_K == 1:  # one tile at a time: fewer live registers
                 store_tile(out_ptr, ws_ptr, ticket_ptr, y, rm, rn_o, M, N, stride_om, pid_k, SPLIT_K)
-                y_t = scaled(acc_t, sa_ptr, cs_ptr, rm_t, rn_t, M, N, stride_sm)
+                y_t = apply_scales(acc_t, sa_ptr, cs_ptr, rm_t, rn_t, M, N, stride_sm)
                 store_tile(out_ptr, ws_ptr, ticket_ptr, y_t, rm_t, rn_t, M, N, stride_om, pid_k, SPLIT_K)
             else:
-                y_t = scaled(acc_t, sa_ptr, cs_ptr, rm_t, rn_t, M, N, stride_sm)
-                store_tile_pair(out_ptr, ws_ptr, ticket_ptr, y, rm, rn_o, y_t, rm_t, rn_t, M, N, stride_om, pid_k,
-                                SPLIT_K)
+                y_t = apply_scales(acc_t, sa_ptr, cs_ptr, rm_t, rn_t, M, N, stride_sm)
+                store_split_pair(out_ptr, ws_ptr, ticket_ptr, y, rm, rn_o, y_t, rm_t, rn_t, M, N, stride_om, pid_k,
+                                 SPLIT_K)
 
 
 def lqq_wgmma_problem(a_codes: torch.Tensor, act_group_size: int, layout: str, meta: dict,
@@ -185,8 +185,9 @@ def lqq_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dic
     ``stages`` activation tiles in flight, ``split_k`` programs along K (fp32 slots summed in split order,
     :mod:`.splitk`). The caller checks :func:`lqq_wgmma_problem`. Same bits as the Triton LiquidQuant kernel with
     the same split (exact int32 products, then (acc · token scale) · channel scale)."""
-    if bm not in (32, 64, 128) or tail not in (0, 32, 64):
-        raise ValueError(f"bm must be 32, 64 or 128 and tail 0, 32 or 64; got {bm}, {tail}")
+    if bm not in (32, 64, 128) or tail not in (0, 32, 64) or stages not in (2, 3, 4) or split_k < 1:
+        raise ValueError(f"bm must be 32, 64 or 128, tail 0, 32 or 64, stages 2-4 and split_k >= 1; got {bm}, "
+                         f"{tail}, {stages}, {split_k}")
     m, k = a_codes.shape
     qweight, qparams, cs = tensors["qweight"], tensors["qparams"], tensors["channel_scales"]
     check_device(a_codes, a_scales, qweight, qparams, cs)

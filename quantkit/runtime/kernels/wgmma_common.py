@@ -160,10 +160,11 @@ if HAVE_GLUON:
         gl.store(ws_ptr + rm[None, :] * N + rn[:, None] + pid_k * (M * N), y, mask=mask)
 
     @gluon.jit
-    def _sum_slots(out_ptr, ws_ptr, y, rm, rn, M, N, stride_om, SPLIT_K: gl.constexpr):
+    def _sum_slots(out_ptr, ws_ptr, like, rm, rn, M, N, stride_om, SPLIT_K: gl.constexpr):
+        # like: a tile of the sum's shape and layout (only those are used)
         mask = (rm < M)[None, :] & (rn < N)[:, None]
         ws_ptrs = ws_ptr + rm[None, :] * N + rn[:, None]
-        total = gl.full(y.shape, 0.0, gl.float32, y.type.layout)
+        total = gl.full(like.shape, 0.0, gl.float32, like.type.layout)
         for s in gl.static_range(SPLIT_K):
             total += gl.load(ws_ptrs + s * (M * N), mask=mask, other=0.0, cache_modifier=".cg")
         _store_out(out_ptr, total, rm, rn, M, N, stride_om)
@@ -194,21 +195,17 @@ if HAVE_GLUON:
                 _release_ticket(ticket_ptr)
 
     @gluon.jit
-    def store_tile_pair(out_ptr, ws_ptr, ticket_ptr, y, rm, rn, y2, rm2, rn2, M, N, stride_om, pid_k,
-                        SPLIT_K: gl.constexpr):
-        """:func:`store_tile` for a program that finished two tiles (a token tile and its tail): one split-K
-        ticket covers both."""
-        if SPLIT_K == 1:
-            _store_out(out_ptr, y, rm, rn, M, N, stride_om)
-            _store_out(out_ptr, y2, rm2, rn2, M, N, stride_om)
-        else:
-            _store_slot(ws_ptr, y, rm, rn, M, N, pid_k)
-            _store_slot(ws_ptr, y2, rm2, rn2, M, N, pid_k)
-            if _take_ticket(ticket_ptr, SPLIT_K):
-                _sum_slots(out_ptr, ws_ptr, y, rm, rn, M, N, stride_om, SPLIT_K)
-                _sum_slots(out_ptr, ws_ptr, y2, rm2, rn2, M, N, stride_om, SPLIT_K)
-                _release_ticket(ticket_ptr)
+    def store_split_pair(out_ptr, ws_ptr, ticket_ptr, y, rm, rn, y2, rm2, rn2, M, N, stride_om, pid_k,
+                         SPLIT_K: gl.constexpr):
+        """:func:`store_tile`'s split-K path (SPLIT_K > 1) for a program that finished two tiles (a token tile and
+        its tail): both go to slot pid_k, and one ticket covers both. (Unsplit, store each with store_tile.)"""
+        _store_slot(ws_ptr, y, rm, rn, M, N, pid_k)
+        _store_slot(ws_ptr, y2, rm2, rn2, M, N, pid_k)
+        if _take_ticket(ticket_ptr, SPLIT_K):
+            _sum_slots(out_ptr, ws_ptr, y, rm, rn, M, N, stride_om, SPLIT_K)
+            _sum_slots(out_ptr, ws_ptr, y2, rm2, rn2, M, N, stride_om, SPLIT_K)
+            _release_ticket(ticket_ptr)
 
-    __all__ += ["ROWS", "X_LAYOUT", "X_SMEM", "a_layout", "async_copy", "issue_x", "cta_barrier", "fence_async_shared",
-                "gl", "gluon", "mbarrier", "mma_layout", "store_tile", "store_tile_pair", "tma_load", "wait_x", "warpgroup_mma",
-                "warpgroup_mma_wait"]
+    __all__ += ["ROWS", "X_LAYOUT", "X_SMEM", "a_layout", "async_copy", "cta_barrier", "fence_async_shared", "gl",
+                "gluon", "issue_x", "mbarrier", "mma_layout", "store_split_pair", "store_tile", "tma_load", "wait_x",
+                "warpgroup_mma", "warpgroup_mma_wait"]

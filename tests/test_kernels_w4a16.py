@@ -53,7 +53,7 @@ def test_w4a16_dequantize_then_matmul_matches_reference(n, k, group_size):
     out = w4a16_matmul(x, tensors, meta, dequant=True, out=poisoned(5, n, torch.float16))
     assert rel_err(out, w4a16_reference(x, tensors, meta)) < TOL[torch.float16]
     from quantkit.runtime.kernels.configs import w4a16_dequant_preferred
-    assert w4a16_dequant_preferred(1024, 4096, 4096) and not w4a16_dequant_preferred(512, 4096, 4096)
+    assert w4a16_dequant_preferred(513, 4096, 4096) and not w4a16_dequant_preferred(512, 4096, 4096)
 
 
 def test_w4a16_symmetric_and_strided_activations():

@@ -309,10 +309,11 @@ def mixed_second_bn(cfg: TileConfig, second_is_wider: bool, m: int) -> int:
 
 
 # W4A16 at prefill sizes: dequantizing Ŵ once (N·K·2.5 bytes moved, ~55 µs for 14336×4096) and calling cuBLAS
-# beats the fused kernel from this many tokens on, on all five Llama-3.1-8B shapes (docs/bench/
-# w4a16_dequant_sweep.py on an H100, docs/logs/w4a16_dequant_h100.json: M = 1024 0.74-0.80× fp16 vs 0.63-0.68×
-# fused, M = 4096 0.93-0.95× vs 0.65-0.74×; at M = 512 it won on 2 of 5 shapes, by <= 8 %).
-W4A16_DEQUANT_MIN_M = 1024
+# beats the fused kernel above M = 512 on the five Llama-3.1-8B shapes (docs/bench/w4a16_dequant_sweep.py on an H100,
+# docs/logs/w4a16_dequant_h100.json: M = 1024 0.74-0.80× fp16 vs 0.63-0.68× fused, M = 4096 0.93-0.95× vs
+# 0.65-0.74×; at M = 512 it won on 2 of 5 shapes, by <= 8 %; docs/logs/w4a16_dequant_mid_h100.json, M = 513-1000:
+# faster at 34 of 35 points, 0.60-0.83× fp16 vs 0.38-0.83× fused — the one loss 28672×4096 M = 600, 0.76× vs 0.83×).
+W4A16_DEQUANT_MIN_M = 513
 
 
 def w4a16_dequant_preferred(m: int, n: int, k: int) -> bool:

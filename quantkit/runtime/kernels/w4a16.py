@@ -58,7 +58,7 @@ def _w4a16_kernel(x_ptr, w_ptr, p_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, K, str
     rk = tl.arange(0, 256)
     # rows past N / tokens past M read row N-1 / tokens from the start again (never stored): no masks in the main
     # loop. (Clamped to M - 1, every program of a ragged last token tile read that one row many times over, the
-    # same lines from all SMs: 0.88-1.49x the wrapped time for this kernel, up to 4x for the Gluon one; BENCHMARKS.)
+    # same lines from all SMs; measured on the LiquidQuant kernels, docs/BENCHMARKS.md: up to 4x in the Gluon one.)
     rn_in = tl.minimum(rn, N - 1)
     rm_in = rm % M
     w_ptrs = w_ptr + rn_in[:, None] * w_row + rj[None, :]

@@ -15,6 +15,7 @@ single-weight kernels pick from :data:`WAVE_TILES` by wave fill (:func:`wave_con
 
 from __future__ import annotations
 
+import functools
 import math
 
 from dataclasses import asdict, dataclass
@@ -230,6 +231,7 @@ def lqq_wgmma_cost(m: int, n: int, k: int, tile: int, split: int, sms: int = SMS
     return rounds * resident ** c["share"] * (1 + c["tokens"] * tile / 32) * work
 
 
+@functools.lru_cache(maxsize=4096)  # scoring 12 tiles costs ~10 µs of Python, once per layer shape and M
 def lqq_wgmma_config(m: int, n: int, k: int, sms: int = SMS_H100) -> tuple[int, int, int, int] | None:
     """(tokens per program, activation stages, K split, tail tokens per program) of the Gluon LiquidQuant kernel for
     M tokens on an [N, K] weight, or None where the Triton LiquidQuant kernel runs instead (comment above)."""

@@ -45,3 +45,32 @@ def test_act_quant_refuses_groups_it_cannot_tile():
         quantize_activation_triton(torch.randn(2, 300, device=DEVICE), 8, 100)
     with pytest.raises(QuantkitError, match="bits"):
         quantize_activation_triton(torch.randn(2, 300, device=DEVICE), 9, 128)
+
+
+@pytest.mark.parametrize("group_size", [128, -1])
+@pytest.mark.parametrize("launch", [(1, 1), (1, 8), (2, 2), (4, 4), (16, 4)])
+def test_act_quant_launch_shapes_give_the_same_bits(group_size, launch):
+    """Every (rows per program, warps) the launch rule can pick: rows past M masked, the same codes and scales."""
+    gen = torch.Generator().manual_seed(launch[0] * 7 + launch[1])
+    x = (torch.randn(5, 300, generator=gen) * 3).half()
+    codes, scales = quantize_activation_triton(x.to(DEVICE), 8, group_size, launch=launch)
+    ref_codes, ref_scales = quantize_activation_int(x, 8, group_size)
+    assert torch.equal(codes.cpu(), ref_codes) and torch.equal(scales.cpu(), ref_scales.float())
+
+
+def test_act_quant_launch_rule():
+    from quantkit.runtime.kernels.configs import act_quant_launch
+
+    assert act_quant_launch(1, 4096, -1) == (1, 8)       # no masked rows at decode sizes
+    assert act_quant_launch(4096, 16384, -1) == (1, 8)
+    assert act_quant_launch(3, 512, -1) == (4, 8)        # narrow rows: several per program, never past M's power of 2
+    assert act_quant_launch(1000, 512, -1) == (8, 8)
+    assert act_quant_launch(1, 65536, -1) == (1, 32)     # at most 64 values per thread
+    assert [act_quant_launch(m, 4096, 128) for m in (1, 2, 3, 16, 17)] == [(1, 2), (1, 2), (4, 4), (4, 4), (16, 4)]
+
+
+def test_act_quant_empty_and_bad_launch():
+    codes, scales = quantize_activation_triton(torch.zeros(0, 256, device=DEVICE, dtype=torch.float16), 8, -1)
+    assert codes.shape == (0, 256) and scales.shape == (0, 1)
+    with pytest.raises(ValueError, match="powers of two"):
+        quantize_activation_triton(torch.randn(2, 256, device=DEVICE).half(), 8, 128, launch=(3, 4))

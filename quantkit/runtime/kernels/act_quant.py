@@ -17,13 +17,13 @@ import triton.language as tl
 
 from quantkit.errors import QuantkitError
 from quantkit.quant.grid import num_groups
+from quantkit.runtime.kernels.configs import act_quant_launch
 from quantkit.runtime.kernels.jit import check_device, kernel
 
 FP16_TINY = tl.constexpr(6.103515625e-05)  # smallest normal fp16 (round_scale_up clamps to it)
 FP16_MAX = tl.constexpr(65504.0)
 ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5·2^23: (y + M) - M rounds y half-to-even for |y| < 2^22
 MAX_ROW = 65536  # per-token rows up to this many features are quantized by one program
-ROW_TILE = 8192  # elements per program (rows × padded K) for per-token quantization
 
 
 @kernel
@@ -72,10 +72,10 @@ def _act_quant_token_kernel(x_ptr, c_ptr, s_ptr, M, K, stride_xm, stride_cm, str
 
 
 def quantize_activation_triton(x: torch.Tensor, bits: int = 8, group_size: int = 128,
-                               block_m: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+                               launch: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes int8 [M, K], scales float32 [M, G]) of activations ``x`` [M, K] — the same values as
     :func:`quantkit.quant.act.quantize_activation_int` (module docstring). ``group_size``: a power of two >= 16
-    or -1 (per token)."""
+    or -1 (per token). ``launch``: (rows per program, warps), default :func:`.configs.act_quant_launch`."""
     if not 2 <= int(bits) <= 8:
         raise QuantkitError(f"activation bits must be in 2..8, got {bits}; MixLLM uses 8")
     if group_size != -1 and (group_size < 16 or group_size & (group_size - 1)):
@@ -89,15 +89,20 @@ def quantize_activation_triton(x: torch.Tensor, bits: int = 8, group_size: int =
     codes = torch.empty(m, k, dtype=torch.int8, device=x.device)
     scales = torch.empty(m, g, dtype=torch.float32, device=x.device)
     qmax = float(2 ** (bits - 1) - 1)
+    bk = triton.next_power_of_2(k)
+    if group_size == -1 and bk > MAX_ROW:
+        raise QuantkitError(f"per-token activation quantization holds whole rows of at most {MAX_ROW} "
+                            f"features in one program, got K = {k}; use group_size 128")
+    if m == 0:
+        return codes, scales
+    bm, warps = launch or act_quant_launch(m, bk, group_size)
+    if bm < 1 or bm & (bm - 1) or warps < 1 or warps & (warps - 1):
+        raise ValueError(f"launch must be (rows, warps), powers of two, got {launch}")
     if group_size == -1:
-        bk = triton.next_power_of_2(k)
-        if bk > MAX_ROW:
-            raise QuantkitError(f"per-token activation quantization holds whole rows of at most {MAX_ROW} "
-                                f"features in one program, got K = {k}; use group_size 128")
-        bm = max(1, min(block_m, ROW_TILE // bk))
         _act_quant_token_kernel[(-(-m // bm),)](x, codes, scales, m, k, x.stride(0), codes.stride(0),
-                                                scales.stride(0), BK=bk, BM=bm, QMAX=qmax)
+                                                scales.stride(0), BK=bk, BM=bm, QMAX=qmax, num_warps=warps)
     else:
-        _act_quant_group_kernel[(-(-m // block_m), g)](x, codes, scales, m, k, g, x.stride(0), codes.stride(0),
-                                                      scales.stride(0), GS=group_size, BM=block_m, QMAX=qmax)
+        _act_quant_group_kernel[(-(-m // bm), g)](x, codes, scales, m, k, g, x.stride(0), codes.stride(0),
+                                                  scales.stride(0), GS=group_size, BM=bm, QMAX=qmax,
+                                                  num_warps=warps)
     return codes, scales

@@ -101,6 +101,7 @@ def build_model(folder: Path, manifest: dict, tensors: dict[str, torch.Tensor], 
                 cache_dense: bool = True) -> nn.Module:
     """The HF model with QuantLinear modules and all other weights from ``tensors`` (on CPU, eval mode)."""
     from quantkit.model.walk import set_module
+    from quantkit.runtime.sibling_inputs import share_sibling_inputs
 
     model = _empty_model(folder, dtype)
     act = _act_spec(manifest)
@@ -123,6 +124,7 @@ def build_model(folder: Path, manifest: dict, tensors: dict[str, torch.Tensor], 
         raise QuantkitError(f"checkpoint '{folder}' has tensor '{result.unexpected_keys[0]}' that its config.json "
                             "model does not; the manifest and config.json do not belong together")
     model.tie_weights()
+    share_sibling_inputs(model)
     empty = [n for n, p in list(model.named_parameters()) + list(model.named_buffers()) if p.is_meta]
     if empty:
         raise QuantkitError(f"checkpoint '{folder}' lacks tensor '{empty[0]}' ({len(empty)} missing); "

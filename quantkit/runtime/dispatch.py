@@ -72,6 +72,13 @@ class SharedActivation:
         self._forms: dict[str, object] = {}
         self._offers: dict[str, Callable[[], object]] = {}
 
+    def adopt(self, other: SharedActivation) -> None:
+        """Share ``other``'s forms and offers from now on (both see what either computes): ``other`` quantized
+        the same input with the same ``act`` (quantkit.runtime.sibling_inputs)."""
+        if other.act != self.act:
+            raise ValueError(f"cannot share activation forms quantized with {other.act} as {self.act}")
+        self._forms, self._offers = other._forms, other._offers
+
     def form(self, name: str, compute: Callable[[torch.Tensor, ActQuant | None], object]) -> object:
         """Form ``name``: on the first request derived from an :meth:`offer` if there is one, else
         ``compute(x, act)``; cached for the later requests."""

@@ -10,7 +10,9 @@ Forward: the input is wrapped in a :class:`~quantkit.runtime.dispatch.SharedActi
 quantized lazily — only by the path that needs it — and at most once per form whichever partitions share it:
 fake-quant (:func:`quantkit.quant.act.quantize_activation`, the same computation as the fake-quant pre-hooks)
 for the torch reference and for kernels that take quantized activations, the kernels' own int8 codes for those
-that quantize themselves. Paths, first that applies (:mod:`quantkit.runtime.dispatch` on the input's device):
+that quantize themselves. Projections that read one input (q/k/v, gate/up) share these forms within one call of
+their parent module when the checkpoint reader gave them a :class:`~quantkit.runtime.sibling_inputs.SiblingScope`.
+Paths, first that applies (:mod:`quantkit.runtime.dispatch` on the input's device):
 
 * a mixed-precision linear whose partitions the registered one-launch mixed kernel supports → that kernel
   (MixLLM Sec. 3.4: one activation quantization, each partition's epilogue scattering into its output columns),
@@ -68,6 +70,7 @@ class QuantLinear(nn.Module):
         self.out_features = int(out_features)
         self.act = act
         self.cache_dense = cache_dense
+        self.sibling_scope = None  # a SiblingScope shared with the other projections of one input (sibling_inputs)
         self._parts: list[tuple[str, str, dict, int]] = []  # (holder name, layout, meta, bits)
         self._dense: dict[str, torch.Tensor] = {}
         mixed = len(parts) > 1 or parts[0].rows is not None
@@ -171,7 +174,9 @@ class QuantLinear(nn.Module):
         """y [..., N] = act(x) · Ŵᵀ + b for x [..., K] (module docstring: one-launch mixed kernel, kernels per
         partition, else the dense torch reference)."""
         lead = x.shape[:-1]
-        shared = SharedActivation(x.reshape(-1, self.in_features), self.act)
+        x2d = x.reshape(-1, self.in_features)
+        scope = self.sibling_scope
+        shared = SharedActivation(x2d, self.act) if scope is None else scope.shared(x, x2d, self.act)
         bias = None if self.bias is None else self.bias.to(x.dtype)
         mixed = bool(self._parts[0][0])
         layouts = tuple(layout for _, layout, _, _ in self._parts)

@@ -57,7 +57,8 @@ def a8_activation(shared: SharedActivation) -> tuple[torch.Tensor, torch.Tensor]
     def compute(x: torch.Tensor, act: ActQuant) -> tuple[torch.Tensor, torch.Tensor]:
         codes, scales = quantize_for_kernel(x, act.group_size)
         scales = scales.float()
-        shared.offer(FAKE_FORM, lambda: dequantize_a8(codes, scales, act.group_size, x.dtype))
+        dtype = x.dtype  # not x itself: the forms may outlive this forward's input (SharedActivation.of_input)
+        shared.offer(FAKE_FORM, lambda: dequantize_a8(codes, scales, act.group_size, dtype))
         return codes, scales
 
     return shared.form("a8", compute)

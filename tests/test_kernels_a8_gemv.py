@@ -176,3 +176,67 @@ def test_mixed_a8_gemv_scatters_both_partitions_on_gpu(m, n, k, act_group, order
         assert torch.equal(default, a8_gemv_cuda(codes, scales, act_group, parts, n, out_dtype))
     else:
         assert rel_err(default, ref) < tol
+
+
+def test_kernel_params_point_at_typed_values():
+    """The void** array cuLaunchKernelEx takes: one pointer per argument, to a value of the argument's C type."""
+    import ctypes
+
+    import numpy as np
+
+    from quantkit.runtime.kernels.cuda_common import _LaunchAttribute, _LaunchConfig, kernel_params
+
+    params, values = kernel_params((np.uint64(2 ** 40 + 3), np.int32(-7), np.int64(-2 ** 35)))
+    assert [type(v) for v in values] == [ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64]
+    assert ctypes.cast(params[1], ctypes.POINTER(ctypes.c_int32)).contents.value == -7
+    assert ctypes.cast(params[0], ctypes.POINTER(ctypes.c_uint64)).contents.value == 2 ** 40 + 3
+    with pytest.raises(TypeError, match="NumPy"):
+        kernel_params((3,))
+    # CUlaunchConfig / CUlaunchAttribute as cuda.h lays them out on 64-bit hosts
+    assert (ctypes.sizeof(_LaunchConfig), _LaunchConfig.stream.offset, ctypes.sizeof(_LaunchAttribute)) == (56, 32, 72)
+
+
+@pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU and CuPy")
+@pytest.mark.parametrize("layout,group", [("w4a8-lqq", -1), ("w4a16", 128)])
+def test_programmatic_launch_after_the_quantizer_gives_the_same_bits(monkeypatch, layout, group):
+    """Quantizer + A8 GEMV (and W4A16 GEMV after it) with programmatic dependent launch, eagerly and replayed from
+    a CUDA graph, equal the ordinary launches bit for bit (on GPUs before Hopper both are ordinary)."""
+    from quantkit.runtime.kernels import cuda_common
+    from quantkit.runtime.kernels.act_quant import quantize_activation_triton
+    from quantkit.runtime.kernels.cuda_gemv import cuda_gemv_problem, w4a16_gemv_cuda
+    from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda
+
+    _, t, meta = packed(layout, 4096, 1024, seed=3)
+    t = {k: v.cuda() for k, v in t.items()}
+    _, t16, meta16 = packed("w4a16", 520, 4096, seed=4)
+    t16 = {k: v.cuda() for k, v in t16.items()}
+    x = torch.randn(3, 1024, device="cuda").half()
+
+    def step(inp):
+        a, s = quantize_activation_triton(inp, 8, group)
+        y = a8_gemv_cuda(a, s, group, [(layout, t, meta, None)], 4096)
+        return w4a16_gemv_cuda(y, t16, meta16)
+
+    assert cuda_gemv_problem(torch.zeros(3, 4096, device="cuda").half(), t16, meta16) is None
+    results = {}
+    for pdl in ("1", "0"):
+        monkeypatch.setenv(cuda_common.PDL_SWITCH, pdl)
+        cuda_common.pdl_supported.cache_clear()
+        eager = step(x)
+        static = x.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step(static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = step(static)
+        static.copy_(x * 2)
+        graph.replay()
+        torch.cuda.synchronize()
+        results[pdl] = (eager, out.clone(), step(x * 2))
+    cuda_common.pdl_supported.cache_clear()
+    for a, b in zip(results["1"], results["0"]):
+        assert torch.equal(a, b)
+    assert torch.equal(results["1"][1], results["1"][2])  # the graph re-quantized the new input

@@ -6,7 +6,8 @@ Per (row, group): s = absmax / 127 (absmax floored at 1e-8) rounded *up* to fp16
 nearest fp16, bumped one ulp when it fell below s), codes = round-half-even(x / s) clamped to [-127, 127].
 The division is IEEE round-to-nearest (tl.math.div_rn) and rounding uses the 1.5·2^23 magic add — both exactly
 what torch computes — so the codes match bit for bit. Every element is read once: a program holds whole groups
-(or whole rows, per token) in registers.
+(or whole rows, per token) in registers. On Hopper each program first lets the next kernel launch (programmatic
+dependent launch, :mod:`.cuda_common`): the decode GEMV after it streams its weights while the codes are made.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from quantkit.errors import QuantkitError
 from quantkit.quant.grid import num_groups
 from quantkit.runtime.kernels.configs import act_quant_launch
+from quantkit.runtime.kernels.cuda_common import pdl_supported
 from quantkit.runtime.kernels.jit import check_device, kernel
 
 FP16_TINY = tl.constexpr(6.103515625e-05)  # smallest normal fp16 (round_scale_up clamps to it)
@@ -46,7 +49,9 @@ def _codes(x, s, QMAX: tl.constexpr):
 
 @kernel
 def _act_quant_group_kernel(x_ptr, c_ptr, s_ptr, M, K, G, stride_xm, stride_cm, stride_sm,
-                            GS: tl.constexpr, BM: tl.constexpr, QMAX: tl.constexpr):
+                            GS: tl.constexpr, BM: tl.constexpr, QMAX: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # the GEMV after may launch now: it streams weights until these codes are complete (cuda_common)
+        gdc_launch_dependents()
     rm = tl.program_id(0) * BM + tl.arange(0, BM)
     g = tl.program_id(1)
     k = g * GS + tl.arange(0, GS)
@@ -59,9 +64,11 @@ def _act_quant_group_kernel(x_ptr, c_ptr, s_ptr, M, K, G, stride_xm, stride_cm, 
 
 @kernel
 def _act_quant_token_kernel(x_ptr, c_ptr, s_ptr, M, K, stride_xm, stride_cm, stride_sm,
-                            BK: tl.constexpr, BM: tl.constexpr, QMAX: tl.constexpr):
+                            BK: tl.constexpr, BM: tl.constexpr, QMAX: tl.constexpr, PDL: tl.constexpr):
     """Per-token scales: BM whole rows (BK >= K) per program, read once — a loop over K chunks would chain one
     memory round trip per chunk, which dominates a decode step with one token."""
+    if PDL:
+        gdc_launch_dependents()
     rm = tl.program_id(0) * BM + tl.arange(0, BM)
     k = tl.arange(0, BK)
     mask = (rm < M)[:, None] & (k < K)[None, :]
@@ -98,11 +105,13 @@ def quantize_activation_triton(x: torch.Tensor, bits: int = 8, group_size: int =
     bm, warps = launch or act_quant_launch(m, bk, group_size)
     if bm < 1 or bm & (bm - 1) or warps < 1 or warps & (warps - 1):
         raise ValueError(f"launch must be (rows, warps), powers of two, got {launch}")
+    pdl = x.is_cuda and pdl_supported(x.device.index if x.device.index is not None else torch.cuda.current_device())
     if group_size == -1:
         _act_quant_token_kernel[(-(-m // bm),)](x, codes, scales, m, k, x.stride(0), codes.stride(0),
-                                                scales.stride(0), BK=bk, BM=bm, QMAX=qmax, num_warps=warps)
+                                                scales.stride(0), BK=bk, BM=bm, QMAX=qmax, PDL=pdl,
+                                                num_warps=warps)
     else:
         _act_quant_group_kernel[(-(-m // bm), g)](x, codes, scales, m, k, g, x.stride(0), codes.stride(0),
-                                                  scales.stride(0), GS=group_size, BM=bm, QMAX=qmax,
+                                                  scales.stride(0), GS=group_size, BM=bm, QMAX=qmax, PDL=pdl,
                                                   num_warps=warps)
     return codes, scales

@@ -1,12 +1,24 @@
 """What the CUDA decode GEMVs (:mod:`.cuda_gemv`, :mod:`.cuda_gemv_a8`) share: the C++ ``PRELUDE`` (streaming
-weight loads, the group index of a 128-column half-tile, the cross-warp reduction that writes a block's outputs)
-that each GEMV's source begins with, and the host side — CuPy detection, NVRTC compilation of one template
-instance (cached, with a compile failure reported as a reason so the Triton kernels run instead), the torch stream
-as a CuPy stream, and the shift form of a group size."""
+weight loads, the group index of a 128-column half-tile, the cross-warp reduction that writes a block's outputs,
+the programmatic-dependent-launch wait and trigger) that each GEMV's source begins with, and the host side — CuPy
+detection, NVRTC compilation of one template instance (cached, with a compile failure reported as a reason so the
+Triton kernels run instead), the torch stream as a CuPy stream, the launch itself, and the shift form of a group
+size.
+
+Programmatic dependent launch (Hopper, sm_90): a GEMV is launched with the driver's programmatic stream
+serialization attribute, so it may start while the kernel before it on the stream is still running. Its blocks
+load their first weight tile — which no earlier kernel writes — and only then wait (``griddepcontrol.wait``: the
+previous grid complete, its writes visible) before reading activations; each GEMV and the activation quantizer
+also signal at their start that the next such kernel may launch. A decode step's weight stream so overlaps the
+activation quantizer and the tail of the previous GEMV. Where the earlier kernel was launched normally or there is
+no dependency, the wait returns at once. ``QUANTKIT_PDL=0`` launches everything the ordinary way.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import os
 import warnings
 
 PRELUDE = r"""
@@ -36,6 +48,19 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
 // half-tiles (31 for one group per row), else a division — a run-time signed division costs ~40 instructions
 __device__ __forceinline__ int group_of(int half, int shift, int halves_per_group, int n_groups) {
     return min(shift >= 0 ? half >> shift : half / halves_per_group, n_groups - 1);
+}
+
+// programmatic dependent launch (module docstring): wait for the previous grid before reading what it wrote; let
+// the next grid launch. Without sm_90, or launched without the attribute, these are no-ops.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 template <bool BF16> struct OutType { typedef __half T; };
@@ -125,3 +150,81 @@ def group_shift(group_size: int, halves_per_group: int) -> int:
     if group_size == -1:
         return 31
     return halves_per_group.bit_length() - 1 if halves_per_group & (halves_per_group - 1) == 0 else -1
+
+
+PDL_SWITCH = "QUANTKIT_PDL"  # "0": launch the GEMVs without programmatic dependent launch
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: id, padding to 8, a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_int), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_bytes", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)),
+                ("num_attrs", ctypes.c_uint)]
+
+
+_CTYPES = {"uint64": ctypes.c_uint64, "int64": ctypes.c_int64, "int32": ctypes.c_int32, "uint32": ctypes.c_uint32}
+
+
+def kernel_params(args: tuple) -> tuple[ctypes.Array, list]:
+    """The ``void**`` kernel-parameter array of ``args`` (NumPy scalars as the CuPy launch takes them) and the
+    ctypes values it points to (keep them alive until the launch returns)."""
+    values = []
+    for a in args:
+        kind = getattr(getattr(a, "dtype", None), "name", None)
+        if kind not in _CTYPES:
+            raise TypeError(f"kernel argument {a!r} is not a NumPy uint64/int64/int32/uint32 scalar")
+        values.append(_CTYPES[kind](int(a)))
+    params = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
+    return params, values
+
+
+@functools.lru_cache(maxsize=1)
+def _cu_launch_kernel_ex():
+    lib = ctypes.CDLL("libcuda.so.1")
+    fn = lib.cuLaunchKernelEx
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    return fn
+
+
+@functools.lru_cache(maxsize=None)
+def pdl_supported(device_index: int) -> bool:
+    """True when the GEMVs on this device launch with programmatic dependent launch: compute capability >= 9.0,
+    the driver has ``cuLaunchKernelEx``, and ``QUANTKIT_PDL`` is not "0"."""
+    import torch
+
+    if os.environ.get(PDL_SWITCH, "1") == "0" or torch.cuda.get_device_capability(device_index) < (9, 0):
+        return False
+    try:
+        _cu_launch_kernel_ex()
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
+def launch(fn, device_index: int, stream_handle: int, grid: tuple, block: tuple, args: tuple) -> None:
+    """Launch CuPy function ``fn`` on the torch stream ``stream_handle`` — with programmatic dependent launch
+    where :func:`pdl_supported` (module docstring), else as CuPy launches it. A driver refusal of the attribute
+    launch turns it off for the process, with a warning, and launches the ordinary way."""
+    import cupy
+
+    with cupy.cuda.Device(device_index), stream(device_index, stream_handle):
+        if pdl_supported(device_index):
+            attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
+            attr.value[0] = 1  # programmaticStreamSerializationAllowed
+            g, b = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
+            cfg = _LaunchConfig((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), 0, stream_handle,
+                                ctypes.pointer(attr), 1)
+            params, _values = kernel_params(args)
+            err = _cu_launch_kernel_ex()(ctypes.byref(cfg), fn.kernel.ptr, params, None)  # CUfunction
+            if err == 0:
+                return
+            pdl_supported.cache_clear()
+            os.environ[PDL_SWITCH] = "0"
+            warnings.warn(f"quantkit: programmatic dependent launch refused by the driver (CUresult {err}); "
+                          "launching the GEMVs the ordinary way", RuntimeWarning, stacklevel=2)
+        fn(grid, block, args)

@@ -50,7 +50,7 @@ import dataclasses
 import torch
 
 from quantkit.runtime.kernels.cuda_common import (PRELUDE, compile_problem, compiled, cupy_available, group_shift,
-                                                    stream)
+                                                    launch)
 from quantkit.runtime.kernels.launch import groups_in_halves
 
 TOKENS_PER_COLUMN = 8  # the mma's N side: tokens of one launch column
@@ -228,9 +228,11 @@ w4a16_gemv_mma(const void* __restrict__ x_, const uint4* __restrict__ w, const u
             tl.p[r][1] = __ldg(qp + (long long)g_hi * N + rows[r]);
         }
     };
+    pdl_trigger();
     Tile ta, tb;
     int t = warp;
     if (t < n_tiles) load(t, ta);
+    pdl_wait();  // the weights are no earlier kernel's output; the activations may be
     for (; t < n_tiles; t += 2 * NWARPS) {
         if (t + NWARPS < n_tiles) load(t + NWARPS, tb);
         mma_tile<BF16, J>(ta, xr, t, acc);
@@ -364,8 +366,5 @@ def w4a16_gemv_cuda(x: torch.Tensor, tensors: dict, meta: dict, variant: GemvVar
     args = (np.uint64(x.data_ptr()), np.uint64(qweight.data_ptr()), np.uint64(qparams.data_ptr()),
             np.uint64(out.data_ptr()), np.int32(m), np.int32(n), np.int64(x.stride(0)), np.int64(out.stride(0)),
             np.int32(qweight.shape[1] // 4), np.int32(n_tiles), np.int32(hpg), np.int32(shift), np.int32(n_groups))
-    import cupy
-
-    with cupy.cuda.Device(dev), stream(dev, torch.cuda.current_stream(x.device).cuda_stream):
-        fn(grid, (32 * variant.warps,), args)
+    launch(fn, dev, torch.cuda.current_stream(x.device).cuda_stream, grid, (32 * variant.warps,), args)
     return out

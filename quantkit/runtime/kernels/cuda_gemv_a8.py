@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from quantkit.runtime.kernels.cuda_common import (PRELUDE, compile_problem, compiled, cupy_available, group_shift,
-                                                    stream)
+                                                    launch)
 from quantkit.runtime.kernels.cuda_gemv import TOKENS_PER_COLUMN
 from quantkit.runtime.kernels.launch import act_groups_in_halves, groups_in_halves
 
@@ -223,9 +223,11 @@ __device__ __forceinline__ void block_a8(const Part& P, int blk, const signed ch
     for (int j = 0; j < J; ++j)
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
+    pdl_trigger();
     TileA8<MODE> ta, tb;
     int t = warp;
     if (t < n_tiles) load_tile<MODE>(P, rows, c, t, ta);
+    pdl_wait();  // the weights are no earlier kernel's output; the activation codes may be the quantizer's
     for (; t < n_tiles; t += 2 * NWARPS) {
         if (t + NWARPS < n_tiles) load_tile<MODE>(P, rows, c, t + NWARPS, tb);
         tile_a8<MODE, J>(ta, ar, sa0, sa1, t, a_shift, a_hpg, a_groups, c, acc);
@@ -437,8 +439,5 @@ def a8_gemv_cuda(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: 
             np.int64(a_codes.stride(0)), np.int64(a_scales.stride(0)), np.int32(a_hpg), np.int32(a_shift),
             np.int32(a_scales.shape[1]), np.uint64(out.data_ptr()), np.int64(out.stride(0)), np.int32(n_tiles),
             np.int32(nb[0]), *args_parts[0], *args_parts[1])
-    import cupy
-
-    with cupy.cuda.Device(dev), stream(dev, torch.cuda.current_stream(a_codes.device).cuda_stream):
-        fn(grid, (32 * warps,), args)
+    launch(fn, dev, torch.cuda.current_stream(a_codes.device).cuda_stream, grid, (32 * warps,), args)
     return out

@@ -111,22 +111,37 @@ def test_problem_names_what_the_kernel_cannot_take():
         assert lqq_wgmma_problem(codes, -1, "w4a8-lqq", meta) is not None
 
 
-def test_a_kernel_that_does_not_build_is_declined_from_then_on_and_later_errors_are_raised(monkeypatch):
+def test_a_config_that_does_not_build_is_declined_from_then_on_and_later_errors_are_raised(monkeypatch):
+    """A config that fails its first launch is declined without another try; the kernel as a whole only after
+    BROKEN_AFTER failed configs with none that ran (a renamed operation fails them all); a config's failure next
+    to one that ran declines that config alone; a config that ran raises its later errors."""
     from quantkit.runtime.kernels import wgmma_common
 
     monkeypatch.setattr(wgmma_common, "_FAILED", {})
     monkeypatch.setattr(wgmma_common, "_LAUNCHED", set())
+    calls = []
 
     def broken():
+        calls.append(1)
         raise RuntimeError("async_copy_global_to_shared has been removed; call async_load instead")
 
     with pytest.warns(RuntimeWarning, match="did not build"):
         assert wgmma_common.launch_or_decline("lqq_wgmma", (64, 3, 1), broken) is None
-    assert "async_load" in wgmma_common._FAILED["lqq_wgmma"]
+    assert wgmma_common.launch_or_decline("lqq_wgmma", (64, 3, 1), broken) is None and len(calls) == 1
+    assert wgmma_common.config_declined("lqq_wgmma", (64, 3, 1))
+    assert not wgmma_common.config_declined("lqq_wgmma", (128, 3, 1))
+    assert wgmma_common.kernel_broken("lqq_wgmma") is None       # one config: maybe only that one
+    assert wgmma_common.launch_or_decline("lqq_wgmma", (128, 3, 1), broken) is None   # no second warning
+    assert "async_load" in wgmma_common.kernel_broken("lqq_wgmma")
     codes = torch.zeros(4, 256, dtype=torch.int8)
     if wgmma_common.HAVE_GLUON and ON_HOPPER:
         assert "did not build" in wgmma_common.hopper_problem(codes.cuda(), 256, None, torch.float16, "lqq_wgmma")
+
     assert wgmma_common.launch_or_decline("w8a8_wgmma", (64, 64, 4, 4), lambda: 7) == 7
+    with pytest.warns(RuntimeWarning, match="did not build"):
+        assert wgmma_common.launch_or_decline("w8a8_wgmma", (64, 128, 4, 4), broken) is None
+    assert wgmma_common.launch_or_decline("w8a8_wgmma", (64, 128, 8, 4), broken) is None
+    assert wgmma_common.kernel_broken("w8a8_wgmma") is None      # another config ran: only these two declined
     with pytest.raises(RuntimeError):  # the same config ran before: a real error, raised
         wgmma_common.launch_or_decline("w8a8_wgmma", (64, 64, 4, 4), broken)
 

@@ -40,7 +40,7 @@ from quantkit.runtime.kernels.lqq_wgmma import lqq_wgmma_matmul, lqq_wgmma_probl
 from quantkit.runtime.kernels.splitk import split_workspace, store_tile
 from quantkit.runtime.kernels.w8a8_wgmma import KERNEL as W8A8_KERNEL
 from quantkit.runtime.kernels.w8a8_wgmma import w8a8_wgmma_matmul, w8a8_wgmma_problem
-from quantkit.runtime.kernels.wgmma_common import launch_or_decline
+from quantkit.runtime.kernels.wgmma_common import config_declined, launch_or_decline
 
 W8, ASYM4, LQQ = 0, 1, 2
 MODES = {"w8": W8, "w4a16": ASYM4, "w4a8-lqq": LQQ}
@@ -332,9 +332,9 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
         return a8_gemv_cuda(a_codes, a_scales, act_group_size, list(parts), out_features, out_dtype, out)
     if (default_path and m >= MIXLLM_MIXED_OPERAND_MIN_M and all(p[0] in ("w8", "w4a16") for p in parts)
             and w8a8_wgmma_problem(a_codes, act_group_size, "w8", parts[0][2], out, out_dtype) is None):
-        operand = mixed_w8_operand(list(parts), out_features)
+        cfg = w8a8_wgmma_config(m, out_features, k)
+        operand = None if config_declined(W8A8_KERNEL, cfg) else mixed_w8_operand(list(parts), out_features)
         if operand is not None:
-            cfg = w8a8_wgmma_config(m, out_features, k)
             y = launch_or_decline(W8A8_KERNEL, cfg, lambda: w8a8_wgmma_matmul(
                 a_codes, a_scales, act_group_size, *operand, *cfg, out, out_dtype))
             if y is not None:

@@ -28,10 +28,12 @@ except ImportError:  # pragma: no cover - depends on the installed Triton
 
 BN = 64  # weight rows per program of the register-operand kernel: one warpgroup of wgmma's M = 64
 OUT_DTYPES = (torch.float16, torch.bfloat16)
-_FAILED: dict[str, str] = {}  # kernel name → why it did not build here
+_FAILED: dict[tuple, str] = {}  # (kernel name, launch config) → why it did not build here
 _LAUNCHED: set[tuple] = set()  # (kernel name, launch config) that have run here
+BROKEN_AFTER = 2  # failed configs, with none that ran, after which the whole kernel counts as not building here
 
-__all__ = ["BN", "HAVE_GLUON", "OUT_DTYPES", "hopper_problem", "launch_or_decline"]
+__all__ = ["BN", "HAVE_GLUON", "OUT_DTYPES", "config_declined", "hopper_problem", "kernel_broken",
+           "launch_or_decline"]
 
 
 def hopper_problem(a_codes: torch.Tensor, k: int, out: torch.Tensor | None, out_dtype: torch.dtype, kernel: str,
@@ -52,26 +54,50 @@ def hopper_problem(a_codes: torch.Tensor, k: int, out: torch.Tensor | None, out_
         return "this Triton has no Gluon"
     if not a_codes.is_cuda or torch.cuda.get_device_capability(a_codes.device) != (9, 0):
         return "not a Hopper (sm_90) GPU"
-    if kernel in _FAILED:
-        return f"the Gluon kernel did not build with this Triton ({_FAILED[kernel]})"
+    broken = kernel_broken(kernel)
+    if broken:
+        return f"the Gluon kernel did not build with this Triton ({broken})"
     return None
 
 
+def kernel_broken(kernel: str) -> str | None:
+    """Why Gluon kernel ``kernel`` counts as not building with the installed Triton — :data:`BROKEN_AFTER` of its
+    launch configs failed to build and none has run (an operation the release renamed fails every config) — or
+    None. One config failing next to configs that ran (say a shared-memory ring too large for this build) only
+    declines that config (:func:`launch_or_decline`)."""
+    if any(name == kernel for name, _ in _LAUNCHED):
+        return None
+    failed = [why for (name, _), why in _FAILED.items() if name == kernel]
+    return failed[-1] if len(failed) >= BROKEN_AFTER else None
+
+
+def config_declined(kernel: str, config: tuple) -> bool:
+    """True when ``config`` of Gluon kernel ``kernel`` failed to build here (:func:`launch_or_decline` returns None
+    for it without a try), so a caller can skip the work it would do only to launch it."""
+    return (kernel, config) in _FAILED
+
+
 def launch_or_decline(kernel: str, config: tuple, launch):
-    """``launch()``'s result, or None when the Gluon kernel does not build with the installed Triton (Gluon is an
-    experimental dialect whose operations change between releases): any error from the first launch of a
-    ``config`` that never ran here before counts as that, is remembered (so :func:`hopper_problem` declines the
-    kernel from then on and the caller runs its Triton kernel) and is reported once as a warning; errors of a
+    """``launch()``'s result, or None when the Gluon kernel does not build with the installed Triton for this
+    ``config`` (Gluon is an experimental dialect whose operations change between releases): any error from the
+    first launch of a config that never ran here counts as that, is remembered — that config is declined from
+    then on without another try, and :func:`hopper_problem` declines the whole kernel once :func:`kernel_broken`
+    says so — and is reported once per kernel as a warning; the caller then runs its Triton kernel. Errors of a
     config that has run are raised."""
+    if (kernel, config) in _FAILED:
+        return None
     try:
         y = launch()
     except Exception as e:  # noqa: BLE001 — compile errors of any stage: frontend, MLIR passes, ptxas
         if (kernel, config) in _LAUNCHED:
             raise
         msg = str(e).strip().splitlines()[-1][:200] if str(e).strip() else type(e).__name__
-        _FAILED[kernel] = f"{type(e).__name__}: {msg}"
-        warnings.warn(f"quantkit: Gluon kernel {kernel} did not build ({_FAILED[kernel]}); using the Triton kernel",
-                      RuntimeWarning, stacklevel=2)
+        first = not any(name == kernel for name, _ in _FAILED)
+        _FAILED[(kernel, config)] = f"{type(e).__name__}: {msg}"
+        if first:
+            warnings.warn(f"quantkit: Gluon kernel {kernel} did not build for launch config {config} "
+                          f"({_FAILED[(kernel, config)]}); using the Triton kernel there", RuntimeWarning,
+                          stacklevel=2)
         return None
     _LAUNCHED.add((kernel, config))
     return y

@@ -3,6 +3,8 @@ the CLI's refusals run on CPU; a tiny real benchmark runs on a GPU (marked gpu).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -70,6 +72,8 @@ def test_run_bench_on_gpu():
     assert {r["method"] for r in timed} >= {"w4a16", "w4a8-lqq", "mixed+aq"}
     assert all(r["ms"] > 0 and r["speedup_vs_fp16"] > 0 for r in timed)
     assert any(r.get("skipped") for r in rows if r["method"] == "int_mm" and r["m"] == 1)
+    hopper = torch.cuda.get_device_capability() >= (9, 0) and os.environ.get("QUANTKIT_PDL", "1") != "0"
+    assert {r["pdl"] for r in rows} == {hopper}  # the rows say whether the GEMVs' calls could overlap
 
 
 def test_time_problem_refuses_kernel_options_it_does_not_know():

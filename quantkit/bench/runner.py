@@ -12,6 +12,7 @@ from quantkit.bench.roofline import Ceilings, gemm_flops, measure_ceilings, roof
 from quantkit.bench.timing import time_rotating
 from quantkit.errors import QuantkitError
 from quantkit.runtime.kernels.configs import TileConfig
+from quantkit.runtime.kernels.cuda_common import pdl_supported
 
 
 def _require_cuda() -> None:
@@ -37,9 +38,12 @@ def run_bench(shapes: Iterable[tuple[int, int]], ms: Sequence[int], methods: Seq
     """One row per (method, N, K, M): median ms, TFLOP/s, GB/s, % of measured HBM bandwidth and matmul ceiling,
     % of the roofline floor, and ``speedup_vs_fp16`` (the fp16 method is always timed as the baseline).
     ``shapes`` are (N, K) = (out_features, in_features); ``configs`` optionally maps (method, M, N, K) to a
-    TileConfig. Methods that cannot run a size (torch._int_mm with M <= 16) get a row with ``skipped``."""
+    TileConfig. Methods that cannot run a size (torch._int_mm with M <= 16) get a row with ``skipped``. ``pdl``:
+    whether the CUDA decode GEMVs launched with programmatic dependent launch, so back-to-back calls in the timed
+    graph overlapped (:mod:`quantkit.runtime.kernels.cuda_common`; ``QUANTKIT_PDL=0`` times them in isolation)."""
     _require_cuda()
     ceilings = ceilings or measure_ceilings()
+    pdl = pdl_supported(torch.cuda.current_device())
     rows = []
     for n, k in shapes:
         for m in ms:
@@ -48,7 +52,7 @@ def run_bench(shapes: Iterable[tuple[int, int]], ms: Sequence[int], methods: Seq
                 cfg = (configs or {}).get((method, m, n, k))
                 row = {"method": method, "m": m, "n": n, "k": k, "device": ceilings.device,
                        "hbm_tbps": ceilings.hbm_bytes_per_s / 1e12, "fp16_peak_tflops": ceilings.fp16_flops / 1e12,
-                       "int8_peak_tops": ceilings.int8_ops / 1e12}
+                       "int8_peak_tops": ceilings.int8_ops / 1e12, "pdl": pdl}
                 try:
                     timing, prob = time_problem(method, m, n, k, cfg, reps)
                 except QuantkitError as e:

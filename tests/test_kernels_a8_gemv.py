@@ -4,6 +4,8 @@ input (checked without a GPU)."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -196,6 +198,33 @@ def test_kernel_params_point_at_typed_values():
     assert (ctypes.sizeof(_LaunchConfig), _LaunchConfig.stream.offset, ctypes.sizeof(_LaunchAttribute)) == (56, 32, 72)
 
 
+def test_pdl_form_that_does_not_compile_falls_back_to_the_plain_form(monkeypatch):
+    """launch_form: where programmatic dependent launch applies it compiles the QK_PDL source; if that fails (an
+    NVRTC below sm_90 hits its #error) the plain form runs, launched the ordinary way, and PDL stays off for the
+    device in this process, with one warning; QUANTKIT_PDL=0 never tries."""
+    from quantkit.runtime.kernels import cuda_common
+
+    monkeypatch.setattr(cuda_common, "_PDL_OFF", {})
+    monkeypatch.setattr(cuda_common, "_pdl_device", lambda dev: True)
+    compiled = []
+
+    def fake_compiled(dev, source, name):
+        compiled.append(source.startswith(cuda_common.PDL_DEFINE))
+        if source.startswith(cuda_common.PDL_DEFINE):
+            raise RuntimeError("#error programmatic dependent launch needs sm_90 code")
+        return f"plain {name}"
+    monkeypatch.setattr(cuda_common, "compiled", fake_compiled)
+    monkeypatch.delenv(cuda_common.PDL_SWITCH, raising=False)
+    assert cuda_common.pdl_supported(0)
+    with pytest.warns(RuntimeWarning, match="griddepcontrol form did not compile"):
+        assert cuda_common.launch_form(0, "src", "k") == ("plain k", False)
+    assert not cuda_common.pdl_supported(0) and "did not compile" in cuda_common.pdl_off_reason(0)
+    assert cuda_common.launch_form(0, "src", "k") == ("plain k", False) and compiled == [True, False, False]
+    monkeypatch.setattr(cuda_common, "_PDL_OFF", {})
+    monkeypatch.setenv(cuda_common.PDL_SWITCH, "0")
+    assert not cuda_common.pdl_supported(0)
+
+
 @pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("layout,group", [("w4a8-lqq", -1), ("w4a16", 128)])
 def test_programmatic_launch_after_the_quantizer_gives_the_same_bits(monkeypatch, layout, group):
@@ -218,11 +247,14 @@ def test_programmatic_launch_after_the_quantizer_gives_the_same_bits(monkeypatch
         return w4a16_gemv_cuda(y, t16, meta16)
 
     assert cuda_gemv_problem(torch.zeros(3, 4096, device="cuda").half(), t16, meta16) is None
+    hopper = torch.cuda.get_device_capability() >= (9, 0)
     results = {}
     for pdl in ("1", "0"):
         monkeypatch.setenv(cuda_common.PDL_SWITCH, pdl)
-        cuda_common.pdl_supported.cache_clear()
-        eager = step(x)
+        assert cuda_common.pdl_supported(torch.cuda.current_device()) == (hopper and pdl == "1")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # a refused attribute launch would warn and fall back
+            eager = step(x)
         static = x.clone()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -236,7 +268,7 @@ def test_programmatic_launch_after_the_quantizer_gives_the_same_bits(monkeypatch
         graph.replay()
         torch.cuda.synchronize()
         results[pdl] = (eager, out.clone(), step(x * 2))
-    cuda_common.pdl_supported.cache_clear()
+        assert cuda_common.pdl_off_reason(torch.cuda.current_device()) is None
     for a, b in zip(results["1"], results["0"]):
         assert torch.equal(a, b)
     assert torch.equal(results["1"][1], results["1"][2])  # the graph re-quantized the new input

@@ -7,6 +7,11 @@ LiquidQuant and mixed GEMMs alone, with the quantizer in front (what ``+aq`` in 
 Triton kernel in front (what any kernel boundary costs).
 
     python docs/bench/act_quant_sweep.py --out act_quant.json
+
+docs/logs/act_quant_h100.json came from this script at commit 87b3659's parent, when the variants launched the
+kernels directly into preallocated outputs ("default" went through the wrapper, which allocates them: the two
+forms of one launch differed by up to 27 % at M = 64-256) and the quantizer had no programmatic-launch trigger;
+every column now goes through ``quantize_activation_triton(..., launch=(rows, warps))``.
 """
 
 from __future__ import annotations
@@ -30,19 +35,6 @@ def _empty(x_ptr):
         tl.store(x_ptr, 0)
 
 
-def _launch(x, codes, scales, group, warps, bm):
-    m, k = x.shape
-    if group == -1:
-        bk = triton.next_power_of_2(k)
-        aq._act_quant_token_kernel[(-(-m // bm),)](x, codes, scales, m, k, x.stride(0), codes.stride(0),
-                                                   scales.stride(0), BK=bk, BM=bm, QMAX=127.0, num_warps=warps)
-    else:
-        g = scales.shape[1]
-        aq._act_quant_group_kernel[(-(-m // bm), g)](x, codes, scales, m, k, g, x.stride(0), codes.stride(0),
-                                                     scales.stride(0), GS=group, BM=bm, QMAX=127.0, num_warps=warps)
-    return codes, scales
-
-
 def quantizer_rows(ms, ks) -> list[dict]:
     rows = []
     for k in ks:
@@ -61,14 +53,12 @@ def quantizer_rows(ms, ks) -> list[dict]:
                     for bm in bms:
                         if bm > 1 and bm > 2 * m:
                             continue
-                        outs = [(torch.empty(m, k, dtype=torch.int8, device="cuda"),
-                                 torch.empty_like(ref[1])) for _ in xs]
-                        got = _launch(xs[0], *outs[0], group, warps, bm)
+                        got = aq.quantize_activation_triton(xs[0], 8, group, launch=(bm, warps))
                         if not (torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])):
                             raise SystemExit(f"variant w{warps} bm{bm} differs at M={m} K={k} group={group}")
                         row[f"w{warps}_bm{bm}"] = time_rotating(
-                            lambda x, c, s: _launch(x, c, s, group, warps, bm),
-                            [(x,) + o for x, o in zip(xs, outs)])["ms"] * 1e3
+                            lambda x: aq.quantize_activation_triton(x, 8, group, launch=(bm, warps)),
+                            [(x,) for x in xs])["ms"] * 1e3
                 print(json.dumps({a: (round(v, 2) if isinstance(v, float) else v) for a, v in row.items()}),
                       flush=True)
                 rows.append(row)

@@ -38,12 +38,13 @@ def run_bench(shapes: Iterable[tuple[int, int]], ms: Sequence[int], methods: Seq
     """One row per (method, N, K, M): median ms, TFLOP/s, GB/s, % of measured HBM bandwidth and matmul ceiling,
     % of the roofline floor, and ``speedup_vs_fp16`` (the fp16 method is always timed as the baseline).
     ``shapes`` are (N, K) = (out_features, in_features); ``configs`` optionally maps (method, M, N, K) to a
-    TileConfig. Methods that cannot run a size (torch._int_mm with M <= 16) get a row with ``skipped``. ``pdl``:
-    whether the CUDA decode GEMVs launched with programmatic dependent launch, so back-to-back calls in the timed
-    graph overlapped (:mod:`quantkit.runtime.kernels.cuda_common`; ``QUANTKIT_PDL=0`` times them in isolation)."""
+    TileConfig. Methods that cannot run a size (torch._int_mm with M <= 16) get a row with ``skipped``. ``gemv_pdl``:
+    whether this device launches the CUDA decode GEMVs with programmatic dependent launch — for the rows of methods
+    that run one (quantkit's kernels at decode sizes), back-to-back calls in the timed graph overlapped
+    (:mod:`quantkit.runtime.kernels.cuda_common`; ``QUANTKIT_PDL=0`` times them in isolation)."""
     _require_cuda()
     ceilings = ceilings or measure_ceilings()
-    pdl = pdl_supported(torch.cuda.current_device())
+    gemv_pdl = pdl_supported(torch.cuda.current_device())
     rows = []
     for n, k in shapes:
         for m in ms:
@@ -52,7 +53,7 @@ def run_bench(shapes: Iterable[tuple[int, int]], ms: Sequence[int], methods: Seq
                 cfg = (configs or {}).get((method, m, n, k))
                 row = {"method": method, "m": m, "n": n, "k": k, "device": ceilings.device,
                        "hbm_tbps": ceilings.hbm_bytes_per_s / 1e12, "fp16_peak_tflops": ceilings.fp16_flops / 1e12,
-                       "int8_peak_tops": ceilings.int8_ops / 1e12, "pdl": pdl}
+                       "int8_peak_tops": ceilings.int8_ops / 1e12, "gemv_pdl": gemv_pdl}
                 try:
                     timing, prob = time_problem(method, m, n, k, cfg, reps)
                 except QuantkitError as e:

@@ -7,8 +7,14 @@ Forward hooks clear it when the parent's forward starts and ends, and it shares 
 under way, so sharing never crosses parent calls: a CUDA
 graph captured around the parent records its own quantization, and no activation outlives the call. Within the
 call, a child reuses the previous child's :class:`~quantkit.runtime.dispatch.SharedActivation` forms only for the
-very same tensor object, unchanged since (its version counter), with the same activation quantization, shape and
-dtype. Tensors made under ``torch.inference_mode`` carry no version counter, so they are never shared.
+very same tensor object, unchanged since (its version counter), with the same activation quantization, shape,
+dtype, CUDA stream and graph-capture state. Tensors made under ``torch.inference_mode`` carry no version counter,
+so they are never shared; writes that bypass the counter (through ``.data`` or raw pointers) between two sibling
+calls would go unseen.
+
+Memory: the remembered forms (the int8 codes and scales, on the reference path a fake-quantized copy) live until
+the next projection of the parent quantizes another input or the parent's call ends — in an attention block,
+through the attention core until ``o_proj``: a long prefill holds one more M × K int8 tensor there.
 """
 
 from __future__ import annotations
@@ -42,12 +48,20 @@ class SiblingScope:
         shared = SharedActivation(x, act)
         if act is None or not self._depth or source.is_inference():
             return shared
-        key = (source._version, act, tuple(x.shape), x.dtype)
+        key = (source._version, act, tuple(x.shape), x.dtype, _stream_state(x))
         if self._entry is not None and self._entry[0] is source and self._entry[1] == key:
             shared.adopt(self._entry[2])
         else:
             self._entry = (source, key, shared)
         return shared
+
+
+def _stream_state(x: torch.Tensor) -> tuple:
+    """Where x's kernels would run now: forms made on another stream, or outside a CUDA graph capture that is now
+    under way (or inside one now over), are not reused."""
+    if not x.is_cuda:
+        return ()
+    return torch.cuda.current_stream(x.device).cuda_stream, torch.cuda.is_current_stream_capturing()
 
 
 def share_sibling_inputs(model: nn.Module) -> int:

@@ -15,13 +15,22 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
 
 from quantkit.errors import QuantkitError
 from quantkit.quant.grid import num_groups
 from quantkit.runtime.kernels.configs import act_quant_launch
 from quantkit.runtime.kernels.cuda_common import pdl_supported
 from quantkit.runtime.kernels.jit import check_device, kernel
+
+try:  # programmatic dependent launch's trigger (recent Triton; 3.6 has it); without it the quantizer never signals
+    from triton.language.extra.cuda import gdc_launch_dependents
+    HAVE_GDC = True
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    HAVE_GDC = False
+
+    @kernel
+    def gdc_launch_dependents():
+        pass
 
 FP16_TINY = tl.constexpr(6.103515625e-05)  # smallest normal fp16 (round_scale_up clamps to it)
 FP16_MAX = tl.constexpr(65504.0)
@@ -105,7 +114,8 @@ def quantize_activation_triton(x: torch.Tensor, bits: int = 8, group_size: int =
     bm, warps = launch or act_quant_launch(m, bk, group_size)
     if bm < 1 or bm & (bm - 1) or warps < 1 or warps & (warps - 1):
         raise ValueError(f"launch must be (rows, warps), powers of two, got {launch}")
-    pdl = x.is_cuda and pdl_supported(x.device.index if x.device.index is not None else torch.cuda.current_device())
+    pdl = HAVE_GDC and x.is_cuda and pdl_supported(x.device.index if x.device.index is not None
+                                                   else torch.cuda.current_device())
     if group_size == -1:
         _act_quant_token_kernel[(-(-m // bm),)](x, codes, scales, m, k, x.stride(0), codes.stride(0),
                                                 scales.stride(0), BK=bk, BM=bm, QMAX=qmax, PDL=pdl,

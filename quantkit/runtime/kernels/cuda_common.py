@@ -10,8 +10,11 @@ serialization attribute, so it may start while the kernel before it on the strea
 load their first weight tile — which no earlier kernel writes — and only then wait (``griddepcontrol.wait``: the
 previous grid complete, its writes visible) before reading activations; each GEMV and the activation quantizer
 also signal at their start that the next such kernel may launch. A decode step's weight stream so overlaps the
-activation quantizer and the tail of the previous GEMV. Where the earlier kernel was launched normally or there is
-no dependency, the wait returns at once. ``QUANTKIT_PDL=0`` launches everything the ordinary way.
+activation quantizer and the tail of the previous GEMV. The wait always blocks until the previous grid (whether
+that one was launched with the attribute or not) has completed; it returns at once only in a kernel that was
+itself launched the ordinary way. The wait and trigger exist only in the source compiled with ``QK_PDL``, which
+refuses to compile below sm_90 (:func:`launch_form`), so an attribute launch never meets code without its wait.
+``QUANTKIT_PDL=0`` launches everything the ordinary way.
 """
 
 from __future__ import annotations
@@ -51,17 +54,18 @@ __device__ __forceinline__ int group_of(int half, int shift, int halves_per_grou
 }
 
 // programmatic dependent launch (module docstring): wait for the previous grid before reading what it wrote; let
-// the next grid launch. Without sm_90, or launched without the attribute, these are no-ops.
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+// the next grid launch. Only the source compiled with QK_PDL (PDL_DEFINE) has them, and it refuses to compile
+// below sm_90, so a kernel launched with the attribute always waits.
+#ifdef QK_PDL
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
+#error "programmatic dependent launch needs sm_90 code"
 #endif
-}
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+#else
+__device__ __forceinline__ void pdl_wait() {}
+__device__ __forceinline__ void pdl_trigger() {}
 #endif
-}
 
 template <bool BF16> struct OutType { typedef __half T; };
 template <> struct OutType<true> { typedef __nv_bfloat16 T; };
@@ -122,11 +126,11 @@ def compiled(device_index: int, source: str, name: str):
 
 @functools.lru_cache(maxsize=None)
 def compile_problem(device_index: int, source: str, names: tuple[str, ...], what: str) -> str | None:
-    """None when every instance in ``names`` compiles (cached), else the reason, with a warning that ``what``
-    falls back to Triton."""
+    """None when every instance in ``names`` compiles (cached) in the form :func:`launch_form` picks, else the
+    reason, with a warning that ``what`` falls back to Triton."""
     try:
         for name in names:
-            compiled(device_index, source, name)
+            launch_form(device_index, source, name)
     except Exception as e:  # noqa: BLE001 — NVRTC/driver trouble: the Triton kernels run instead
         warnings.warn(f"quantkit {what} unavailable ({type(e).__name__}: {str(e)[:200]}); using Triton",
                       RuntimeWarning, stacklevel=3)
@@ -153,7 +157,10 @@ def group_shift(group_size: int, halves_per_group: int) -> int:
 
 
 PDL_SWITCH = "QUANTKIT_PDL"  # "0": launch the GEMVs without programmatic dependent launch
+PDL_DEFINE = "#define QK_PDL 1\n"  # prepended to a GEMV source: the form with griddepcontrol (PRELUDE)
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+_REFUSALS = {1: "CUDA_ERROR_INVALID_VALUE", 801: "CUDA_ERROR_NOT_SUPPORTED"}  # the driver will not launch it so
+_PDL_OFF: dict[int, str] = {}  # device → why this process launches its GEMVs the ordinary way after all
 
 
 class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: id, padding to 8, a 64-byte value union
@@ -192,12 +199,10 @@ def _cu_launch_kernel_ex():
 
 
 @functools.lru_cache(maxsize=None)
-def pdl_supported(device_index: int) -> bool:
-    """True when the GEMVs on this device launch with programmatic dependent launch: compute capability >= 9.0,
-    the driver has ``cuLaunchKernelEx``, and ``QUANTKIT_PDL`` is not "0"."""
+def _pdl_device(device_index: int) -> bool:
     import torch
 
-    if os.environ.get(PDL_SWITCH, "1") == "0" or torch.cuda.get_device_capability(device_index) < (9, 0):
+    if torch.cuda.get_device_capability(device_index) < (9, 0):
         return False
     try:
         _cu_launch_kernel_ex()
@@ -206,14 +211,45 @@ def pdl_supported(device_index: int) -> bool:
     return True
 
 
-def launch(fn, device_index: int, stream_handle: int, grid: tuple, block: tuple, args: tuple) -> None:
-    """Launch CuPy function ``fn`` on the torch stream ``stream_handle`` — with programmatic dependent launch
-    where :func:`pdl_supported` (module docstring), else as CuPy launches it. A driver refusal of the attribute
-    launch turns it off for the process, with a warning, and launches the ordinary way."""
+def pdl_supported(device_index: int) -> bool:
+    """True when the GEMVs on this device launch with programmatic dependent launch: ``QUANTKIT_PDL`` is not "0",
+    compute capability >= 9.0, the driver has ``cuLaunchKernelEx``, and neither NVRTC nor the driver refused it
+    earlier in this process (:func:`pdl_off_reason`)."""
+    return os.environ.get(PDL_SWITCH, "1") != "0" and device_index not in _PDL_OFF and _pdl_device(device_index)
+
+
+def pdl_off_reason(device_index: int) -> str | None:
+    """Why this process stopped launching the GEMVs on that device with programmatic dependent launch, if it did."""
+    return _PDL_OFF.get(device_index)
+
+
+def _turn_pdl_off(device_index: int, why: str) -> None:
+    _PDL_OFF[device_index] = why
+    warnings.warn(f"quantkit: programmatic dependent launch off on cuda:{device_index} ({why}); launching the "
+                  "GEMVs the ordinary way", RuntimeWarning, stacklevel=3)
+
+
+def launch_form(device_index: int, source: str, name: str) -> tuple[object, bool]:
+    """(CuPy function of instance ``name``, whether to launch it with programmatic dependent launch): the
+    ``QK_PDL`` form of ``source`` where :func:`pdl_supported` and it compiles (it refuses below sm_90, so the
+    attribute launch always meets its wait), else the plain form."""
+    if pdl_supported(device_index):
+        try:
+            return compiled(device_index, PDL_DEFINE + source, name), True
+        except Exception as e:  # noqa: BLE001 — e.g. an NVRTC too old for sm_90: the plain form still runs
+            _turn_pdl_off(device_index, f"the griddepcontrol form did not compile: {type(e).__name__}")
+    return compiled(device_index, source, name), False
+
+
+def launch(fn, pdl: bool, device_index: int, stream_handle: int, grid: tuple, block: tuple, args: tuple) -> None:
+    """Launch CuPy function ``fn`` (from :func:`launch_form`) on the torch stream ``stream_handle`` — with
+    programmatic dependent launch when ``pdl`` (module docstring), else as CuPy launches it. A driver refusal of
+    the attribute (invalid value / not supported) turns it off for this device in this process, with a warning,
+    and launches the plain form the ordinary way; any other driver error is raised."""
     import cupy
 
     with cupy.cuda.Device(device_index), stream(device_index, stream_handle):
-        if pdl_supported(device_index):
+        if pdl and pdl_supported(device_index):
             attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
             attr.value[0] = 1  # programmaticStreamSerializationAllowed
             g, b = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
@@ -223,8 +259,9 @@ def launch(fn, device_index: int, stream_handle: int, grid: tuple, block: tuple,
             err = _cu_launch_kernel_ex()(ctypes.byref(cfg), fn.kernel.ptr, params, None)  # CUfunction
             if err == 0:
                 return
-            pdl_supported.cache_clear()
-            os.environ[PDL_SWITCH] = "0"
-            warnings.warn(f"quantkit: programmatic dependent launch refused by the driver (CUresult {err}); "
-                          "launching the GEMVs the ordinary way", RuntimeWarning, stacklevel=2)
+            if err not in _REFUSALS:
+                raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {err}")
+            _turn_pdl_off(device_index, f"the driver refused the launch attribute: {_REFUSALS[err]}")
+        # an ordinary launch orders the kernel after the previous one anyway; the griddepcontrol form's wait then
+        # returns at once and its trigger has no dependent, so either form may run here
         fn(grid, block, args)

@@ -49,8 +49,8 @@ import dataclasses
 
 import torch
 
-from quantkit.runtime.kernels.cuda_common import (PRELUDE, compile_problem, compiled, cupy_available, group_shift,
-                                                    launch)
+from quantkit.runtime.kernels.cuda_common import (PRELUDE, compile_problem, cupy_available, group_shift, launch,
+                                                    launch_form)
 from quantkit.runtime.kernels.launch import groups_in_halves
 
 TOKENS_PER_COLUMN = 8  # the mma's N side: tokens of one launch column
@@ -357,7 +357,7 @@ def w4a16_gemv_cuda(x: torch.Tensor, tensors: dict, meta: dict, variant: GemvVar
     bf16 = x.dtype == torch.bfloat16
     variant = variant or default_variant(n, k, m)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
-    fn = compiled(dev, SOURCE, variant.kernel_name(bf16))
+    fn, pdl = launch_form(dev, SOURCE, variant.kernel_name(bf16))
     hpg = groups_in_halves(meta, n_tiles)
     shift = group_shift(int(meta["group_size"]), hpg)
     if variant.token_sets not in (1, 2):
@@ -366,5 +366,5 @@ def w4a16_gemv_cuda(x: torch.Tensor, tensors: dict, meta: dict, variant: GemvVar
     args = (np.uint64(x.data_ptr()), np.uint64(qweight.data_ptr()), np.uint64(qparams.data_ptr()),
             np.uint64(out.data_ptr()), np.int32(m), np.int32(n), np.int64(x.stride(0)), np.int64(out.stride(0)),
             np.int32(qweight.shape[1] // 4), np.int32(n_tiles), np.int32(hpg), np.int32(shift), np.int32(n_groups))
-    launch(fn, dev, torch.cuda.current_stream(x.device).cuda_stream, grid, (32 * variant.warps,), args)
+    launch(fn, pdl, dev, torch.cuda.current_stream(x.device).cuda_stream, grid, (32 * variant.warps,), args)
     return out

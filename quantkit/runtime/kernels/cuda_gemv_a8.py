@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import torch
 
-from quantkit.runtime.kernels.cuda_common import (PRELUDE, compile_problem, compiled, cupy_available, group_shift,
-                                                    launch)
+from quantkit.runtime.kernels.cuda_common import (PRELUDE, compile_problem, cupy_available, group_shift, launch,
+                                                    launch_form)
 from quantkit.runtime.kernels.cuda_gemv import TOKENS_PER_COLUMN
 from quantkit.runtime.kernels.launch import act_groups_in_halves, groups_in_halves
 
@@ -433,11 +433,11 @@ def a8_gemv_cuda(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: 
     a_hpg = act_groups_in_halves(act_group_size, k)
     a_shift = group_shift(act_group_size, a_hpg)
     dev = a_codes.device.index if a_codes.device.index is not None else torch.cuda.current_device()
-    fn = compiled(dev, SOURCE, name)
+    fn, pdl = launch_form(dev, SOURCE, name)
     grid = (sum(nb), -(-m // (TOKENS_PER_COLUMN * token_sets)))
     args = (np.uint64(a_codes.data_ptr()), np.uint64(a_scales.data_ptr()), np.int32(m),
             np.int64(a_codes.stride(0)), np.int64(a_scales.stride(0)), np.int32(a_hpg), np.int32(a_shift),
             np.int32(a_scales.shape[1]), np.uint64(out.data_ptr()), np.int64(out.stride(0)), np.int32(n_tiles),
             np.int32(nb[0]), *args_parts[0], *args_parts[1])
-    launch(fn, dev, torch.cuda.current_stream(a_codes.device).cuda_stream, grid, (32 * warps,), args)
+    launch(fn, pdl, dev, torch.cuda.current_stream(a_codes.device).cuda_stream, grid, (32 * warps,), args)
     return out

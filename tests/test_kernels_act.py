@@ -66,7 +66,7 @@ def test_act_quant_launch_rule():
     assert act_quant_launch(3, 512, -1) == (4, 8)        # narrow rows: several per program, never past M's power of 2
     assert act_quant_launch(1000, 512, -1) == (8, 8)
     assert act_quant_launch(1, 65536, -1) == (1, 32)     # at most 64 values per thread
-    assert [act_quant_launch(m, 4096, 128) for m in (1, 2, 3, 16, 17)] == [(1, 2), (1, 2), (4, 4), (4, 4), (16, 4)]
+    assert [act_quant_launch(m, 4096, 128) for m in (1, 4, 5, 64, 65)] == [(1, 2), (1, 2), (4, 4), (4, 4), (16, 4)]
 
 
 def test_act_quant_empty_and_bad_launch():

@@ -324,13 +324,16 @@ def w4a16_dequant_preferred(m: int, n: int, k: int) -> bool:
 
 
 # The activation quantizer (:mod:`.act_quant`): rows per program and warps. docs/bench/act_quant_sweep.py on an H100
-# (docs/logs/act_quant_h100.json; every variant bit-identical, M = 1-4096, K = 4096 and 14336): a program's rows
-# past M are masked but still pay the round-to-nearest divisions, so padding is what decode sizes lose — per token,
-# the old 2 rows × 4 warps took 7.6 µs at M = 1, K = 4096 where 1 row × 8 warps takes 2.5 (K = 14336: 8.7 → 6.2),
-# and 1 row × 8 warps was also the fastest or within 5 % at every M up to 4096 (M = 4096, K = 4096: 24.1 → 20.3);
-# per 128-column group the old 16 rows took 3.9-4.2 µs at M <= 8 where 1 row takes 1.8-2.1 and 4 rows 1.9-2.2 at
-# M = 4-16, while 16 rows stay the fastest from M = 64 up. Per-token rows wider than the measured 16384 columns get
-# more warps, so no thread holds more than 64 values (not measured).
+# (docs/logs/act_quant_h100.json; every variant bit-identical, M = 1-4096, K = 4096 and 14336; compared here among
+# the variants, which were timed alike): a program's rows past M are masked but still pay the round-to-nearest
+# divisions, so padding is what decode sizes lost. Per token, 1 row × 8 warps was the fastest variant at every M
+# and both K (M = 1, K = 4096: 2.5 µs, where the old 2 rows × 4 warps took 7.6; K = 14336, where the old launch
+# already had 1 row, 4 → 8 warps: 8.5 → 6.2). Per 128-column group: 1 row (2 warps) within 12 % of the best at
+# M <= 4 (the old 16 rows: 3.9-4.3 µs, 1 row 1.8-2.4), 4 rows × 4 warps at M = 8-64 (within 13 %; the best at
+# M = 64), 16 rows × 4 warps above (the best at M = 4096 and at M = 1024, K = 14336; 13 % from the best, 4 rows ×
+# 2 warps, at M = 1024, K = 4096 and 8 % at M = 256).
+# Per-token rows wider than the measured 16384 columns get more warps, so no thread holds more than 64 values (not
+# measured).
 ACT_QUANT_TOKEN_ELEMS = 4096  # columns per program of per-token rows narrower than this: whole rows up to it
 
 
@@ -341,6 +344,6 @@ def act_quant_launch(m: int, k_padded: int, group_size: int) -> tuple[int, int]:
         rows = 1 if k_padded >= ACT_QUANT_TOKEN_ELEMS else min(1 << (m - 1).bit_length(),
                                                                 ACT_QUANT_TOKEN_ELEMS // k_padded)
         return rows, min(32, max(8, k_padded // 2048))
-    if m <= 2:
+    if m <= 4:
         return 1, 2
-    return (4, 4) if m <= 16 else (16, 4)
+    return (4, 4) if m <= 64 else (16, 4)

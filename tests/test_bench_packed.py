@@ -138,6 +138,7 @@ def test_run_decode_step_cpu(packs, recipe, lo, hi):
         assert r["context"] == 24 and r["layer"] == 1 and r["recipe"] == recipe and r["device"] == "cpu"
         # A16: the packed reference multiplies by the same fp16 Ŵ; A8: activation quantization error only
         assert lo <= r["max_rel_diff"] <= hi
+        assert r["gemv_pdl"] is False  # no CUDA GEMVs on a CPU
 
 
 def test_max_rel_diff_is_relative_to_the_layer_update():

@@ -66,7 +66,9 @@ $QK search "$WORK/l8b" --recipe mixllm-w4a8 --bits 4,8 --target-bits 4.4 --sampl
     -o "$WORK/l8b-p10.json" --device cuda --dtype fp16 > /dev/null 2>&1 || echo "search l8b failed"
 $QK pack "$WORK/l8b" --recipe mixllm-w4a8-rtn --plan "$WORK/l8b-p10.json" -o "$WORK/l8b-mixed" --target sm90 \
     --device cuda > /dev/null 2>&1 || echo "pack l8b mixed failed"
-for ck in l8b-w4a16 l8b-mixed; do
+$QK pack "$WORK/l8b" --recipe lqq-w4a8 -o "$WORK/l8b-lqq" --target sm90 --device cuda > /dev/null 2>&1 \
+    || echo "pack l8b lqq failed"
+for ck in l8b-w4a16 l8b-mixed l8b-lqq; do
     $QK bench "$WORK/$ck" --decode-step --batch 1,8,32 --context 1024 --json 2> "$OUT/decode_$ck.txt" \
         | tail -1 > "$OUT/decode_$ck.json"
     cat "$OUT/decode_$ck.txt" | tail -12

@@ -160,6 +160,14 @@ def _time(step: Callable, hidden: torch.Tensor, device: str, reps: int, use_grap
     return time_host(step, [(hidden,)], reps=reps)
 
 
+def _gemv_pdl(device: torch.device) -> bool:
+    """Whether the CUDA decode GEMVs launch with programmatic dependent launch on ``device``
+    (:mod:`quantkit.runtime.kernels.cuda_common`; ``QUANTKIT_PDL=0`` turns it off)."""
+    from quantkit.runtime.kernels.cuda_common import pdl_supported
+
+    return pdl_supported(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def _device_name(device: str) -> str:
     return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "cpu"
 
@@ -187,6 +195,7 @@ def run_decode_step(packed: str, batches: Sequence[int], context: int = 1024, la
         raise QuantkitError(f"--layer {layer} is out of range: the model has decoder layers 0..{len(layers) - 1}")
     packed_layer = layers[layer]
     dense_layer = fp16_layer(packed_layer)
+    pdl = dev.startswith("cuda") and _gemv_pdl(torch.device(dev))
     rows = []
     with torch.cuda.device(torch.device(dev)) if dev.startswith("cuda") else contextlib.nullcontext():
         for b in batches:
@@ -194,7 +203,7 @@ def run_decode_step(packed: str, batches: Sequence[int], context: int = 1024, la
             steps = {"packed": step_fn(packed_layer, inp), "fp16": step_fn(dense_layer, inp)}
             outs = {k: f(inp.hidden) for k, f in steps.items()}
             times = {k: _time(f, inp.hidden, dev, reps, use_graph) for k, f in steps.items()}
-            row = {"layer": layer, "batch": b, "context": context, "device": _device_name(dev),
+            row = {"layer": layer, "batch": b, "context": context, "device": _device_name(dev), "gemv_pdl": pdl,
                    "recipe": manifest["recipe"].get("name"), "dtype": str(DTYPE).replace("torch.", "")}
             for k in ("fp16", "packed"):
                 row.update({f"{k}_us": times[k]["ms"] * 1e3, f"{k}_us_p10": times[k]["ms_p10"] * 1e3,

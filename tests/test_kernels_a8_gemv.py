@@ -205,6 +205,7 @@ def test_pdl_form_that_does_not_compile_falls_back_to_the_plain_form(monkeypatch
     from quantkit.runtime.kernels import cuda_common
 
     monkeypatch.setattr(cuda_common, "_PDL_OFF", {})
+    monkeypatch.setattr(cuda_common, "_PDL_FORM_FAILED", set())
     monkeypatch.setattr(cuda_common, "_pdl_device", lambda dev: True)
     compiled = []
 
@@ -221,8 +222,73 @@ def test_pdl_form_that_does_not_compile_falls_back_to_the_plain_form(monkeypatch
     assert not cuda_common.pdl_supported(0) and "did not compile" in cuda_common.pdl_off_reason(0)
     assert cuda_common.launch_form(0, "src", "k") == ("plain k", False) and compiled == [True, False, False]
     monkeypatch.setattr(cuda_common, "_PDL_OFF", {})
+    monkeypatch.setattr(cuda_common, "_PDL_FORM_FAILED", set())
     monkeypatch.setenv(cuda_common.PDL_SWITCH, "0")
     assert not cuda_common.pdl_supported(0)
+    assert cuda_common.launch_form(0, "src", "k") == ("plain k", False) and compiled[-1] is False
+
+    def nothing_compiles(dev, source, name):
+        raise RuntimeError(f"nvrtc: {source[:9]}")
+    monkeypatch.delenv(cuda_common.PDL_SWITCH)
+    monkeypatch.setattr(cuda_common, "compiled", nothing_compiles)
+    with pytest.raises(RuntimeError, match="nvrtc: src"):  # the plain form's error; PDL is not blamed
+        cuda_common.launch_form(0, "src", "k")
+    assert cuda_common.pdl_off_reason(0) is None
+
+
+def test_launch_error_paths(monkeypatch):
+    """cuda_common.launch without a GPU (CuPy and the driver call stubbed): success needs no ordinary launch; a
+    refused attribute launches the ordinary way and turns PDL off only when that launch works; other driver errors
+    raise; an empty grid never takes the attribute path."""
+    import contextlib
+    import sys
+    import types
+
+    from quantkit.runtime.kernels import cuda_common
+
+    fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda i: contextlib.nullcontext()))
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    monkeypatch.setattr(cuda_common, "stream", lambda dev, handle: contextlib.nullcontext())
+    monkeypatch.setattr(cuda_common, "_pdl_device", lambda dev: True)
+    monkeypatch.setattr(cuda_common, "_PDL_OFF", {})
+    monkeypatch.delenv(cuda_common.PDL_SWITCH, raising=False)
+    result = {"err": 0}
+    ex_calls, plain_calls = [], []
+    monkeypatch.setattr(cuda_common, "_cu_launch_kernel_ex",
+                        lambda: lambda cfg, f, params, extra: ex_calls.append(f) or result["err"])
+
+    class Fn:
+        kernel = types.SimpleNamespace(ptr=1234)
+        fail = False
+
+        def __call__(self, grid, block, args):
+            plain_calls.append(grid)
+            if self.fail:
+                raise ValueError("bad launch arguments")
+
+    import numpy as np
+
+    fn, args = Fn(), (np.int32(1),)
+    cuda_common.launch(fn, True, 0, 0, (4, 1), (128,), args)
+    assert ex_calls == [1234] and plain_calls == []
+    result["err"] = 999
+    with pytest.raises(RuntimeError, match="CUresult 999"):
+        cuda_common.launch(fn, True, 0, 0, (4, 1), (128,), args)
+    result["err"] = 1
+    fn.fail = True
+    with pytest.raises(ValueError, match="bad launch"):
+        cuda_common.launch(fn, True, 0, 0, (4, 1), (128,), args)
+    assert cuda_common.pdl_off_reason(0) is None
+    fn.fail = False
+    ex_calls.clear(), plain_calls.clear()
+    cuda_common.launch(fn, True, 0, 0, (0, 1), (128,), args)   # empty grid: the ordinary launch reports it
+    assert ex_calls == [] and plain_calls == [(0, 1)]
+    with pytest.warns(RuntimeWarning, match="refused"):
+        cuda_common.launch(fn, True, 0, 0, (4, 1), (128,), args)
+    assert "CUDA_ERROR_INVALID_VALUE" in cuda_common.pdl_off_reason(0) and plain_calls[-1] == (4, 1)
+    ex_calls.clear()
+    cuda_common.launch(fn, True, 0, 0, (4, 1), (128,), args)   # off now: ordinary launches only
+    assert ex_calls == [] and plain_calls[-1] == (4, 1)
 
 
 @pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU and CuPy")

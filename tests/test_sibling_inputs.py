@@ -168,3 +168,21 @@ def test_packed_a8_model_quantizes_four_inputs_per_layer(tmp_path, tiny_model_di
             if isinstance(m, QuantLinear):
                 m.sibling_scope = None
         assert torch.equal(model(ids).logits, shared)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_sibling_on_another_stream_quantizes_again(quantizations):
+    """Forms made on one CUDA stream are not reused by a sibling running on another (no ordering between them)."""
+    block = Block().cuda()
+    share_sibling_inputs(block)
+    side = torch.cuda.Stream()
+
+    def on_side(t):
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            block.k(t)
+        torch.cuda.current_stream().wait_stream(side)
+    block.between = on_side
+    with torch.no_grad():
+        block(torch.randn(2, 200, device="cuda"))
+    assert len(quantizations) == 4  # q; k on the side stream; k and v on the main stream again; o's input

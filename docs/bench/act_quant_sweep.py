@@ -8,10 +8,11 @@ Triton kernel in front (what any kernel boundary costs).
 
     python docs/bench/act_quant_sweep.py --out act_quant.json
 
-docs/logs/act_quant_h100.json came from this script at commit 87b3659's parent, when the variants launched the
-kernels directly into preallocated outputs ("default" went through the wrapper, which allocates them: the two
-forms of one launch differed by up to 27 % at M = 64-256) and the quantizer had no programmatic-launch trigger;
-every column now goes through ``quantize_activation_triton(..., launch=(rows, warps))``.
+docs/logs/act_quant_h100.json came from the 87b3659 version of this script, run on its parent's kernels: the
+variants launched the kernels directly into preallocated outputs ("default" went through the wrapper, which
+allocates them: the two forms of one launch differed by up to 27 % at M = 64-256) and the quantizer had no
+programmatic-launch trigger; every column now goes through ``quantize_activation_triton(..., launch=(rows,
+warps))``.
 """
 
 from __future__ import annotations

@@ -46,7 +46,8 @@ fi
 
 if step 4; then
 echo "== 4. decode step of one decoder layer, Llama-3.1-8B shapes (2 random layers, vocab of the shipped tokenizer)"
-python3 - "$WORK/l8b" <<'EOF'
+# what $WORK already holds is kept (a second call on the same machine); DECODE=0 only builds the checkpoints
+[ -d "$WORK/l8b" ] || python3 - "$WORK/l8b" <<'EOF'
 import shutil, sys, torch
 from pathlib import Path
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -60,15 +61,15 @@ for f in (Path('quantkit') / 'assets' / 'reference-model').iterdir():
     if "token" in f.name:
         shutil.copy(f, out / f.name)
 EOF
-$QK pack "$WORK/l8b" --recipe rtn-w4a16-g128 -o "$WORK/l8b-w4a16" --target sm90 --device cuda > /dev/null 2>&1 \
-    || echo "pack l8b rtn failed"
-$QK search "$WORK/l8b" --recipe mixllm-w4a8 --bits 4,8 --target-bits 4.4 --samples 8 --seqlen 512 \
-    -o "$WORK/l8b-p10.json" --device cuda --dtype fp16 > /dev/null 2>&1 || echo "search l8b failed"
-$QK pack "$WORK/l8b" --recipe mixllm-w4a8-rtn --plan "$WORK/l8b-p10.json" -o "$WORK/l8b-mixed" --target sm90 \
-    --device cuda > /dev/null 2>&1 || echo "pack l8b mixed failed"
-$QK pack "$WORK/l8b" --recipe lqq-w4a8 -o "$WORK/l8b-lqq" --target sm90 --device cuda > /dev/null 2>&1 \
-    || echo "pack l8b lqq failed"
-for ck in l8b-w4a16 l8b-mixed l8b-lqq; do
+[ -d "$WORK/l8b-w4a16" ] || $QK pack "$WORK/l8b" --recipe rtn-w4a16-g128 -o "$WORK/l8b-w4a16" --target sm90 \
+    --device cuda > /dev/null 2>&1 || echo "pack l8b rtn failed"
+[ -f "$WORK/l8b-p10.json" ] || $QK search "$WORK/l8b" --recipe mixllm-w4a8 --bits 4,8 --target-bits 4.4 --samples 8 \
+    --seqlen 512 -o "$WORK/l8b-p10.json" --device cuda --dtype fp16 > /dev/null 2>&1 || echo "search l8b failed"
+[ -d "$WORK/l8b-mixed" ] || $QK pack "$WORK/l8b" --recipe mixllm-w4a8-rtn --plan "$WORK/l8b-p10.json" \
+    -o "$WORK/l8b-mixed" --target sm90 --device cuda > /dev/null 2>&1 || echo "pack l8b mixed failed"
+[ -d "$WORK/l8b-lqq" ] || $QK pack "$WORK/l8b" --recipe lqq-w4a8 -o "$WORK/l8b-lqq" --target sm90 --device cuda \
+    > /dev/null 2>&1 || echo "pack l8b lqq failed"
+[ "${DECODE:-1}" = 1 ] && for ck in l8b-w4a16 l8b-mixed l8b-lqq; do
     $QK bench "$WORK/$ck" --decode-step --batch 1,8,32 --context 1024 --json 2> "$OUT/decode_$ck.txt" \
         | tail -1 > "$OUT/decode_$ck.json"
     cat "$OUT/decode_$ck.txt" | tail -12

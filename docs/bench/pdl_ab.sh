@@ -2,8 +2,8 @@
 # Programmatic dependent launch, A/B in one machine session: the decode-size kernel bench (activation quantizer
 # included: +aq) and the decode step of the Llama-3.1-8B-shaped packed layers (W4A16, MixLLM W4.4A8, LiquidQuant
 # W4A8), each with QUANTKIT_PDL=1 (default) and QUANTKIT_PDL=0. Run from the repository root; results in $OUT
-# (default ./pdl-ab); the checkpoints are built by step 4 of docs/bench/issue6_h100.sh into $WORK (when the
-# LiquidQuant one is not there yet; the session-8 run packed it here, after step 4 had built the other two).
+# (default ./pdl-ab); step 4 of docs/bench/issue6_h100.sh builds whichever checkpoints $WORK lacks (DECODE=0: no
+# decode runs there). The session-8 run packed the LiquidQuant one in this script, before step 4 did.
 set -u
 OUT=${OUT:-pdl-ab}
 export WORK=${WORK:-/dev/shm/qk-issue6}
@@ -16,7 +16,7 @@ for pdl in $PDLS; do
         --methods fp16,w4a16,w4a8-lqq,w4a8-lqq+aq,mixed,mixed+aq --json > "$OUT/bench_pdl$pdl.json" \
         2> "$OUT/bench_pdl$pdl.txt"
 done
-[ -d "$WORK/l8b-lqq" ] || OUT="$OUT/build" STEPS=4 bash docs/bench/issue6_h100.sh > "$OUT/build.txt" 2>&1
+OUT="$OUT/build" STEPS=4 DECODE=0 bash docs/bench/issue6_h100.sh > "$OUT/build.txt" 2>&1  # builds what is missing
 for ck in l8b-w4a16 l8b-mixed l8b-lqq; do
     for pdl in $PDLS; do
         QUANTKIT_PDL=$pdl $QK bench "$WORK/$ck" --decode-step --batch 1,8,32 --context 1024 --json \

@@ -195,7 +195,6 @@ def run_decode_step(packed: str, batches: Sequence[int], context: int = 1024, la
         raise QuantkitError(f"--layer {layer} is out of range: the model has decoder layers 0..{len(layers) - 1}")
     packed_layer = layers[layer]
     dense_layer = fp16_layer(packed_layer)
-    pdl = dev.startswith("cuda") and _gemv_pdl(torch.device(dev))
     rows = []
     with torch.cuda.device(torch.device(dev)) if dev.startswith("cuda") else contextlib.nullcontext():
         for b in batches:
@@ -203,7 +202,8 @@ def run_decode_step(packed: str, batches: Sequence[int], context: int = 1024, la
             steps = {"packed": step_fn(packed_layer, inp), "fp16": step_fn(dense_layer, inp)}
             outs = {k: f(inp.hidden) for k, f in steps.items()}
             times = {k: _time(f, inp.hidden, dev, reps, use_graph) for k, f in steps.items()}
-            row = {"layer": layer, "batch": b, "context": context, "device": _device_name(dev), "gemv_pdl": pdl,
+            row = {"layer": layer, "batch": b, "context": context, "device": _device_name(dev),
+                   "gemv_pdl": dev.startswith("cuda") and _gemv_pdl(torch.device(dev)),
                    "recipe": manifest["recipe"].get("name"), "dtype": str(DTYPE).replace("torch.", "")}
             for k in ("fp16", "packed"):
                 row.update({f"{k}_us": times[k]["ms"] * 1e3, f"{k}_us_p10": times[k]["ms_p10"] * 1e3,

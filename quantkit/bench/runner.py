@@ -39,12 +39,12 @@ def run_bench(shapes: Iterable[tuple[int, int]], ms: Sequence[int], methods: Seq
     % of the roofline floor, and ``speedup_vs_fp16`` (the fp16 method is always timed as the baseline).
     ``shapes`` are (N, K) = (out_features, in_features); ``configs`` optionally maps (method, M, N, K) to a
     TileConfig. Methods that cannot run a size (torch._int_mm with M <= 16) get a row with ``skipped``. ``gemv_pdl``:
-    whether this device launches the CUDA decode GEMVs with programmatic dependent launch — for the rows of methods
-    that run one (quantkit's kernels at decode sizes), back-to-back calls in the timed graph overlapped
+    whether this device launched the CUDA decode GEMVs with programmatic dependent launch when the row was timed —
+    for the rows of methods that run one (quantkit's kernels at decode sizes), back-to-back calls in the timed
+    graph overlapped
     (:mod:`quantkit.runtime.kernels.cuda_common`; ``QUANTKIT_PDL=0`` times them in isolation)."""
     _require_cuda()
     ceilings = ceilings or measure_ceilings()
-    gemv_pdl = pdl_supported(torch.cuda.current_device())
     rows = []
     for n, k in shapes:
         for m in ms:
@@ -53,7 +53,7 @@ def run_bench(shapes: Iterable[tuple[int, int]], ms: Sequence[int], methods: Seq
                 cfg = (configs or {}).get((method, m, n, k))
                 row = {"method": method, "m": m, "n": n, "k": k, "device": ceilings.device,
                        "hbm_tbps": ceilings.hbm_bytes_per_s / 1e12, "fp16_peak_tflops": ceilings.fp16_flops / 1e12,
-                       "int8_peak_tops": ceilings.int8_ops / 1e12, "gemv_pdl": gemv_pdl}
+                       "int8_peak_tops": ceilings.int8_ops / 1e12}
                 try:
                     timing, prob = time_problem(method, m, n, k, cfg, reps)
                 except QuantkitError as e:
@@ -65,6 +65,7 @@ def run_bench(shapes: Iterable[tuple[int, int]], ms: Sequence[int], methods: Seq
                     nbytes = traffic_bytes(prob.weight_bytes, m, k, n, prob.act_bytes_per_elem)
                     flops = gemm_flops(m, n, k)
                 row.update(timing)
+                row["gemv_pdl"] = pdl_supported(torch.cuda.current_device())  # after the calls: they may turn it off
                 row.update(roofline_row(timing["ms"], flops, nbytes, ceilings, prob.int8))
                 row["bytes"] = nbytes
                 if cfg is not None:

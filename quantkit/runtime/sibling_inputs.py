@@ -61,7 +61,8 @@ def _stream_state(x: torch.Tensor) -> tuple:
     under way (or inside one now over), are not reused."""
     if not x.is_cuda:
         return ()
-    return torch.cuda.current_stream(x.device).cuda_stream, torch.cuda.is_current_stream_capturing()
+    with torch.cuda.device(x.device):
+        return torch.cuda.current_stream().cuda_stream, torch.cuda.is_current_stream_capturing()
 
 
 def share_sibling_inputs(model: nn.Module) -> int:

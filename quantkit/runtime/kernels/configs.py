@@ -328,10 +328,11 @@ def w4a16_dequant_preferred(m: int, n: int, k: int) -> bool:
 # the variants, which were timed alike): a program's rows past M are masked but still pay the round-to-nearest
 # divisions, so padding is what decode sizes lost. Per token, 1 row × 8 warps was the fastest variant at every M
 # and both K (M = 1, K = 4096: 2.5 µs, where the old 2 rows × 4 warps took 7.6; K = 14336, where the old launch
-# already had 1 row, 4 → 8 warps: 8.5 → 6.2). Per 128-column group: 1 row (2 warps) within 12 % of the best at
-# M <= 4 (the old 16 rows: 3.9-4.3 µs, 1 row 1.8-2.4), 4 rows × 4 warps at M = 8-64 (within 13 %; the best at
-# M = 64), 16 rows × 4 warps above (the best at M = 4096 and at M = 1024, K = 14336; 13 % from the best, 4 rows ×
-# 2 warps, at M = 1024, K = 4096 and 8 % at M = 256).
+# already had 1 row, 4 → 8 warps: 8.5 → 6.1). Per 128-column group: 1 row × 2 warps within 12 % of the best at
+# M <= 4 (1.8-2.4 µs; the old 16 rows × 4 warps, timed only through the wrapper there, 3.9-4.3), 4 rows × 4 warps
+# at M = 8-64 (within 13 %; the best at M = 64), 16 rows × 4 warps above (the best at M = 4096 and at M = 1024,
+# K = 14336; at M = 1024, K = 4096 13 % behind 4 rows × 2 warps; at M = 256 8 % behind 4 rows × 4 warps at
+# K = 4096 and 2 % behind 4 rows × 2 warps at K = 14336).
 # Per-token rows wider than the measured 16384 columns get more warps, so no thread holds more than 64 values (not
 # measured).
 ACT_QUANT_TOKEN_ELEMS = 4096  # columns per program of per-token rows narrower than this: whole rows up to it

@@ -161,6 +161,7 @@ PDL_DEFINE = "#define QK_PDL 1\n"  # prepended to a GEMV source: the form with g
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 _REFUSALS = {1: "CUDA_ERROR_INVALID_VALUE", 801: "CUDA_ERROR_NOT_SUPPORTED"}  # the driver will not launch it so
 _PDL_OFF: dict[int, str] = {}  # device → why this process launches its GEMVs the ordinary way after all
+_PDL_FORM_FAILED: set[int] = set()  # devices where the QK_PDL form did not compile (the plain form runs)
 
 
 class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: id, padding to 8, a 64-byte value union
@@ -230,29 +231,38 @@ def _turn_pdl_off(device_index: int, why: str) -> None:
 
 
 def launch_form(device_index: int, source: str, name: str) -> tuple[object, bool]:
-    """(CuPy function of instance ``name``, whether to launch it with programmatic dependent launch): the
-    ``QK_PDL`` form of ``source`` where :func:`pdl_supported` and it compiles (it refuses below sm_90, so the
-    attribute launch always meets its wait), else the plain form."""
-    if pdl_supported(device_index):
+    """(CuPy function of instance ``name``, whether to launch it with programmatic dependent launch now).
+
+    On a device that can take the attribute launch (compute capability >= 9.0, ``cuLaunchKernelEx``) and unless
+    ``QUANTKIT_PDL=0``, the ``QK_PDL`` form of ``source`` — it refuses to compile below sm_90, so an attribute launch
+    always meets its wait. It stays the form after the driver refused the attribute (then launched the ordinary
+    way, which is safe: its wait returns at once), so no second compile lands on the hot path or in a CUDA-graph
+    capture. If the ``QK_PDL`` form does not compile but the plain one does, PDL is off for the device from then
+    on; if neither compiles, the plain form's error is raised (the caller's Triton fallback handles it)."""
+    if os.environ.get(PDL_SWITCH, "1") != "0" and device_index not in _PDL_FORM_FAILED and _pdl_device(device_index):
         try:
-            return compiled(device_index, PDL_DEFINE + source, name), True
-        except Exception as e:  # noqa: BLE001 — e.g. an NVRTC too old for sm_90: the plain form still runs
+            return compiled(device_index, PDL_DEFINE + source, name), pdl_supported(device_index)
+        except Exception as e:  # noqa: BLE001 — e.g. an NVRTC too old for sm_90: the plain form may still build
+            plain = compiled(device_index, source, name)
+            _PDL_FORM_FAILED.add(device_index)
             _turn_pdl_off(device_index, f"the griddepcontrol form did not compile: {type(e).__name__}")
+            return plain, False
     return compiled(device_index, source, name), False
 
 
 def launch(fn, pdl: bool, device_index: int, stream_handle: int, grid: tuple, block: tuple, args: tuple) -> None:
     """Launch CuPy function ``fn`` (from :func:`launch_form`) on the torch stream ``stream_handle`` — with
-    programmatic dependent launch when ``pdl`` (module docstring), else as CuPy launches it. A driver refusal of
-    the attribute (invalid value / not supported) turns it off for this device in this process, with a warning,
-    and launches the plain form the ordinary way; any other driver error is raised."""
+    programmatic dependent launch when ``pdl`` and :func:`pdl_supported` still holds (module docstring), else as
+    CuPy launches it. When the driver refuses the attribute (invalid value / not supported) and the same kernel
+    then launches the ordinary way, PDL is off for this device in this process, with a warning; any other driver
+    error of the attribute launch is raised, as is any error of the ordinary one."""
     import cupy
 
+    g, b = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
     with cupy.cuda.Device(device_index), stream(device_index, stream_handle):
-        if pdl and pdl_supported(device_index):
+        if pdl and pdl_supported(device_index) and min(g) > 0 and min(b) > 0:
             attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
             attr.value[0] = 1  # programmaticStreamSerializationAllowed
-            g, b = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
             cfg = _LaunchConfig((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), 0, stream_handle,
                                 ctypes.pointer(attr), 1)
             params, _values = kernel_params(args)
@@ -261,7 +271,9 @@ def launch(fn, pdl: bool, device_index: int, stream_handle: int, grid: tuple, bl
                 return
             if err not in _REFUSALS:
                 raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {err}")
+            fn(grid, block, args)  # raises if the arguments, not the attribute, were the trouble
             _turn_pdl_off(device_index, f"the driver refused the launch attribute: {_REFUSALS[err]}")
-        # an ordinary launch orders the kernel after the previous one anyway; the griddepcontrol form's wait then
-        # returns at once and its trigger has no dependent, so either form may run here
+            return
+        # an ordinary launch runs after the previous kernel anyway: the QK_PDL form's wait returns at once, and a
+        # PDL-launched kernel after it waits for it to complete, so either form may run here
         fn(grid, block, args)

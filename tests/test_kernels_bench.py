@@ -46,6 +46,13 @@ def test_report_table_lists_rows_and_skips():
     text = format_table(rows)
     assert "w4a16 | 1 | 8 | 256 | 0.0100" in text and "2.00" in text
     assert "skipped: torch._int_mm needs M > 16" in text
+    assert text.splitlines()[0].startswith("method | m")  # rows without ceilings: no header line
+    run = {"device": "H100", "hbm_tbps": 2.98, "fp16_peak_tflops": 759.0, "int8_peak_tops": 905.0}
+    rows[0].update(run, gemv_pdl=True)
+    assert format_table(rows).splitlines()[0] == ("H100: HBM 2.98 TB/s, fp16 759 TFLOP/s, int8 905 TOP/s (measured in "
+                                                  "this run); decode GEMVs: programmatic dependent launch on")
+    rows.append({**rows[0], "gemv_pdl": False})
+    assert format_table(rows).splitlines()[0].endswith("launch on, then off")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")

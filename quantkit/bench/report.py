@@ -9,10 +9,26 @@ COLUMNS = (("method", "{}"), ("m", "{}"), ("n", "{}"), ("k", "{}"), ("ms", "{:.4
            ("gbps", "{:.0f}"), ("pct_hbm", "{:.0f}"), ("pct_peak", "{:.0f}"), ("speedup_vs_fp16", "{:.2f}"))
 
 
+def run_header(rows: list[dict]) -> str | None:
+    """One line on what the rows were measured against: the device, the ceilings measured in the same run, and
+    whether the CUDA decode GEMVs launched with programmatic dependent launch (their back-to-back calls in the timed
+    graph then overlap); None without timed rows that carry the ceilings."""
+    timed = [r for r in rows if "ms" in r and "hbm_tbps" in r]
+    if not timed:
+        return None
+    r = timed[0]
+    pdl = {t.get("gemv_pdl") for t in timed} - {None}
+    launch = ("" if not pdl else "; decode GEMVs: programmatic dependent launch "
+              + ("on" if pdl == {True} else "off" if pdl == {False} else "on, then off"))
+    return (f"{r['device']}: HBM {r['hbm_tbps']:.2f} TB/s, fp16 {r['fp16_peak_tflops']:.0f} TFLOP/s, int8 "
+            f"{r['int8_peak_tops']:.0f} TOP/s (measured in this run){launch}")
+
+
 def format_table(rows: list[dict]) -> str:
-    """A fixed-width table, one line per row; skipped rows show their reason."""
+    """A fixed-width table, one line per row, under :func:`run_header`; skipped rows show their reason."""
     head = " | ".join(name for name, _ in COLUMNS)
-    lines = [head, "-" * len(head)]
+    first = run_header(rows)
+    lines = ([first] if first else []) + [head, "-" * len(head)]
     for r in rows:
         if "skipped" in r:
             lines.append(f"{r['method']} | {r['m']} | {r['n']} | {r['k']} | skipped: {r['skipped']}")

@@ -99,7 +99,8 @@ def test_decode_dispatch_rules():
     assert a8_gemv_preferred(8, 6144, 4096, layouts=("w4a8-lqq",))
     assert not a8_gemv_preferred(8, 4096, 14336, layouts=("w4a8-lqq",))
     assert a8_gemv_preferred(4, 4096, 14336, layouts=("w4a8-lqq",))
-    assert not a8_gemv_preferred(1, 14336, 4096, layouts=("w4a8-lqq",))
+    assert a8_gemv_preferred(4, 28672, 4096, layouts=("w4a8-lqq",))  # since PDL (lqq_gemv_wide_h100.json)
+    assert not a8_gemv_preferred(5, 14336, 4096, layouts=("w4a8-lqq",))
     assert not a8_gemv_preferred(16, 6144, 4096, layouts=("w4a8-lqq",))  # Triton's one product per tile wins
     assert a8_token_sets(6144, 16) == 2 and a8_token_sets(4096, 16) == 1 and a8_token_sets(14336, 8) == 1
     assert cuda_gemv_preferred(8, 28672, 4096) and not cuda_gemv_preferred(16, 14336, 4096)

@@ -363,8 +363,10 @@ def a8_token_sets(n: int, m: int) -> int:
 def a8_gemv_preferred(m: int, n: int, k: int, mixed: bool = False, layouts: tuple = ()) -> bool:
     """Whether the CUDA A8 GEMV beats the Triton int8 kernels for M tokens on an [N, K] layer of partition
     ``layouts`` (``mixed``: two partitions), measured on an H100 (docs/bench/a8_gemv_sweep.py): at M <= 4
-    always, except LiquidQuant on layers wider than 8192 (the Triton kernel is as fast there: 14336×4096 M = 1
-    16.4 vs 16.1 µs, docs/logs/a8_gemv_sweep_lqq_h100.json); at M = 5-8 for 8-bit weights everywhere (28672×4096
+    always — LiquidQuant on layers wider than 8192 too since the GEMV launches with programmatic dependent launch
+    (docs/bench/lqq_gemv_wide.py, docs/logs/lqq_gemv_wide_h100.json: 14336×4096 M = 1 14.8 vs 18.1 µs, M = 2-4
+    a tie; 28672×4096 M = 1-4 25.6-27.4 vs 28.8-29.9; at M = 8 the Triton kernel won by 1.11-1.13×; before PDL the
+    Triton kernel was as fast at 14336×4096 M = 1, 16.4 vs 16.1, docs/logs/a8_gemv_sweep_lqq_h100.json); at M = 5-8 for 8-bit weights everywhere (28672×4096
     M = 8: 44.1 vs 50.2 µs), mixed layers up to N = 16384 (14336×4096: 19.4 vs 22.6), 4-bit ones up to N = 8192
     (14336×4096 W4A8: Triton 18.6 vs 18.8) and LiquidQuant only up to K = 8192 too (4096×14336: Triton 16.8 vs
     18.4); at M = 9-16 only for 8-bit weights up to N = 8192 (6144×4096 M = 16: 13.4 vs 18.0 µs) — the 4-bit and
@@ -377,7 +379,7 @@ def a8_gemv_preferred(m: int, n: int, k: int, mixed: bool = False, layouts: tupl
     if m > 8:
         return eight_only and n <= 8192
     if "w4a8-lqq" in layouts:
-        return n <= 8192 and (m <= 4 or k <= 8192)
+        return m <= 4 or (n <= 8192 and k <= 8192)
     if m <= 4 or eight_only:
         return True
     return n <= (16384 if mixed else 8192)

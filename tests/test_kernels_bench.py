@@ -88,3 +88,19 @@ def test_time_problem_refuses_kernel_options_it_does_not_know():
 
     with pytest.raises(ValueError, match="unknown kernel options"):
         time_problem("w4a16", 1, 64, 256, dequantize=True)  # a typo would silently time the default path
+
+
+def test_decode_step_table_title_says_how_the_gemvs_launched():
+    from rich.console import Console
+
+    from quantkit.bench.report import decode_step_table
+
+    row = {"layer": 0, "context": 1024, "recipe": "rtn-w4a16-g128", "device": "H100", "graph": True, "batch": 1,
+           "fp16_us": 294.8, "packed_us": 155.9, "speedup": 1.89, "max_rel_diff": 1.6e-3}
+
+    def title(r):
+        console = Console(record=True, width=100)
+        console.print(decode_step_table([r]))
+        return " ".join(console.export_text().split("batch")[0].split())  # the title, however it wrapped
+    assert "programmatic dependent launch" in title({**row, "gemv_pdl": True})
+    assert "programmatic" not in title({**row, "gemv_pdl": False})

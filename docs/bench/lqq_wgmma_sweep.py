@@ -34,14 +34,17 @@ VARIANTS = [(32, 3, 1), (32, 3, 2), (32, 3, 4), (64, 3, 1), (64, 3, 2), (64, 3, 
 TAIL_CHECKS = [(64, 3, 1, 32), (128, 3, 1, 32), (128, 3, 2, 32), (128, 2, 1, 64), (64, 3, 2, 64), (32, 3, 4, 32)]
 
 
-def tail_variants(m: int, all_tiles: bool = False, n: int | None = None) -> list[tuple[int, int, int, int]]:
+def tail_variants(m: int, all_tiles: bool = False, n: int | None = None,
+                  stages: tuple[int, ...] | None = None) -> list[tuple[int, int, int, int]]:
     """(bm, stages, split, tail) of every token tile padding M by <= 32 (any, with ``all_tiles``), split 1 and 2
-    (split 2 only on layers of fewer than 66 row tiles when ``n`` is given; two stages above M = 512)."""
+    (split 2 only on layers of fewer than 66 row tiles when ``n`` is given); two stages above M = 512, three below,
+    unless ``stages`` lists the counts to time (each of them)."""
     out = []
     splits = (1, 2) if n is None or -(-n // 64) < 66 else (1,)
     for tile, (bm, tail) in LQQ_WGMMA_TILES.items():
         if all_tiles or -(-m // tile) * tile - m <= 32:
-            out += [(bm, 2 if m > 512 else 3, split, tail) for split in splits]
+            for st in stages or ((2,) if m > 512 else (3,)):
+                out += [(bm, st, split, tail) for split in splits]
     return out
 
 
@@ -77,6 +80,8 @@ def main() -> None:
     p.add_argument("--tails", action="store_true", help="time the token tiles with a tail tile (docstring)")
     p.add_argument("--all-tiles", action="store_true", help="with --tails: every token tile, whatever it pads")
     p.add_argument("--split-narrow", action="store_true", help="with --tails: split 2 only below 66 row tiles")
+    p.add_argument("--stages", default=None, help="with --tails: activation stages to time, e.g. 2,3 (default: two "
+                   "above M = 512, three below)")
     args = p.parse_args()
     dev = "cuda"
     checks = check(dev, TAIL_CHECKS if args.tails else [v + (0,) for v in VARIANTS])
@@ -103,7 +108,8 @@ def main() -> None:
                 row["rule"] = time_rotating(lambda a, s, w: int8_matmul(a, s, -1, "w4a8-lqq", w, meta),
                                             inputs)["ms"] * 1e3
             if lqq_wgmma_problem(qa[0][0], -1, "w4a8-lqq", meta) is None:
-                variants = (tail_variants(m, args.all_tiles, n if args.split_narrow else None) if args.tails
+                stages = tuple(int(v) for v in args.stages.split(",")) if args.stages else None
+                variants = (tail_variants(m, args.all_tiles, n if args.split_narrow else None, stages) if args.tails
                             else [v + (0,) for v in VARIANTS])
                 for bm, st, sk, tail in variants:
                     if not args.tails and (bm > max(m, 32) or (bm == 32 and m > 512) or (m >= 2048 and bm < 128)):

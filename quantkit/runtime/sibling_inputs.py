@@ -67,8 +67,8 @@ def _stream_state(x: torch.Tensor) -> tuple:
 
 def share_sibling_inputs(model: nn.Module) -> int:
     """Give every module with >= 2 direct QuantLinear children that quantize activations a :class:`SiblingScope`
-    (the children's ``sibling_scope``, opened and cleared by the parent's forward hooks). Returns how many parents got one;
-    calling it again adds nothing."""
+    (the children's ``sibling_scope``, opened and cleared by the parent's forward hooks). Returns how many parents
+    got one; calling it again adds nothing."""
     from quantkit.runtime.quant_linear import QuantLinear
 
     added = 0

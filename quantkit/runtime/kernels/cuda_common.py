@@ -168,6 +168,10 @@ class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: id, padding to 8
     _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_int), ("value", ctypes.c_int * 16)]
 
 
+_PDL_ATTR = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
+_PDL_ATTR.value[0] = 1  # programmaticStreamSerializationAllowed; one attribute for every launch
+
+
 class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
     _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_bytes", ctypes.c_uint),
                 ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)),
@@ -230,6 +234,13 @@ def _turn_pdl_off(device_index: int, why: str) -> None:
                   "GEMVs the ordinary way", RuntimeWarning, stacklevel=3)
 
 
+@functools.lru_cache(maxsize=None)
+def _pdl_source(source: str) -> str:
+    # one string object per source: building (and hashing) a new one for every launch's compiled() lookup would
+    # put ~20 KB of string work on the decode hot path
+    return PDL_DEFINE + source
+
+
 def launch_form(device_index: int, source: str, name: str) -> tuple[object, bool]:
     """(CuPy function of instance ``name``, whether to launch it with programmatic dependent launch now).
 
@@ -241,7 +252,7 @@ def launch_form(device_index: int, source: str, name: str) -> tuple[object, bool
     on; if neither compiles, the plain form's error is raised (the caller's Triton fallback handles it)."""
     if os.environ.get(PDL_SWITCH, "1") != "0" and device_index not in _PDL_FORM_FAILED and _pdl_device(device_index):
         try:
-            return compiled(device_index, PDL_DEFINE + source, name), pdl_supported(device_index)
+            return compiled(device_index, _pdl_source(source), name), pdl_supported(device_index)
         except Exception as e:  # noqa: BLE001 — e.g. an NVRTC too old for sm_90: the plain form may still build
             plain = compiled(device_index, source, name)
             _PDL_FORM_FAILED.add(device_index)
@@ -261,10 +272,8 @@ def launch(fn, pdl: bool, device_index: int, stream_handle: int, grid: tuple, bl
     g, b = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
     with cupy.cuda.Device(device_index), stream(device_index, stream_handle):
         if pdl and pdl_supported(device_index) and min(g) > 0 and min(b) > 0:
-            attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
-            attr.value[0] = 1  # programmaticStreamSerializationAllowed
             cfg = _LaunchConfig((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), 0, stream_handle,
-                                ctypes.pointer(attr), 1)
+                                ctypes.pointer(_PDL_ATTR), 1)
             params, _values = kernel_params(args)
             err = _cu_launch_kernel_ex()(ctypes.byref(cfg), fn.kernel.ptr, params, None)  # CUfunction
             if err == 0:

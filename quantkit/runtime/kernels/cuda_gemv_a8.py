@@ -366,13 +366,14 @@ def a8_gemv_preferred(m: int, n: int, k: int, mixed: bool = False, layouts: tupl
     always — LiquidQuant on layers wider than 8192 too since the GEMV launches with programmatic dependent launch
     (docs/bench/lqq_gemv_wide.py, docs/logs/lqq_gemv_wide_h100.json: 14336×4096 M = 1 14.8 vs 18.1 µs, M = 2-4
     a tie; 28672×4096 M = 1-4 25.6-27.4 vs 28.8-29.9; at M = 8 the Triton kernel won by 1.11-1.13×; before PDL the
-    Triton kernel was as fast at 14336×4096 M = 1, 16.4 vs 16.1, docs/logs/a8_gemv_sweep_lqq_h100.json); at M = 5-8 for 8-bit weights everywhere (28672×4096
-    M = 8: 44.1 vs 50.2 µs), mixed layers up to N = 16384 (14336×4096: 19.4 vs 22.6), 4-bit ones up to N = 8192
-    (14336×4096 W4A8: Triton 18.6 vs 18.8) and LiquidQuant only up to K = 8192 too (4096×14336: Triton 16.8 vs
-    18.4); at M = 9-16 only for 8-bit weights up to N = 8192 (6144×4096 M = 16: 13.4 vs 18.0 µs) — the 4-bit and
-    mixed layers run Triton there (4096×14336 mixed M = 16: 22.2 vs 28.9 µs). Those crossovers are from
-    docs/logs/a8_gemv_sweep_slots_h100.json, after split-K sums went to per-split slots, which made the split
-    Triton kernels at decode sizes up to ~30 % faster and moved every crossover toward Triton."""
+    Triton kernel was as fast at 14336×4096 M = 1, 16.4 vs 16.1, docs/logs/a8_gemv_sweep_lqq_h100.json); at M = 5-8
+    for 8-bit weights everywhere (28672×4096 M = 8: 44.1 vs 50.2 µs), mixed layers up to N = 16384 (14336×4096: 19.4
+    vs 22.6), 4-bit ones up to N = 8192 (14336×4096 W4A8: Triton 18.6 vs 18.8) and LiquidQuant only up to K = 8192
+    too (4096×14336: Triton 16.8 vs 18.4); at M = 9-16 only for 8-bit weights up to N = 8192 (6144×4096 M = 16: 13.4
+    vs 18.0 µs) — the 4-bit and mixed layers run Triton there (4096×14336 mixed M = 16: 22.2 vs 28.9 µs). Those
+    crossovers are from docs/logs/a8_gemv_sweep_slots_h100.json, after split-K sums went to per-split slots, which
+    made the split Triton kernels at decode sizes up to ~30 % faster and moved every crossover toward Triton.
+    """
     if not 1 <= m <= A8_GEMV_MAX_M:
         return False
     eight_only = bool(layouts) and all(layout == "w8" for layout in layouts)

@@ -28,6 +28,9 @@ from quantkit.quant.records import QuantizedWeight
 
 NAME = "reference"
 FORMAT_VERSION = 1
+# the axis of each tensor that indexes output rows (rows are packed independently; None: one tensor for all rows,
+# g_idx): quantkit.formats.row_concat
+ROW_AXES = {"qweight": 0, "scales": 0, "qzeros": 0, "channel_scales": 0, "g_idx": None}
 LQQ_ZERO_BITS = 8  # LiquidGEMM Eq. 10: a = 2^7 + min(Q_i8) spans 9..247, a full byte
 
 

@@ -28,6 +28,8 @@ from quantkit.quant.records import QuantizedWeight
 NAME = "w4a16"
 FORMAT_VERSION = 1
 BITS = 4
+# the axis of each tensor that indexes output rows (rows are packed independently): quantkit.formats.row_concat
+ROW_AXES = {"qweight": 0, "qparams": 1}
 
 
 def supports(qw: QuantizedWeight) -> str | None:

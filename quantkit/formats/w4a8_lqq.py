@@ -28,6 +28,8 @@ from quantkit.quant.records import QuantizedWeight
 NAME = "w4a8-lqq"
 FORMAT_VERSION = 1
 BITS = 4
+# the axis of each tensor that indexes output rows (rows are packed independently): quantkit.formats.row_concat
+ROW_AXES = {"qweight": 0, "qparams": 1, "channel_scales": 0}
 S_MAX = 16  # LiquidGEMM Sec. 4: s_u8 <= ceil(238 / 15) = 16 keeps q·s <= 240 inside a byte
 
 

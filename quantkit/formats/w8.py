@@ -28,6 +28,8 @@ NAME = "w8"
 FORMAT_VERSION = 1
 BITS = 8
 ZERO = 128
+# the axis of each tensor that indexes output rows (rows are packed independently): quantkit.formats.row_concat
+ROW_AXES = {"qweight": 0, "scales": 1}
 
 
 def supports(qw: QuantizedWeight) -> str | None:

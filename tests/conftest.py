@@ -63,3 +63,14 @@ def tiny_model_dir(tmp_path_factory):
         return cache[key]
 
     return make
+
+
+@pytest.fixture
+def quantizations(monkeypatch):
+    """The shapes of the activations quantized through quantkit.runtime.dispatch (fake-quant forms), in order."""
+    from quantkit.runtime import dispatch
+
+    calls = []
+    real = dispatch.quantize_activation
+    monkeypatch.setattr(dispatch, "quantize_activation", lambda x, *a: calls.append(x.shape) or real(x, *a))
+    return calls

@@ -17,6 +17,7 @@ from quantkit.checkpoint import load_packed, read_manifest
 from quantkit.cli import app
 from quantkit.errors import QuantkitError
 from quantkit.pack import run_pack
+from quantkit.runtime.fused_siblings import SiblingSlice
 from quantkit.runtime.quant_linear import QuantLinear
 
 
@@ -82,26 +83,37 @@ def test_methods_union_and_refusal():
         checkpoint_methods(_manifest({"a.0.z": _lin(7, 200, [_part("reference")])}, A8))
 
 
-def test_packed_checkpoint_targets(packs):
+def test_packed_checkpoint_targets(packs, monkeypatch):
     path = packs["rtn-w4a16-g128"]
     manifest = read_manifest(path)
-    want = []
+    stored = []
     for name in linear_names(manifest):  # q 64x64, k/v 32x64, o 64x64, gate/up 160x64, down 64x160
         shape = (manifest["linears"][name]["out_features"], manifest["linears"][name]["in_features"])
-        if shape not in want:
-            want.append(shape)
-    assert sorted(want) == [(32, 64), (64, 64), (64, 160), (160, 64)]
+        if shape not in stored:
+            stored.append(shape)
+    assert sorted(stored) == [(32, 64), (64, 64), (64, 160), (160, 64)]
+    # the loaded model runs q/k/v as one 128-row GEMM and gate/up as one of 320 rows (fused at load)
+    want = [(64, 160), (320, 64), (64, 64), (128, 64)]
+    assert checkpoint_shapes(manifest) == want and checkpoint_shapes(manifest, fuse=False) == stored
     assert kernel_targets(path, None, None, None) == (want, ["fp16", "w4a16"])
     assert kernel_targets(packs["w8a8"], None, None, None) == (want, ["fp16", "w8a8+aq"])
     assert kernel_targets(path, None, None, "w4a8,mixed") == (want, ["w4a8", "mixed"])  # --methods wins
+    monkeypatch.setenv("QUANTKIT_FUSE", "0")
+    assert kernel_targets(path, None, None, None) == (stored, ["fp16", "w4a16"])
+    model = load_packed(path, device="cpu", load_tokenizer=False).model
+    assert not any(isinstance(m, SiblingSlice) for m in model.modules())
 
 
 def test_fp16_layer_holds_the_dequantized_weights(packs):
     model = load_packed(packs["w8a8"], device="cpu", dtype="fp16", load_tokenizer=False).model
     layer = ds.decoder_layers(model, linear_names(read_manifest(packs["w8a8"])))[1]
     dense = ds.fp16_layer(layer)
-    qlins = {n: m for n, m in layer.named_modules() if isinstance(m, QuantLinear)}
-    assert len(qlins) == 7 and not any(isinstance(m, QuantLinear) for m in dense.modules())
+    qlins = {n: m for n, m in layer.named_modules()
+             if isinstance(m, SiblingSlice) or (isinstance(m, QuantLinear) and m.row_blocks is None)}
+    assert sorted(n.rpartition(".")[2] for n in qlins) == sorted(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    assert not any(isinstance(m, (QuantLinear, SiblingSlice)) for m in dense.modules())
+    assert not hasattr(dense.self_attn, "qkv_proj") and not hasattr(dense.mlp, "gate_up_proj")  # fused at load
     for name, q in qlins.items():
         lin = dense.get_submodule(name)
         assert isinstance(lin, nn.Linear) and lin.weight.dtype == torch.float16

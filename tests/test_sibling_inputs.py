@@ -1,6 +1,6 @@
 """Sibling projections (q/k/v, gate/up) quantize their shared input once per parent call, and only when it is the
 very same, unchanged tensor: the outputs equal those of unshared layers bit for bit, and nothing is shared across
-parent calls, tensors, in-place changes or inference-mode tensors."""
+parent calls, tensors or in-place changes (inference-mode tensors, which have no version counter, by identity)."""
 
 from __future__ import annotations
 
@@ -42,14 +42,6 @@ class Block(nn.Module):
         return self.o(y)
 
 
-@pytest.fixture
-def quantizations(monkeypatch):
-    calls = []
-    real = dispatch.quantize_activation
-    monkeypatch.setattr(dispatch, "quantize_activation", lambda x, *a: calls.append(x.shape) or real(x, *a))
-    return calls
-
-
 def _expected(block: Block, x: torch.Tensor) -> torch.Tensor:
     """The block computed with plain fake-quant products, no QuantLinear."""
     def lin(ql, inp):
@@ -68,7 +60,7 @@ def test_siblings_quantize_their_input_once_per_parent_call(quantizations):
         quantizations.clear()
         assert torch.equal(block(x), want)
         assert len(quantizations) == 2          # x once for q/k/v, then o's input
-        assert block.q.sibling_scope._entry is None  # cleared when the call ends: no activation kept
+        assert block.q.sibling_scope._entries == {}  # cleared when the call ends: no activation kept
         assert torch.equal(block(x), want)
         assert len(quantizations) == 4          # a new parent call quantizes again (a CUDA graph captures it)
 
@@ -103,13 +95,18 @@ def test_other_tensors_and_calls_outside_the_parent_are_not_shared(quantizations
         assert len(quantizations) == 2
 
 
-def test_inference_mode_tensors_are_not_shared(quantizations):
+def test_inference_mode_tensors_are_shared_by_identity(quantizations):
+    """An inference tensor has no version counter: the very same tensor object within one parent call is taken as
+    unchanged (the supported blocks call their siblings back to back on it); another tensor is not shared."""
     block = Block()
     share_sibling_inputs(block)
     with torch.inference_mode():
         x = torch.randn(2, 200)
         out = block(x)
-    assert len(quantizations) == 4
+        assert len(quantizations) == 2           # x once for q/k/v, then o's input
+        block.between = lambda t: block.k(t.clone())
+        block(x)
+        assert len(quantizations) == 6          # + x for q, the clone, x for k (v shares it), o's input
     with torch.no_grad():
         assert torch.equal(out, _expected(block, x.clone()))
 
@@ -140,7 +137,7 @@ def test_an_exception_in_the_parent_still_clears_the_scope():
     block.between = boom
     with pytest.raises(RuntimeError, match="boom"), torch.no_grad():
         block(torch.randn(2, 200))
-    assert block.q.sibling_scope._entry is None
+    assert block.q.sibling_scope._entries == {}
 
 
 def test_adopting_forms_of_another_quantization_is_refused():
@@ -151,14 +148,14 @@ def test_adopting_forms_of_another_quantization_is_refused():
 
 
 def test_packed_a8_model_quantizes_four_inputs_per_layer(tmp_path, tiny_model_dir, quantizations):
-    """A loaded A8 checkpoint shares q/k/v's and gate/up's input: 4 quantizations per decoder layer, not 7, and
-    its logits equal the unshared model's bit for bit."""
+    """A loaded A8 checkpoint whose projections are left unfused shares q/k/v's and gate/up's input: 4
+    quantizations per decoder layer, not 7, and its logits equal the unshared model's bit for bit."""
     from quantkit.checkpoint import load_packed
     from quantkit.pack import run_pack
 
     out = tmp_path / "ckpt"
     run_pack(str(tiny_model_dir("llama", intermediate_size=200)), "w8a8", str(out), device="cpu", progress=False)
-    model = load_packed(out, device="cpu", load_tokenizer=False).model
+    model = load_packed(out, device="cpu", load_tokenizer=False, fuse=False).model
     ids = torch.randint(0, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         quantizations.clear()

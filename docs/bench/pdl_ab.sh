@@ -23,11 +23,4 @@ for ck in l8b-w4a16 l8b-mixed l8b-lqq; do
             2> "$OUT/decode_${ck}_pdl$pdl.txt" | tail -1 > "$OUT/decode_${ck}_pdl$pdl.json"
     done
 done
-python3 - "$OUT" <<'PY'
-import json, sys, pathlib
-for f in sorted(pathlib.Path(sys.argv[1]).glob("decode_*_pdl*.json")):
-    try:
-        print(f.name, [(r["batch"], round(r["packed_us"], 1), round(r["fp16_us"], 1)) for r in json.loads(f.read_text())])
-    except Exception as e:  # noqa: BLE001
-        print(f.name, "unreadable:", e)
-PY
+python3 docs/bench/decode_summary.py "$OUT" 'decode_*_pdl*.json'

@@ -55,20 +55,29 @@ def decoder_layers(model: nn.Module, linear_names: Sequence[str]) -> nn.ModuleLi
 
 
 def fp16_layer(layer: nn.Module, dtype: torch.dtype = DTYPE) -> nn.Module:
-    """A copy of ``layer`` whose QuantLinear modules are ``nn.Linear`` holding the dequantized Ŵ in ``dtype``
-    (dequantized in fp32 and cast, the same Ŵ the QuantLinear torch reference multiplies by) and the same bias."""
+    """A copy of ``layer`` whose quantized projections are ``nn.Linear`` holding the dequantized Ŵ in ``dtype``
+    (dequantized in fp32 and cast, the same Ŵ the QuantLinear torch reference multiplies by) and the same bias.
+    Projections fused at load (:mod:`quantkit.runtime.fused_siblings`) become separate ``nn.Linear`` again — the
+    FP16 layer as transformers runs it — and the fused QuantLinear leaves the copy."""
     from quantkit.model.walk import set_module
+    from quantkit.runtime.fused_siblings import SiblingSlice
     from quantkit.runtime.quant_linear import QuantLinear
 
     dense = copy.deepcopy(layer)
-    for name, mod in list(dense.named_modules()):
-        if not isinstance(mod, QuantLinear):
+    modules = list(dense.named_modules())
+    fused = {id(m.group.linear) for _, m in modules if isinstance(m, SiblingSlice)}
+    for name, mod in modules:
+        if not isinstance(mod, (QuantLinear, SiblingSlice)) or id(mod) in fused:
             continue
         lin = nn.Linear(mod.in_features, mod.out_features, bias=mod.bias is not None, device="meta")
         lin.weight = nn.Parameter(mod.dense_weight(torch.float32).to(dtype), requires_grad=False)
         if mod.bias is not None:
             lin.bias = nn.Parameter(mod.bias.to(dtype), requires_grad=False)
         set_module(dense, name, lin)
+    for name, mod in modules:
+        if id(mod) in fused:
+            parent, _, short = name.rpartition(".")
+            delattr(dense.get_submodule(parent) if parent else dense, short)
     return dense.eval()
 
 

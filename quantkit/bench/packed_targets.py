@@ -1,11 +1,14 @@
-"""What ``quantkit bench PACKED`` times for a packed checkpoint: the distinct (N, K) shapes of its quantized linears
-and the benchmark methods (:data:`quantkit.bench.problems.METHODS`) whose kernels its layouts use.
+"""What ``quantkit bench PACKED`` times for a packed checkpoint: the distinct (N, K) shapes of the quantized linears its
+loaded model runs — q/k/v and gate/up stacked into one GEMM each as :func:`quantkit.checkpoint.load_packed` fuses
+them (:mod:`quantkit.runtime.fused_siblings`; QUANTKIT_FUSE=0: as stored) — and the benchmark methods
+(:data:`quantkit.bench.problems.METHODS`) whose kernels its layouts use.
 
 Only the manifest is read (docs/checkpoint-format.md), never the weights, so this is instant for any model size.
 """
 
 from __future__ import annotations
 
+import os
 import re
 
 from quantkit.errors import QuantkitError
@@ -28,11 +31,48 @@ def linear_names(manifest: dict) -> list[str]:
     return sorted(manifest["linears"], key=_natural_key)
 
 
-def checkpoint_shapes(manifest: dict) -> list[tuple[int, int]]:
-    """Distinct (N, K) = (out_features, in_features) of the quantized linears, in model order of first use."""
+def runtime_linears(manifest: dict, fuse: bool | None = None) -> dict[str, dict]:
+    """The quantized linears a loaded checkpoint runs, in model order: the manifest's entries, with each group of
+    sibling projections that loading fuses (``fuse`` None: unless QUANTKIT_FUSE=0) replaced at its first member's
+    place by one entry — named like the fused module, N the members' sum, partitions merged per bit-width."""
+    from quantkit.runtime.fused_siblings import ENV_SWITCH, fused_name, sibling_groups, spec_of_entry
+
+    linears = manifest["linears"]
+    names = linear_names(manifest)
+    if fuse is None:
+        fuse = os.environ.get(ENV_SWITCH) != "0"
+    groups = sibling_groups(names, lambda n: spec_of_entry(linears[n])) if fuse else []
+    first = {members[0]: (parent, members) for parent, members in groups}
+    fused = {n for _, members in groups for n in members}
+    out: dict[str, dict] = {}
+    for name in names:
+        if name in first:
+            parent, members = first[name]
+            fname = fused_name([m.rpartition(".")[2] for m in members])
+            out[f"{parent}.{fname}" if parent else fname] = _merged_entry([linears[m] for m in members])
+        elif name not in fused:
+            out[name] = linears[name]
+    return out
+
+
+def _merged_entry(entries: list[dict]) -> dict:
+    """One manifest-like entry for stacked linears: per bit-width one partition (rows when several remain)."""
+    by_bits: dict[int, dict] = {}
+    for e in entries:
+        for p in e["partitions"]:
+            by_bits.setdefault(int(p["bits"]), {"layout": p["layout"], "bits": int(p["bits"]), "rows": None})
+    parts = [by_bits[b] for b in sorted(by_bits)]
+    if len(parts) > 1:
+        parts = [dict(p, rows=f"part{p['bits']}.rows") for p in parts]
+    return {"out_features": sum(int(e["out_features"]) for e in entries),
+            "in_features": int(entries[0]["in_features"]), "partitions": parts}
+
+
+def checkpoint_shapes(manifest: dict, fuse: bool | None = None) -> list[tuple[int, int]]:
+    """Distinct (N, K) = (out_features, in_features) of the quantized linears the loaded model runs
+    (:func:`runtime_linears`), in model order of first use."""
     seen: dict[tuple[int, int], None] = {}
-    for name in linear_names(manifest):
-        entry = manifest["linears"][name]
+    for entry in runtime_linears(manifest, fuse).values():
         seen.setdefault((int(entry["out_features"]), int(entry["in_features"])), None)
     return list(seen)
 
@@ -58,7 +98,7 @@ def checkpoint_methods(manifest: dict, where: str = "the checkpoint") -> list[st
     from quantkit.bench.problems import METHODS
 
     act = manifest.get("activation")
-    found = {linear_method(manifest["linears"][n], act) for n in linear_names(manifest)}
+    found = {linear_method(entry, act) for entry in runtime_linears(manifest).values()}
     methods = [m for m in METHODS if m in found and m != "fp16"]
     if not methods:
         layouts = sorted({p["layout"] for e in manifest["linears"].values() for p in e["partitions"]})

@@ -5,6 +5,7 @@ Shards are checked before use (missing, truncated, wrong contents); ``verify`` a
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -101,7 +102,6 @@ def build_model(folder: Path, manifest: dict, tensors: dict[str, torch.Tensor], 
                 cache_dense: bool = True) -> nn.Module:
     """The HF model with QuantLinear modules and all other weights from ``tensors`` (on CPU, eval mode)."""
     from quantkit.model.walk import set_module
-    from quantkit.runtime.sibling_inputs import share_sibling_inputs
 
     model = _empty_model(folder, dtype)
     act = _act_spec(manifest)
@@ -124,7 +124,6 @@ def build_model(folder: Path, manifest: dict, tensors: dict[str, torch.Tensor], 
         raise QuantkitError(f"checkpoint '{folder}' has tensor '{result.unexpected_keys[0]}' that its config.json "
                             "model does not; the manifest and config.json do not belong together")
     model.tie_weights()
-    share_sibling_inputs(model)
     empty = [n for n, p in list(model.named_parameters()) + list(model.named_buffers()) if p.is_meta]
     if empty:
         raise QuantkitError(f"checkpoint '{folder}' lacks tensor '{empty[0]}' ({len(empty)} missing); "
@@ -133,11 +132,15 @@ def build_model(folder: Path, manifest: dict, tensors: dict[str, torch.Tensor], 
 
 
 def load_packed(path: str | Path, device: str = "auto", dtype: str | None = None, verify: bool = False,
-                load_tokenizer: bool = True, cache_dense: bool = True):
+                load_tokenizer: bool = True, cache_dense: bool = True, fuse: bool = True):
     """Load a packed checkpoint as a :class:`quantkit.model.LoadedModel` (model with QuantLinear modules, its
     tokenizer). ``device`` cpu|cuda|cuda:N|auto, ``dtype`` the compute dtype (default fp32 on CPU, the source's
-    fp16/bf16 on GPU), ``verify`` recomputes every tensor's sha256 first."""
+    fp16/bf16 on GPU), ``verify`` recomputes every tensor's sha256 first. ``fuse`` stacks q/k/v and gate/up into
+    one GEMM each (:mod:`quantkit.runtime.fused_siblings`; the environment variable QUANTKIT_FUSE=0 turns it off);
+    siblings left unfused share their activation quantization (:mod:`quantkit.runtime.sibling_inputs`)."""
     from quantkit.model.loader import LoadedModel, resolve_device, resolve_dtype
+    from quantkit.runtime.fused_siblings import ENV_SWITCH, fuse_sibling_projections
+    from quantkit.runtime.sibling_inputs import share_sibling_inputs
 
     folder = Path(path).expanduser()
     manifest = read_manifest(folder)
@@ -145,7 +148,11 @@ def load_packed(path: str | Path, device: str = "auto", dtype: str | None = None
     torch_dtype = resolve_dtype(dtype, dev, manifest["source"].get("dtype"))
     tensors = read_tensors(folder, manifest, verify=verify)
     model = build_model(folder, manifest, tensors, torch_dtype, cache_dense)
+    del tensors  # so each group's unfused tensors are freed once it is fused (model.to on the CPU keeps the same ones)
     model.to(dev)
+    if fuse and os.environ.get(ENV_SWITCH) != "0":
+        fuse_sibling_projections(model)  # on the device: a stacked copy of one group at a time
+    share_sibling_inputs(model)
     tokenizer = None
     if load_tokenizer:
         from transformers import AutoTokenizer

@@ -10,8 +10,10 @@ Forward: the input is wrapped in a :class:`~quantkit.runtime.dispatch.SharedActi
 quantized lazily — only by the path that needs it — and at most once per form whichever partitions share it:
 fake-quant (:func:`quantkit.quant.act.quantize_activation`, the same computation as the fake-quant pre-hooks)
 for the torch reference and for kernels that take quantized activations, the kernels' own int8 codes for those
-that quantize themselves. Projections that read one input (q/k/v, gate/up) share these forms within one call of
-their parent module when the checkpoint reader gave them a :class:`~quantkit.runtime.sibling_inputs.SiblingScope`.
+that quantize themselves. Projections that read one input (q/k/v, gate/up) are stacked into one QuantLinear at
+load (:mod:`quantkit.runtime.fused_siblings`; ``row_blocks`` holds their widths and :meth:`QuantLinear.forward_blocks`
+their outputs); where they cannot be, they share these forms within one call of their parent module through a
+:class:`~quantkit.runtime.sibling_inputs.SiblingScope` the checkpoint reader gave them.
 Paths, first that applies (:mod:`quantkit.runtime.dispatch` on the input's device):
 
 * a mixed-precision linear whose partitions the registered one-launch mixed kernel supports → that kernel
@@ -71,6 +73,9 @@ class QuantLinear(nn.Module):
         self.act = act
         self.cache_dense = cache_dense
         self.sibling_scope = None  # a SiblingScope shared with the other projections of one input (sibling_inputs)
+        # out_features of the projections fused into this linear (fused_siblings), None for an ordinary linear: the
+        # torch reference multiplies each block of rows on its own, as the unfused projections did
+        self.row_blocks: tuple[int, ...] | None = None
         self._parts: list[tuple[str, str, dict, int]] = []  # (holder name, layout, meta, bits)
         self._dense: dict[str, torch.Tensor] = {}
         mixed = len(parts) > 1 or parts[0].rows is not None
@@ -170,6 +175,42 @@ class QuantLinear(nn.Module):
         return [(layout, self._tensors(holder_name), meta, self._holder(holder_name).rows)
                 for holder_name, layout, meta, _ in self._parts]
 
+    def _reference_blocks(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> list[torch.Tensor]:
+        """[x·Ŵᵀ + b] with the dense Ŵ; a fused linear gives one output per projection, each multiplied on its own
+        (a GEMM's results can depend on N through its blocking, and the unfused projections — and fake-quant
+        evaluation — multiplied each alone, into contiguous outputs), so fusing changes no reference-path bit."""
+        if self.row_blocks is None:
+            return [F.linear(x, w, bias)]
+        outs, start = [], 0
+        for n in self.row_blocks:
+            outs.append(F.linear(x, w[start:start + n], None if bias is None else bias[start:start + n]))
+            start += n
+        return outs
+
+    def _on_reference_path(self, device: torch.device) -> bool:
+        """Whether a forward on ``device`` runs the torch reference (no one-launch mixed kernel, no partition with
+        a kernel)."""
+        layouts = tuple(layout for _, layout, _, _ in self._parts)
+        if bool(self._parts[0][0]) and mixed_kernel_for(layouts, self.act, device) is not None:
+            return False
+        return all(kernel_for(layout, device) is None for layout in layouts)
+
+    def forward_blocks(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The outputs of the projections fused into this linear (``row_blocks``), in order: on the torch
+        reference path each its own product (bit-identical to the unfused projections), on the kernel paths
+        column views of one fused GEMM (one launch, one activation quantization)."""
+        blocks = self.row_blocks or (self.out_features,)
+        if self._on_reference_path(x.device):
+            shared = SharedActivation(x.reshape(-1, self.in_features), self.act)
+            bias = None if self.bias is None else self.bias.to(x.dtype)
+            return self._reference_blocks(shared.fake_quant().reshape(x.shape),
+                                          self._reference_weight(None, x.dtype), bias)
+        y = self.forward(x)
+        bounds = [0]
+        for n in blocks:
+            bounds.append(bounds[-1] + n)
+        return [y[..., a:b] for a, b in zip(bounds, bounds[1:])]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """y [..., N] = act(x) · Ŵᵀ + b for x [..., K] (module docstring: one-launch mixed kernel, kernels per
         partition, else the dense torch reference)."""
@@ -189,7 +230,9 @@ class QuantLinear(nn.Module):
         if all(k is None for k in kernels):
             # torch reference: one GEMM with the dense Ŵ (a mixed linear's partition rows scattered into it, which
             # equals scattering the partitions' outputs) — the very product fake-quant evaluation computes
-            return F.linear(shared.fake_quant().reshape(x.shape), self._reference_weight(None, x.dtype), bias)
+            outs = self._reference_blocks(shared.fake_quant().reshape(x.shape), self._reference_weight(None, x.dtype),
+                                          bias)
+            return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         if not mixed:
             y = self._kernel_forward(kernels[0], shared, "", self._parts[0][2])
             y = y if bias is None else y + bias

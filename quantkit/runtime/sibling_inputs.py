@@ -1,59 +1,84 @@
 """One activation quantization for sibling projections: q/k/v of an attention block and gate/up of an MLP read the
 same input tensor, so its A8 codes (or fake-quant form) are computed once per parent call — as MixLLM Sec. 3.4
-does for the partitions of one layer, carried one level up.
+does for the partitions of one layer, carried one level up. The same scope lets the projections fused into one
+GEMM at load (:mod:`quantkit.runtime.fused_siblings`) compute that GEMM once for all of them.
 
-A :class:`SiblingScope` lives on a parent module with two or more QuantLinear children that quantize activations.
-Forward hooks clear it when the parent's forward starts and ends, and it shares only while a parent call is
-under way, so sharing never crosses parent calls: a CUDA
-graph captured around the parent records its own quantization, and no activation outlives the call. Within the
-call, a child reuses the previous child's :class:`~quantkit.runtime.dispatch.SharedActivation` forms only for the
-very same tensor object, unchanged since (its version counter), with the same activation quantization, shape,
-dtype, CUDA stream and graph-capture state. Tensors made under ``torch.inference_mode`` carry no version counter,
-so they are never shared; writes that bypass the counter (through ``.data`` or raw pointers) between two sibling
-calls would go unseen.
+A :class:`SiblingScope` lives on a parent module (:func:`scope_of`). Forward hooks clear it when the parent's
+forward starts and ends, and it remembers only while a parent call is under way, so nothing is reused across parent
+calls: a CUDA graph captured around the parent records its own work, and no activation outlives the call. Within
+the call, a value computed from an input is reused only for the very same tensor object, unchanged since (its
+version counter), with the same shape, strides, dtype, data pointer, grad mode, CUDA stream and graph-capture
+state. Tensors made under ``torch.inference_mode`` carry no version counter: for them "unchanged" is assumed —
+within one call of the parent, whose code (the attention and MLP blocks of the supported architectures) calls the
+siblings back to back on one tensor. Writes that bypass the counter (``.data``, raw pointers, in-place writes to an
+inference tensor) between two sibling calls would go unseen.
 
-Memory: the remembered forms (the int8 codes and scales, on the reference path a fake-quantized copy) live until
-the next projection of the parent quantizes another input or the parent's call ends — in an attention block,
-through the attention core until ``o_proj``: a long prefill holds one more M × K int8 tensor there.
+Memory: the remembered values (the int8 codes and scales, on the reference path a fake-quantized copy; a fused
+GEMM's output) live until the next projection of the parent uses another input or the parent's call ends — in an
+attention block with unfused projections, through the attention core until ``o_proj``: a long prefill holds one
+more M × K int8 tensor there.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
 
 from quantkit.runtime.dispatch import ActQuant, SharedActivation
 
+_SCOPE_ATTR = "_quantkit_sibling_scope"
+
 
 class SiblingScope:
-    """The last quantized input of one parent module call (module docstring)."""
+    """What the projections of one parent module call computed from their input, per slot (module docstring)."""
 
     def __init__(self) -> None:
-        self._entry: tuple | None = None
-        self._depth = 0  # parent calls under way (a child called on its own shares nothing)
+        self._entries: dict[str, tuple] = {}  # slot → (source tensor, its key, value)
+        self._depth = 0  # parent calls under way (a child called on its own reuses nothing)
 
     def enter(self, *_args) -> None:
         """The parent's forward pre-hook: a fresh call remembers nothing yet."""
         self._depth += 1
-        self._entry = None
+        self._entries.clear()
 
     def leave(self, *_args) -> None:
-        """The parent's forward hook (also when the forward raised): forget the input."""
+        """The parent's forward hook (also when the forward raised): forget the inputs."""
         self._depth = max(0, self._depth - 1)
-        self._entry = None
+        self._entries.clear()
+
+    def recall(self, slot: str, source: torch.Tensor, key: tuple, compute: Callable[[], object]) -> object:
+        """The value remembered in ``slot`` if it was computed in this parent call from the very same, unchanged
+        ``source`` with the same ``key``; else ``compute()``, remembered there while a parent call is under way."""
+        if not self._depth:
+            return compute()
+        full = (*input_key(source), *key)
+        entry = self._entries.get(slot)
+        if entry is not None and entry[0] is source and entry[1] == full:
+            return entry[2]
+        value = compute()
+        self._entries[slot] = (source, full, value)
+        return value
 
     def shared(self, source: torch.Tensor, x: torch.Tensor, act: ActQuant | None) -> SharedActivation:
         """A SharedActivation of ``x`` (``source`` reshaped to [M, K]) holding the forms a sibling already
         computed from ``source`` in this parent call, if any; remembered for the next sibling otherwise."""
         shared = SharedActivation(x, act)
-        if act is None or not self._depth or source.is_inference():
+        if act is None:
             return shared
-        key = (source._version, act, tuple(x.shape), x.dtype, _stream_state(x))
-        if self._entry is not None and self._entry[0] is source and self._entry[1] == key:
-            shared.adopt(self._entry[2])
-        else:
-            self._entry = (source, key, shared)
+        prior = self.recall("activation", source, (act, tuple(x.shape), x.dtype), lambda: shared)
+        if prior is not shared:
+            shared.adopt(prior)
         return shared
+
+
+def input_key(source: torch.Tensor) -> tuple:
+    """What must match for a value computed from ``source`` to be reused (module docstring): its version counter
+    (None for an inference tensor, which has none), data pointer, shape, strides, dtype, grad mode, stream state."""
+    version = None if source.is_inference() else source._version
+    return (version, source.data_ptr(), tuple(source.shape), source.stride(), source.dtype,
+            torch.is_grad_enabled(), _stream_state(source))
 
 
 def _stream_state(x: torch.Tensor) -> tuple:
@@ -65,20 +90,30 @@ def _stream_state(x: torch.Tensor) -> tuple:
         return torch.cuda.current_stream().cuda_stream, torch.cuda.is_current_stream_capturing()
 
 
+def scope_of(parent: nn.Module) -> SiblingScope:
+    """The parent's :class:`SiblingScope`, created on first use with the forward hooks that open and clear it."""
+    scope = parent.__dict__.get(_SCOPE_ATTR)
+    if scope is None:
+        scope = SiblingScope()
+        parent.register_forward_pre_hook(scope.enter)
+        parent.register_forward_hook(scope.leave, always_call=True)
+        parent.__dict__[_SCOPE_ATTR] = scope
+    return scope
+
+
 def share_sibling_inputs(model: nn.Module) -> int:
-    """Give every module with >= 2 direct QuantLinear children that quantize activations a :class:`SiblingScope`
-    (the children's ``sibling_scope``, opened and cleared by the parent's forward hooks). Returns how many parents
-    got one; calling it again adds nothing."""
+    """Give every module with >= 2 direct QuantLinear children that quantize activations its :func:`scope_of`
+    (the children's ``sibling_scope``); fused GEMMs of sibling projections are skipped (they quantize once
+    anyway). Returns how many parents got one; calling it again adds nothing."""
     from quantkit.runtime.quant_linear import QuantLinear
 
     added = 0
     for parent in model.modules():
-        children = [c for c in parent.children() if isinstance(c, QuantLinear) and c.act is not None]
+        children = [c for c in parent.children()
+                    if isinstance(c, QuantLinear) and c.act is not None and c.row_blocks is None]
         if len(children) < 2 or any(c.sibling_scope is not None for c in children):
             continue
-        scope = SiblingScope()
-        parent.register_forward_pre_hook(scope.enter)
-        parent.register_forward_hook(scope.leave, always_call=True)
+        scope = scope_of(parent)
         for c in children:
             c.sibling_scope = scope
         added += 1

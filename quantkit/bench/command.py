@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from quantkit.errors import QuantkitError
 
-PRESETS = {  # (N, K) of every distinct linear shape of one decoder layer (q/k/v fused as serving engines do)
+PRESETS = {  # (N, K) of every distinct GEMM of one decoder layer, q/k/v and gate/up fused (as load_packed runs them)
     "llama-3.1-8b": "6144x4096,4096x4096,28672x4096,4096x14336",
     "llama-2-7b": "12288x4096,4096x4096,22016x4096,4096x11008",
     "qwen2.5-7b": "4608x3584,3584x3584,37888x3584,3584x18944",
@@ -33,9 +33,12 @@ def parse_ints(text: str, option: str, minimum: int = 1) -> list[int]:
 def parse_shapes(text: str) -> list[tuple[int, int]]:
     """(N, K) pairs of a ``--shapes 14336x4096,4096x4096`` option, or a one-line QuantkitError."""
     try:
-        return [tuple(int(v) for v in s.lower().split("x")) for s in text.split(",")]  # type: ignore[misc]
+        shapes = [tuple(int(v) for v in s.strip().lower().split("x")) for s in text.split(",") if s.strip()]
     except ValueError:
-        raise QuantkitError(f"--shapes takes NxK pairs like 14336x4096,4096x4096, got '{text}'") from None
+        shapes = []
+    if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
+        raise QuantkitError(f"--shapes takes NxK pairs of positive integers like 14336x4096,4096x4096, got '{text}'")
+    return shapes  # type: ignore[return-value]
 
 
 def _methods(text: str) -> list[str]:

@@ -140,7 +140,8 @@ def test_the_kernel_path_runs_one_gemm_and_hands_out_views(monkeypatch):
     dispatch.register("reference", plain, devices=("cpu",))
     x = torch.randn(2, K)
     outs = {}
-    block.between = lambda t: outs.update(q=block.q_proj(t), k=block.k_proj(t), v=block.v_proj(t))
+    for name in ("q", "k", "v"):
+        getattr(block, f"{name}_proj").register_forward_hook(lambda m, a, y, _n=name: outs.setdefault(_n, y))
     with torch.no_grad():
         block(x)
     assert seen.count(15) == 1                  # one GEMM of 7 + 5 + 3 rows for q, k and v
@@ -254,3 +255,72 @@ def test_fused_kernels_agree_with_the_unfused_ones_on_the_gpu(tmp_path, recipe):
     a = perplexity(fused.model, ids, 256, 8).ppl
     b = perplexity(unfused.model, ids, 256, 8).ppl
     assert abs(a - b) <= 1e-3 * b, (a, b)
+
+
+def test_each_output_is_handed_out_once_and_the_memo_lets_go():
+    """The memo drops an output once its sibling took it and the GEMM once all did (nothing outlives its unfused
+    lifetime); a sibling asking twice in one call gets a fresh product, not the tensor it may have changed."""
+    unfused, fused = _pair()
+    scope = fused.__dict__["_quantkit_sibling_scope"]
+    seen = {}
+
+    def between(t):
+        seen["held"] = [o is not None for o in scope._entries["qkv_proj"][2].outputs]
+        seen["again"] = fused.q_proj(t)
+    fused.between = between
+    fused.o_proj.register_forward_pre_hook(lambda m, a: seen.update(entries=dict(scope._entries)))
+    x = torch.randn(3, K)
+    with torch.no_grad():
+        assert torch.equal(fused(x), unfused(x))
+        first = fused.q_proj(x)
+    assert seen["held"] == [False, True, True] and seen["entries"] == {}
+    assert torch.equal(seen["again"], first) and seen["again"] is not first
+
+
+def test_siblings_with_different_shared_tensors_or_activations_stay_apart():
+    lay = get_layout("reference")
+    parts = []
+    for seed in (1, 2):
+        qw = grid.quantize(torch.randn(6, K, generator=torch.Generator().manual_seed(seed)), 4, 128, sym=False)
+        qw.g_idx = (torch.randperm(K, generator=torch.Generator().manual_seed(seed)) // 128).to(torch.int32)
+        parts.append(PackedPart("reference", lay.layout_meta(qw), lay.pack(qw), None, 4))
+    block = Attention()
+    block.q_proj, block.k_proj = (QuantLinear(K, 6, [p], None, A8) for p in parts)
+    del block.v_proj
+    assert "do not share one g_idx" in fusion_problem([spec_of_linear(block.q_proj), spec_of_linear(block.k_proj)])
+    assert fuse_sibling_projections(block) == 0
+    block.k_proj = QuantLinear(K, 6, [parts[0]], None, ActQuant(8, -1))
+    assert fusion_problem([spec_of_linear(block.q_proj), spec_of_linear(block.k_proj)]) == \
+        "their activation quantization differs"
+
+
+def test_fusing_frees_each_groups_unfused_tensors_before_the_next(monkeypatch):
+    """Loading holds one group's stacked copy at a time: when a group is stacked, no earlier group's unfused
+    packed tensors are alive any more."""
+    import weakref
+
+    from quantkit.runtime import fused_siblings
+
+    blocks = nn.ModuleList(Attention() for _ in range(3))
+    refs = [weakref.ref(b.q_proj.part4.qweight if hasattr(b.q_proj, "part4") else b.q_proj.qweight) for b in blocks]
+    alive_at_stack = []
+    real = fused_siblings.stack_linears
+
+    def stack(members):
+        alive_at_stack.append(sum(r() is not None for r in refs))
+        return real(members)
+    monkeypatch.setattr(fused_siblings, "stack_linears", stack)
+    assert fuse_sibling_projections(blocks) == 3
+    assert alive_at_stack == [3, 2, 1] and all(r() is None for r in refs)
+
+
+def test_manifest_groups_compare_shared_tensors_by_sha256():
+    from quantkit.bench.packed_targets import runtime_linears
+
+    def entry(sha):
+        return {"in_features": 64, "out_features": 8, "partitions": [
+            {"layout": "reference", "bits": 4, "rows": None, "meta": {"in_features": 64, "out_features": 8},
+             "tensors": {"qweight": "w", "g_idx": f"g{sha}"}}]}
+    manifest = {"activation": None, "tensors": {"g1": {"sha256": "a"}, "g2": {"sha256": "b"}, "g3": {"sha256": "a"}},
+                "linears": {"l.q_proj": entry(1), "l.k_proj": entry(2), "l.v_proj": entry(3)}}
+    assert list(runtime_linears(manifest, fuse=True)) == ["l.k_proj", "l.qv_proj"]

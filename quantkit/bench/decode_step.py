@@ -3,9 +3,13 @@
 ``nn.Linear`` weights.
 
 The FP16 layer is the FP16 layer of the *dequantized* weights Ŵ (:meth:`QuantLinear.dense_weight`), not of the
-original model: attention, norms, KV cache and inputs are shared, only the linears differ, so the time ratio is
-what the packed kernels gain in a whole decode layer, and the outputs differ only by the packed path's own
-arithmetic (activation quantization for A8 recipes, kernel accumulation order) — a sanity check of the kernels.
+original model: attention, norms, KV cache and inputs are shared, only the linears differ. The packed layer runs
+them as a loaded checkpoint does — q/k/v and gate/up fused into one GEMM each
+(:mod:`quantkit.runtime.fused_siblings`; QUANTKIT_FUSE=0: separate) — and the FP16 layer as transformers does,
+seven ``nn.Linear``; so the time ratio is what a user of the packed model gains over the transformers FP16 layer
+in a whole decode step (fewer launches included, which an FP16 engine that fuses them would share), and the
+outputs differ only by the packed path's own arithmetic (activation quantization for A8 recipes, kernel
+accumulation order) — a sanity check of the kernels.
 
 How one step is set up so that every timed call does identical work and can be captured in a CUDA graph:
 

@@ -41,7 +41,8 @@ def runtime_linears(manifest: dict, fuse: bool | None = None) -> dict[str, dict]
     names = linear_names(manifest)
     if fuse is None:
         fuse = os.environ.get(ENV_SWITCH) != "0"
-    groups = sibling_groups(names, lambda n: spec_of_entry(linears[n])) if fuse else []
+    specs = {n: spec_of_entry(linears[n], manifest.get("tensors"), manifest.get("activation")) for n in names}
+    groups = sibling_groups(names, specs.__getitem__) if fuse else []
     first = {members[0]: (parent, members) for parent, members in groups}
     fused = {n for _, members in groups for n in members}
     out: dict[str, dict] = {}

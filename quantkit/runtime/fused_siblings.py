@@ -10,9 +10,16 @@ preset's 28672-row GEMM. The activation is quantized once for all of them (MixLL
 as :mod:`quantkit.runtime.sibling_inputs` does for unfused siblings).
 
 The fused output is computed by the first sibling called in a parent call and reused by the others through the
-parent's :class:`~quantkit.runtime.sibling_inputs.SiblingScope` — only for the very same, unchanged input tensor;
-a sibling called with another input (or outside a parent call) computes the fused GEMM again and takes its own
+parent's :class:`~quantkit.runtime.sibling_inputs.SiblingScope` — only for the very same, unchanged input tensor,
+each output handed out once (:meth:`FusedGroup.output`); a sibling called with another input, a second time, or
+outside a parent call (a parent whose forward hooks do not run) computes the fused GEMM again and takes its own
 columns, which is correct and costs the other siblings' rows.
+
+Memory: loading stacks one group at a time and frees its unfused tensors before the next. At run time an output
+is held only until its sibling takes it. On the kernel paths the outputs are column views of one [M, N_fused]
+tensor, so a view kept (the KV cache's values, for a transformers that stores them by reference — before 4.56,
+hence the requirement) keeps all of it. The loaded model's module tree and ``state_dict`` names differ from the
+checkpoint's (``self_attn.qkv_proj.qweight``, no ``q_proj.qweight``; the files are unchanged).
 
 Which siblings fuse (:func:`sibling_groups`, also used on a manifest to report the shapes a loaded model runs):
 the largest subset (at least two) of the projections of one :data:`SIBLING_SETS` entry present in one parent that
@@ -36,7 +43,7 @@ from itertools import combinations
 import torch
 import torch.nn as nn
 
-from quantkit.formats.row_concat import stack_problem, stack_rows
+from quantkit.formats.row_concat import row_axes, stack_problem, stack_rows
 from quantkit.runtime.quant_linear import PackedPart, QuantLinear
 from quantkit.runtime.sibling_inputs import SiblingScope, scope_of
 
@@ -48,24 +55,46 @@ ENV_SWITCH = "QUANTKIT_FUSE"  # "0": load_packed keeps every projection its own 
 
 @dataclass
 class LinearSpec:
-    """What decides whether linears can be fused: widths, bias, and per partition (bits, layout, metadata)."""
+    """What decides whether linears can be fused: widths, bias, activation quantization, and per partition (bits,
+    layout, metadata, the tensors its layout shares by all rows — ``ROW_AXES`` None, such as ``g_idx`` — as
+    tensors or, read from a manifest, their sha256)."""
 
     in_features: int
     out_features: int
     has_bias: bool
-    parts: list[tuple[int, str, dict]]
+    parts: list[tuple[int, str, dict, dict]]
+    act: object = None
 
 
-def spec_of_entry(entry: dict) -> LinearSpec:
-    """The :class:`LinearSpec` of a manifest ``linears`` entry (docs/checkpoint-format.md)."""
-    parts = [(int(p["bits"]), p["layout"], p.get("meta", {})) for p in entry["partitions"]]
-    return LinearSpec(int(entry["in_features"]), int(entry["out_features"]), bool(entry.get("bias")), parts)
+def _shared_names(layout: str) -> list[str]:
+    axes = row_axes(layout) or {}
+    return [name for name, axis in axes.items() if axis is None]
+
+
+def spec_of_entry(entry: dict, tensors: dict | None = None, act: dict | None = None) -> LinearSpec:
+    """The :class:`LinearSpec` of a manifest ``linears`` entry (docs/checkpoint-format.md); ``tensors`` the
+    manifest's ``tensors`` table (for the sha256 of shared tensors), ``act`` its ``activation`` entry."""
+    parts = []
+    for p in entry["partitions"]:
+        names = p.get("tensors", {})
+        shared = {n: (tensors or {}).get(names[n], {}).get("sha256") for n in _shared_names(p["layout"]) if n in names}
+        parts.append((int(p["bits"]), p["layout"], p.get("meta", {}), shared))
+    return LinearSpec(int(entry["in_features"]), int(entry["out_features"]), bool(entry.get("bias")), parts, act)
 
 
 def spec_of_linear(linear: QuantLinear) -> LinearSpec:
     """The :class:`LinearSpec` of a loaded QuantLinear."""
-    parts = [(bits, layout, meta) for _, layout, meta, bits in linear._parts]
-    return LinearSpec(linear.in_features, linear.out_features, linear.bias is not None, parts)
+    parts = []
+    for holder, layout, meta, bits in linear._parts:
+        held = linear._tensors(holder)
+        parts.append((bits, layout, meta, {n: held[n] for n in _shared_names(layout) if n in held}))
+    return LinearSpec(linear.in_features, linear.out_features, linear.bias is not None, parts, linear.act)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b.to(a.device)))
+    return a == b
 
 
 def fusion_problem(specs: list[LinearSpec]) -> str | None:
@@ -75,17 +104,25 @@ def fusion_problem(specs: list[LinearSpec]) -> str | None:
         return "their input widths differ"
     if any(s.has_bias != first.has_bias for s in specs):
         return "some have a bias and some do not"
-    by_bits: dict[int, list[tuple[str, dict]]] = {}
+    if any(s.act != first.act for s in specs):
+        return "their activation quantization differs"
+    by_bits: dict[int, list[tuple[str, dict, dict]]] = {}
     for s in specs:
-        for bits, layout, meta in s.parts:
-            by_bits.setdefault(bits, []).append((layout, meta))
+        for bits, layout, meta, shared in s.parts:
+            by_bits.setdefault(bits, []).append((layout, meta, shared))
     for bits, items in by_bits.items():
-        layouts = {layout for layout, _ in items}
+        layouts = {layout for layout, _, _ in items}
         if len(layouts) > 1:
             return f"their {bits}-bit rows use different layouts ({', '.join(sorted(layouts))})"
-        problem = stack_problem(items[0][0], [meta for _, meta in items])
+        problem = stack_problem(items[0][0], [meta for _, meta, _ in items])
         if problem is not None:
             return problem
+        first_shared = items[0][2]
+        for _, _, shared in items[1:]:
+            diff = sorted(n for n in set(first_shared) | set(shared)
+                          if not _same(first_shared.get(n), shared.get(n)))
+            if diff:
+                return f"their {bits}-bit rows do not share one {', '.join(diff)}"
     return None
 
 
@@ -151,6 +188,20 @@ def stack_linears(members: list[QuantLinear]) -> QuantLinear:
     return fused
 
 
+class _Handout:
+    """The outputs of one fused GEMM, each handed out once: the memo keeps only those not yet taken."""
+
+    def __init__(self, outputs: list[torch.Tensor]):
+        self.outputs: list[torch.Tensor | None] = list(outputs)
+
+    def take(self, index: int) -> torch.Tensor | None:
+        out, self.outputs[index] = self.outputs[index], None
+        return out
+
+    def empty(self) -> bool:
+        return all(o is None for o in self.outputs)
+
+
 class FusedGroup:
     """The fused GEMM of one parent's siblings and the scope that lets them share its output within one call."""
 
@@ -159,10 +210,17 @@ class FusedGroup:
         self.scope = scope
         self.slot = slot
 
-    def outputs(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """Every sibling's output for ``x`` [..., K] (:meth:`QuantLinear.forward_blocks`): reused if a sibling
-        computed them from this very tensor in this parent call (:meth:`SiblingScope.recall`)."""
-        return self.scope.recall(self.slot, x, (), lambda: self.linear.forward_blocks(x))
+    def output(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        """Sibling ``index``'s output for ``x`` [..., K] (:meth:`QuantLinear.forward_blocks`): taken from the
+        fused GEMM a sibling ran on this very tensor in this parent call (:meth:`SiblingScope.recall`), each
+        output handed out once — the memo lets go of it then, and of the GEMM once all are taken, so nothing
+        outlives its unfused lifetime; a sibling asking twice gets a fresh product (never a tensor it may have
+        changed in place)."""
+        handout = self.scope.recall(self.slot, x, (), lambda: _Handout(self.linear.forward_blocks(x)))
+        out = handout.take(index)
+        if handout.empty():
+            self.scope.forget(self.slot)
+        return out if out is not None else self.linear.forward_blocks(x)[index]
 
 
 class SiblingSlice(nn.Module):
@@ -179,7 +237,7 @@ class SiblingSlice(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """y [..., out_features]: this projection's output (a column view of the fused GEMM's on the kernel paths)."""
-        return self.group.outputs(x)[self.index]
+        return self.group.output(x, self.index)
 
     @property
     def bias(self) -> torch.Tensor | None:
@@ -207,7 +265,8 @@ def fuse_sibling_projections(model: nn.Module) -> int:
         name = fused_name(shorts)
         while hasattr(parent, name):
             name += "_fused"
-        members = [linears[n] for n in names]
+        # popped, so a group's unfused tensors are freed as soon as it is fused: one stacked copy at a time
+        members = [linears.pop(n) for n in names]
         linear = stack_linears(members)
         parent.add_module(name, linear)
         group = FusedGroup(linear, scope_of(parent), name)
@@ -215,5 +274,6 @@ def fuse_sibling_projections(model: nn.Module) -> int:
         for index, (short, m) in enumerate(zip(shorts, members)):
             setattr(parent, short, SiblingSlice(group, index, start, start + m.out_features))
             start += m.out_features
+        del members, m, linear, group  # the next group is stacked with none of this one's tensors held here
         fused += 1
     return fused

@@ -13,10 +13,10 @@ within one call of the parent, whose code (the attention and MLP blocks of the s
 siblings back to back on one tensor. Writes that bypass the counter (``.data``, raw pointers, in-place writes to an
 inference tensor) between two sibling calls would go unseen.
 
-Memory: the remembered values (the int8 codes and scales, on the reference path a fake-quantized copy; a fused
-GEMM's output) live until the next projection of the parent uses another input or the parent's call ends — in an
-attention block with unfused projections, through the attention core until ``o_proj``: a long prefill holds one
-more M × K int8 tensor there.
+Memory: the remembered values (the int8 codes and scales, on the reference path a fake-quantized copy) live until
+the next projection of the parent uses another input or the parent's call ends — in an attention block with
+unfused projections, through the attention core until ``o_proj``: a long prefill holds one more M × K int8 tensor
+there. A fused GEMM's outputs are let go as their siblings take them (:meth:`SiblingScope.forget`).
 """
 
 from __future__ import annotations
@@ -60,6 +60,10 @@ class SiblingScope:
         value = compute()
         self._entries[slot] = (source, full, value)
         return value
+
+    def forget(self, slot: str) -> None:
+        """Drop what ``slot`` remembers (its value is used up)."""
+        self._entries.pop(slot, None)
 
     def shared(self, source: torch.Tensor, x: torch.Tensor, act: ActQuant | None) -> SharedActivation:
         """A SharedActivation of ``x`` (``source`` reshaped to [M, K]) holding the forms a sibling already

@@ -6,9 +6,11 @@ The FP16 layer is the FP16 layer of the *dequantized* weights Ŵ (:meth:`QuantLi
 original model: attention, norms, KV cache and inputs are shared, only the linears differ. The packed layer runs
 them as a loaded checkpoint does — q/k/v and gate/up fused into one GEMM each
 (:mod:`quantkit.runtime.fused_siblings`; QUANTKIT_FUSE=0: separate) — and the FP16 layer as transformers does,
-seven ``nn.Linear``; so the time ratio is what a user of the packed model gains over the transformers FP16 layer
-in a whole decode step (fewer launches included, which an FP16 engine that fuses them would share), and the
-outputs differ only by the packed path's own arithmetic (activation quantization for A8 recipes, kernel
+seven ``nn.Linear``; so the time ratio is what a user of the packed model gains over FP16 linears in a whole
+decode step (fewer launches included, which an FP16 engine that fuses them would share). Both layers run the
+loaded model's norms: quantkit's RMSNorm kernel where it was installed (:mod:`quantkit.runtime.fused_norm`), which
+quantizes for the A8 projections in the packed layer only (QUANTKIT_FUSE_NORM=0: transformers' norms in both).
+The outputs differ only by the packed path's own arithmetic (activation quantization for A8 recipes, kernel
 accumulation order) — a sanity check of the kernels.
 
 How one step is set up so that every timed call does identical work and can be captured in a CUDA graph:
@@ -64,6 +66,7 @@ def fp16_layer(layer: nn.Module, dtype: torch.dtype = DTYPE) -> nn.Module:
     Projections fused at load (:mod:`quantkit.runtime.fused_siblings`) become separate ``nn.Linear`` again — the
     FP16 layer as transformers runs it — and the fused QuantLinear leaves the copy."""
     from quantkit.model.walk import set_module
+    from quantkit.runtime.fused_norm import FusedRMSNorm
     from quantkit.runtime.fused_siblings import SiblingSlice
     from quantkit.runtime.quant_linear import QuantLinear
 
@@ -79,6 +82,8 @@ def fp16_layer(layer: nn.Module, dtype: torch.dtype = DTYPE) -> nn.Module:
             lin.bias = nn.Parameter(mod.bias.to(dtype), requires_grad=False)
         set_module(dense, name, lin)
     for name, mod in modules:
+        if isinstance(mod, FusedRMSNorm):
+            mod.act = None  # the same norm kernel, with nothing to quantize for: only the linears differ
         if id(mod) in fused:
             parent, _, short = name.rpartition(".")
             delattr(dense.get_submodule(parent) if parent else dense, short)

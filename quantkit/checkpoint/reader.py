@@ -136,9 +136,13 @@ def load_packed(path: str | Path, device: str = "auto", dtype: str | None = None
     """Load a packed checkpoint as a :class:`quantkit.model.LoadedModel` (model with QuantLinear modules, its
     tokenizer). ``device`` cpu|cuda|cuda:N|auto, ``dtype`` the compute dtype (default fp32 on CPU, the source's
     fp16/bf16 on GPU), ``verify`` recomputes every tensor's sha256 first. ``fuse`` stacks q/k/v and gate/up into
-    one GEMM each (:mod:`quantkit.runtime.fused_siblings`; the environment variable QUANTKIT_FUSE=0 turns it off);
+    one GEMM each (:mod:`quantkit.runtime.fused_siblings`) and runs the RMSNorms in front of them as one kernel
+    that also quantizes for them (:mod:`quantkit.runtime.fused_norm`; QUANTKIT_FUSE_NORM=0 leaves the norms;
+    QUANTKIT_FUSE=0 turns both off);
     siblings left unfused share their activation quantization (:mod:`quantkit.runtime.sibling_inputs`)."""
     from quantkit.model.loader import LoadedModel, resolve_device, resolve_dtype
+    from quantkit.runtime.fused_norm import ENV_SWITCH as NORM_SWITCH
+    from quantkit.runtime.fused_norm import fuse_norms
     from quantkit.runtime.fused_siblings import ENV_SWITCH, fuse_sibling_projections
     from quantkit.runtime.sibling_inputs import share_sibling_inputs
 
@@ -152,6 +156,8 @@ def load_packed(path: str | Path, device: str = "auto", dtype: str | None = None
     model.to(dev)
     if fuse and os.environ.get(ENV_SWITCH) != "0":
         fuse_sibling_projections(model)  # on the device: a stacked copy of one group at a time
+        if os.environ.get(NORM_SWITCH) != "0":
+            fuse_norms(model)
     share_sibling_inputs(model)
     tokenizer = None
     if load_tokenizer:

@@ -58,6 +58,7 @@ class ActQuant:
 
 
 FAKE_FORM = "fake"  # SharedActivation's name of the fake-quantized input
+A8_FORM = "a8"  # ... of the int8 kernels' (codes int8 [M, K], scales float32 [M, G])
 
 
 class SharedActivation:
@@ -86,6 +87,11 @@ class SharedActivation:
             derive = self._offers.pop(name, None)
             self._forms[name] = derive() if derive is not None else compute(self.x, self.act)
         return self._forms[name]
+
+    def provide(self, name: str, value: object) -> None:
+        """Form ``name`` is ``value`` (computed elsewhere from this very x — a norm kernel that quantized its output,
+        :mod:`quantkit.runtime.fused_norm`); it must be exactly what ``compute`` would give."""
+        self._forms.setdefault(name, value)
 
     def offer(self, name: str, derive: Callable[[], object]) -> None:
         """Register ``derive()`` as the way to obtain form ``name`` if it is requested later; it must give the
@@ -132,6 +138,7 @@ class MixedKernel:
 
 _KERNELS: dict[tuple[str, str], Kernel] = {}
 _MIXED: dict[str, MixedKernel] = {}
+_NORMS: dict[str, Callable] = {}
 ENV_SWITCH = "QUANTKIT_KERNELS"  # "0": every QuantLinear runs the torch reference (exact fake-quant parity)
 _LOADED: bool | None = None  # None: the kernel package was not imported yet
 
@@ -167,6 +174,20 @@ def unregister_mixed(devices: tuple[str, ...] = ("cuda",)) -> None:
     """Remove the one-launch mixed kernel on ``devices`` (mixed layers run one sub-GEMM per partition)."""
     for dev in devices:
         _MIXED.pop(dev, None)
+
+
+def register_norm(fn: Callable, *, devices: tuple[str, ...] = ("cuda",)) -> None:
+    """Make ``fn(x [M, K], weight [K], eps, act) -> (y, codes | None, scales | None)`` the RMSNorm kernel on
+    ``devices``: y the normalized rows, codes and scales the A8 form of y for ``act`` when it can make it
+    (:mod:`quantkit.runtime.fused_norm`)."""
+    for dev in devices:
+        _NORMS[dev] = fn
+
+
+def norm_kernel_for(device: torch.device | str) -> Callable | None:
+    """The RMSNorm kernel registered for the device type of ``device``, or None (QUANTKIT_KERNELS=0 included)."""
+    dev = _device_type(device)
+    return None if dev is None else _NORMS.get(dev)
 
 
 def load_kernel_modules() -> bool:

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from quantkit.quant.records import QuantizedWeight
 from quantkit.runtime.dispatch import ActQuant, Kernel, SharedActivation, kernel_for, mixed_kernel_for
+from quantkit.runtime.fused_norm import adopt_norm_codes
 
 
 @dataclass
@@ -218,6 +219,7 @@ class QuantLinear(nn.Module):
         x2d = x.reshape(-1, self.in_features)
         scope = self.sibling_scope
         shared = SharedActivation(x2d, self.act) if scope is None else scope.shared(x, x2d, self.act)
+        adopt_norm_codes(shared, x)  # the A8 codes a fused RMSNorm made of this very x, if any (fused_norm)
         bias = None if self.bias is None else self.bias.to(x.dtype)
         mixed = bool(self._parts[0][0])
         layouts = tuple(layout for _, layout, _, _ in self._parts)

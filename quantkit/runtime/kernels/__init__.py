@@ -1,5 +1,6 @@
 """quantkit's Triton GPU kernels (W4A16, W8A8, W4A8 MixLLM / LiquidQuant, mixed W4.4A8, activation
-quantization), each with a torch reference over the same packed tensors (:mod:`.reference`).
+quantization, RMSNorm with that quantization folded in), each with a torch reference over the same packed tensors
+(:mod:`.reference`).
 
 Importing this package registers the kernels with :mod:`quantkit.runtime.dispatch` for the ``w4a16``,
 ``w4a8-lqq`` and ``w8`` layouts on CUDA devices, and the one-launch mixed W4.4A8 kernel for two-partition
@@ -10,8 +11,9 @@ interpreter (before triton itself is imported) on machines without a CUDA device
 from quantkit.runtime.kernels import jit  # noqa: F401  (must precede every triton import)
 
 from quantkit.runtime import dispatch  # noqa: E402
-from quantkit.runtime.kernels.entry import layout_kernel, mixed_kernel, mixed_supported  # noqa: E402
+from quantkit.runtime.kernels.entry import layout_kernel, mixed_kernel, mixed_supported, rms_norm  # noqa: E402
 
 for _layout in ("w4a16", "w4a8-lqq", "w8"):
     dispatch.register(_layout, layout_kernel(_layout), quantizes_activations=True, shared_activation=True)
 dispatch.register_mixed(mixed_kernel, mixed_supported)
+dispatch.register_norm(rms_norm)

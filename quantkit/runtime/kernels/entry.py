@@ -27,9 +27,10 @@ import torch
 import torch.nn.functional as F
 
 from quantkit.quant.act import quantize_activation_int
-from quantkit.runtime.dispatch import FAKE_FORM, ActQuant, SharedActivation
+from quantkit.runtime.dispatch import A8_FORM, FAKE_FORM, ActQuant, SharedActivation
 from quantkit.runtime.kernels.act_quant import quantize_activation_triton
 from quantkit.runtime.kernels.int8_gemm import MODES, int8_matmul, mixed_int8_matmul
+from quantkit.runtime.kernels.rms_norm import rms_norm_triton
 from quantkit.runtime.kernels.w4a16 import w4a16_matmul
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -61,7 +62,7 @@ def a8_activation(shared: SharedActivation) -> tuple[torch.Tensor, torch.Tensor]
         shared.offer(FAKE_FORM, lambda: dequantize_a8(codes, scales, act.group_size, dtype))
         return codes, scales
 
-    return shared.form("a8", compute)
+    return shared.form(A8_FORM, compute)
 
 
 def dequantize_a8(codes: torch.Tensor, scales: torch.Tensor, group_size: int, dtype: torch.dtype) -> torch.Tensor:
@@ -124,3 +125,14 @@ def mixed_kernel(x: torch.Tensor, parts: list, out_features: int, act: ActQuant 
     return mixed_int8_matmul(codes, scales, act.group_size,
                              [(lay, dict(tensors), meta, rows) for lay, tensors, meta, rows in parts],
                              out_features, out_dtype=_out_dtype(x))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, act: ActQuant | None
+             ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The registered RMSNorm kernel (:mod:`.rms_norm`): y of x [M, K], and the A8 codes and scales of y that
+    :func:`a8_activation` would make when ``act`` is one the int8 kernels take with power-of-two groups (else
+    None, None: the consumers quantize y themselves)."""
+    group_size = None
+    if int8_path_ok(act) and (act.group_size == -1 or act.group_size & (act.group_size - 1) == 0):
+        group_size = act.group_size
+    return rms_norm_triton(x, weight, eps, group_size)

@@ -1,0 +1,107 @@
+"""The RMSNorms in front of the fused projections run as one kernel that also quantizes their output for them.
+
+A decoder layer's ``input_layernorm`` feeds q/k/v and its ``post_attention_layernorm`` feeds gate/up. transformers
+computes RMSNorm in eight torch operations (a kernel each in eager mode), and an A8 checkpoint then quantizes the result in one more
+(MixLLM Sec. 3.1.2); :mod:`quantkit.runtime.kernels.rms_norm` does both in one pass per token. At load each such
+norm becomes a :class:`FusedRMSNorm`: the same ``weight`` and ``variance_epsilon`` (same ``state_dict`` keys), on
+a device with the kernel that kernel, elsewhere the original class's own forward (so CPU results are transformers'
+to the bit). Its output carries the codes and scales it made (:data:`A8_ATTR`); a QuantLinear reading that very
+tensor, unchanged, with the same activation quantization takes them instead of quantizing again
+(:func:`adopt_norm_codes`).
+
+The FP16 layer of ``quantkit bench PACKED --decode-step`` keeps these norms (without the quantization): only the
+linears differ between the two layers it times.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from quantkit.runtime.dispatch import A8_FORM, FAKE_FORM, ActQuant, SharedActivation, norm_kernel_for
+
+A8_ATTR = "_quantkit_a8"  # on a FusedRMSNorm output: (act, version or None, codes, scales)
+ENV_SWITCH = "QUANTKIT_FUSE_NORM"  # "0": load_packed keeps transformers' norms (QUANTKIT_FUSE=0 does too)
+# norm → the block it feeds, in the decoder layers of the supported architectures (llama, mistral, qwen2, qwen3)
+NORM_FEEDS = {"input_layernorm": "self_attn", "post_attention_layernorm": "mlp"}
+
+
+class FusedRMSNorm(nn.Module):
+    """An RMSNorm run by the registered norm kernel where there is one, quantizing its output for ``act``
+    (module docstring); the original class's forward elsewhere."""
+
+    def __init__(self, norm: nn.Module, act: ActQuant | None):
+        super().__init__()
+        self.weight = norm.weight
+        self.variance_epsilon = float(norm.variance_epsilon)
+        self.base = type(norm)  # its forward reads only weight and variance_epsilon
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """RMSNorm(x) · weight; on the kernel, with the A8 form of the result attached for its consumers."""
+        fn = norm_kernel_for(x.device)
+        k = self.weight.shape[0]
+        if fn is None or x.dtype != self.weight.dtype or x.shape[-1] != k:
+            return self.base.forward(self, x)
+        y, codes, scales = fn(x.reshape(-1, k).contiguous(), self.weight, self.variance_epsilon, self.act)
+        y = y.view(x.shape)
+        if codes is not None:
+            setattr(y, A8_ATTR, (self.act, None if y.is_inference() else y._version, codes, scales))
+        return y
+
+    def extra_repr(self) -> str:
+        act = f", quantizes for A{self.act.bits}" if self.act else ""
+        return f"{self.base.__name__}({self.weight.shape[0]}, eps={self.variance_epsilon}){act}"
+
+
+def adopt_norm_codes(shared: SharedActivation, source: torch.Tensor) -> bool:
+    """Give ``shared`` (the input of a QuantLinear, ``source`` as it was called with) the codes and scales a
+    FusedRMSNorm attached to ``source`` — when they were made for the same activation quantization and
+    ``source`` has not changed since (its version counter; an inference tensor has none and is taken as is).
+    Returns whether it did."""
+    attached = getattr(source, A8_ATTR, None)
+    if attached is None or shared.act is None:
+        return False
+    act, version, codes, scales = attached
+    now = None if source.is_inference() else source._version
+    if act != shared.act or version != now or codes.shape != shared.x.shape:
+        return False
+    shared.provide(A8_FORM, (codes, scales))
+    from quantkit.runtime.kernels.entry import dequantize_a8  # codes exist only where the kernels were loaded
+
+    dtype = shared.x.dtype
+    shared.offer(FAKE_FORM, lambda: dequantize_a8(codes, scales, act.group_size, dtype))
+    return True
+
+
+def _consumer_act(block: nn.Module) -> ActQuant | None:
+    """The activation quantization of the quantized projections reading a block's input (q/k/v or gate/up, fused
+    or not), if they all share one; else None (the norm then only normalizes)."""
+    from quantkit.runtime.fused_siblings import SIBLING_SETS, SiblingSlice
+    from quantkit.runtime.quant_linear import QuantLinear
+
+    acts = []
+    for name in {n for s in SIBLING_SETS for n in s}:
+        mod = getattr(block, name, None)
+        if isinstance(mod, SiblingSlice):
+            acts.append(mod.group.linear.act)
+        elif isinstance(mod, QuantLinear):
+            acts.append(mod.act)
+    return acts[0] if acts and all(a == acts[0] for a in acts) else None
+
+
+def fuse_norms(model: nn.Module) -> int:
+    """Replace each RMSNorm of :data:`NORM_FEEDS` (a module with a ``weight`` and ``variance_epsilon`` whose
+    class name ends in RMSNorm, beside the block it feeds) by a :class:`FusedRMSNorm` quantizing for that block's
+    projections. Returns how many were replaced; a second call replaces none."""
+    replaced = 0
+    for layer in list(model.modules()):
+        for norm_name, block_name in NORM_FEEDS.items():
+            norm, block = getattr(layer, norm_name, None), getattr(layer, block_name, None)
+            if (norm is None or block is None or isinstance(norm, FusedRMSNorm)
+                    or not type(norm).__name__.endswith("RMSNorm") or not hasattr(norm, "variance_epsilon")
+                    or not isinstance(getattr(norm, "weight", None), torch.Tensor)):
+                continue
+            setattr(layer, norm_name, FusedRMSNorm(norm, _consumer_act(block)))
+            replaced += 1
+    return replaced

@@ -151,6 +151,7 @@ def test_run_decode_step_cpu(packs, recipe, lo, hi):
         # A16: the packed reference multiplies by the same fp16 Ŵ; A8: activation quantization error only
         assert lo <= r["max_rel_diff"] <= hi
         assert r["gemv_pdl"] is False  # no CUDA GEMVs on a CPU
+        assert r["fused_gemms"] == 2 and r["fused_norms"] == 2  # qkv, gate_up; input/post-attention norms
 
 
 def test_max_rel_diff_is_relative_to_the_layer_update():

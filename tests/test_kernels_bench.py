@@ -104,3 +104,6 @@ def test_decode_step_table_title_says_how_the_gemvs_launched():
         return " ".join(console.export_text().split("batch")[0].split())  # the title, however it wrapped
     assert "programmatic dependent launch" in title({**row, "gemv_pdl": True})
     assert "programmatic" not in title({**row, "gemv_pdl": False})
+    fused = title({**row, "fused_gemms": 2, "fused_norms": 2})
+    assert "2 fused projection GEMMs" in fused and "2 quantkit RMSNorms" in fused
+    assert "fused" not in title({**row, "fused_gemms": 0, "fused_norms": 0})

@@ -186,6 +186,18 @@ def _gemv_pdl(device: torch.device) -> bool:
     return pdl_supported(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def layer_fusion(layer: nn.Module) -> dict:
+    """What of ``layer`` runs fused at load: ``gemms`` the fused projection GEMMs
+    (:mod:`quantkit.runtime.fused_siblings`: 2 for q/k/v and gate/up), ``norms`` the RMSNorms run by quantkit's
+    module (:mod:`quantkit.runtime.fused_norm`; whether its kernel runs depends on the device)."""
+    from quantkit.runtime.fused_norm import FusedRMSNorm
+    from quantkit.runtime.quant_linear import QuantLinear
+
+    mods = list(layer.modules())
+    return {"gemms": sum(isinstance(m, QuantLinear) and m.row_blocks is not None for m in mods),
+            "norms": sum(isinstance(m, FusedRMSNorm) for m in mods)}
+
+
 def _device_name(device: str) -> str:
     return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "cpu"
 
@@ -213,6 +225,7 @@ def run_decode_step(packed: str, batches: Sequence[int], context: int = 1024, la
         raise QuantkitError(f"--layer {layer} is out of range: the model has decoder layers 0..{len(layers) - 1}")
     packed_layer = layers[layer]
     dense_layer = fp16_layer(packed_layer)
+    fusion = layer_fusion(packed_layer)
     rows = []
     with torch.cuda.device(torch.device(dev)) if dev.startswith("cuda") else contextlib.nullcontext():
         for b in batches:
@@ -222,6 +235,7 @@ def run_decode_step(packed: str, batches: Sequence[int], context: int = 1024, la
             times = {k: _time(f, inp.hidden, dev, reps, use_graph) for k, f in steps.items()}
             row = {"layer": layer, "batch": b, "context": context, "device": _device_name(dev),
                    "gemv_pdl": dev.startswith("cuda") and _gemv_pdl(torch.device(dev)),
+                   "fused_gemms": fusion["gemms"], "fused_norms": fusion["norms"],
                    "recipe": manifest["recipe"].get("name"), "dtype": str(DTYPE).replace("torch.", "")}
             for k in ("fp16", "packed"):
                 row.update({f"{k}_us": times[k]["ms"] * 1e3, f"{k}_us_p10": times[k]["ms_p10"] * 1e3,

@@ -48,7 +48,9 @@ def decode_step_table(rows: list[dict]) -> Table:
     t = Table(title=f"decode step — layer {first.get('layer')}, KV cache {first.get('context')} tokens, "
                     f"{first.get('recipe')} on {first.get('device')}"
                     + ("" if first.get("graph", True) else " (no CUDA graph)")
-                    + (", decode GEMVs with programmatic dependent launch" if first.get("gemv_pdl") else ""))
+                    + (", decode GEMVs with programmatic dependent launch" if first.get("gemv_pdl") else "")
+                    + (f", {first['fused_gemms']} fused projection GEMMs" if first.get("fused_gemms") else "")
+                    + (f", {first['fused_norms']} quantkit RMSNorms" if first.get("fused_norms") else ""))
     for name in ("batch", "fp16 layer µs", "packed layer µs", "speedup", "max rel diff"):
         t.add_column(name, justify="right")
     for r in rows:

@@ -8,7 +8,9 @@ multiply, cast, multiply by the weight — each a kernel launch and a pass over 
 — the order of transformers' ``weight * hidden_states.to(input_dtype)`` — and, when the projections that read y
 quantize their activations (MixLLM Sec. 3.1.2 A8, per 128-column group or per token), writes their int8 codes and
 float32 scales from the very y it stores, with the arithmetic of :mod:`.act_quant` (the same helper functions),
-so the codes equal ``quantize_activation_triton(y)`` bit for bit. The sum of squares is reduced in another order
+so the codes equal ``quantize_activation_triton(y)`` bit for bit. Like the quantizer, each program first lets the
+next kernel launch (programmatic dependent launch on Hopper, :mod:`.cuda_common`; that kernel still waits for this
+one's results). The sum of squares is reduced in another order
 than torch's and rsqrt is the hardware's: y can differ from transformers' by an fp16 rounding step.
 """
 
@@ -19,14 +21,17 @@ import triton
 import triton.language as tl
 
 from quantkit.quant.grid import num_groups
-from quantkit.runtime.kernels.act_quant import MAX_ROW, _codes, _scale_up
+from quantkit.runtime.kernels.act_quant import HAVE_GDC, MAX_ROW, _codes, _scale_up, gdc_launch_dependents
+from quantkit.runtime.kernels.cuda_common import pdl_supported
 from quantkit.runtime.kernels.jit import check_device, kernel
 
 
 @kernel
 def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, c_ptr, s_ptr, K, G, eps, stride_xm, stride_ym, stride_cm, stride_sm,
                      BK: tl.constexpr, GS: tl.constexpr, QUANT: tl.constexpr, PER_TOKEN: tl.constexpr,
-                     QMAX: tl.constexpr):
+                     QMAX: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # as the activation quantizer does: the decode GEMV after may launch and stream its weights now
+        gdc_launch_dependents()
     row = tl.program_id(0)
     k = tl.arange(0, BK)
     mask = k < K
@@ -71,9 +76,11 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, group_siz
     g = num_groups(k, group_size) if quant else 1
     codes = torch.empty(m, k, dtype=torch.int8, device=x.device) if quant else y
     scales = torch.empty(m, g, dtype=torch.float32, device=x.device) if quant else y
+    pdl = HAVE_GDC and x.is_cuda and pdl_supported(x.device.index if x.device.index is not None
+                                                   else torch.cuda.current_device())
     if m:
         _rms_norm_kernel[(m,)](x, weight.contiguous(), y, codes, scales, k, g, float(eps), x.stride(0), y.stride(0),
                                codes.stride(0), scales.stride(0), BK=bk, GS=group_size if quant and group_size > 0
                                else 16, QUANT=quant, PER_TOKEN=group_size == -1, QMAX=float(2 ** (bits - 1) - 1),
-                               num_warps=8 if bk >= 2048 else 4)
+                               PDL=pdl, num_warps=8 if bk >= 2048 else 4)
     return (y, codes, scales) if quant else (y, None, None)

@@ -1,13 +1,18 @@
 """The RMSNorms in front of the fused projections run as one kernel that also quantizes their output for them.
 
 A decoder layer's ``input_layernorm`` feeds q/k/v and its ``post_attention_layernorm`` feeds gate/up. transformers
-computes RMSNorm in eight torch operations (a kernel each in eager mode), and an A8 checkpoint then quantizes the result in one more
-(MixLLM Sec. 3.1.2); :mod:`quantkit.runtime.kernels.rms_norm` does both in one pass per token. At load each such
+computes RMSNorm in eight torch operations (a kernel each in eager mode), and an A8 checkpoint then quantizes the
+result in one more (MixLLM Sec. 3.1.2); :mod:`quantkit.runtime.kernels.rms_norm` does both in one pass per token. At load each such
 norm becomes a :class:`FusedRMSNorm`: the same ``weight`` and ``variance_epsilon`` (same ``state_dict`` keys), on
 a device with the kernel that kernel, elsewhere the original class's own forward (so CPU results are transformers'
-to the bit). Its output carries the codes and scales it made (:data:`A8_ATTR`); a QuantLinear reading that very
-tensor, unchanged, with the same activation quantization takes them instead of quantizing again
-(:func:`adopt_norm_codes`).
+to the bit). Its output carries the codes and scales it made (:data:`A8_ATTR`); the first QuantLinear reading that
+very tensor, unchanged, with the same activation quantization, on the same stream and in the same CUDA-graph
+capture state, takes them instead of quantizing again (:func:`adopt_norm_codes`) and removes them from the tensor
+(siblings that are not fused get them through their :mod:`~quantkit.runtime.sibling_inputs` scope), so they live
+no longer than a quantization of that input would. "Unchanged" is the version counter; an inference-mode tensor has
+none, so a write between the norm and its consumer that bypasses the counter (``.data``, raw pointers, in-place
+under inference mode) would go unseen — which is why a norm with forward hooks (that could change its output in
+place) attaches nothing. In grad mode, or where no kernel is registered, transformers' forward runs.
 
 The FP16 layer of ``quantkit bench PACKED --decode-step`` keeps these norms (without the quantization): only the
 linears differ between the two layers it times.
@@ -41,12 +46,14 @@ class FusedRMSNorm(nn.Module):
         """RMSNorm(x) · weight; on the kernel, with the A8 form of the result attached for its consumers."""
         fn = norm_kernel_for(x.device)
         k = self.weight.shape[0]
-        if fn is None or x.dtype != self.weight.dtype or x.shape[-1] != k:
-            return self.base.forward(self, x)
-        y, codes, scales = fn(x.reshape(-1, k).contiguous(), self.weight, self.variance_epsilon, self.act)
+        if fn is None or x.dtype != self.weight.dtype or x.shape[-1] != k or torch.is_grad_enabled():
+            return self.base.forward(self, x)  # grad mode: the kernel has no backward
+        hooked = bool(self._forward_hooks or self._forward_hooks_with_kwargs or nn.modules.module._global_forward_hooks)
+        y, codes, scales = fn(x.reshape(-1, k).contiguous(), self.weight, self.variance_epsilon,
+                              None if hooked else self.act)
         y = y.view(x.shape)
         if codes is not None:
-            setattr(y, A8_ATTR, (self.act, None if y.is_inference() else y._version, codes, scales))
+            setattr(y, A8_ATTR, (self.act, _state(y), codes, scales))
         return y
 
     def extra_repr(self) -> str:
@@ -57,21 +64,28 @@ class FusedRMSNorm(nn.Module):
 def adopt_norm_codes(shared: SharedActivation, source: torch.Tensor) -> bool:
     """Give ``shared`` (the input of a QuantLinear, ``source`` as it was called with) the codes and scales a
     FusedRMSNorm attached to ``source`` — when they were made for the same activation quantization and
-    ``source`` has not changed since (its version counter; an inference tensor has none and is taken as is).
-    Returns whether it did."""
+    ``source`` has not changed since (its version counter; an inference tensor has none and is taken as is), on
+    the same stream and capture state; the codes leave ``source`` then. Returns whether it did."""
     attached = getattr(source, A8_ATTR, None)
     if attached is None or shared.act is None:
         return False
-    act, version, codes, scales = attached
-    now = None if source.is_inference() else source._version
-    if act != shared.act or version != now or codes.shape != shared.x.shape:
+    act, state, codes, scales = attached
+    if act != shared.act or state != _state(source) or codes.shape != shared.x.shape:
         return False
+    delattr(source, A8_ATTR)  # taken once (module docstring)
     shared.provide(A8_FORM, (codes, scales))
     from quantkit.runtime.kernels.entry import dequantize_a8  # codes exist only where the kernels were loaded
 
     dtype = shared.x.dtype
     shared.offer(FAKE_FORM, lambda: dequantize_a8(codes, scales, act.group_size, dtype))
     return True
+
+
+def _state(y: torch.Tensor) -> tuple:
+    """y's version counter (None for an inference tensor) and where kernels run now (stream, capture state)."""
+    from quantkit.runtime.sibling_inputs import _stream_state
+
+    return (None if y.is_inference() else y._version, _stream_state(y))
 
 
 def _consumer_act(block: nn.Module) -> ActQuant | None:

@@ -127,7 +127,7 @@ def mixed_kernel(x: torch.Tensor, parts: list, out_features: int, act: ActQuant 
                              out_features, out_dtype=_out_dtype(x))
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, act: ActQuant | None
+def rms_norm_entry(x: torch.Tensor, weight: torch.Tensor, eps: float, act: ActQuant | None
              ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """The registered RMSNorm kernel (:mod:`.rms_norm`): y of x [M, K], and the A8 codes and scales of y that
     :func:`a8_activation` would make when ``act`` is one the int8 kernels take with power-of-two groups (else

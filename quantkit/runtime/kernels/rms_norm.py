@@ -11,7 +11,8 @@ float32 scales from the very y it stores, with the arithmetic of :mod:`.act_quan
 so the codes equal ``quantize_activation_triton(y)`` bit for bit. Like the quantizer, each program first lets the
 next kernel launch (programmatic dependent launch on Hopper, :mod:`.cuda_common`; that kernel still waits for this
 one's results). The sum of squares is reduced in another order
-than torch's and rsqrt is the hardware's: y can differ from transformers' by an fp16 rounding step.
+than torch's and rsqrt is the hardware's: y can differ from transformers' by up to two rounding steps of the
+model dtype (one in fp16(x·r), carried through the product with w).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """RMSNorm with the A8 activation quantization of its consumers folded in (Triton, one pass per token row).
 
 transformers' RMSNorm (Llama, Mistral, Qwen2/3) is eight torch operations — cast, square, mean, add, rsqrt,
-multiply, cast, multiply by the weight — each a kernel launch and a pass over the hidden states in eager mode. This kernel computes the same function in one program per row,
+multiply, cast, multiply by the weight — each a kernel launch and a pass over the hidden states in eager mode.
+This kernel computes the same function in one program per row,
 
     y = fp16( w · fp16( x · rsqrt(mean(x²) + eps) ) )      (x, w and y in the model's dtype, the rest in fp32)
 

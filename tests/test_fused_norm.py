@@ -76,7 +76,10 @@ def test_projections_take_the_codes_the_norm_kernel_made(w8a8_pack, monkeypatch)
         dispatch.register_norm(entry.rms_norm_entry, devices=(DEVICE,))
         got = model(ids).logits.float()
     assert len(quantized) == 2 * model.config.num_hidden_layers  # o_proj and down_proj
-    assert (got - want).abs().max() <= 1e-2 * want.abs().max()
+    if DEVICE == "cpu":  # fp32: the interpreted kernel's rows and codes equal transformers' norm + the quantizer
+        assert torch.equal(got, want)
+    else:  # fp16 on a GPU: the kernel's rows may differ by two rounding steps, which moves some codes
+        assert (got - want).abs().max() <= 1e-2 * want.abs().max()
     assert len(normed) == 2 and not hasattr(normed[1], A8_ATTR)  # taken by q/k/v, then gone
 
 
@@ -106,13 +109,18 @@ def test_a_norm_with_forward_hooks_or_in_grad_mode_attaches_no_codes(monkeypatch
 def test_codes_are_refused_for_a_changed_tensor_or_another_quantization():
     from quantkit.runtime.dispatch import SharedActivation
 
+    from quantkit.runtime.fused_norm import _state
+
     y = torch.randn(2, 256)
     codes, scales = torch.zeros(2, 256, dtype=torch.int8), torch.ones(2, 2)
-    setattr(y, A8_ATTR, (A8, y._version, codes, scales))
-    assert not adopt_norm_codes(SharedActivation(y, ActQuant(8, -1)), y)
+    setattr(y, A8_ATTR, (A8, _state(y), codes, scales))
+    assert not adopt_norm_codes(SharedActivation(y, ActQuant(8, -1)), y)  # another quantization
+    setattr(y, A8_ATTR, (A8, (y._version, ("another stream", False)), codes, scales))
+    assert not adopt_norm_codes(SharedActivation(y, A8), y)  # made on another stream / capture state
+    setattr(y, A8_ATTR, (A8, _state(y), codes, scales))
     y.add_(1)
-    assert not adopt_norm_codes(SharedActivation(y, A8), y)
-    setattr(y, A8_ATTR, (A8, (y._version, ()), codes, scales))
+    assert not adopt_norm_codes(SharedActivation(y, A8), y)  # changed since
+    setattr(y, A8_ATTR, (A8, _state(y), codes, scales))
     shared = SharedActivation(y, A8)
     assert adopt_norm_codes(shared, y) and not hasattr(y, A8_ATTR)  # taken once
     assert shared.computed() == ["a8"] and not adopt_norm_codes(SharedActivation(y, A8), y)

@@ -20,8 +20,9 @@ VARIANTS=${VARIANTS:-"all proj none"}
 OUT="$OUT/build" STEPS=4 DECODE=0 bash docs/bench/issue6_h100.sh > "$OUT/build.txt" 2>&1  # builds what is missing
 for ck in l8b-w4a16 l8b-mixed l8b-lqq; do
     for v in $VARIANTS; do
-        case $v in all) env="";; proj) env="QUANTKIT_FUSE_NORM=0";; none) env="QUANTKIT_FUSE=0";; esac
-        env $env $QK bench "$WORK/$ck" --decode-step --batch 1,8,32,128 --context 1024 --json \
+        case $v in all) env="";; proj) env="QUANTKIT_FUSE_NORM=0";; none) env="QUANTKIT_FUSE=0";;
+            *) echo "unknown variant '$v' (all, proj, none)" >&2; exit 2;; esac
+        env -u QUANTKIT_FUSE -u QUANTKIT_FUSE_NORM $env $QK bench "$WORK/$ck" --decode-step --batch 1,8,32,128 --context 1024 --json \
             2> "$OUT/decode_${ck}_fuse_$v.txt" | tail -1 > "$OUT/decode_${ck}_fuse_$v.json"
     done
 done

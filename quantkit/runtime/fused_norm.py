@@ -12,7 +12,7 @@ tensor (siblings that are not fused get them through their :mod:`~quantkit.runti
 live no longer than a quantization of that input would. "Unchanged" is the version counter; an inference-mode tensor
 has none, so a write between the norm and its consumer that bypasses the counter (``.data``, raw pointers, in-place
 under inference mode) would go unseen — which is why a norm with forward hooks (that could change its output in place)
-attaches nothing. In grad mode, or where no kernel is registered, transformers' forward runs.
+attaches nothing; pre-hooks on the consumers could do the same and are not checked. In grad mode, or where no kernel is registered, transformers' forward runs.
 
 The FP16 layer of ``quantkit bench PACKED --decode-step`` keeps these norms (without the quantization): only the
 linears differ between the two layers it times.

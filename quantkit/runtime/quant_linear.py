@@ -203,6 +203,7 @@ class QuantLinear(nn.Module):
         blocks = self.row_blocks or (self.out_features,)
         if self._on_reference_path(x.device):
             shared = SharedActivation(x.reshape(-1, self.in_features), self.act)
+            adopt_norm_codes(shared, x)
             bias = None if self.bias is None else self.bias.to(x.dtype)
             return self._reference_blocks(shared.fake_quant().reshape(x.shape),
                                           self._reference_weight(None, x.dtype), bias)

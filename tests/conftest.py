@@ -74,3 +74,15 @@ def quantizations(monkeypatch):
     real = dispatch.quantize_activation
     monkeypatch.setattr(dispatch, "quantize_activation", lambda x, *a: calls.append(x.shape) or real(x, *a))
     return calls
+
+
+@pytest.fixture
+def kernel_registry(monkeypatch):
+    """quantkit.runtime.dispatch with kernels allowed (QUANTKIT_KERNELS unset) and its kernel, mixed-kernel and norm
+    registries replaced by copies for this test, so registrations and clears stay local to it."""
+    from quantkit.runtime import dispatch
+
+    monkeypatch.delenv(dispatch.ENV_SWITCH, raising=False)
+    for name in ("_KERNELS", "_MIXED", "_NORMS"):
+        monkeypatch.setattr(dispatch, name, dict(getattr(dispatch, name)))
+    return dispatch

@@ -48,7 +48,7 @@ def test_norms_are_replaced_and_keep_transformers_results_without_a_kernel(w8a8_
     assert not isinstance(_load(w8a8_pack).model.layers[0].input_layernorm, FusedRMSNorm)
 
 
-def test_projections_take_the_codes_the_norm_kernel_made(w8a8_pack, monkeypatch):
+def test_projections_take_the_codes_the_norm_kernel_made(w8a8_pack, monkeypatch, kernel_registry):
     """With the norm and w8 kernels registered (interpreted on a CPU, compiled on a GPU), a decoder layer
     quantizes only o_proj's and down_proj's inputs itself, the codes leave the norm's output once taken, and the
     logits match the run without the norm kernel (up to its rounding of the normalized rows)."""
@@ -56,9 +56,7 @@ def test_projections_take_the_codes_the_norm_kernel_made(w8a8_pack, monkeypatch)
     from quantkit.runtime.kernels import entry
     from tests.kernels_helpers import DEVICE
 
-    monkeypatch.delenv(dispatch.ENV_SWITCH, raising=False)
-    monkeypatch.setattr(dispatch, "_KERNELS", dict(dispatch._KERNELS))
-    monkeypatch.setattr(dispatch, "_NORMS", {})
+    kernel_registry._NORMS.clear()
     dispatch.register("w8", entry.layout_kernel("w8"), quantizes_activations=True, shared_activation=True,
                       devices=(DEVICE,))
     quantized = []

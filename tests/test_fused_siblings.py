@@ -122,11 +122,9 @@ def test_inference_tensors_reuse_the_fused_gemm_by_identity(monkeypatch):
     assert len(calls) == 1
 
 
-def test_the_kernel_path_runs_one_gemm_and_hands_out_views(monkeypatch):
+def test_the_kernel_path_runs_one_gemm_and_hands_out_views(kernel_registry):
     """With a kernel for the layout (a plain CPU one here), q/k/v are column views of one product of all rows."""
-    monkeypatch.delenv(dispatch.ENV_SWITCH, raising=False)
-    monkeypatch.setattr(dispatch, "_KERNELS", dict(dispatch._KERNELS))
-    monkeypatch.setattr(dispatch, "_MIXED", {})
+    kernel_registry._MIXED.clear()
     seen = []
 
     def plain(x, tensors, meta, act):

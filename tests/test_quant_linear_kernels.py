@@ -138,11 +138,9 @@ def test_a8_codes_stand_in_for_fake_quant_bit_exactly():
         assert shared.computed() == ["a8", dispatch.FAKE_FORM]
 
 
-def test_kernel_without_own_quantization_gets_fake_quantized_activations(monkeypatch):
+def test_kernel_without_own_quantization_gets_fake_quantized_activations(monkeypatch, kernel_registry):
     """A kernel registered with quantizes_activations=False receives act(x), quantized once for all partitions."""
-    monkeypatch.delenv(dispatch.ENV_SWITCH, raising=False)
-    monkeypatch.setattr(dispatch, "_KERNELS", dict(dispatch._KERNELS))
-    monkeypatch.setattr(dispatch, "_MIXED", {})
+    kernel_registry._MIXED.clear()
     seen = []
 
     def plain(x, tensors, meta, act):

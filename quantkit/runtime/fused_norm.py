@@ -82,10 +82,11 @@ def adopt_norm_codes(shared: SharedActivation, source: torch.Tensor) -> bool:
 
 
 def _state(y: torch.Tensor) -> tuple:
-    """y's version counter (None for an inference tensor) and where kernels run now (stream, capture state)."""
-    from quantkit.runtime.sibling_inputs import _stream_state
+    """What must still hold of y when its codes are adopted: the sibling scope's reuse key
+    (:func:`quantkit.runtime.sibling_inputs.input_key`: version counter, storage, shape, stream, capture state)."""
+    from quantkit.runtime.sibling_inputs import input_key
 
-    return (None if y.is_inference() else y._version, _stream_state(y))
+    return input_key(y)
 
 
 def _consumer_act(block: nn.Module) -> ActQuant | None:

@@ -259,7 +259,8 @@ def fuse_sibling_projections(model: nn.Module) -> int:
     fused (0 on a second call: slices are not QuantLinear)."""
     linears = {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear) and m.row_blocks is None}
     fused = 0
-    for parent_name, names in sibling_groups(list(linears), lambda n: spec_of_linear(linears[n])):
+    specs = {n: spec_of_linear(m) for n, m in linears.items()}
+    for parent_name, names in sibling_groups(list(linears), specs.__getitem__):
         parent = model.get_submodule(parent_name) if parent_name else model
         shorts = [n.rpartition(".")[2] for n in names]
         name = fused_name(shorts)

@@ -11,10 +11,6 @@ export WORK=${WORK:-/dev/shm/qk-issue6}
 export PYTHONPATH=$PWD
 QK="python3 -m quantkit.cli"
 mkdir -p "$OUT"
-# GEMM time alone: the q/k/v shape fused (6144x4096) and its parts; docs/bench/fused_gemm_sum.py compares them
-$QK bench --shapes 6144x4096,4096x4096,1024x4096 --m 1,2,4,8,16,64,256,1024,4096 \
-    --methods fp16,w4a16,w8a8,w4a8,w4a8-lqq,mixed --json > "$OUT/bench_qkv.json" 2> "$OUT/bench_qkv.txt"
-python3 docs/bench/fused_gemm_sum.py "$OUT/bench_qkv.json" > "$OUT/bench_qkv_sum.txt"
 # all: projections and norms fused (the default); proj: QUANTKIT_FUSE_NORM=0; none: QUANTKIT_FUSE=0
 VARIANTS=${VARIANTS:-"all proj none"}
 OUT="$OUT/build" STEPS=4 DECODE=0 bash docs/bench/issue6_h100.sh > "$OUT/build.txt" 2>&1  # builds what is missing
@@ -27,3 +23,10 @@ for ck in l8b-w4a16 l8b-mixed l8b-lqq; do
     done
 done
 python3 docs/bench/decode_summary.py "$OUT" 'decode_*_fuse*.json'
+# GEMM time alone (after the decode steps, so a call cut short keeps those; BENCH=0 skips it): the q/k/v shape fused
+# (6144x4096) and its parts; docs/bench/fused_gemm_sum.py compares them
+if [ "${BENCH:-1}" = 1 ]; then
+    $QK bench --shapes 6144x4096,4096x4096,1024x4096 --m 1,2,4,8,16,64,256,1024,4096 \
+        --methods fp16,w4a16,w8a8,w4a8,w4a8-lqq,mixed --json > "$OUT/bench_qkv.json" 2> "$OUT/bench_qkv.txt"
+    python3 docs/bench/fused_gemm_sum.py "$OUT/bench_qkv.json" > "$OUT/bench_qkv_sum.txt"
+fi

@@ -59,6 +59,26 @@ def test_rule_above_64_tokens_takes_the_tiles_the_sweep_measured_fastest():
     assert lqq_wgmma_config(1024, 4096, 4096) == (128, 3, 1, 0)
 
 
+def test_rule_takes_the_measured_exceptions_on_fused_qkv_shapes_only():
+    # docs/logs/lqq_mid_rule_h100.json (and the two runs before it): 6144×4096 (96 row tiles) and 4608×3584 (72)
+    assert lqq_wgmma_config(448, 6144, 4096) == (64, 3, 1, 32)  # 96-token tiles, was 128
+    assert lqq_wgmma_config(480, 6144, 4096) == (64, 3, 1, 32)
+    assert lqq_wgmma_config(481, 6144, 4096) is None  # the Triton kernel ...
+    assert gemm_config(481, 6144, 4096, "lqq").bm == 128  # ... on 128-token tiles
+    assert lqq_wgmma_config(640, 6144, 4096) is None
+    assert gemm_config(640, 6144, 4096, "lqq") == TileConfig(128, 128, 1, 4, 2)
+    assert lqq_wgmma_config(641, 6144, 4096) == (128, 2, 1, 0)
+    assert lqq_wgmma_config(769, 6144, 4096) == (128, 3, 1, 0)  # past the exceptions: the rule above 768
+    assert lqq_wgmma_config(641, 4608, 3584) is None and lqq_wgmma_config(768, 4608, 3584) is None
+    assert lqq_wgmma_config(640, 4608, 3584) is not None
+    # neighbouring row-tile counts and long rows keep the cost model (the Triton kernel measured 1.3-1.6x slower
+    # on 4608 and 8192 rows at M = 464-640)
+    for n, k in ((4096, 4096), (4608, 3584), (6080, 4096), (6145, 4096), (8192, 4096), (6144, 14336)):
+        for m in (416, 481, 576, 640):
+            assert lqq_wgmma_config(m, n, k) is not None, (n, k, m)
+    assert lqq_wgmma_config(576, 6081, 4096) is None  # 96 row tiles of 64, like 6144
+
+
 def test_rule_never_falls_to_32_token_tiles_above_64_tokens_on_llama_shapes():
     for n, k in LLAMA[:-1]:  # the 16-row-tile 1024×4096 layer takes them at M <= 160 (its fastest, measured)
         for m in range(65, 2049, 7):

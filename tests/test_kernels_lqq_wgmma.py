@@ -79,6 +79,13 @@ def test_rule_takes_the_measured_exceptions_on_fused_qkv_shapes_only():
     assert lqq_wgmma_config(576, 6081, 4096) is None  # 96 row tiles of 64, like 6144
 
 
+def test_rule_above_768_tokens_splits_k_only_for_launches_short_of_half_the_sms():
+    # 1024x4096 M = 769-1024: 112-128 programs ran 14.1-14.5 us unsplit, 19.8-20.2 split in two (coverage logs)
+    for m in (769, 896, 1024):
+        assert lqq_wgmma_config(m, 1024, 4096) == (128, 3, 1, 0)
+    assert lqq_wgmma_config(1000, 512, 4096) == (64, 3, 1, 0)  # halved: 128 programs
+
+
 def test_rule_never_falls_to_32_token_tiles_above_64_tokens_on_llama_shapes():
     for n, k in LLAMA[:-1]:  # the 16-row-tile 1024×4096 layer takes them at M <= 160 (its fastest, measured)
         for m in range(65, 2049, 7):

@@ -273,6 +273,12 @@ def lqq_wgmma_config(m: int, n: int, k: int, sms: int = SMS_H100) -> tuple[int, 
     programs = row_tiles * -(-m // bm)
     if m <= 64 and programs < MIN_PROGRAMS:
         return None
+    if m > LQQ_WGMMA_WIDE_MAX_M:
+        # halving the token tile gives the narrow layers' launches their programs (512×4096 M = 1000: 64-token tiles,
+        # 128 programs); a K split only where even that leaves fewer than half the SMs one. Split in two, the
+        # 1024-row layer's 112-128 programs at M = 769-1024 ran 19.8-20.2 µs (lqq_coverage_s10_h100.json) where
+        # unsplit they had run 14.1-14.5 (lqq_coverage_rule_h100.json)
+        return bm, 3, _split_for(programs, k_tiles, sms) if programs < sms // 2 else 1, 0
     split = max(_split_for(programs, k_tiles, sms),
                 _split_for(programs, k_tiles, LQQ_WGMMA_LONG_ROW_PROGRAMS, WAVE_SPLIT_MIN_TILES))
     return bm, 3, split, 0

@@ -79,8 +79,9 @@ def test_rule_takes_the_measured_exceptions_on_fused_qkv_shapes_only():
 def test_rule_exceptions_leave_other_shapes_to_the_cost_model(monkeypatch):
     # neighbouring row-tile counts and longer rows: the same pick as with no exceptions at all (the Triton kernel ran
     # 1.15-1.65x slower than the model's picks on 72 and 128 row tiles at M = 464-640)
-    shapes = ((4096, 4096), (4608, 3584), (6080, 4096), (6145, 4096), (8192, 4096), (6144, 8192), (6144, 14336))
-    ms = range(385, 780, 3)
+    shapes = ((4096, 4096), (4608, 3584), (6080, 4096), (6145, 4096), (8192, 4096), (6144, 8192), (6144, 14336),
+              (6144, 2048), (4608, 3072), (6144, 5120))
+    ms = sorted({*range(385, 780, 3), 416, 480, 481, 640, 641, 768})
     with_exceptions = {(n, k, m): lqq_wgmma_config(m, n, k) for n, k in shapes for m in ms}
     monkeypatch.setattr(configs, "LQQ_ROW_TILE_EXCEPTIONS", {})
     lqq_wgmma_config.cache_clear()

@@ -192,7 +192,7 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
 # layers of N, K <= 8192 (28672×4096 M = 1024: Triton 299 µs vs 334), on 128-token tiles with three stages (4096×4096
 # M = 1024 42.4 µs, 1.09× fp16; 160-token tiles with two stages at M = 769-1000 were 0.79-0.88×,
 # docs/logs/lqq_coverage_h100.json), halved and K split as at M <= 64 where fewer than half the SMs would get a
-# program. Above 2048 only layers of up to LQQ_WGMMA_SMALL_N rows: between 2048 and 4096 the Triton rule's tiles ran
+# program, and rows of K >= 7168 split as long rows (not measured above 768). Above 2048 only layers of up to LQQ_WGMMA_SMALL_N rows: between 2048 and 4096 the Triton rule's tiles ran
 # the 1024-row layer at 0.68-0.80× fp16 (M = 2049-3072, lqq_coverage_rule_h100.json) and this kernel at 0.84-1.03×
 # (docs/logs/lqq_narrow_big_m_h100.json; 1.07-1.15× at 3584-4096, where Triton ran 1.16×). On the 4096-row layer
 # Triton never fell below 0.999× (M = 2049) there; this kernel ran 10-12 % faster than it at M = 2049-2560 and
@@ -211,21 +211,21 @@ LQQ_WGMMA_TILES = {32: (32, 0), 64: (64, 0), 96: (64, 32), 128: (128, 0), 160: (
 LQQ_WGMMA_PER_SM = {(32, 3): 5, (64, 3): 4, (96, 3): 3, (128, 3): 2, (160, 3): 1, (192, 3): 1,
                     (32, 2): 5, (64, 2): 4, (96, 2): 3, (128, 2): 3, (160, 2): 2, (192, 2): 2}
 LQQ_WGMMA_COST = {"share": 0.6, "tokens": 0.1, "exact_rounds": 0.4, "fixed_tiles": 2, "split_tiles": 4}
-# Measured exceptions to the cost model, by the layer's row tiles of 64 (K <= LQQ_ROW_TILE_EXCEPTIONS_MAX_K, the
+# Measured exceptions to the cost model, by the layer's row tiles of 64 (K in LQQ_ROW_TILE_EXCEPTIONS_K, the
 # measured 3584-4096): (first M, last M, the Gluon config or None for the Triton kernel). Fusing q/k/v at load
 # (quantkit/runtime/fused_siblings.py) made 6144×4096 (96 row tiles) every Llama-3-8B / Mistral-7B layer's q/k/v
 # product, and there the model's picks left 96 row tiles' waves ragged. docs/bench/lqq_wgmma_sweep.py --tails on an
 # H100, four runs (docs/logs/lqq_tiles_wrapped_h100, lqq_mid_ab_h100, lqq_mid_rule_h100 and
 # lqq_mid_rule_check_h100.json): at M = 416-480 96-token tiles (64 + 32) took 34.6-36.1 µs where the model's
 # 128-token tiles took 38.5-40.6; at 481-640 the Triton kernel (64×128 tiles at 481-512, 384 programs; 128×128 at
-# 513-640, 240 programs, one wave of two per SM) 35.8-43.2 vs 39.7-54.9 for the model and 38.8-49.6 for the best Gluon
+# 513-640, 240 programs, one wave of two per SM) 35.8-43.2 vs 39.7-54.9 for the model and 38.8-49.8 for the best Gluon
 # tile (lqq_tiles_wrapped's 61.4 at M = 576 was the Triton kernel on the 64-token tiles of an older Triton tile rule);
 # at 641-768 128-token tiles with two stages 50.5-53.5 vs 56.5-58.7 for the model's 192-token ones. On 4608×3584
 # (72 row tiles, Qwen2.5-7B's q/k/v fused) the Triton kernel's 128×128 tiles (216 programs) took 33.5-34.8 µs at
 # M = 641-768 against the model's 43.1-47.3 (two runs; at M = 641 alone 96-token Gluon tiles were faster still,
 # 31.6-31.7). Applied to 72 and 128 row tiles at M = 464-640 the Triton kernel ran 1.15-1.65× slower than the
 # model's picks (lqq_mid_rule_h100.json), so the exceptions stay per measured row-tile count.
-LQQ_ROW_TILE_EXCEPTIONS_MAX_K = 4096
+LQQ_ROW_TILE_EXCEPTIONS_K = (3584, 4096)
 LQQ_ROW_TILE_EXCEPTIONS = {96: ((416, 480, (64, 3, 1, 32)), (481, 640, None), (641, 768, (128, 2, 1, 0))),
                            72: ((641, 768, None),)}
 
@@ -258,7 +258,7 @@ def lqq_wgmma_config(m: int, n: int, k: int, sms: int = SMS_H100) -> tuple[int, 
     if m > LQQ_WGMMA_WIDE_MAX_M and (n > LQQ_WGMMA_NARROW or k > LQQ_WGMMA_NARROW):
         return None
     row_tiles, k_tiles = -(-n // 64), -(-k // 256)
-    if k <= LQQ_ROW_TILE_EXCEPTIONS_MAX_K:
+    if LQQ_ROW_TILE_EXCEPTIONS_K[0] <= k <= LQQ_ROW_TILE_EXCEPTIONS_K[1]:
         for first, last, cfg in LQQ_ROW_TILE_EXCEPTIONS.get(row_tiles, ()):
             if first <= m <= last:
                 return cfg

@@ -322,3 +322,38 @@ def test_manifest_groups_compare_shared_tensors_by_sha256():
     manifest = {"activation": None, "tensors": {"g1": {"sha256": "a"}, "g2": {"sha256": "b"}, "g3": {"sha256": "a"}},
                 "linears": {"l.q_proj": entry(1), "l.k_proj": entry(2), "l.v_proj": entry(3)}}
     assert list(runtime_linears(manifest, fuse=True)) == ["l.k_proj", "l.qv_proj"]
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("recipe", ["rtn-w4a16-g128", "lqq-w4a8"])
+def test_other_families_fuse_at_load_and_keep_every_logit(tmp_path, arch, recipe):
+    """Mistral (Llama's layout), Qwen2 (q/k/v biases, concatenated when fused) and Qwen3 (q_norm / k_norm after the
+    q and k projections: they read the fused GEMM's slices) load fused with the same logits as unfused."""
+    from quantkit.checkpoint import load_packed
+    from quantkit.pack import run_pack
+    from quantkit.runtime.fused_norm import FusedRMSNorm
+    from tests.conftest import build_tiny_model, shipped_tokenizer
+
+    tok = shipped_tokenizer()
+    model = build_tiny_model(arch, seed=7, vocab_size=len(tok))
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("_proj.bias"):  # transformers initialises them to zero: a swapped bias would not show
+                param.copy_(torch.randn(param.shape, generator=gen))
+    src, out = tmp_path / "src", tmp_path / "packed"
+    model.save_pretrained(src)
+    tok.save_pretrained(src)
+    run_pack(str(src), recipe, str(out), device="cpu", progress=False)
+    fused = load_packed(out, device="cpu", load_tokenizer=False).model
+    unfused = load_packed(out, device="cpu", load_tokenizer=False, fuse=False).model
+    for layer in fused.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        assert isinstance(attn.qkv_proj, QuantLinear) and isinstance(mlp.gate_up_proj, QuantLinear)
+        assert isinstance(attn.q_proj, SiblingSlice) and isinstance(layer.input_layernorm, FusedRMSNorm)
+        assert (attn.qkv_proj.bias is not None) == (arch == "qwen2")
+        if arch == "qwen3":
+            assert not isinstance(attn.q_norm, FusedRMSNorm)  # per-head norms after the projections stay
+    ids = torch.randint(0, fused.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(fused(ids).logits, unfused(ids).logits)

@@ -192,9 +192,10 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
 # layers of N, K <= 8192 (28672×4096 M = 1024: Triton 299 µs vs 334), on 128-token tiles with three stages (4096×4096
 # M = 1024 42.4 µs, 1.09× fp16; 160-token tiles with two stages at M = 769-1000 were 0.79-0.88×,
 # docs/logs/lqq_coverage_h100.json), halved and K split as at M <= 64 where fewer than half the SMs would get a
-# program, and rows of K >= 7168 split as long rows (not measured above 768). Above 2048 only layers of up to LQQ_WGMMA_SMALL_N rows: between 2048 and 4096 the Triton rule's tiles ran
-# the 1024-row layer at 0.68-0.80× fp16 (M = 2049-3072, lqq_coverage_rule_h100.json) and this kernel at 0.84-1.03×
-# (docs/logs/lqq_narrow_big_m_h100.json; 1.07-1.15× at 3584-4096, where Triton ran 1.16×). On the 4096-row layer
+# program, and rows of K >= 7168 split as long rows (not measured above 768). Above 2048 only layers of up to
+# LQQ_WGMMA_SMALL_N rows: between 2048 and 4096 the Triton rule's tiles ran the 1024-row layer at 0.68-0.80× fp16
+# (M = 2049-3072, lqq_coverage_rule_h100.json) and this kernel at 0.84-1.03× (docs/logs/lqq_narrow_big_m_h100.json;
+# 1.07-1.15× at 3584-4096, where Triton ran 1.16×). On the 4096-row layer
 # Triton never fell below 0.999× (M = 2049) there; this kernel ran 10-12 % faster than it at M = 2049-2560 and
 # slower at 3072 and 4096 (two runs whose fp16 times differ by up to 11 %: not settled, Triton kept). At M = 4096
 # the Triton kernel was the faster on five of six Llama-3-8B shapes (docs/logs/lqq_wgmma_h100.json).

@@ -32,27 +32,47 @@ def _gather_selector(b: int) -> int:
     return b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12)
 
 
+def _asm_f16_byte(b: int, bf16: bool, words: tuple[str, str], consts: tuple[str, str, str, str],
+                  outs: tuple[str, str]) -> list[str]:
+    """PTX lines for byte b of two words → planes b (low nibbles) and b + 4 (high) as f16x2 (bf16x2) registers
+    ``outs``; ``consts`` = (1024 + z_lo, s_lo, -(64 + z_hi), s_hi) operands (bf16: 128 + z_lo, s_lo, 128 + z_hi,
+    s_hi); needs the registers p, t and c (= 0x2C002C00) of :func:`_asm_f16_head`."""
+    ty = "bf16x2" if bf16 else "f16x2"
+    magic = "0x43004300" if bf16 else "0x64006400"
+    zl, sl, zh, sh = consts
+    lines = [f"prmt.b32 p, {words[0]}, {words[1]}, {hex(_gather_selector(b))};",
+             f"lop3.b32 t, p, 0x000F000F, {magic}, 0xea;",
+             f"sub.rn.{ty} t, t, {zl};",
+             f"mul.rn.{ty} {outs[0]}, t, {sl};"]
+    if bf16:  # bf16 has 7 mantissa bits: shift the high nibble down instead of the 1/16 trick
+        lines += ["shr.u32 t, p, 4;", f"lop3.b32 t, t, 0x000F000F, {magic}, 0xea;", f"sub.rn.{ty} t, t, {zh};"]
+    else:
+        lines += [f"lop3.b32 t, p, 0x00F000F0, {magic}, 0xea;", f"fma.rn.f16x2 t, t, c, {zh};"]
+    lines.append(f"mul.rn.{ty} {outs[1]}, t, {sh};")
+    return lines
+
+
+def _asm_f16_head() -> list[str]:
+    return ["{", ".reg .b32 p, t, c;", "mov.b32 c, 0x2C002C00;"]
+
+
 def _asm_f16(bf16: bool) -> str:
     """PTX for 2 words ($8, $9) → 8 f16x2 registers ($0..$7 = planes 0..7); $10 = 1024 + z_lo (bf16: 128 + z_lo),
     $11 = s_lo, $12 = -(64 + z_hi) (bf16: 128 + z_hi), $13 = s_hi."""
-    lines = ["{", ".reg .b32 p, t, c;", "mov.b32 c, 0x2C002C00;"]
-    ty = "bf16x2" if bf16 else "f16x2"
-    magic = "0x43004300" if bf16 else "0x64006400"
+    lines = _asm_f16_head()
     for b in range(4):
-        lines.append(f"prmt.b32 p, $8, $9, {hex(_gather_selector(b))};")
-        lines.append(f"lop3.b32 t, p, 0x000F000F, {magic}, 0xea;")
-        lines.append(f"sub.rn.{ty} t, t, $10;")
-        lines.append(f"mul.rn.{ty} ${b}, t, $11;")
-        if bf16:  # bf16 has 7 mantissa bits: shift the high nibble down instead of the 1/16 trick
-            lines.append("shr.u32 t, p, 4;")
-            lines.append(f"lop3.b32 t, t, 0x000F000F, {magic}, 0xea;")
-            lines.append(f"sub.rn.{ty} t, t, $12;")
-        else:
-            lines.append(f"lop3.b32 t, p, 0x00F000F0, {magic}, 0xea;")
-            lines.append("fma.rn.f16x2 t, t, c, $12;")
-        lines.append(f"mul.rn.{ty} ${4 + b}, t, $13;")
-    lines.append("}")
-    return "\n".join(lines)
+        lines += _asm_f16_byte(b, bf16, ("$8", "$9"), ("$10", "$11", "$12", "$13"), (f"${b}", f"${4 + b}"))
+    return "\n".join(lines + ["}"])
+
+
+def asm_f16_pair(b: int, bf16: bool) -> str:
+    """PTX for byte b only of :func:`_asm_f16` (the same instructions, so the same bits): 2 words ($2, $3) →
+    planes b ($0) and b + 4 ($1); $4..$7 as $10..$13 there. The Gluon W4A16 kernel forms planes a pair at a time."""
+    lines = _asm_f16_head() + _asm_f16_byte(b, bf16, ("$2", "$3"), ("$4", "$5", "$6", "$7"), ("$0", "$1"))
+    return "\n".join(lines + ["}"])
+
+
+CONSTRAINTS_F16_PAIR_TEXT = "=r,=r," + ",".join(["r"] * 6)  # 2 outputs; 2 words + 4 f16x2 per pack of 2
 
 
 def _asm_i8() -> str:

@@ -42,8 +42,8 @@ KERNEL = "lqq_wgmma"  # its name for hopper_problem / launch_or_decline
 
 if HAVE_GLUON:
     from quantkit.runtime.kernels.wgmma_common import (ROWS, X_LAYOUT, X_SMEM, a_layout, async_copy, gl, gluon, issue_x,
-                                                       mma_layout, store_split_pair, store_tile, wait_x, warpgroup_mma,
-                                                       warpgroup_mma_wait)
+                                                       load_words, mma_layout, store_split_pair, store_tile, wait_x,
+                                                       warpgroup_mma, warpgroup_mma_wait)
 
     ASM_I8 = gl.constexpr(ASM_I8_TEXT)
     CONSTRAINTS_I8 = gl.constexpr(CONSTRAINTS_I8_TEXT)
@@ -56,16 +56,6 @@ if HAVE_GLUON:
             ASM_I8, CONSTRAINTS_I8,
             [words, s_lo[:, None], (a_lo * 0x01010101)[:, None], s_hi[:, None], (a_hi * 0x01010101)[:, None]],
             dtype=(gl.int8, ) * 8, is_pure=True, pack=4)
-
-    @gluon.jit
-    def load_words(w_ptrs, p_ptr, t, t_end, hpg, groups, N, rn_in):
-        """Weight tile t's words [64, 32] (in the A-operand layout) and its two half-tiles' group words (the
-        last tile again past t_end, so the loop needs no predicate)."""
-        t = gl.minimum(t, t_end - 1)
-        words = gl.load(w_ptrs + t * 32)
-        p_lo = gl.load(p_ptr + gl.minimum((2 * t) // hpg, groups - 1) * N + rn_in)
-        p_hi = gl.load(p_ptr + gl.minimum((2 * t + 1) // hpg, groups - 1) * N + rn_in)
-        return words, p_lo, p_hi
 
     @gluon.jit
     def apply_scales(acc, sa_ptr, cs_ptr, rm, rn, M, N, stride_sm):

@@ -17,12 +17,15 @@ import torch
 import triton.language as tl
 
 from quantkit.formats.nibble_planes import PLANE_K
-from quantkit.runtime.kernels.configs import TileConfig, gemm_config, w4a16_dequant_preferred
+from quantkit.runtime.kernels.configs import TileConfig, gemm_config, w4a16_dequant_preferred, w4a16_wgmma_config
 from quantkit.runtime.kernels.cuda_gemv import cuda_gemv_preferred, cuda_gemv_supported, w4a16_gemv_cuda
 from quantkit.runtime.kernels.dequant import planes_f16, side_by_side
 from quantkit.runtime.kernels.jit import INTERPRET, USE_ASM, check_device, kernel
 from quantkit.runtime.kernels.launch import groups_in_halves, split_plan
 from quantkit.runtime.kernels.splitk import split_workspace, store_tile
+from quantkit.runtime.kernels.w4a16_wgmma import KERNEL as WGMMA_KERNEL
+from quantkit.runtime.kernels.w4a16_wgmma import w4a16_wgmma_matmul, w4a16_wgmma_problem
+from quantkit.runtime.kernels.wgmma_common import launch_or_decline
 
 
 @kernel
@@ -134,7 +137,9 @@ def w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: TileConfig 
     stride); ``out`` an optional [M, N] result tensor; ``use_asm`` False forces the plain-Triton dequantization
     (tests compare it with the PTX path). With no ``config``, at decode sizes (``cuda_gemv_preferred``) and
     CuPy present, the CUDA decode GEMV (:mod:`.cuda_gemv`, faster there; it scales exact (q - z)·x sums per
-    group instead of rounding Ŵ) runs instead; at prefill sizes (:func:`.configs.w4a16_dequant_preferred`, or
+    group instead of rounding Ŵ) runs instead; on Hopper where :func:`.configs.w4a16_wgmma_config` picks it, the
+    Gluon kernel (:mod:`.w4a16_wgmma`, the same Ŵ, its dequantization overlapping its wgmma products); at prefill
+    sizes (:func:`.configs.w4a16_dequant_preferred`, or
     ``dequant`` True) Ŵ is dequantized once (:func:`w4a16_dequantize`) and multiplied by cuBLAS, the same Ŵ the
     kernel would form. Reference: :func:`.reference.w4a16_reference`."""
     if x.dtype not in (torch.float16, torch.bfloat16):
@@ -149,6 +154,11 @@ def w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: TileConfig 
     if (config is None and use_asm is None and cuda_gemv_preferred(m, n, k)
             and cuda_gemv_supported(x, tensors, meta, out)):
         return w4a16_gemv_cuda(x, tensors, meta, out=out)
+    wg_cfg = w4a16_wgmma_config(m, n, k) if config is None and use_asm is None and dequant is None else None
+    if wg_cfg is not None and w4a16_wgmma_problem(x, meta, out) is None:
+        y = launch_or_decline(WGMMA_KERNEL, wg_cfg, lambda: w4a16_wgmma_matmul(x, tensors, meta, *wg_cfg, out=out))
+        if y is not None:
+            return y
     if dequant or (dequant is None and config is None and w4a16_dequant_preferred(m, n, k)):
         w = w4a16_dequantize(tensors, meta, x.dtype, use_asm)
         return torch.matmul(x, w.t()) if out is None else torch.matmul(x, w.t(), out=out)

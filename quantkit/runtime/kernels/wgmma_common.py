@@ -39,13 +39,14 @@ __all__ = ["BN", "HAVE_GLUON", "OUT_DTYPES", "config_declined", "hopper_problem"
 def hopper_problem(a_codes: torch.Tensor, k: int, out: torch.Tensor | None, out_dtype: torch.dtype, kernel: str,
                    k_multiple: int = 256) -> str | None:
     """Why Gluon wgmma kernel ``kernel`` cannot run on these activations (None: it can): K a multiple of
-    ``k_multiple`` (256 for the cp.async kernel's whole tiles, 16 for TMA), int8 codes with unit column stride and
-    16-byte aligned rows (cp.async and TMA move 16 bytes), an fp16/bf16 output with unit column stride, Gluon, a
-    Hopper GPU (compute capability 9.0: wgmma), and a kernel that compiled with this Triton. The cheap shape checks
+    ``k_multiple`` (256 for the cp.async kernel's whole tiles, 16 for TMA), activations (int8 codes, or W4A16's
+    fp16/bf16) with unit column stride and 16-byte aligned rows (cp.async and TMA move 16 bytes), an fp16/bf16
+    output with unit column stride, Gluon, a Hopper GPU (compute capability 9.0: wgmma), and a kernel that compiled
+    with this Triton. The cheap shape checks
     come first, so they are testable without a GPU."""
     if k % k_multiple:
         return f"K = {k} is not a multiple of {k_multiple}"
-    if a_codes.stride(1) != 1 or a_codes.data_ptr() % 16 or a_codes.stride(0) % 16:
+    if a_codes.stride(1) != 1 or a_codes.data_ptr() % 16 or (a_codes.stride(0) * a_codes.element_size()) % 16:
         return "activation rows are not 16-byte aligned with unit column stride"
     dtype = out.dtype if out is not None else out_dtype
     if dtype not in OUT_DTYPES or (out is not None and out.stride(1) != 1):
@@ -169,6 +170,17 @@ if HAVE_GLUON:
         cp_async(xs.index(2 * s + 1), x_ptrs + tt * 256 + 128, ok)
 
     @gluon.jit
+    def load_words(w_ptrs, p_ptr, t, t_end, hpg, groups, N, rn_in):
+        """Weight tile t's words [rows, 32] (in whatever register layout ``w_ptrs`` has: the kernels load them in
+        their A operand's) and its two half-tiles' group words (the last tile again past t_end, so the loop needs
+        no predicate)."""
+        t = gl.minimum(t, t_end - 1)
+        words = gl.load(w_ptrs + t * 32)
+        p_lo = gl.load(p_ptr + gl.minimum((2 * t) // hpg, groups - 1) * N + rn_in)
+        p_hi = gl.load(p_ptr + gl.minimum((2 * t + 1) // hpg, groups - 1) * N + rn_in)
+        return words, p_lo, p_hi
+
+    @gluon.jit
     def wait_x(STAGES: gl.constexpr):
         """Wait until the oldest activation tile in flight has landed for every thread and is visible to wgmma."""
         async_copy.wait_group(STAGES - 2)  # this thread's copies
@@ -233,5 +245,5 @@ if HAVE_GLUON:
             _release_ticket(ticket_ptr)
 
     __all__ += ["ROWS", "X_LAYOUT", "X_SMEM", "a_layout", "async_copy", "cta_barrier", "fence_async_shared", "gl",
-                "gluon", "issue_x", "mbarrier", "mma_layout", "store_split_pair", "store_tile", "tma_load", "wait_x",
-                "warpgroup_mma", "warpgroup_mma_wait"]
+                "gluon", "issue_x", "load_words", "mbarrier", "mma_layout", "store_split_pair", "store_tile",
+                "tma_load", "wait_x", "warpgroup_mma", "warpgroup_mma_wait"]

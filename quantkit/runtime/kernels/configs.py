@@ -354,16 +354,17 @@ def w4a16_dequant_preferred(m: int, n: int, k: int) -> bool:
 # W4A16 at M = 17-32 and 65-512 on Hopper: the Gluon kernel (:mod:`.w4a16_wgmma`), whose dequantization overlaps its
 # own fp16 wgmma products. docs/bench/w4a16_wgmma_sweep.py on an H100, five Llama-3.1-8B shapes: the variant sweep
 # (docs/logs/session11/w4a16_wgmma_h100.json, M = 32-2048) picked 32-token tiles at M <= 32 (two warpgroups of 128
-# rows on layers of >= 96 such row tiles, else one warpgroup and K split in two) and 128-token tiles, one stage
-# pair in flight, two warpgroups where that leaves >= 96 programs; the rule's own calls at 21 token counts
-# (docs/logs/session11/w4a16_rule_h100.json, --rule): 1.06-1.28× the path it replaced at M = 17-24, 1.32-1.39× on
-# the 14336/28672-row layers at M = 97-100 (one 128-token tile where the Triton kernel runs two 64-token ones),
-# 1.03-1.33× at M = 129-448 where a launch has >= 128 programs of 64 rows. At M = 33-64 the Triton kernel is as
-# fast (within 4 %) and keeps them, as it keeps launches of fewer programs (its split-K); at M = 513-768 that run
-# measured the kernel 0.65-0.99× dequantize-then-cuBLAS (a fifth, ragged 128-token tile costs another wave) and
-# at 1024-2048 the variant sweep 0.76-0.95×, so dequantize-then-cuBLAS keeps M > 512. Still 0.45-0.88× cuBLAS
-# fp16 at M = 129-512: each 128×128 program re-reads its fp16 activations and re-dequantizes its weights per token
-# tile, and one or two warpgroups per SM keep the tensor cores ~70 % as busy as cuBLAS at M = 2048.
+# rows on layers of >= 96 such row tiles, else one warpgroup and K split in two) and 128-token tiles, one plane
+# pair in flight, two warpgroups where that leaves >= 96 programs; the rule's own calls at 26 token counts
+# (docs/logs/session11/w4a16_rule_h100.json and w4a16_rule2_h100.json, --rule): 1.06-1.28× the path it replaced
+# at M = 17-24, 1.32-1.42× on the 14336/28672-row layers at M = 65-112 (one 128-token tile where the Triton kernel
+# runs two 64-token ones), 1.02-1.33× at M = 129-512 where a launch has >= 128 programs of 64 rows. At M = 33-64
+# the Triton kernel is as fast (within 4 %) and keeps them, as it keeps launches of fewer programs (its split-K); at
+# M = 513-768 the first run measured the kernel 0.65-1.11× dequantize-then-cuBLAS, slower at 24 of 25 points (a
+# fifth, ragged 128-token tile costs another wave) and at 1024-2048 the variant sweep 0.76-0.95×, so
+# dequantize-then-cuBLAS keeps M > 512. Still 0.45-0.88× cuBLAS fp16 at M = 129-512 (one cuBLAS outlier aside):
+# each 128×128 program re-reads its fp16 activations and re-dequantizes its weights per token tile, and one or two
+# warpgroups per SM keep the tensor cores about 2/3 as busy as cuBLAS at M = 2048.
 W4A16_WGMMA_MAX_M = 512
 W4A16_WGMMA_MIN_PROGRAMS = 128  # 64-row programs of 128-token tiles below which the Triton kernel (split-K) runs
 W4A16_WGMMA_WG2_PROGRAMS = 96  # 128-row programs at or above which two warpgroups share each activation tile

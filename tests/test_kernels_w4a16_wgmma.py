@@ -54,6 +54,9 @@ def test_problem_names_what_the_kernel_cannot_take():
     wide = torch.zeros(40, 520, dtype=torch.float16, device=DEVICE)
     assert "16-byte" in w4a16_wgmma_problem(wide[:, 4:516], meta)  # rows 1040 bytes apart, start 8 bytes in
     assert "16-byte" in w4a16_wgmma_problem(torch.zeros(40, 516, dtype=torch.float16, device=DEVICE)[:, :512], meta)
+    if ON_HOPPER:  # rows 1040 bytes apart, 16-byte aligned, but a stride Triton cannot prove 16-element aligned
+        assert "16 elements" in w4a16_wgmma_problem(torch.zeros(40, 520, dtype=torch.float16,
+                                                                device=DEVICE)[:, :512], meta)
     if not ON_HOPPER:
         assert w4a16_wgmma_problem(x, meta) is not None
 
@@ -62,7 +65,7 @@ def test_matmul_refuses_tiles_it_has_no_kernel_for():
     _, tensors, meta = packed("w4a16", 64, 256, 128)
     x = torch.randn(8, 256, device=DEVICE).half()
     for bm, stages, split, pairs, wg in [(96, 3, 1, 2, 1), (16, 3, 1, 2, 1), (64, 1, 1, 2, 1), (64, 3, 0, 2, 1),
-                                         (64, 3, 1, 5, 1), (64, 3, 1, 2, 3)]:
+                                         (64, 3, 1, 5, 1), (64, 3, 1, 2, 3), (128, 4, 1, 2, 1)]:
         with pytest.raises(ValueError, match="bm must be"):
             w4a16_wgmma_matmul(x, tensors, meta, bm, stages, split, pairs, wg)
 
@@ -123,16 +126,18 @@ def test_w4a16_matmul_runs_the_gluon_kernel_where_the_rule_picks_it(monkeypatch)
     calls = []
 
     def spy(*args, **kwargs):
-        calls.append(args[3:])
-        return w4a16_wgmma_matmul(*args, **kwargs)
+        y = w4a16_wgmma_matmul(*args, **kwargs)
+        calls.append(args[3:])  # after the launch: one that failed to build (and fell back) is not counted
+        return y
 
     monkeypatch.setattr(w4a16_module, "w4a16_wgmma_matmul", spy)
     _, tensors, meta = packed("w4a16", 14336, 512, 128, seed=4)
-    for m in (24, 200):
-        x = torch.randn(m, 512, device=DEVICE).half()
-        out = w4a16_matmul(x, tensors, meta)
+    for m, dtype in ((24, torch.float16), (100, torch.bfloat16), (200, torch.float16)):
+        x = torch.randn(m, 512, device=DEVICE).to(dtype)
+        out = torch.full((m, 14336), float("nan"), dtype=dtype, device=DEVICE)
+        assert w4a16_matmul(x, tensors, meta, out=out).data_ptr() == out.data_ptr()
         assert calls[-1] == w4a16_wgmma_config(m, 14336, 512)
-        assert rel_err(out, w4a16_reference(x, tensors, meta)) < TOL[torch.float16]
+        assert rel_err(out, w4a16_reference(x, tensors, meta)) < TOL[dtype]
     n_calls = len(calls)
     w4a16_matmul(torch.randn(64, 512, device=DEVICE).half(), tensors, meta)  # the rule says Triton here
     assert len(calls) == n_calls

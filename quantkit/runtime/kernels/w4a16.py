@@ -156,7 +156,9 @@ def w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: TileConfig 
         return w4a16_gemv_cuda(x, tensors, meta, out=out)
     wg_cfg = w4a16_wgmma_config(m, n, k) if config is None and use_asm is None and dequant is None else None
     if wg_cfg is not None and w4a16_wgmma_problem(x, meta, out) is None:
-        y = launch_or_decline(WGMMA_KERNEL, wg_cfg, lambda: w4a16_wgmma_matmul(x, tensors, meta, *wg_cfg, out=out))
+        # fp16 and bf16 build different kernels: each config is declined (or counts as launched) per dtype
+        y = launch_or_decline(WGMMA_KERNEL, (str(x.dtype),) + wg_cfg,
+                              lambda: w4a16_wgmma_matmul(x, tensors, meta, *wg_cfg, out=out))
         if y is not None:
             return y
     if dequant or (dequant is None and config is None and w4a16_dequant_preferred(m, n, k)):

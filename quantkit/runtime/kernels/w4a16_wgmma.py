@@ -43,11 +43,12 @@ from quantkit.runtime.kernels.wgmma_common import BN, HAVE_GLUON, hopper_problem
 
 KERNEL = "w4a16_wgmma"  # its name for hopper_problem / launch_or_decline
 TOKEN_TILES = (32, 64, 128)  # BM: wgmma's N side (the fp32 accumulator is BM / 2 registers a thread)
+SMEM_RING_MAX = 196608  # bytes of activation ring a program may take (Hopper: 227 KB of shared memory per block)
 
 
 if HAVE_GLUON:
-    from quantkit.runtime.kernels.wgmma_common import (async_copy, cp_async, gl, gluon, load_words, store_tile,
-                                                       wait_x, warpgroup_mma, warpgroup_mma_wait)
+    from quantkit.runtime.kernels.wgmma_common import (async_copy, cp_async, cta_barrier, gl, gluon, load_words,
+                                                       store_tile, wait_x, warpgroup_mma, warpgroup_mma_wait)
 
     # Triton kernels read only constexpr globals: one per byte and dtype
     ASM_F16_B0, ASM_F16_B1 = gl.constexpr(asm_f16_pair(0, False)), gl.constexpr(asm_f16_pair(1, False))
@@ -185,7 +186,10 @@ if HAVE_GLUON:
                 xb = xs.index(4 * slot + 2 + b // 2).slice(32 * (b % 2), 32, dim=1).permute((1, 0))
                 acc = warpgroup_mma(hi, xb, acc, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=2 * PAIRS, deps=(acc, ))
-            # at most 2·PAIRS <= 8 products of this tile are in flight: tile t-1's slot is free
+            # at most 2·PAIRS <= 8 products of this tile are in flight: this warpgroup is done with tile t-1's slot;
+            # with two, the other one may still be multiplying from it until both have passed this point
+            if WG > 1:
+                cta_barrier()
             _issue_x(xs, x_ptrs, i + STAGES - 1, t_begin, t_end, STAGES)
             async_copy.commit_group()
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
@@ -221,9 +225,10 @@ def w4a16_wgmma_matmul(x: torch.Tensor, tensors: dict, meta: dict, bm: int = 128
     is dequantized, ``warpgroups`` (1 or 2) warpgroups per program, each its own 64 weight rows against the
     program's shared activation tiles. The caller checks :func:`w4a16_wgmma_problem`."""
     if (bm not in TOKEN_TILES or stages not in (2, 3, 4) or split_k < 1 or pairs not in (1, 2, 3, 4)
-            or warpgroups not in (1, 2)):
-        raise ValueError(f"bm must be 32, 64 or 128, stages 2-4, split_k >= 1, pairs 1-4 and warpgroups 1-2; got "
-                         f"{bm}, {stages}, {split_k}, {pairs}, {warpgroups}")
+            or warpgroups not in (1, 2) or stages * bm * 512 > SMEM_RING_MAX):
+        raise ValueError(f"bm must be 32, 64 or 128, stages 2-4 (3 at most with bm 128: the activation ring is "
+                         f"stages·bm·512 bytes), split_k >= 1, pairs 1-4 and warpgroups 1-2; got {bm}, {stages}, "
+                         f"{split_k}, {pairs}, {warpgroups}")
     m, k = x.shape
     qweight, qparams = tensors["qweight"], tensors["qparams"]
     check_device(x, qweight, qparams)

@@ -16,7 +16,8 @@ import pytest  # noqa: E402
 from quantkit.quant.act import quantize_activation_int  # noqa: E402
 from quantkit.runtime.kernels import int8_gemm  # noqa: E402
 import quantkit.runtime.kernels.configs as configs  # noqa: E402
-from quantkit.runtime.kernels.configs import TileConfig, gemm_config, lqq_wgmma_config, lqq_wgmma_cost  # noqa: E402
+from quantkit.runtime.kernels.configs import (TileConfig, gemm_config, lqq_wgmma_config, lqq_wgmma_cost,  # noqa: E402
+                                             lqq_wgmma_warpgroups)
 from quantkit.runtime.kernels.int8_gemm import int8_matmul  # noqa: E402
 from quantkit.runtime.kernels.lqq_wgmma import HAVE_GLUON, lqq_wgmma_matmul, lqq_wgmma_problem  # noqa: E402
 from quantkit.runtime.kernels.reference import int8_reference  # noqa: E402
@@ -263,3 +264,46 @@ def test_int8_matmul_runs_the_gluon_kernel_where_the_rule_picks_it(monkeypatch):
                                          config=TileConfig(64, 128, 1, 4, 3)))
     int8_matmul(codes[:16], scales[:16], -1, "w4a8-lqq", tensors, meta)  # decode sizes: GEMV / Triton
     assert len(calls) == 2
+
+
+def test_two_warpgroups_only_in_the_measured_window():
+    # docs/logs/session11/lqq_wg2_h100.json: 14336×4096 and 28672×4096 at M = 300 / 320 on the 128 + 32-token tile
+    for n in (14336, 28672):
+        for m in (289, 300, 320):
+            assert lqq_wgmma_config(m, n, 4096) == (128, 3, 1, 32) and lqq_wgmma_warpgroups(m, n, 4096) == 2
+        for m in (288, 321, 512, 64):
+            assert lqq_wgmma_warpgroups(m, n, 4096) == 1
+    assert lqq_wgmma_warpgroups(300, 6144, 4096) == 1  # narrower layer: not measured
+    assert lqq_wgmma_warpgroups(300, 14336, 3584) == 1  # another K: not measured
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("n,k,m,bm,stages,split,tail", [
+    (200, 512, 33, 32, 3, 1, 0), (1000, 1024, 130, 128, 3, 1, 32), (65, 4096, 300, 128, 3, 2, 64),
+    (127, 1280, 257, 64, 3, 2, 32), (64, 256, 5, 32, 3, 4, 0)])
+def test_two_warpgroup_kernel_equals_triton_at_the_same_split(n, k, m, bm, stages, split, tail):
+    """128 rows a program (the second warpgroup's partly or wholly past N): the same int32 sums, the same bits."""
+    _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n + m)
+    codes, scales = _acts(m, k, seed=m)
+    got = lqq_wgmma_matmul(codes, scales, tensors, meta, bm, stages, split, tail, 2)
+    tri = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, config=TileConfig(64, bm, split, 4, 3))
+    assert torch.equal(got, tri)
+
+
+@pytest.mark.gpu
+@hopper
+def test_int8_matmul_runs_two_warpgroups_where_the_rule_says(monkeypatch):
+    calls = []
+
+    def spy(*args, **kwargs):
+        y = lqq_wgmma_matmul(*args, **kwargs)
+        calls.append(args[4:])
+        return y
+
+    monkeypatch.setattr(int8_gemm, "lqq_wgmma_matmul", spy)
+    _, tensors, meta = packed("w4a8-lqq", 14336, 4096, 128, seed=2)
+    codes, scales = _acts(300, 4096, 2)
+    out = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta)
+    assert calls == [(128, 3, 1, 32, 2)]
+    assert rel_err(out, int8_reference(codes, scales, -1, "w4a8-lqq", tensors, meta)) < 1e-3

@@ -53,7 +53,9 @@ def key(bm: int, stages: int, split: int, tail: int) -> str:
     return f"gluon_{bm}_{stages}_{split}" if not tail else f"gluon_{bm}+{tail}_{stages}_{split}"
 
 
-def check(dev: str, variants: list[tuple[int, int, int, int]]) -> list[dict]:
+def check(dev: str, variants: list[tuple[int, int, int, int]], wg2: bool = False) -> list[dict]:
+    """Each variant against the Triton kernel at the same split (bit-exact) and the torch reference; with ``wg2``
+    the first three again with two warpgroups."""
     out = []
     for (n, k), m in [((200, 512), 33), ((1000, 1024), 130), ((4096, 4096), 64), ((1024, 14336), 257),
                       ((64, 256), 1)]:
@@ -61,12 +63,12 @@ def check(dev: str, variants: list[tuple[int, int, int, int]]) -> list[dict]:
         x = torch.randn(m, k, device=dev, dtype=torch.float16)
         a, s = quantize_activation_triton(x, 8, -1)
         ref = int8_reference(a, s, -1, "w4a8-lqq", t, meta).float()
-        for bm, st, sk, tail in variants:
+        for bm, st, sk, tail, wg in [v + (1,) for v in variants] + ([v + (2,) for v in variants[:3]] if wg2 else []):
             # the Triton kernel with the same rows and K split sums the same partials in the same order
             tri = int8_matmul(a, s, -1, "w4a8-lqq", t, meta, config=TileConfig(64, bm, sk, 4, 3))
-            got = lqq_wgmma_matmul(a, s, t, meta, bm, st, sk, tail)
+            got = lqq_wgmma_matmul(a, s, t, meta, bm, st, sk, tail, wg)
             rel = ((got.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-9)).item()
-            out.append({"n": n, "k": k, "m": m, "bm": bm, "tail": tail, "stages": st, "split_k": sk,
+            out.append({"n": n, "k": k, "m": m, "bm": bm, "tail": tail, "stages": st, "split_k": sk, "warpgroups": wg,
                         "equal_triton": bool(torch.equal(got, tri)), "rel_vs_reference": rel})
             print("check", json.dumps(out[-1]), flush=True)
     return out
@@ -78,13 +80,15 @@ def main() -> None:
     p.add_argument("--shapes", default="14336x4096,4096x4096,6144x4096,28672x4096,4096x14336,1024x4096")
     p.add_argument("--ms", default="32,64,96,128,160,192,256,320,384,448,512,640,768,1024,2048,4096")
     p.add_argument("--tails", action="store_true", help="time the token tiles with a tail tile (docstring)")
+    p.add_argument("--wg2", action="store_true", help="also time every variant with two warpgroups (128 rows a "
+                   "program sharing each activation tile; columns ending _wg2)")
     p.add_argument("--all-tiles", action="store_true", help="with --tails: every token tile, whatever it pads")
     p.add_argument("--split-narrow", action="store_true", help="with --tails: split 2 only below 66 row tiles")
     p.add_argument("--stages", default=None, help="with --tails: activation stages to time, e.g. 2,3 (default: two "
                    "above M = 512, three below)")
     args = p.parse_args()
     dev = "cuda"
-    checks = check(dev, TAIL_CHECKS if args.tails else [v + (0,) for v in VARIANTS])
+    checks = check(dev, TAIL_CHECKS if args.tails else [v + (0,) for v in VARIANTS], args.wg2)
     rows = []
     for n, k in parse_shapes(args.shapes):
         t, meta = _packed("w4a8-lqq", torch.randn(n, k, device=dev))
@@ -116,8 +120,9 @@ def main() -> None:
                         continue
                     if (k // 256) // sk < 4:
                         continue
-                    row[key(bm, st, sk, tail)] = time_rotating(
-                        lambda a, s, w: lqq_wgmma_matmul(a, s, w, meta, bm, st, sk, tail), inputs)["ms"] * 1e3
+                    for wg in (1, 2) if args.wg2 else (1,):
+                        row[key(bm, st, sk, tail) + ("_wg2" if wg == 2 else "")] = time_rotating(
+                            lambda a, s, w: lqq_wgmma_matmul(a, s, w, meta, bm, st, sk, tail, wg), inputs)["ms"] * 1e3
             timed = [(v, kk) for kk, v in row.items() if kk.startswith("gluon_")]
             if timed:  # none where the Gluon kernel cannot run or no variant applies
                 best = min(timed)

@@ -249,6 +249,29 @@ def lqq_wgmma_cost(m: int, n: int, k: int, tile: int, split: int, sms: int = SMS
     return rounds * resident ** c["share"] * (1 + c["tokens"] * tile / 32) * work
 
 
+
+
+# Two warpgroups per LiquidQuant program (128 weight rows sharing each activation tile, as the W4A16 Gluon kernel's
+# measurements suggested): docs/bench/lqq_wgmma_sweep.py --tails --all-tiles --wg2 --stages 3 on an H100
+# (docs/logs/session11/lqq_wg2_h100.json, one timing each, every two-warpgroup result bit-identical to the Triton
+# kernel): the rule's 128 + 32-token tile at M = 300 / 320 took 53.4 / 54.1 µs on 14336×4096 (one warpgroup 66.1 /
+# 63.7, fp16 56.3 / 60.3) and 105.3 / 107.9 on 28672×4096 (126.8 / 118.5, fp16 113.7 / 124.4): 1.05-1.15× fp16
+# where one warpgroup ran 0.85-1.05×. Applied only there — M = 289-320, where the rule takes that tile on those
+# layers (the same launch as the timed counts), K = 4096; elsewhere not measured.
+LQQ_WG2_ROWS = (14336, 28672)  # N range (inclusive) of the measured layers
+LQQ_WG2_M = (289, 320)
+LQQ_WG2_K = 4096
+
+
+def lqq_wgmma_warpgroups(m: int, n: int, k: int) -> int:
+    """Warpgroups per program of the Gluon LiquidQuant kernel for M tokens on an [N, K] weight: 2 in the measured
+    window above (where :func:`lqq_wgmma_config` picks the 128 + 32-token tile), else 1."""
+    if (LQQ_WG2_ROWS[0] <= n <= LQQ_WG2_ROWS[1] and LQQ_WG2_M[0] <= m <= LQQ_WG2_M[1] and k == LQQ_WG2_K
+            and lqq_wgmma_config(m, n, k) == (128, 3, 1, 32)):
+        return 2
+    return 1
+
+
 @functools.lru_cache(maxsize=4096)  # scoring 12 tiles costs ~10 µs of Python, once per layer shape and M
 def lqq_wgmma_config(m: int, n: int, k: int, sms: int = SMS_H100) -> tuple[int, int, int, int] | None:
     """(tokens per program, activation stages, K split, tail tokens per program) of the Gluon LiquidQuant kernel for

@@ -29,7 +29,8 @@ import triton.language as tl
 
 from quantkit.formats.nibble_planes import padded_k
 from quantkit.runtime.kernels.configs import (MIXLLM_MIXED_OPERAND_MIN_M, MIXLLM_OPERAND_MIN_M, TileConfig,
-                                             gemm_config, lqq_wgmma_config, mixed_second_bn, w8a8_wgmma_config)
+                                             gemm_config, lqq_wgmma_config, lqq_wgmma_warpgroups, mixed_second_bn,
+                                             w8a8_wgmma_config)
 from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda, a8_gemv_preferred, a8_gemv_problem
 from quantkit.runtime.kernels.dequant import group_scale_f32, planes_i8, side_by_side
 from quantkit.runtime.kernels.int8_operand import mixed_w8_operand, w8_operand
@@ -242,8 +243,9 @@ def _gluon_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size:
         cfg = lqq_wgmma_config(m, n, k)
         if cfg is None or lqq_wgmma_problem(a_codes, act_group_size, layout, meta, out, out_dtype) is not None:
             return None
-        return launch_or_decline(LQQ_KERNEL, cfg, lambda: lqq_wgmma_matmul(a_codes, a_scales, tensors, meta, *cfg,
-                                                                           out=out, out_dtype=out_dtype))
+        wg = lqq_wgmma_warpgroups(m, n, k)
+        return launch_or_decline(LQQ_KERNEL, cfg + ((wg,) if wg > 1 else ()), lambda: lqq_wgmma_matmul(
+            a_codes, a_scales, tensors, meta, *cfg, wg, out=out, out_dtype=out_dtype))
     if layout == "w4a16" and m < MIXLLM_OPERAND_MIN_M:
         return None
     cfg = w8a8_wgmma_config(m, n, k)

@@ -6,7 +6,8 @@ multiplies it with ``tl.dot``; Triton 3.6 waits for every int8 product whose ope
 idle while the integer units work and vice versa (docs/BENCHMARKS.md). LiquidGEMM's ImFP pipeline (LiquidGEMM
 Sec. 5) overlaps the two. This kernel does that in Gluon, where the waits are explicit:
 
-* a program owns BN = 64 weight rows (one warpgroup, wgmma's M side) × BM tokens (wgmma's N side), the
+* a program owns BN = 64 weight rows per warpgroup (wgmma's M side; one warpgroup, or two sharing every
+  activation tile — :func:`.configs.lqq_wgmma_warpgroups` says where) × BM tokens (wgmma's N side), the
   transposed product Y^T = W·X^T (LiquidGEMM Sec. 5.4), optionally plus a tail tile of BT = 32/64 more tokens
   that multiplies the same dequantized planes into a second accumulator — a program dequantizes its weight slice
   once whatever its token count, so M = 160 runs one 128 + 32 program per row tile rather than five of 32
@@ -41,9 +42,9 @@ from quantkit.runtime.kernels.wgmma_common import BN, HAVE_GLUON, hopper_problem
 KERNEL = "lqq_wgmma"  # its name for hopper_problem / launch_or_decline
 
 if HAVE_GLUON:
-    from quantkit.runtime.kernels.wgmma_common import (ROWS, X_LAYOUT, X_SMEM, a_layout, async_copy, gl, gluon, issue_x,
+    from quantkit.runtime.kernels.wgmma_common import (X_SMEM, a_layout, async_copy, cta_barrier, gl, gluon, issue_x,
                                                        load_words, mma_layout, store_split_pair, store_tile, wait_x,
-                                                       warpgroup_mma, warpgroup_mma_wait)
+                                                       warpgroup_mma, warpgroup_mma_wait, x_layout)
 
     ASM_I8 = gl.constexpr(ASM_I8_TEXT)
     CONSTRAINTS_I8 = gl.constexpr(CONSTRAINTS_I8_TEXT)
@@ -68,7 +69,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _lqq_wgmma_kernel(a_ptr, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_am, stride_sm,
                           stride_om, w_row, n_tiles, tiles_per_split, hpg, groups, BM: gl.constexpr,
-                          STAGES: gl.constexpr, SPLIT_K: gl.constexpr, BT: gl.constexpr):
+                          STAGES: gl.constexpr, SPLIT_K: gl.constexpr, BT: gl.constexpr, WG: gl.constexpr):
         pid_n = gl.program_id(0)
         pid_m = gl.program_id(1)
         pid_k = gl.program_id(2)
@@ -77,24 +78,26 @@ if HAVE_GLUON:
         # no zero-trip path: its zeroed accumulator would merge with in-flight products, and ptxas then serializes
         # every wgmma of the kernel (C7515); the launch guarantees every split has a tile
         gl.assume(t_end > t_begin)
-        mma: gl.constexpr = mma_layout(BM)
-        a_l: gl.constexpr = a_layout(BM)
+        ROWS: gl.constexpr = 64 * WG
+        mma: gl.constexpr = mma_layout(BM, WG)
+        a_l: gl.constexpr = a_layout(BM, WG)
+        x_l: gl.constexpr = x_layout(WG)
         TM: gl.constexpr = BM + BT  # tokens per program: a [64, BM] tile and, if BT, a [64, BT] tail tile
         xs = gl.allocate_shared_memory(gl.int8, [2 * STAGES, BM, 128], X_SMEM)
 
         rn = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, a_l))
         rn_in = gl.minimum(rn, N - 1)
         w_ptrs = w_ptr + rn_in[:, None] * w_row + gl.arange(0, 32, layout=gl.SliceLayout(0, a_l))[None, :]
-        cols_x = gl.arange(0, 128, layout=gl.SliceLayout(0, X_LAYOUT))[None, :]
+        cols_x = gl.arange(0, 128, layout=gl.SliceLayout(0, x_l))[None, :]
         # token rows past M read rows from the start again (their products are never stored): clamped to row
         # M - 1 instead, every program of a ragged last token tile read that one row, the same lines from all SMs
-        rm_x = (pid_m * TM + gl.arange(0, BM, layout=gl.SliceLayout(1, X_LAYOUT))) % M
+        rm_x = (pid_m * TM + gl.arange(0, BM, layout=gl.SliceLayout(1, x_l))) % M
         x_ptrs = a_ptr + rm_x[:, None] * stride_am + cols_x
         if BT > 0:
-            mma_t: gl.constexpr = mma_layout(BT)
-            a_t: gl.constexpr = a_layout(BT)
+            mma_t: gl.constexpr = mma_layout(BT, WG)
+            a_t: gl.constexpr = a_layout(BT, WG)
             xt = gl.allocate_shared_memory(gl.int8, [2 * STAGES, BT, 128], X_SMEM)
-            rt_x = (pid_m * TM + BM + gl.arange(0, BT, layout=gl.SliceLayout(1, X_LAYOUT))) % M
+            rt_x = (pid_m * TM + BM + gl.arange(0, BT, layout=gl.SliceLayout(1, x_l))) % M
             xt_ptrs = a_ptr + rt_x[:, None] * stride_am + cols_x
 
         for i0 in gl.static_range(STAGES - 1):
@@ -125,6 +128,8 @@ if HAVE_GLUON:
                 acc, acc_t = warpgroup_mma_wait(num_outstanding=16, deps=(acc, acc_t))
             else:
                 acc = warpgroup_mma_wait(num_outstanding=8, deps=(acc, ))
+            if WG > 1:  # each warpgroup waited for its own products only: the other may still read tile t-1's slot
+                cta_barrier()
             issue_x(xs, x_ptrs, i + STAGES - 1, t_begin, t_end, STAGES)  # into tile t-1's slot
             if BT > 0:
                 issue_x(xt, xt_ptrs, i + STAGES - 1, t_begin, t_end, STAGES)
@@ -166,18 +171,20 @@ def lqq_wgmma_problem(a_codes: torch.Tensor, act_group_size: int, layout: str, m
 
 
 def lqq_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, meta: dict, bm: int = 128,
-                     stages: int = 3, split_k: int = 1, tail: int = 0, out: torch.Tensor | None = None,
-                     out_dtype: torch.dtype = torch.float16) -> torch.Tensor:
+                     stages: int = 3, split_k: int = 1, tail: int = 0, warpgroups: int = 1,
+                     out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16) -> torch.Tensor:
     """Y [M, N] (``out_dtype``, or ``out``'s) = dequant(A)·Ŵᵀ for int8 codes [M, K] with per-token float32
     scales [M, 1] and a ``w4a8-lqq`` weight (module docstring); ``bm`` tokens per program (32, 64 or 128) plus
     ``tail`` more (0, 32 or 64) that multiply the same dequantized weights — so M = 160 runs as
     one 128 + 32 program per row tile instead of five 32-token ones that each dequantize the whole weight;
     ``stages`` activation tiles in flight, ``split_k`` programs along K (fp32 slots summed in split order,
-    :mod:`.splitk`). The caller checks :func:`lqq_wgmma_problem`. Same bits as the Triton LiquidQuant kernel with
-    the same split (exact int32 products, then (acc · token scale) · channel scale)."""
-    if bm not in (32, 64, 128) or tail not in (0, 32, 64) or stages not in (2, 3, 4) or split_k < 1:
-        raise ValueError(f"bm must be 32, 64 or 128, tail 0, 32 or 64, stages 2-4 and split_k >= 1; got {bm}, "
-                         f"{tail}, {stages}, {split_k}")
+    :mod:`.splitk`), ``warpgroups`` (1 or 2) warpgroups of 64 weight rows sharing each activation tile. The
+    caller checks :func:`lqq_wgmma_problem`. Same bits as the Triton LiquidQuant kernel with the same split (exact
+    int32 products, then (acc · token scale) · channel scale)."""
+    if (bm not in (32, 64, 128) or tail not in (0, 32, 64) or stages not in (2, 3, 4) or split_k < 1
+            or warpgroups not in (1, 2)):
+        raise ValueError(f"bm must be 32, 64 or 128, tail 0, 32 or 64, stages 2-4, split_k >= 1 and warpgroups 1-2; "
+                         f"got {bm}, {tail}, {stages}, {split_k}, {warpgroups}")
     m, k = a_codes.shape
     qweight, qparams, cs = tensors["qweight"], tensors["qparams"], tensors["channel_scales"]
     check_device(a_codes, a_scales, qweight, qparams, cs)
@@ -185,10 +192,10 @@ def lqq_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dic
     n_tiles = qweight.shape[1] // 32
     tiles_per_split, split = split_plan(n_tiles, split_k)
     out = torch.empty(m, n, dtype=out_dtype, device=a_codes.device) if out is None else out
-    grid = (-(-n // BN), -(-m // (bm + tail)), split)
+    grid = (-(-n // (BN * warpgroups)), -(-m // (bm + tail)), split)
     ws, tickets = split_workspace(a_codes.device, m * n, split, grid[0] * grid[1])
     _lqq_wgmma_kernel[grid](a_codes, a_scales, qweight, qparams, cs, out, ws, tickets, m, n, a_codes.stride(0),
                             a_scales.stride(0), out.stride(0), qweight.shape[1], n_tiles, tiles_per_split,
                             groups_in_halves(meta, n_tiles), qparams.shape[0], BM=bm, STAGES=stages,
-                            SPLIT_K=split, BT=tail, num_warps=4)
+                            SPLIT_K=split, BT=tail, WG=warpgroups, num_warps=4 * warpgroups)
     return out

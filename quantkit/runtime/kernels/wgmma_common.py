@@ -141,20 +141,26 @@ if HAVE_GLUON:
             gl.thread_barrier()
 
     @gluon.constexpr_function
-    def mma_layout(BM):
-        """Accumulator layout of a [64, BM] wgmma tile of one warpgroup (int8: instruction k 32, n <= 128)."""
-        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, min(BM, 128), 32])
+    def mma_layout(BM, WG):
+        """Accumulator layout of a [64·WG, BM] wgmma tile of WG warpgroups, each its own 64 rows (int8: instruction
+        k 32, n <= 128)."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4 * WG, 1],
+                                         instr_shape=[16, min(BM, 128), 32])
 
     @gluon.constexpr_function
-    def a_layout(BM):
+    def a_layout(BM, WG):
         """Register layout of the int8 A operand of that tile (4 consecutive K bytes per 32-bit register)."""
-        return gl.DotOperandLayout(operand_index=0, parent=mma_layout(BM), k_width=4)
+        return gl.DotOperandLayout(operand_index=0, parent=mma_layout(BM, WG), k_width=4)
+
+    @gluon.constexpr_function
+    def x_layout(WG):
+        """An activation half-tile [BM, 128] as the program's 4·WG warps' cp.async read it (16 bytes a thread)."""
+        return gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[4 * WG, 1],
+                                order=[1, 0])
 
     ROWS = gl.constexpr(BN)  # BN inside kernels
 
-    # an activation half-tile [BM, 128] as cp.async reads it (16 bytes a thread) and as it sits in shared memory
-    X_LAYOUT = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[4, 1],
-                                             order=[1, 0]))
+    # an activation half-tile [BM, 128] as it sits in shared memory
     X_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))
 
     @gluon.jit
@@ -244,6 +250,6 @@ if HAVE_GLUON:
             _sum_slots(out_ptr, ws_ptr, y2, rm2, rn2, M, N, stride_om, SPLIT_K)
             _release_ticket(ticket_ptr)
 
-    __all__ += ["ROWS", "X_LAYOUT", "X_SMEM", "a_layout", "async_copy", "cta_barrier", "fence_async_shared", "gl",
+    __all__ += ["ROWS", "X_SMEM", "a_layout", "async_copy", "cta_barrier", "fence_async_shared", "gl",
                 "gluon", "issue_x", "load_words", "mbarrier", "mma_layout", "store_split_pair", "store_tile",
-                "tma_load", "wait_x", "warpgroup_mma", "warpgroup_mma_wait"]
+                "tma_load", "wait_x", "warpgroup_mma", "warpgroup_mma_wait", "x_layout"]

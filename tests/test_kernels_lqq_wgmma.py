@@ -274,6 +274,8 @@ def test_two_warpgroups_only_in_the_measured_window():
         for m in (288, 321, 512, 64):
             assert lqq_wgmma_warpgroups(m, n, 4096) == 1
     assert lqq_wgmma_warpgroups(300, 6144, 4096) == 1  # narrower layer: not measured
+    assert lqq_wgmma_config(300, 18944, 4096) == (128, 3, 1, 32)
+    assert lqq_wgmma_warpgroups(300, 18944, 4096) == 1  # between the measured widths: not measured
     assert lqq_wgmma_warpgroups(300, 14336, 3584) == 1  # another K: not measured
 
 

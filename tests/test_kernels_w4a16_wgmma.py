@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from quantkit.runtime.kernels import w4a16 as w4a16_module  # noqa: E402
-from quantkit.runtime.kernels.configs import gemm_config, w4a16_wgmma_config  # noqa: E402
+from quantkit.runtime.kernels.configs import gemm_config, w4a16_dequant_preferred, w4a16_wgmma_config  # noqa: E402
 from quantkit.runtime.kernels.dequant import _asm_f16, asm_f16_pair  # noqa: E402
 from quantkit.runtime.kernels.reference import w4a16_reference  # noqa: E402
 from quantkit.runtime.kernels.w4a16 import w4a16_matmul  # noqa: E402
@@ -115,7 +115,10 @@ def test_rule_takes_the_gluon_kernel_only_where_the_sweep_measured_it_faster():
     assert w4a16_wgmma_config(128, 14336, 4096) == (128, 3, 1, 1, 2)
     assert w4a16_wgmma_config(256, 4096, 4096) == (128, 3, 1, 1, 1)  # two warpgroups would leave 64 programs
     assert w4a16_wgmma_config(512, 4096, 4096) == (128, 3, 1, 1, 2)
-    assert w4a16_wgmma_config(512, 6144, 4096) == (128, 3, 1, 1, 2)
+    assert w4a16_wgmma_config(256, 6144, 4096) == (128, 3, 1, 1, 2)
+    # 6144×4096 from M = 257: dequantize-then-cuBLAS measured faster (configs.W4A16_DEQUANT_SHAPES_FROM_257)
+    assert w4a16_wgmma_config(257, 6144, 4096) is None and w4a16_dequant_preferred(257, 6144, 4096)
+    assert not w4a16_dequant_preferred(512, 14336, 4096) and w4a16_wgmma_config(257, 14336, 4096) is not None
     assert w4a16_wgmma_config(65, 14336, 4096) == (128, 3, 1, 1, 2)  # one 128-token tile on a wide layer
     assert w4a16_wgmma_config(96, 4096, 4096) is None
 
@@ -135,8 +138,9 @@ def test_w4a16_matmul_runs_the_gluon_kernel_where_the_rule_picks_it(monkeypatch)
     for m, dtype in ((24, torch.float16), (100, torch.bfloat16), (200, torch.float16)):
         x = torch.randn(m, 512, device=DEVICE).to(dtype)
         out = torch.full((m, 14336), float("nan"), dtype=dtype, device=DEVICE)
+        n_calls = len(calls)
         assert w4a16_matmul(x, tensors, meta, out=out).data_ptr() == out.data_ptr()
-        assert calls[-1] == w4a16_wgmma_config(m, 14336, 512)
+        assert len(calls) == n_calls + 1 and calls[-1] == w4a16_wgmma_config(m, 14336, 512)
         assert rel_err(out, w4a16_reference(x, tensors, meta)) < TOL[dtype]
     n_calls = len(calls)
     w4a16_matmul(torch.randn(64, 512, device=DEVICE).half(), tensors, meta)  # the rule says Triton here

@@ -249,16 +249,15 @@ def lqq_wgmma_cost(m: int, n: int, k: int, tile: int, split: int, sms: int = SMS
     return rounds * resident ** c["share"] * (1 + c["tokens"] * tile / 32) * work
 
 
-
-
 # Two warpgroups per LiquidQuant program (128 weight rows sharing each activation tile, as the W4A16 Gluon kernel's
 # measurements suggested): docs/bench/lqq_wgmma_sweep.py --tails --all-tiles --wg2 --stages 3 on an H100
 # (docs/logs/session11/lqq_wg2_h100.json, one timing each, every two-warpgroup result bit-identical to the Triton
-# kernel): the rule's 128 + 32-token tile at M = 300 / 320 took 53.4 / 54.1 µs on 14336×4096 (one warpgroup 66.1 /
-# 63.7, fp16 56.3 / 60.3) and 105.3 / 107.9 on 28672×4096 (126.8 / 118.5, fp16 113.7 / 124.4): 1.05-1.15× fp16
-# where one warpgroup ran 0.85-1.05×. Applied only there — M = 289-320, where the rule takes that tile on those
-# layers (the same launch as the timed counts), K = 4096; elsewhere not measured.
-LQQ_WG2_ROWS = (14336, 28672)  # N range (inclusive) of the measured layers
+# kernel): the rule's 128 + 32-token tile at M = 300 / 320, called directly, took 53.4 / 54.1 µs on 14336×4096 with
+# two warpgroups (one: 65.9 / 62.7; the rule through int8_matmul 66.1 / 63.7; fp16 56.3 / 60.3) and 105.3 / 107.9
+# on 28672×4096 (one: 123.9 / 118.1; the rule 126.8 / 118.5; fp16 113.7 / 124.4). Applied only there — those two
+# layers, K = 4096, M = 289-320 where the rule takes that tile (the same launch as the timed counts); elsewhere not
+# measured.
+LQQ_WG2_ROWS = (14336, 28672)  # the measured layers' N
 LQQ_WG2_M = (289, 320)
 LQQ_WG2_K = 4096
 
@@ -266,7 +265,7 @@ LQQ_WG2_K = 4096
 def lqq_wgmma_warpgroups(m: int, n: int, k: int) -> int:
     """Warpgroups per program of the Gluon LiquidQuant kernel for M tokens on an [N, K] weight: 2 in the measured
     window above (where :func:`lqq_wgmma_config` picks the 128 + 32-token tile), else 1."""
-    if (LQQ_WG2_ROWS[0] <= n <= LQQ_WG2_ROWS[1] and LQQ_WG2_M[0] <= m <= LQQ_WG2_M[1] and k == LQQ_WG2_K
+    if (n in LQQ_WG2_ROWS and LQQ_WG2_M[0] <= m <= LQQ_WG2_M[1] and k == LQQ_WG2_K
             and lqq_wgmma_config(m, n, k) == (128, 3, 1, 32)):
         return 2
     return 1
@@ -367,11 +366,16 @@ def mixed_second_bn(cfg: TileConfig, second_is_wider: bool, m: int) -> int:
 # 0.65-0.74×; at M = 512 it won on 2 of 5 shapes, by <= 8 %; docs/logs/w4a16_dequant_mid_h100.json, M = 513-1000:
 # faster at 34 of 35 points, 0.60-0.83× fp16 vs 0.38-0.83× fused — the one loss 28672×4096 M = 600, 0.76× vs 0.83×).
 W4A16_DEQUANT_MIN_M = 513
+# ... and from M = 257 on 6144×4096 (Llama-3's fused q/k/v), where it beat the Gluon kernel (w4a16_wgmma_config) at
+# every count of M = 257-512 session 11 timed: 54.2-62.1 vs 61.0-68.4 µs (docs/logs/session11/w4a16_rule*_h100.json;
+# two warpgroups leave 144-192 programs there, 1.1-1.5 waves on 132 SMs). On the other four shapes the Gluon kernel
+# was 1.05-1.54× faster than dequantize-then-cuBLAS at those counts.
+W4A16_DEQUANT_SHAPES_FROM_257 = ((6144, 4096),)
 
 
 def w4a16_dequant_preferred(m: int, n: int, k: int) -> bool:
-    """Whether W4A16 with M tokens runs as dequantize-then-cuBLAS rather than the fused Triton kernel."""
-    return m >= W4A16_DEQUANT_MIN_M
+    """Whether W4A16 with M tokens runs as dequantize-then-cuBLAS rather than a fused kernel."""
+    return m >= W4A16_DEQUANT_MIN_M or (m >= 257 and (n, k) in W4A16_DEQUANT_SHAPES_FROM_257)
 
 
 # W4A16 at M = 17-32 and 65-512 on Hopper: the Gluon kernel (:mod:`.w4a16_wgmma`), whose dequantization overlaps its
@@ -385,9 +389,10 @@ def w4a16_dequant_preferred(m: int, n: int, k: int) -> bool:
 # the Triton kernel is as fast (within 4 %) and keeps them, as it keeps launches of fewer programs (its split-K); at
 # M = 513-768 the first run measured the kernel 0.65-1.11× dequantize-then-cuBLAS, slower at 24 of 25 points (a
 # fifth, ragged 128-token tile costs another wave) and at 1024-2048 the variant sweep 0.76-0.95×, so
-# dequantize-then-cuBLAS keeps M > 512. Still 0.45-0.88× cuBLAS fp16 at M = 129-512 (one cuBLAS outlier aside):
-# each 128×128 program re-reads its fp16 activations and re-dequantizes its weights per token tile, and one or two
-# warpgroups per SM keep the tensor cores about 2/3 as busy as cuBLAS at M = 2048.
+# dequantize-then-cuBLAS keeps M > 512 (and 6144×4096 from M = 257, above). Still 0.52-0.88× cuBLAS fp16 at
+# M = 129-512 (one cuBLAS outlier aside): each 128×128 program re-reads its fp16 activations and re-dequantizes its
+# weights per token tile, and one or two warpgroups per SM keep the tensor cores about 2/3 as busy as cuBLAS at
+# M = 2048.
 W4A16_WGMMA_MAX_M = 512
 W4A16_WGMMA_MIN_PROGRAMS = 128  # 64-row programs of 128-token tiles below which the Triton kernel (split-K) runs
 W4A16_WGMMA_WG2_PROGRAMS = 96  # 128-row programs at or above which two warpgroups share each activation tile
@@ -397,7 +402,7 @@ W4A16_WGMMA_WG2_PROGRAMS = 96  # 128-row programs at or above which two warpgrou
 def w4a16_wgmma_config(m: int, n: int, k: int) -> tuple[int, int, int, int, int] | None:
     """(bm, stages, split_k, pairs, warpgroups) of the Gluon W4A16 kernel for M tokens on an [N, K] weight, or
     None where another path is faster (comment above; the caller also checks that the kernel can run)."""
-    if m <= 16 or 33 <= m <= 64 or m > W4A16_WGMMA_MAX_M:
+    if m <= 16 or 33 <= m <= 64 or m > W4A16_WGMMA_MAX_M or w4a16_dequant_preferred(m, n, k):
         return None
     if m <= 32:
         return (32, 3, 1, 2, 2) if -(-n // 128) >= W4A16_WGMMA_WG2_PROGRAMS else (32, 3, 2, 2, 1)

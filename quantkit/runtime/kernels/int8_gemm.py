@@ -243,9 +243,15 @@ def _gluon_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size:
         cfg = lqq_wgmma_config(m, n, k)
         if cfg is None or lqq_wgmma_problem(a_codes, act_group_size, layout, meta, out, out_dtype) is not None:
             return None
-        wg = lqq_wgmma_warpgroups(m, n, k)
-        return launch_or_decline(LQQ_KERNEL, cfg + ((wg,) if wg > 1 else ()), lambda: lqq_wgmma_matmul(
-            a_codes, a_scales, tensors, meta, *cfg, wg, out=out, out_dtype=out_dtype))
+        # a two-warpgroup config that does not build here falls back to one warpgroup, then to the Triton kernel;
+        # each config is declined (or counts as launched) per output dtype
+        y = None
+        for wg in dict.fromkeys((lqq_wgmma_warpgroups(m, n, k), 1)):
+            y = launch_or_decline(LQQ_KERNEL, (str(out_dtype),) + cfg + (wg,), lambda: lqq_wgmma_matmul(
+                a_codes, a_scales, tensors, meta, *cfg, wg, out=out, out_dtype=out_dtype))
+            if y is not None:
+                break
+        return y
     if layout == "w4a16" and m < MIXLLM_OPERAND_MIN_M:
         return None
     cfg = w8a8_wgmma_config(m, n, k)

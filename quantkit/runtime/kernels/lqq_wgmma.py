@@ -51,8 +51,8 @@ if HAVE_GLUON:
 
     @gluon.jit
     def planes_wgmma(words, s_lo, a_lo, s_hi, a_hi):
-        """The 8 int8 planes [64, 32] of a word tile in the A-operand layout of ``words`` (LiquidGEMM Eq. 11-12,
-        :data:`.dequant.ASM_I8`); s_*, a_* int32 [64] per-row multiplier and offset of each half-tile."""
+        """The 8 int8 planes [rows, 32] of a word tile in the A-operand layout of ``words`` (LiquidGEMM Eq. 11-12,
+        :data:`.dequant.ASM_I8`); s_*, a_* int32 [rows] per-row multiplier and offset of each half-tile."""
         return gl.inline_asm_elementwise(
             ASM_I8, CONSTRAINTS_I8,
             [words, s_lo[:, None], (a_lo * 0x01010101)[:, None], s_hi[:, None], (a_hi * 0x01010101)[:, None]],
@@ -60,7 +60,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def apply_scales(acc, sa_ptr, cs_ptr, rm, rn, M, N, stride_sm):
-        """fp32 (acc · token scale) · channel scale of an int32 tile [64, BM] (LiquidGEMM Sec. 4: per-token
+        """fp32 (acc · token scale) · channel scale of an int32 tile [rows, BM] (LiquidGEMM Sec. 4: per-token
         activation scales and the per-channel first-level weight scale, applied once after K)."""
         sa = gl.load(sa_ptr + gl.minimum(rm, M - 1) * stride_sm)
         cs = gl.load(cs_ptr + gl.minimum(rn, N - 1)).to(gl.float32)
@@ -82,7 +82,7 @@ if HAVE_GLUON:
         mma: gl.constexpr = mma_layout(BM, WG)
         a_l: gl.constexpr = a_layout(BM, WG)
         x_l: gl.constexpr = x_layout(WG)
-        TM: gl.constexpr = BM + BT  # tokens per program: a [64, BM] tile and, if BT, a [64, BT] tail tile
+        TM: gl.constexpr = BM + BT  # tokens per program: a [ROWS, BM] tile and, if BT, a [ROWS, BT] tail tile
         xs = gl.allocate_shared_memory(gl.int8, [2 * STAGES, BM, 128], X_SMEM)
 
         rn = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, a_l))

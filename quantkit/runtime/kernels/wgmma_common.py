@@ -26,7 +26,7 @@ try:  # Gluon (Triton >= 3.5) and its Hopper ops; absent with older Triton
 except ImportError:  # pragma: no cover - depends on the installed Triton
     HAVE_GLUON = False
 
-BN = 64  # weight rows per program of the register-operand kernel: one warpgroup of wgmma's M = 64
+BN = 64  # weight rows per warpgroup of the register-operand kernels (wgmma's M = 64); a program has one or two
 OUT_DTYPES = (torch.float16, torch.bfloat16)
 _FAILED: dict[tuple, str] = {}  # (kernel name, launch config) → why it did not build here
 _LAUNCHED: set[tuple] = set()  # (kernel name, launch config) that have run here
@@ -158,7 +158,6 @@ if HAVE_GLUON:
         return gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[4 * WG, 1],
                                 order=[1, 0])
 
-    ROWS = gl.constexpr(BN)  # BN inside kernels
 
     # an activation half-tile [BM, 128] as it sits in shared memory
     X_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))
@@ -227,7 +226,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def store_tile(out_ptr, ws_ptr, ticket_ptr, y, rm, rn, M, N, stride_om, pid_k, SPLIT_K: gl.constexpr):
-        """Write a finished fp32 tile y [64, BM] (weight rows rn, tokens rm) of Y [M, N]: directly, or through
+        """Write a finished fp32 tile y [rows, BM] (weight rows rn, tokens rm) of Y [M, N]: directly, or through
         split-K slot pid_k of the workspace (slots M·N apart, rows N apart), the last program of the tile adding the
         slots in split order (:func:`quantkit.runtime.kernels.splitk.store_tile`, the same bits)."""
         if SPLIT_K == 1:
@@ -250,6 +249,6 @@ if HAVE_GLUON:
             _sum_slots(out_ptr, ws_ptr, y2, rm2, rn2, M, N, stride_om, SPLIT_K)
             _release_ticket(ticket_ptr)
 
-    __all__ += ["ROWS", "X_SMEM", "a_layout", "async_copy", "cta_barrier", "fence_async_shared", "gl",
+    __all__ += ["X_SMEM", "a_layout", "async_copy", "cta_barrier", "fence_async_shared", "gl",
                 "gluon", "issue_x", "load_words", "mbarrier", "mma_layout", "store_split_pair", "store_tile",
                 "tma_load", "wait_x", "warpgroup_mma", "warpgroup_mma_wait", "x_layout"]

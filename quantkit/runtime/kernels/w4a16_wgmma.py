@@ -48,7 +48,8 @@ SMEM_RING_MAX = 196608  # bytes of activation ring a program may take (Hopper: 2
 
 if HAVE_GLUON:
     from quantkit.runtime.kernels.wgmma_common import (async_copy, cp_async, cta_barrier, gl, gluon, load_words,
-                                                       store_tile, wait_x, warpgroup_mma, warpgroup_mma_wait)
+                                                       store_tile, wait_x, warpgroup_mma, warpgroup_mma_wait,
+                                                       x_layout)
 
     # Triton kernels read only constexpr globals: one per byte and dtype
     ASM_F16_B0, ASM_F16_B1 = gl.constexpr(asm_f16_pair(0, False)), gl.constexpr(asm_f16_pair(1, False))
@@ -56,13 +57,7 @@ if HAVE_GLUON:
     ASM_BF16_B0, ASM_BF16_B1 = gl.constexpr(asm_f16_pair(0, True)), gl.constexpr(asm_f16_pair(1, True))
     ASM_BF16_B2, ASM_BF16_B3 = gl.constexpr(asm_f16_pair(2, True)), gl.constexpr(asm_f16_pair(3, True))
     CONSTRAINTS = gl.constexpr(CONSTRAINTS_F16_PAIR_TEXT)
-    # an activation slice [BM, 64] fp16 as cp.async reads it (16 bytes a thread) and as it sits in shared memory
-    @gluon.constexpr_function
-    def xh_layout(WG):
-        """An activation slice [BM, 64] as the program's 4·WG warps' cp.async read it (16 bytes a thread)."""
-        return gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4 * WG, 1],
-                                order=[1, 0])
-
+    # an activation slice [BM, 64] fp16 as it sits in shared memory (cp.async reads it in x_layout(WG, 8))
     XH_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 
     @gluon.constexpr_function
@@ -151,7 +146,7 @@ if HAVE_GLUON:
         ROWS: gl.constexpr = 64 * WG
         mma: gl.constexpr = mma_f16_layout(BM, WG)
         a_l: gl.constexpr = a_f16_layout(BM, WG)
-        x_l: gl.constexpr = xh_layout(WG)
+        x_l: gl.constexpr = x_layout(WG, 8)
         if BF16:
             xs = gl.allocate_shared_memory(gl.bfloat16, [4 * STAGES, BM, 64], XH_SMEM)
         else:

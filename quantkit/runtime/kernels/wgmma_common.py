@@ -153,9 +153,10 @@ if HAVE_GLUON:
         return gl.DotOperandLayout(operand_index=0, parent=mma_layout(BM, WG), k_width=4)
 
     @gluon.constexpr_function
-    def x_layout(WG):
-        """An activation half-tile [BM, 128] as the program's 4·WG warps' cp.async read it (16 bytes a thread)."""
-        return gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[4 * WG, 1],
+    def x_layout(WG, VEC=16):
+        """An activation slice of 128-byte rows ([BM, 128] int8, [BM, 64] fp16) as the program's 4·WG warps'
+        cp.async read it: 16 bytes, VEC elements, a thread."""
+        return gl.BlockedLayout(size_per_thread=[1, VEC], threads_per_warp=[4, 8], warps_per_cta=[4 * WG, 1],
                                 order=[1, 0])
 
 

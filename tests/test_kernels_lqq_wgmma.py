@@ -17,7 +17,7 @@ from quantkit.quant.act import quantize_activation_int  # noqa: E402
 from quantkit.runtime.kernels import int8_gemm  # noqa: E402
 import quantkit.runtime.kernels.configs as configs  # noqa: E402
 from quantkit.runtime.kernels.configs import (TileConfig, gemm_config, lqq_wgmma_config, lqq_wgmma_cost,  # noqa: E402
-                                             lqq_wgmma_warpgroups)
+                                             lqq_wgmma_launch, lqq_wgmma_warpgroups)
 from quantkit.runtime.kernels.int8_gemm import int8_matmul  # noqa: E402
 from quantkit.runtime.kernels.lqq_wgmma import HAVE_GLUON, lqq_wgmma_matmul, lqq_wgmma_problem  # noqa: E402
 from quantkit.runtime.kernels.reference import int8_reference  # noqa: E402
@@ -40,7 +40,12 @@ def test_rule_keeps_decode_sizes_wide_prefill_and_narrow_small_m_on_triton():
     assert lqq_wgmma_config(3000, 1024, 4096) == (128, 3, 1, 0)  # up to 4096 tokens on narrower ones
     assert lqq_wgmma_config(4097, 1024, 4096) is None
     assert lqq_wgmma_config(1024, 14336, 4096) is None  # wide layer above 768 tokens
-    assert lqq_wgmma_config(1024, 4096, 14336) is None  # long rows above 768 tokens
+    # long rows on a layer of <= 8192 rows: the Gluon kernel up to 1536 tokens (session 12: 161-199 us vs Triton's
+    # 189-235 at M = 1025-1536 on 4096x14336), Triton above (2048: 245 vs 297)
+    for m in (769, 1025, 1536):
+        assert lqq_wgmma_config(m, 4096, 14336) == (128, 3, 1, 0)
+    assert lqq_wgmma_config(1537, 4096, 14336) is None and lqq_wgmma_config(2048, 4096, 14336) is None
+    assert lqq_wgmma_config(1025, 14336, 14336) is None  # more rows and long ones: Triton above 768
     assert lqq_wgmma_config(32, 4096, 4096) is None  # 64 programs: Triton's split 64×32 tiles
     assert lqq_wgmma_config(32, 6144, 4096) == (32, 3, 2, 0)
     assert lqq_wgmma_config(64, 4096, 14336) == (32, 3, 4, 0)  # 64 row tiles: 32 tokens, 56-tile rows split 4
@@ -85,7 +90,7 @@ def test_rule_exceptions_leave_other_shapes_to_the_cost_model(monkeypatch):
     ms = sorted({*range(385, 780, 3), 416, 480, 481, 640, 641, 768})
     with_exceptions = {(n, k, m): lqq_wgmma_config(m, n, k) for n, k in shapes for m in ms}
     monkeypatch.setattr(configs, "LQQ_ROW_TILE_EXCEPTIONS", {})
-    lqq_wgmma_config.cache_clear()
+    lqq_wgmma_launch.cache_clear()
     try:
         for (n, k, m), cfg in with_exceptions.items():
             if (n, k) == (4608, 3584) and 641 <= m <= 768:
@@ -93,7 +98,7 @@ def test_rule_exceptions_leave_other_shapes_to_the_cost_model(monkeypatch):
             assert cfg == lqq_wgmma_config(m, n, k), (n, k, m)
         assert lqq_wgmma_config(448, 6144, 4096) == (128, 3, 1, 0)  # and the exceptions did change 6144x4096
     finally:
-        lqq_wgmma_config.cache_clear()
+        lqq_wgmma_launch.cache_clear()
 
 
 def test_rule_above_768_tokens_splits_k_only_for_launches_short_of_half_the_sms():
@@ -266,17 +271,34 @@ def test_int8_matmul_runs_the_gluon_kernel_where_the_rule_picks_it(monkeypatch):
     assert len(calls) == 2
 
 
-def test_two_warpgroups_only_in_the_measured_window():
-    # docs/logs/session11/lqq_wg2_h100.json: 14336×4096 and 28672×4096 at M = 300 / 320 on the 128 + 32-token tile
-    for n in (14336, 28672):
-        for m in (289, 300, 320):
-            assert lqq_wgmma_config(m, n, 4096) == (128, 3, 1, 32) and lqq_wgmma_warpgroups(m, n, 4096) == 2
-        for m in (288, 321, 512, 64):
-            assert lqq_wgmma_warpgroups(m, n, 4096) == 1
-    assert lqq_wgmma_warpgroups(300, 6144, 4096) == 1  # narrower layer: not measured
-    assert lqq_wgmma_config(300, 18944, 4096) == (128, 3, 1, 32)
-    assert lqq_wgmma_warpgroups(300, 18944, 4096) == 1  # between the measured widths: not measured
-    assert lqq_wgmma_warpgroups(300, 14336, 3584) == 1  # another K: not measured
+def test_two_warpgroups_where_the_cost_model_puts_them():
+    # docs/logs/session11/lqq_wg2_h100.json, docs/logs/session12/lqq_wg2_*.json: the timed fastest at every point
+    measured = {(14336, 300): (128, 3, 1, 32), (14336, 320): (128, 3, 1, 32), (28672, 300): (128, 3, 1, 32),
+                (28672, 320): (128, 3, 1, 32), (14336, 352): (128, 3, 1, 64), (14336, 384): (128, 3, 1, 64),
+                (6144, 448): (64, 3, 1, 32), (6144, 480): (64, 3, 1, 32)}
+    for (n, m), cfg in measured.items():
+        assert lqq_wgmma_launch(m, n, 4096) == (cfg, 2), (n, m)
+        assert lqq_wgmma_config(m, n, 4096) == cfg and lqq_wgmma_warpgroups(m, n, 4096) == 2
+    # one warpgroup where it was the faster: 14336x4096 M = 448 (96-token tiles, 75.3 vs 80.1 us), M = 288
+    assert lqq_wgmma_launch(448, 14336, 4096) == ((64, 3, 1, 32), 1)
+    assert lqq_wgmma_launch(288, 14336, 4096) == ((64, 3, 1, 32), 1)
+    # never on a split, never where several programs share an SM, never at decode sizes or on the Triton kernel
+    for n, k in ((14336, 4096), (28672, 4096), (4096, 4096), (6144, 4096), (4096, 14336), (1024, 4096),
+                 (18944, 3584), (4608, 3584)):
+        for m in (33, 64, 96, 128, 160, 200, 256, 300, 400, 512, 513, 640, 768, 1024, 2048, 4096):
+            launch = lqq_wgmma_launch(m, n, k)
+            if launch is None:
+                assert lqq_wgmma_warpgroups(m, n, k) == 1
+                continue
+            (bm, stages, split, tail), wg = launch
+            if wg == 2 and (n, m) not in ((6144, 448), (6144, 480)):
+                assert split == 1 and configs.LQQ_WGMMA_PER_SM[(bm + tail, stages)] == 1, (n, k, m)
+    for m in (33, 64, 1024, 2048):
+        assert lqq_wgmma_warpgroups(m, 14336, 4096) == 1
+    # a two-warpgroup program costs LQQ_WG2_COST one-warpgroup programs over half as many row tiles
+    one = lqq_wgmma_cost(300, 14336, 4096, 160, 1)
+    two = lqq_wgmma_cost(300, 14336, 4096, 160, 1, warpgroups=2)
+    assert two < one and two == pytest.approx(one * configs.LQQ_WG2_COST * (1.88 / 3.76), rel=0.01)
 
 
 @pytest.mark.gpu

@@ -5,12 +5,19 @@ Three probes per size: an empty kernel (launch-to-launch floor inside a graph), 
 thread loads 16-byte vectors with a grid-stride loop and folds them into one word, several grid sizes), and
 torch's own sum over the same bytes. docs/BENCHMARKS.md quotes the output.
 
-    python docs/bench/read_floor.py
+``--pdl`` adds, at the 30.8 MB of the 14336 × 4096 W4A16 weight, the same reads launched the way the decode GEMV
+is (programmatic dependent launch: each call lets the next one start, and waits for the previous one only before
+its store), next to the GEMV itself with and without it — the floor the bench's back-to-back GEMV time compares
+with.
+
+    python docs/bench/read_floor.py [--pdl]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 
 import cupy
 import numpy as np
@@ -18,11 +25,9 @@ import torch
 
 from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
 
-SOURCE = r"""
-extern "C" __global__ void empty_kernel(unsigned int* out) {
-    if (threadIdx.x == 1u << 30) out[0] = 0u;
-}
-extern "C" __global__ void stream_read(const uint4* __restrict__ p, long long n_vec, unsigned int* out) {
+STREAM = r"""
+// every thread loads 16-byte vectors in a grid-stride loop and folds them into one word
+__device__ __forceinline__ unsigned int stream_fold(const uint4* __restrict__ p, long long n_vec) {
     unsigned int acc = 0u;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_vec;
          i += (long long)gridDim.x * blockDim.x) {
@@ -31,6 +36,16 @@ extern "C" __global__ void stream_read(const uint4* __restrict__ p, long long n_
                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p + i));
         acc ^= v.x ^ v.y ^ v.z ^ v.w;
     }
+    return acc;
+}
+"""
+
+SOURCE = STREAM + r"""
+extern "C" __global__ void empty_kernel(unsigned int* out) {
+    if (threadIdx.x == 1u << 30) out[0] = 0u;
+}
+extern "C" __global__ void stream_read(const uint4* __restrict__ p, long long n_vec, unsigned int* out) {
+    const unsigned int acc = stream_fold(p, n_vec);
     if (acc == 0x12345678u) out[0] = acc;  // keeps the loads alive
 }
 // the W4A16 CUDA GEMV's access pattern without its arithmetic: a block owns 16 rows of row_vec 16-byte vectors,
@@ -60,8 +75,60 @@ extern "C" __global__ void gemv_pattern_read(const uint4* __restrict__ p, int n_
 }
 """
 
+PDL_SOURCE = STREAM + r"""
+// stream_read launched with programmatic dependent launch: let the next grid start at once, read, and wait for the
+// previous grid only before the (never taken) store — as the GEMV waits only before reading the activations
+extern "C" __global__ void stream_read_pdl(const uint4* __restrict__ p, long long n_vec, unsigned int* out) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    const unsigned int acc = stream_fold(p, n_vec);
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (acc == 0x12345678u) out[0] = acc;
+}
+"""
+
+
+def pdl_rows(mod, sink: torch.Tensor) -> dict:
+    """At 14336 × 4096 (W4A16): the pure read with and without programmatic dependent launch, and the decode GEMV
+    (M = 1) with and without it, all in this process under the same timing rules."""
+    from quantkit.bench.problems import _packed
+    from quantkit.runtime.kernels.cuda_common import launch
+    from quantkit.runtime.kernels.cuda_gemv import w4a16_gemv_cuda
+
+    dev = torch.cuda.current_device()
+    n, k = 14336, 4096
+    t, meta = _packed("w4a16", torch.randn(n, k, device="cuda"))
+    nbytes = sum(v.numel() * v.element_size() for v in t.values()) // 16 * 16
+    copies = copies_to_defeat_l2(nbytes)
+    bufs = [torch.randint(0, 1 << 30, (nbytes // 4,), dtype=torch.int32, device="cuda") for _ in range(copies)]
+    row = {"n": n, "k": k, "mbytes": nbytes / 1e6}
+    plain = mod.get_function("stream_read")
+    pdl = cupy.RawModule(code=PDL_SOURCE).get_function("stream_read_pdl")  # griddepcontrol: sm_90 and up
+    for blocks in (264, 528, 1056, 2112):
+        for name, fn, attr in (("read", plain, False), ("read_pdl", pdl, True)):
+            def call(b, fn=fn, attr=attr, blocks=blocks):
+                launch(fn, attr, dev, torch.cuda.current_stream().cuda_stream, (blocks,), (256,),
+                       (np.uint64(b.data_ptr()), np.int64(nbytes // 16), np.uint64(sink.data_ptr())))
+            row[f"{name}_{blocks}x256_us"] = time_rotating(call, [(b,) for b in bufs])["ms"] * 1e3
+    del bufs
+    tt = [{kk: v.clone() for kk, v in t.items()} for _ in range(copies)]
+    xs = [torch.randn(1, k, device="cuda", dtype=torch.float16) for _ in range(copies)]
+    for switch in ("1", "0"):
+        os.environ["QUANTKIT_PDL"] = switch
+        row[f"gemv_pdl{switch}_us"] = time_rotating(lambda x, w: w4a16_gemv_cuda(x, w, meta),
+                                                    list(zip(xs, tt)))["ms"] * 1e3
+    os.environ.pop("QUANTKIT_PDL")
+    for tag in ("read", "read_pdl"):
+        # "read_<blocks>x256_us" / "read_pdl_<blocks>x256_us" (the first run's log took both for best_read_us)
+        row[f"best_{tag}_us"] = min(v for kk, v in row.items() if kk.startswith(tag + "_")
+                                    and kk[len(tag) + 1].isdigit())
+    print(json.dumps(row), flush=True)
+    return row
+
 
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pdl", action="store_true", help="only the programmatic-dependent-launch rows (docstring)")
+    args = ap.parse_args()
     mod = cupy.RawModule(code=SOURCE)
     empty, read = mod.get_function("empty_kernel"), mod.get_function("stream_read")
     pattern = mod.get_function("gemv_pattern_read")
@@ -72,6 +139,10 @@ def main() -> None:
             fn(grid, block, args)
 
     out = {"device": torch.cuda.get_device_name(), "rows": []}
+    if args.pdl:
+        out["pdl"] = pdl_rows(mod, sink)
+        print(json.dumps(out))
+        return
     t = time_rotating(lambda: launch(empty, (1,), (32,), (np.uint64(sink.data_ptr()),)), [()], calls_per_graph=64)
     out["empty_kernel_us"] = t["ms"] * 1e3
     print(f"empty kernel in a graph: {t['ms'] * 1e3:.2f} us per launch", flush=True)

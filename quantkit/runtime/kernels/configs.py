@@ -202,8 +202,15 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
 LQQ_WGMMA_BM = (128, 64, 32)
 LQQ_WGMMA_MIN_M = 32
 LQQ_WGMMA_MAX_M = 2048
-LQQ_WGMMA_WIDE_MAX_M = 768  # above this, only layers of N, K <= LQQ_WGMMA_NARROW
+LQQ_WGMMA_WIDE_MAX_M = 768  # above this, only layers of N, K <= LQQ_WGMMA_NARROW ...
 LQQ_WGMMA_NARROW = 8192
+# ... and, up to this many tokens, layers of N <= LQQ_WGMMA_NARROW with longer rows: on 4096×14336 (session 12,
+# docs/logs/session12/lqq_big_down_h100.json, --all-tiles at two and three stages) the rule's 128-token tiles, three
+# stages, unsplit, took 161-199 µs at M = 1025-1536 where the Triton kernel took 189-235 (its 128×128 tiles: 288-384
+# programs, a ragged second wave of two per SM), tied it at 769-896 (116-118 vs 116-117) and lost at 2048 (297 vs
+# 245). The layers with more rows kept the Triton kernel: 14336×4096 and 28672×4096 at M = 769-2048, Triton 114-598
+# µs, no Gluon tile faster by more than 2 % (lqq_big_wide / lqq_big_wider_h100.json).
+LQQ_WGMMA_LONG_K_MAX_M = 1536
 LQQ_WGMMA_LONG_ROW_PROGRAMS = 384
 LQQ_WGMMA_SMALL_N = 2048  # layers of at most this many rows (and K <= LQQ_WGMMA_NARROW) ...
 LQQ_WGMMA_SMALL_N_MAX_M = 4096  # ... run the Gluon kernel up to this many tokens
@@ -227,70 +234,88 @@ LQQ_WGMMA_COST = {"share": 0.6, "tokens": 0.1, "exact_rounds": 0.4, "fixed_tiles
 # 31.6-31.7). Applied to 72 and 128 row tiles at M = 464-640 the Triton kernel ran 1.15-1.65× slower than the
 # model's picks (lqq_mid_rule_h100.json), so the exceptions stay per measured row-tile count.
 LQQ_ROW_TILE_EXCEPTIONS_K = (3584, 4096)
-LQQ_ROW_TILE_EXCEPTIONS = {96: ((416, 480, (64, 3, 1, 32)), (481, 640, None), (641, 768, (128, 2, 1, 0))),
-                           72: ((641, 768, None),)}
+# Each entry: (first M, last M, config or None, warpgroups). 96 row tiles at 416-480: two warpgroups since session 12
+# (33.2 / 33.5 µs at M = 448 / 480 vs 35.3 / 35.6 with one, lqq_wg2_qkv_h100.json; 416 is the same launch grid).
+LQQ_ROW_TILE_EXCEPTIONS = {96: ((416, 480, (64, 3, 1, 32), 2), (481, 640, None, 1), (641, 768, (128, 2, 1, 0), 1)),
+                           72: ((641, 768, None, 1),)}
 
 
 def _lqq_stages(m: int, programs: int, sms: int) -> int:
     return 2 if m > 512 and programs >= sms else 3
 
 
-def lqq_wgmma_cost(m: int, n: int, k: int, tile: int, split: int, sms: int = SMS_H100) -> float:
-    """Relative time of the Gluon LiquidQuant kernel on ``tile`` tokens per program and a K split (the cost model
-    of the comment above; only its ordering means anything)."""
+def lqq_wgmma_cost(m: int, n: int, k: int, tile: int, split: int, sms: int = SMS_H100,
+                   warpgroups: int = 1) -> float:
+    """Relative time of the Gluon LiquidQuant kernel on ``tile`` tokens per program, a K split and 1 or 2
+    warpgroups of 64 weight rows per program (the cost model of the comments above and below; only its ordering
+    means anything)."""
     c = LQQ_WGMMA_COST
-    unsplit = -(-n // 64) * -(-m // tile)
+    unsplit = -(-n // (64 * warpgroups)) * -(-m // tile)
     programs = unsplit * split
     per_sm = LQQ_WGMMA_PER_SM[(tile, _lqq_stages(m, unsplit, sms))]
     rounds = programs / (sms * per_sm)
     rounds = math.ceil(rounds) * (1 - c["exact_rounds"]) + rounds * c["exact_rounds"]
     resident = min(per_sm, -(-programs // sms))
     work = -(-k // 256) / split + c["fixed_tiles"] + (c["split_tiles"] if split > 1 else 0)
-    return rounds * resident ** c["share"] * (1 + c["tokens"] * tile / 32) * work
+    cost = rounds * resident ** c["share"] * (1 + c["tokens"] * tile / 32) * work
+    return cost * (LQQ_WG2_COST if warpgroups == 2 else 1.0)
 
 
 # Two warpgroups per LiquidQuant program (128 weight rows sharing each activation tile, as the W4A16 Gluon kernel's
-# measurements suggested): docs/bench/lqq_wgmma_sweep.py --tails --all-tiles --wg2 --stages 3 on an H100
-# (docs/logs/session11/lqq_wg2_h100.json, one timing each, every two-warpgroup result bit-identical to the Triton
-# kernel): the rule's 128 + 32-token tile at M = 300 / 320, called directly, took 53.4 / 54.1 µs on 14336×4096 with
-# two warpgroups (one: 65.9 / 62.7; the rule through int8_matmul 66.1 / 63.7; fp16 56.3 / 60.3) and 105.3 / 107.9
-# on 28672×4096 (one: 123.9 / 118.1; the rule 126.8 / 118.5; fp16 113.7 / 124.4). Applied only there — those two
-# layers, K = 4096, M = 289-320 where the rule takes that tile (the same launch as the timed counts); elsewhere not
-# measured.
-LQQ_WG2_ROWS = (14336, 28672)  # the measured layers' N
-LQQ_WG2_M = (289, 320)
-LQQ_WG2_K = 4096
+# measurements suggested), docs/bench/lqq_wgmma_sweep.py --tails --wg2 on an H100, every two-warpgroup result
+# bit-identical to the Triton kernel (docs/logs/session11/lqq_wg2_h100.json; docs/logs/session12/lqq_wg2_*.json):
+# they pay where a program is alone on its SM — the 128-token tiles with a tail at three stages, whose activation
+# ring leaves room for one program per SM (LQQ_WGMMA_PER_SM), so one warpgroup had the SM's tensor cores and
+# dequantization to itself: 14336×4096 M = 300-448 on 160/192-token tiles 53.4-80.1 µs with two vs 62.7-92.7 with
+# one, 28672×4096 M = 300/320 105.3-107.9 vs 118.1-123.9. Where several programs share an SM they lost (the 32/64/
+# 128-token tiles, and every tile above M = 512 at two stages: 4-35 % slower in all 22 timed cases) — except the 96-
+# token tiles on 6144×4096 at M = 448/480 (33.2-33.5 vs 35.3-35.6 µs), a measured exception below. So the cost model
+# scores two warpgroups only on unsplit tiles with one program per SM: programs over 128-row tiles, each costing
+# LQQ_WG2_COST × a one-warpgroup program of the same tile; fitted to the 7 timed points of both logs with such tiles
+# (1.56-1.86 per program; 1.75 keeps 14336×4096 M = 448 on one warpgroup's 96-token tiles, 75.3 µs vs 80.1).
+# Checked after the fit (lqq_wg2_wide_small / wider_small / mid_h100.json): where it newly took two warpgroups, at
+# M = 129-192 on 14336×4096 and 28672×4096, the rule ran 28.3-58.7 µs against 34.2-70.3 for the same tiles on one
+# (1.63-1.74× fp16), and on 6144×4096 at M = 289 27.9 vs 32.3; on 18944×3584 at M = 289 / 320 two warpgroups beat one
+# on the same tile (72.9 / 74.7 vs 78.4 / 75.8) but a 64-token tile on one was faster still (69.6 / 71.7).
+LQQ_WG2_COST = 1.75
 
 
 def lqq_wgmma_warpgroups(m: int, n: int, k: int) -> int:
-    """Warpgroups per program of the Gluon LiquidQuant kernel for M tokens on an [N, K] weight: 2 in the measured
-    window above (where :func:`lqq_wgmma_config` picks the 128 + 32-token tile), else 1."""
-    if (n in LQQ_WG2_ROWS and LQQ_WG2_M[0] <= m <= LQQ_WG2_M[1] and k == LQQ_WG2_K
-            and lqq_wgmma_config(m, n, k) == (128, 3, 1, 32)):
-        return 2
-    return 1
+    """Warpgroups per program of the Gluon LiquidQuant kernel for M tokens on an [N, K] weight (the launch of
+    :func:`lqq_wgmma_launch`; 1 where the Triton kernel runs)."""
+    launch = lqq_wgmma_launch(m, n, k)
+    return 1 if launch is None else launch[1]
 
 
-@functools.lru_cache(maxsize=4096)  # scoring 12 tiles costs ~10 µs of Python, once per layer shape and M
 def lqq_wgmma_config(m: int, n: int, k: int, sms: int = SMS_H100) -> tuple[int, int, int, int] | None:
     """(tokens per program, activation stages, K split, tail tokens per program) of the Gluon LiquidQuant kernel for
     M tokens on an [N, K] weight, or None where the Triton LiquidQuant kernel runs instead (comment above)."""
+    launch = lqq_wgmma_launch(m, n, k, sms)
+    return None if launch is None else launch[0]
+
+
+@functools.lru_cache(maxsize=4096)  # scoring 12-18 options costs ~10 µs of Python, once per layer shape and M
+def lqq_wgmma_launch(m: int, n: int, k: int, sms: int = SMS_H100) -> tuple[tuple[int, int, int, int], int] | None:
+    """((tokens per program, activation stages, K split, tail tokens), warpgroups) of the Gluon LiquidQuant kernel
+    for M tokens on an [N, K] weight, or None where the Triton LiquidQuant kernel runs instead (comments above)."""
     small_n = n <= LQQ_WGMMA_SMALL_N and k <= LQQ_WGMMA_NARROW
     if not LQQ_WGMMA_MIN_M <= m <= (LQQ_WGMMA_SMALL_N_MAX_M if small_n else LQQ_WGMMA_MAX_M):
         return None
-    if m > LQQ_WGMMA_WIDE_MAX_M and (n > LQQ_WGMMA_NARROW or k > LQQ_WGMMA_NARROW):
+    if m > LQQ_WGMMA_WIDE_MAX_M and (n > LQQ_WGMMA_NARROW or (k > LQQ_WGMMA_NARROW and m > LQQ_WGMMA_LONG_K_MAX_M)):
         return None
     row_tiles, k_tiles = -(-n // 64), -(-k // 256)
     if LQQ_ROW_TILE_EXCEPTIONS_K[0] <= k <= LQQ_ROW_TILE_EXCEPTIONS_K[1]:
-        for first, last, cfg in LQQ_ROW_TILE_EXCEPTIONS.get(row_tiles, ()):
+        for first, last, cfg, wg in LQQ_ROW_TILE_EXCEPTIONS.get(row_tiles, ()):
             if first <= m <= last:
-                return cfg
+                return None if cfg is None else (cfg, wg)
     if 64 < m <= LQQ_WGMMA_WIDE_MAX_M:
-        options = [(tile, split) for tile in LQQ_WGMMA_TILES for split in (1, 2)
+        options = [(tile, split, 1) for tile in LQQ_WGMMA_TILES for split in (1, 2)
                    if split == 1 or (row_tiles * -(-m // tile) < sms and k_tiles // split >= MIN_SPLIT_TILES)]
-        tile, split = min(options, key=lambda o: lqq_wgmma_cost(m, n, k, *o, sms))
+        options += [(tile, 1, 2) for tile in LQQ_WGMMA_TILES
+                    if LQQ_WGMMA_PER_SM[(tile, _lqq_stages(m, -(-n // 128) * -(-m // tile), sms))] == 1]
+        tile, split, wg = min(options, key=lambda o: lqq_wgmma_cost(m, n, k, o[0], o[1], sms, o[2]))
         bm, tail = LQQ_WGMMA_TILES[tile]
-        return bm, _lqq_stages(m, row_tiles * -(-m // tile), sms), split, tail
+        return (bm, _lqq_stages(m, -(-n // (64 * wg)) * -(-m // tile), sms), split, tail), wg
     # M <= 64: the tile that pads M least; above 768 (narrow layers; the model was fitted up to 768): 128 tokens
     padded = lambda b: -(-m // b) * b  # noqa: E731
     bm = 128 if m > 64 else next(b for b in LQQ_WGMMA_BM if padded(b) == padded(LQQ_WGMMA_BM[-1]))
@@ -307,7 +332,7 @@ def lqq_wgmma_config(m: int, n: int, k: int, sms: int = SMS_H100) -> tuple[int, 
     short = m <= LQQ_WGMMA_WIDE_MAX_M or programs < sms // 2
     split = max(_split_for(programs, k_tiles, sms) if short else 1,
                 _split_for(programs, k_tiles, LQQ_WGMMA_LONG_ROW_PROGRAMS, WAVE_SPLIT_MIN_TILES))
-    return bm, 3, split, 0
+    return (bm, 3, split, 0), 1
 
 
 # MixLLM W8A8 at M = 17-32 and above 64: the Gluon TMA kernel (:mod:`.w8a8_wgmma`), 64 tokens × 128 weight rows

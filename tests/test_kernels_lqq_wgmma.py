@@ -279,9 +279,13 @@ def test_two_warpgroups_where_the_cost_model_puts_them():
     for (n, m), cfg in measured.items():
         assert lqq_wgmma_launch(m, n, 4096) == (cfg, 2), (n, m)
         assert lqq_wgmma_config(m, n, 4096) == cfg and lqq_wgmma_warpgroups(m, n, 4096) == 2
-    # one warpgroup where it was the faster: 14336x4096 M = 448 (96-token tiles, 75.3 vs 80.1 us), M = 288
+    assert lqq_wgmma_launch(500, 4608, 3584) == ((128, 3, 1, 64), 2)  # 27.1 us vs 30.3 at best on one
+    # one warpgroup where it was the faster: 14336x4096 M = 448 (96-token tiles, 75.3 vs 80.1 us), M = 288, and
+    # 6144x4096 at M = 289-320, where one warpgroup's 96-token tiles fit in one wave (26.3-26.9 us vs 27.9-29.9)
     assert lqq_wgmma_launch(448, 14336, 4096) == ((64, 3, 1, 32), 1)
     assert lqq_wgmma_launch(288, 14336, 4096) == ((64, 3, 1, 32), 1)
+    for m in (289, 300, 320):
+        assert lqq_wgmma_launch(m, 6144, 4096) == ((64, 3, 1, 32), 1)
     # never on a split, never where several programs share an SM, never at decode sizes or on the Triton kernel
     for n, k in ((14336, 4096), (28672, 4096), (4096, 4096), (6144, 4096), (4096, 14336), (1024, 4096),
                  (18944, 3584), (4608, 3584)):
@@ -293,6 +297,7 @@ def test_two_warpgroups_where_the_cost_model_puts_them():
             (bm, stages, split, tail), wg = launch
             if wg == 2 and (n, m) not in ((6144, 448), (6144, 480)):
                 assert split == 1 and configs.LQQ_WGMMA_PER_SM[(bm + tail, stages)] == 1, (n, k, m)
+                assert all(configs._lqq_waves(m, n, t, 1, configs.SMS_H100) > 1 for t in configs.LQQ_WGMMA_TILES)
     for m in (33, 64, 1024, 2048):
         assert lqq_wgmma_warpgroups(m, 14336, 4096) == 1
     # a two-warpgroup program costs LQQ_WG2_COST one-warpgroup programs over half as many row tiles

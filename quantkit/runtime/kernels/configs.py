@@ -244,6 +244,16 @@ def _lqq_stages(m: int, programs: int, sms: int) -> int:
     return 2 if m > 512 and programs >= sms else 3
 
 
+def _lqq_per_sm(m: int, n: int, tile: int, warpgroups: int, sms: int) -> int:
+    """Programs of ``tile`` tokens (unsplit) resident per SM at the stage count the rule gives their launch."""
+    return LQQ_WGMMA_PER_SM[(tile, _lqq_stages(m, -(-n // (64 * warpgroups)) * -(-m // tile), sms))]
+
+
+def _lqq_waves(m: int, n: int, tile: int, warpgroups: int, sms: int) -> float:
+    """Waves of the unsplit launch on ``tile`` tokens: programs over SMs × resident programs."""
+    return -(-n // (64 * warpgroups)) * -(-m // tile) / (sms * _lqq_per_sm(m, n, tile, warpgroups, sms))
+
+
 def lqq_wgmma_cost(m: int, n: int, k: int, tile: int, split: int, sms: int = SMS_H100,
                    warpgroups: int = 1) -> float:
     """Relative time of the Gluon LiquidQuant kernel on ``tile`` tokens per program, a K split and 1 or 2
@@ -272,7 +282,10 @@ def lqq_wgmma_cost(m: int, n: int, k: int, tile: int, split: int, sms: int = SMS
 # token tiles on 6144×4096 at M = 448/480 (33.2-33.5 vs 35.3-35.6 µs), a measured exception below. So the cost model
 # scores two warpgroups only on unsplit tiles with one program per SM: programs over 128-row tiles, each costing
 # LQQ_WG2_COST × a one-warpgroup program of the same tile; fitted to the 7 timed points of both logs with such tiles
-# (1.56-1.86 per program; 1.75 keeps 14336×4096 M = 448 on one warpgroup's 96-token tiles, 75.3 µs vs 80.1).
+# (1.56-1.86 per program; 1.75 keeps 14336×4096 M = 448 on one warpgroup's 96-token tiles, 75.3 µs vs 80.1). And only
+# where no one-warpgroup launch fits in one wave: on 6144×4096 at M = 289-320 the model's two-warpgroup 160-token
+# tiles (96 programs) took 27.9-29.9 µs against 26.3-26.9 for one warpgroup's 96-token tiles, 384 programs three to
+# an SM (lqq_wg2_mid / lqq_wg2_check_qkv_h100.json and the coverage run).
 # Checked after the fit (lqq_wg2_wide_small / wider_small / mid_h100.json): where it newly took two warpgroups, at
 # M = 129-192 on 14336×4096 and 28672×4096, the rule ran 28.3-58.7 µs against 34.2-70.3 for the same tiles on one
 # (1.63-1.74× fp16), and on 6144×4096 at M = 289 27.9 vs 32.3; on 18944×3584 at M = 289 / 320 two warpgroups beat one
@@ -311,8 +324,8 @@ def lqq_wgmma_launch(m: int, n: int, k: int, sms: int = SMS_H100) -> tuple[tuple
     if 64 < m <= LQQ_WGMMA_WIDE_MAX_M:
         options = [(tile, split, 1) for tile in LQQ_WGMMA_TILES for split in (1, 2)
                    if split == 1 or (row_tiles * -(-m // tile) < sms and k_tiles // split >= MIN_SPLIT_TILES)]
-        options += [(tile, 1, 2) for tile in LQQ_WGMMA_TILES
-                    if LQQ_WGMMA_PER_SM[(tile, _lqq_stages(m, -(-n // 128) * -(-m // tile), sms))] == 1]
+        if not any(_lqq_waves(m, n, tile, 1, sms) <= 1 for tile in LQQ_WGMMA_TILES):
+            options += [(tile, 1, 2) for tile in LQQ_WGMMA_TILES if _lqq_per_sm(m, n, tile, 2, sms) == 1]
         tile, split, wg = min(options, key=lambda o: lqq_wgmma_cost(m, n, k, o[0], o[1], sms, o[2]))
         bm, tail = LQQ_WGMMA_TILES[tile]
         return (bm, _lqq_stages(m, -(-n // (64 * wg)) * -(-m // tile), sms), split, tail), wg

@@ -24,7 +24,8 @@ from quantkit.bench.command import parse_shapes
 from quantkit.bench.problems import _packed
 from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
 from quantkit.runtime.kernels.act_quant import quantize_activation_triton
-from quantkit.runtime.kernels.configs import LQQ_WGMMA_TILES, TileConfig, gemm_config, lqq_wgmma_config
+from quantkit.runtime.kernels.configs import (LQQ_WGMMA_TILES, TileConfig, gemm_config, lqq_wgmma_config,
+                                             lqq_wgmma_warpgroups)
 from quantkit.runtime.kernels.int8_gemm import int8_matmul
 from quantkit.runtime.kernels.lqq_wgmma import lqq_wgmma_matmul, lqq_wgmma_problem
 from quantkit.runtime.kernels.reference import int8_reference
@@ -89,7 +90,7 @@ def main() -> None:
     p.add_argument("--no-check", action="store_true", help="skip the bit-exactness checks (a run that already did them)")
     args = p.parse_args()
     dev = "cuda"
-    checks = [] if args.no_check else check(dev, TAIL_CHECKS if args.tails else [v + (0,) for v in VARIANTS],
+    checks = "skipped" if args.no_check else check(dev, TAIL_CHECKS if args.tails else [v + (0,) for v in VARIANTS],
                                                  args.wg2)
     rows = []
     for n, k in parse_shapes(args.shapes):
@@ -111,6 +112,7 @@ def main() -> None:
             if args.tails:
                 cfg = lqq_wgmma_config(m, n, k)
                 row["rule_config"] = cfg
+                row["rule_warpgroups"] = lqq_wgmma_warpgroups(m, n, k)
                 row["rule"] = time_rotating(lambda a, s, w: int8_matmul(a, s, -1, "w4a8-lqq", w, meta),
                                             inputs)["ms"] * 1e3
             if lqq_wgmma_problem(qa[0][0], -1, "w4a8-lqq", meta) is None:

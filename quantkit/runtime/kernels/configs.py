@@ -199,6 +199,9 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
 # Triton never fell below 0.999× (M = 2049) there; this kernel ran 10-12 % faster than it at M = 2049-2560 and
 # slower at 3072 and 4096 (two runs whose fp16 times differ by up to 11 %: not settled, Triton kept). At M = 4096
 # the Triton kernel was the faster on five of six Llama-3-8B shapes (docs/logs/lqq_wgmma_h100.json).
+# Since session 12 also layers of N <= 8192 with rows longer than 8192 up to LQQ_WGMMA_LONG_K_MAX_M (measured on
+# 4096×14336 only; narrower long-row layers take the K split below there, not measured), and two warpgroups per
+# program where the cost model puts them (below).
 LQQ_WGMMA_BM = (128, 64, 32)
 LQQ_WGMMA_MIN_M = 32
 LQQ_WGMMA_MAX_M = 2048
@@ -283,20 +286,25 @@ def lqq_wgmma_cost(m: int, n: int, k: int, tile: int, split: int, sms: int = SMS
 # scores two warpgroups only on unsplit tiles with one program per SM: programs over 128-row tiles, each costing
 # LQQ_WG2_COST × a one-warpgroup program of the same tile; fitted to the 7 timed points of both logs with such tiles
 # (1.56-1.86 per program; 1.75 keeps 14336×4096 M = 448 on one warpgroup's 96-token tiles, 75.3 µs vs 80.1). And only
-# where no one-warpgroup launch fits in one wave: on 6144×4096 at M = 289-320 the model's two-warpgroup 160-token
+# where no one-warpgroup launch fits in one wave (LQQ_WGMMA_PER_SM is the one-warpgroup table; it holds for a
+# two-warpgroup program only because those are scored where one program fits per SM): on 6144×4096 at M = 289-320 the model's two-warpgroup 160-token
 # tiles (96 programs) took 27.9-29.9 µs against 26.3-26.9 for one warpgroup's 96-token tiles, 384 programs three to
 # an SM (lqq_wg2_mid / lqq_wg2_check_qkv_h100.json and the coverage run).
 # Checked after the fit (lqq_wg2_wide_small / wider_small / mid_h100.json): where it newly took two warpgroups, at
 # M = 129-192 on 14336×4096 and 28672×4096, the rule ran 28.3-58.7 µs against 34.2-70.3 for the same tiles on one
 # (1.63-1.74× fp16), and on 6144×4096 at M = 289 27.9 vs 32.3; on 18944×3584 at M = 289 / 320 two warpgroups beat one
 # on the same tile (72.9 / 74.7 vs 78.4 / 75.8) but a 64-token tile on one was faster still (69.6 / 71.7).
+# Where the model is off: 14336×4096 at M = 481-512 takes two warpgroups on 192-token tiles, 79.7 / 81.8 µs at
+# M = 496 / 512 against 76.9 / 78.4 for one warpgroup's 128-token tiles (lqq_wg2_check_wide_h100.json; both faster
+# than fp16's 88.7 / 90.2). The factor has little margin: 1.743 would move 14336×4096 M = 448 to two warpgroups,
+# 1.768 would fix M = 481-512 but also move 18944×3584 M = 289-320 to a slower one-warpgroup launch.
 LQQ_WG2_COST = 1.75
 
 
-def lqq_wgmma_warpgroups(m: int, n: int, k: int) -> int:
+def lqq_wgmma_warpgroups(m: int, n: int, k: int, sms: int = SMS_H100) -> int:
     """Warpgroups per program of the Gluon LiquidQuant kernel for M tokens on an [N, K] weight (the launch of
     :func:`lqq_wgmma_launch`; 1 where the Triton kernel runs)."""
-    launch = lqq_wgmma_launch(m, n, k)
+    launch = lqq_wgmma_launch(m, n, k, sms)
     return 1 if launch is None else launch[1]
 
 
@@ -308,9 +316,11 @@ def lqq_wgmma_config(m: int, n: int, k: int, sms: int = SMS_H100) -> tuple[int, 
 
 
 @functools.lru_cache(maxsize=4096)  # scoring 12-18 options costs ~10 µs of Python, once per layer shape and M
-def lqq_wgmma_launch(m: int, n: int, k: int, sms: int = SMS_H100) -> tuple[tuple[int, int, int, int], int] | None:
+def lqq_wgmma_launch(m: int, n: int, k: int, sms: int = SMS_H100,
+                     max_warpgroups: int = 2) -> tuple[tuple[int, int, int, int], int] | None:
     """((tokens per program, activation stages, K split, tail tokens), warpgroups) of the Gluon LiquidQuant kernel
-    for M tokens on an [N, K] weight, or None where the Triton LiquidQuant kernel runs instead (comments above)."""
+    for M tokens on an [N, K] weight, or None where the Triton LiquidQuant kernel runs instead (comments above).
+    ``max_warpgroups=1``: the pick among one-warpgroup launches only (where a two-warpgroup build failed)."""
     small_n = n <= LQQ_WGMMA_SMALL_N and k <= LQQ_WGMMA_NARROW
     if not LQQ_WGMMA_MIN_M <= m <= (LQQ_WGMMA_SMALL_N_MAX_M if small_n else LQQ_WGMMA_MAX_M):
         return None
@@ -319,12 +329,14 @@ def lqq_wgmma_launch(m: int, n: int, k: int, sms: int = SMS_H100) -> tuple[tuple
     row_tiles, k_tiles = -(-n // 64), -(-k // 256)
     if LQQ_ROW_TILE_EXCEPTIONS_K[0] <= k <= LQQ_ROW_TILE_EXCEPTIONS_K[1]:
         for first, last, cfg, wg in LQQ_ROW_TILE_EXCEPTIONS.get(row_tiles, ()):
-            if first <= m <= last:
+            if first <= m <= last and wg <= max_warpgroups:
                 return None if cfg is None else (cfg, wg)
+            if first <= m <= last:
+                break  # a two-warpgroup exception without two warpgroups: the cost model's one-warpgroup pick
     if 64 < m <= LQQ_WGMMA_WIDE_MAX_M:
         options = [(tile, split, 1) for tile in LQQ_WGMMA_TILES for split in (1, 2)
                    if split == 1 or (row_tiles * -(-m // tile) < sms and k_tiles // split >= MIN_SPLIT_TILES)]
-        if not any(_lqq_waves(m, n, tile, 1, sms) <= 1 for tile in LQQ_WGMMA_TILES):
+        if max_warpgroups > 1 and not any(_lqq_waves(m, n, tile, 1, sms) <= 1 for tile in LQQ_WGMMA_TILES):
             options += [(tile, 1, 2) for tile in LQQ_WGMMA_TILES if _lqq_per_sm(m, n, tile, 2, sms) == 1]
         tile, split, wg = min(options, key=lambda o: lqq_wgmma_cost(m, n, k, o[0], o[1], sms, o[2]))
         bm, tail = LQQ_WGMMA_TILES[tile]

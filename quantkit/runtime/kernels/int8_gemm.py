@@ -29,7 +29,7 @@ import triton.language as tl
 
 from quantkit.formats.nibble_planes import padded_k
 from quantkit.runtime.kernels.configs import (MIXLLM_MIXED_OPERAND_MIN_M, MIXLLM_OPERAND_MIN_M, TileConfig,
-                                             gemm_config, lqq_wgmma_config, lqq_wgmma_warpgroups, mixed_second_bn,
+                                             gemm_config, lqq_wgmma_launch, mixed_second_bn,
                                              w8a8_wgmma_config)
 from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda, a8_gemv_preferred, a8_gemv_problem
 from quantkit.runtime.kernels.dequant import group_scale_f32, planes_i8, side_by_side
@@ -233,20 +233,20 @@ def _check_act(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: in
 def _gluon_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, layout: str, tensors: dict,
                   meta: dict, out: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor | None:
     """Y from the Gluon kernel that the launch rules pick for this product on Hopper — LiquidQuant: the wgmma
-    kernel (:func:`.configs.lqq_wgmma_config`); ``w8``: the TMA kernel (:func:`.configs.w8a8_wgmma_config`);
+    kernel (:func:`.configs.lqq_wgmma_launch`); ``w8``: the TMA kernel (:func:`.configs.w8a8_wgmma_config`);
     ``w4a16`` from :data:`.configs.MIXLLM_OPERAND_MIN_M` tokens: its int8 operand through the TMA kernel
     (:mod:`.int8_operand`) — or None where none applies, none can run (the ``*_problem`` functions) or the kernel
     did not compile with this Triton (:func:`.wgmma_common.launch_or_decline`)."""
     m, k = a_codes.shape[0], int(meta["in_features"])
     n = int(meta["out_features"])
     if layout == "w4a8-lqq":
-        cfg = lqq_wgmma_config(m, n, k)
-        if cfg is None or lqq_wgmma_problem(a_codes, act_group_size, layout, meta, out, out_dtype) is not None:
+        launch = lqq_wgmma_launch(m, n, k)
+        if launch is None or lqq_wgmma_problem(a_codes, act_group_size, layout, meta, out, out_dtype) is not None:
             return None
-        # a two-warpgroup config that does not build here falls back to one warpgroup, then to the Triton kernel;
-        # each config is declined (or counts as launched) per output dtype
+        # a two-warpgroup launch that does not build here falls back to the rule's one-warpgroup pick (its tile may
+        # differ), then to the Triton kernel; each config is declined (or counts as launched) per output dtype
         y = None
-        for wg in dict.fromkeys((lqq_wgmma_warpgroups(m, n, k), 1)):
+        for cfg, wg in [c for c in dict.fromkeys((launch, lqq_wgmma_launch(m, n, k, max_warpgroups=1))) if c]:
             y = launch_or_decline(LQQ_KERNEL, (str(out_dtype),) + cfg + (wg,), lambda: lqq_wgmma_matmul(
                 a_codes, a_scales, tensors, meta, *cfg, wg, out=out, out_dtype=out_dtype))
             if y is not None:

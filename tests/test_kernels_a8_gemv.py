@@ -108,29 +108,53 @@ def test_decode_dispatch_rules():
     assert default_variant(6144, 4096, 16).token_sets == 2 and default_variant(6144, 4096, 8).token_sets == 1
 
 
+def test_decode_gemv_warps_and_wait_rules():
+    """Session 13's measured GEMV rules: 4 warps again above 16384 rows (2 from 8193 to 16384, as the A8 GEMV),
+    and the wait for the previous grid after two weight tiles at decode sizes — for the W4A16 GEMV only on layers
+    of <= 8192 rows and columns, for the A8 GEMV on all."""
+    from quantkit.runtime.kernels.cuda_gemv import cuda_gemv_warps, default_variant
+    from quantkit.runtime.kernels.cuda_gemv_a8 import a8_wait_after_two, a8_warps
+
+    assert [cuda_gemv_warps(n, 4096) for n in (1024, 4096, 6144, 8192, 14336, 16384, 24576, 28672)] == \
+        [8, 8, 4, 4, 2, 2, 4, 4]
+    assert all(cuda_gemv_warps(n, 4096) == a8_warps(n) for n in (1024, 6144, 14336, 24576, 37888))
+    assert default_variant(4096, 4096, 1).wait_after_two and default_variant(6144, 4096, 8).wait_after_two
+    assert default_variant(3584, 3584, 1).wait_after_two and default_variant(1024, 4096, 4).wait_after_two
+    assert not default_variant(14336, 4096, 1).wait_after_two and not default_variant(4096, 14336, 1).wait_after_two
+    assert not default_variant(8193, 4096, 1).wait_after_two and not default_variant(4096, 8448, 1).wait_after_two
+    assert not default_variant(4096, 4096, 16).wait_after_two  # 16-token columns: not measured, the old wait
+    assert default_variant(4096, 4096, 1).kernel_name(False) == "w4a16_gemv_mma<8, false, 128, 1, true>"
+    assert a8_wait_after_two(6144, 4096, 8) and not a8_wait_after_two(6144, 4096, 9)
+    assert a8_wait_after_two(14336, 4096, 1) and a8_wait_after_two(4096, 14336, 1)  # unlike the W4A16 GEMV
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("layout,m,n,k,group_size,act_group,warps,sets", [
-    ("w8", 1, 33, 256, 128, 128, 2, 1), ("w8", 5, 1000, 2304, 128, -1, 4, 1), ("w8", 8, 4103, 1024, 256, 256, 8, 1),
-    ("w8", 12, 65, 3840, 384, 128, 2, 1), ("w8", 12, 65, 3840, 384, 128, 4, 2), ("w8", 37, 40, 512, 128, -1, 2, 2),
-    ("w4a16", 1, 33, 256, 128, 128, 2, 1), ("w4a16", 3, 1000, 2304, -1, 128, 4, 1),
-    ("w4a16", 8, 4103, 1024, 256, -1, 8, 1), ("w4a16", 12, 65, 3840, 384, 384, 2, 1),
-    ("w4a16", 2, 40, 7168, 128, 128, 4, 1), ("w4a16", 16, 257, 4096, 128, 128, 4, 2),
-    ("w4a16", 13, 33, 2304, -1, -1, 8, 2),
-    ("w4a8-lqq", 1, 33, 256, 128, -1, 2, 1), ("w4a8-lqq", 6, 1000, 2304, 256, 128, 4, 1),
-    ("w4a8-lqq", 12, 257, 3840, 128, -1, 4, 2), ("w4a8-lqq", 16, 65, 1024, 384, 256, 8, 1)])
-def test_a8_gemv_matches_reference_on_gpu(layout, m, n, k, group_size, act_group, warps, sets, out_dtype):
+@pytest.mark.parametrize("layout,m,n,k,group_size,act_group,warps,sets,wait2", [
+    ("w8", 1, 33, 256, 128, 128, 2, 1, False), ("w8", 5, 1000, 2304, 128, -1, 4, 1, False),
+    ("w8", 8, 4103, 1024, 256, 256, 8, 1, False), ("w8", 12, 65, 3840, 384, 128, 2, 1, False),
+    ("w8", 12, 65, 3840, 384, 128, 4, 2, False), ("w8", 37, 40, 512, 128, -1, 2, 2, False),
+    ("w4a16", 1, 33, 256, 128, 128, 2, 1, False), ("w4a16", 3, 1000, 2304, -1, 128, 4, 1, False),
+    ("w4a16", 8, 4103, 1024, 256, -1, 8, 1, False), ("w4a16", 12, 65, 3840, 384, 384, 2, 1, False),
+    ("w4a16", 2, 40, 7168, 128, 128, 4, 1, False), ("w4a16", 16, 257, 4096, 128, 128, 4, 2, False),
+    ("w4a16", 13, 33, 2304, -1, -1, 8, 2, False),
+    ("w4a8-lqq", 1, 33, 256, 128, -1, 2, 1, False), ("w4a8-lqq", 6, 1000, 2304, 256, 128, 4, 1, False),
+    ("w4a8-lqq", 12, 257, 3840, 128, -1, 4, 2, False), ("w4a8-lqq", 16, 65, 1024, 384, 256, 8, 1, False),
+    ("w8", 5, 1000, 2304, 128, -1, 4, 1, True), ("w4a16", 1, 33, 256, 128, 128, 8, 1, True),
+    ("w4a16", 2, 40, 7168, 128, 128, 4, 1, True), ("w4a8-lqq", 6, 1000, 2304, 256, 128, 2, 1, True)])
+def test_a8_gemv_matches_reference_on_gpu(layout, m, n, k, group_size, act_group, warps, sets, wait2, out_dtype):
     """W8A8, MixLLM W4A8 and LiquidQuant W4A8: odd N (a partial block), per-channel / 256- / 384-column weight
     groups, per-token and grouped activation scales, M past one launch column of 8 or 16 tokens (two 8-token sets
-    sharing each weight fragment), every warp looping over several tiles (odd and even counts)."""
+    sharing each weight fragment), every warp looping over several tiles (odd and even counts); wait2: the wait for
+    the previous grid after two weight tiles (warps of no tile, three, five and seven)."""
     from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda
 
     _, tensors, meta = packed(layout, n, k, group_size, seed=m + n, sym=layout == "w8")
     codes, scales = _acts(m, k, act_group, seed=k + m)
     ref = int8_reference(codes, scales, act_group, layout, tensors, meta)
     out = a8_gemv_cuda(codes, scales, act_group, [(layout, tensors, meta, None)], n, out_dtype,
-                       out=poisoned(m, n, out_dtype), warps=warps, token_sets=sets)
+                       out=poisoned(m, n, out_dtype), warps=warps, token_sets=sets, wait_after_two=wait2)
     assert rel_err(out, ref) < (TOL if out_dtype == torch.float16 else 8e-3)
     from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_preferred
 

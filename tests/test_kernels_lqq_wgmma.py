@@ -77,7 +77,9 @@ def test_rule_takes_the_measured_exceptions_on_fused_qkv_shapes_only():
     assert lqq_wgmma_config(641, 6144, 4096) == (128, 2, 1, 0)
     assert lqq_wgmma_config(769, 6144, 4096) == (128, 3, 1, 0)  # past the exceptions: the rule above 768
     assert lqq_wgmma_config(641, 4608, 3584) is None and lqq_wgmma_config(768, 4608, 3584) is None
-    assert lqq_wgmma_config(640, 4608, 3584) is not None
+    assert lqq_wgmma_config(896, 4608, 3584) is None  # session 13: Triton's 252 programs, one wave, to M = 896
+    assert gemm_config(896, 4608, 3584, "lqq") == TileConfig(128, 128, 1, 4, 2)
+    assert lqq_wgmma_config(640, 4608, 3584) is not None and lqq_wgmma_config(897, 4608, 3584) is not None
     assert gemm_config(704, 4608, 3584, "lqq") == TileConfig(128, 128, 1, 4, 2)  # 216 programs, one wave
     assert lqq_wgmma_config(576, 6081, 4096) is None  # 96 row tiles of 64, like 6144
 
@@ -87,13 +89,13 @@ def test_rule_exceptions_leave_other_shapes_to_the_cost_model(monkeypatch):
     # 1.15-1.65x slower than the model's picks on 72 and 128 row tiles at M = 464-640)
     shapes = ((4096, 4096), (4608, 3584), (6080, 4096), (6145, 4096), (8192, 4096), (6144, 8192), (6144, 14336),
               (6144, 2048), (4608, 3072), (6144, 5120))
-    ms = sorted({*range(385, 780, 3), 416, 480, 481, 640, 641, 768})
+    ms = sorted({*range(385, 780, 3), 416, 480, 481, 640, 641, 768, 769, 896, 897, 1024})
     with_exceptions = {(n, k, m): lqq_wgmma_config(m, n, k) for n, k in shapes for m in ms}
     monkeypatch.setattr(configs, "LQQ_ROW_TILE_EXCEPTIONS", {})
     lqq_wgmma_launch.cache_clear()
     try:
         for (n, k, m), cfg in with_exceptions.items():
-            if (n, k) == (4608, 3584) and 641 <= m <= 768:
+            if (n, k) == (4608, 3584) and 641 <= m <= 896:
                 continue  # its own exception
             assert cfg == lqq_wgmma_config(m, n, k), (n, k, m)
         assert lqq_wgmma_config(448, 6144, 4096) == (128, 3, 1, 0)  # and the exceptions did change 6144x4096

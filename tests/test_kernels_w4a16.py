@@ -166,23 +166,26 @@ def test_cuda_gemv_declines_inputs_it_cannot_read():
 @pytest.mark.gpu
 @pytest.mark.skipif(not _cupy_ok(), reason="needs a CUDA GPU and CuPy")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("m,n,k,group_size,warps,l2_prefetch,sets", [
-    (1, 33, 256, 128, 2, 0, 1), (3, 1000, 1024, -1, 4, 256, 1), (8, 4103, 512, 256, 8, 128, 1),
-    (12, 257, 768, 128, 8, 0, 1), (2, 65, 2304, 384, 2, 256, 1), (5, 65, 2304, 128, 2, 0, 1),
-    (1, 40, 1792, 128, 4, 128, 1), (4, 40, 2560, 1280, 2, 0, 1), (7, 17, 3072, 512, 4, 256, 1),
-    (9, 257, 3840, 384, 2, 128, 1), (2, 40, 7168, 512, 4, 128, 1), (16, 257, 4096, 128, 4, 128, 2),
-    (12, 33, 2304, -1, 2, 128, 2), (37, 40, 1024, 256, 8, 0, 2), (3, 65, 512, 128, 4, 128, 2)])
-def test_cuda_gemv_matches_reference_on_gpu(m, n, k, group_size, warps, l2_prefetch, sets, dtype):
+@pytest.mark.parametrize("m,n,k,group_size,warps,l2_prefetch,sets,wait2", [
+    (1, 33, 256, 128, 2, 0, 1, False), (3, 1000, 1024, -1, 4, 256, 1, False), (8, 4103, 512, 256, 8, 128, 1, False),
+    (12, 257, 768, 128, 8, 0, 1, False), (2, 65, 2304, 384, 2, 256, 1, False), (5, 65, 2304, 128, 2, 0, 1, False),
+    (1, 40, 1792, 128, 4, 128, 1, False), (4, 40, 2560, 1280, 2, 0, 1, False), (7, 17, 3072, 512, 4, 256, 1, False),
+    (9, 257, 3840, 384, 2, 128, 1, False), (2, 40, 7168, 512, 4, 128, 1, False), (16, 257, 4096, 128, 4, 128, 2, False),
+    (12, 33, 2304, -1, 2, 128, 2, False), (37, 40, 1024, 256, 8, 0, 2, False), (3, 65, 512, 128, 4, 128, 2, False),
+    (1, 33, 256, 128, 8, 128, 1, True), (3, 1000, 1024, -1, 2, 128, 1, True), (5, 65, 2304, 128, 2, 0, 1, True),
+    (7, 17, 3072, 512, 4, 256, 1, True), (2, 40, 7168, 512, 4, 128, 1, True), (1, 4103, 1280, 256, 8, 128, 1, True)])
+def test_cuda_gemv_matches_reference_on_gpu(m, n, k, group_size, warps, l2_prefetch, sets, wait2, dtype):
     """Odd N (a partial 16-row block), per-channel, 256-, 512- (shifted group index), 384- and
     1280-column groups (divided), M beyond one 8-token launch column, activations that are a row-strided view, and
     K long enough that every warp loops over several tiles (odd and even counts: both register tiles in turn);
-    sets = 2: 16 tokens per launch column sharing each dequantized fragment (M of 3, 12, 16 and 37)."""
+    sets = 2: 16 tokens per launch column sharing each dequantized fragment (M of 3, 12, 16 and 37); wait2: the
+    wait for the previous grid after two tiles, with warps of no tile, one, two, three, five and seven."""
     from quantkit.runtime.kernels.cuda_gemv import GemvVariant, w4a16_gemv_cuda
 
     _, tensors, meta = packed("w4a16", n, k, group_size, seed=m + n)
     wide = torch.randn(m, k + 64, device="cuda").to(dtype)
     x = wide[:, :k]
-    variant = GemvVariant(warps, l2_prefetch, sets)
+    variant = GemvVariant(warps, l2_prefetch, sets, wait2)
     out = w4a16_gemv_cuda(x, tensors, meta, variant, out=poisoned(m, n, dtype))
     assert rel_err(out, w4a16_reference(x, tensors, meta)) < TOL[dtype]
     # w4a16_matmul's default path is the CUDA GEMV (its default variant) wherever cuda_gemv_preferred says so

@@ -1,8 +1,8 @@
 """Decode study of the int8-activation kernels on one GPU: µs per call of cuBLAS fp16, the Triton W8A8 / MixLLM
 W4A8 / one-launch mixed W4.4A8 kernels (their default tile rule) and the CUDA A8 GEMV
-(quantkit.runtime.kernels.cuda_gemv_a8, 2 / 4 / 8 warps per block; above M = 8 one or two 8-token sets per
-launch column) at decode sizes, with a correctness check of each
-CUDA result against the Triton one — the measured basis of the A8 dispatch rule (docs/BENCHMARKS.md quotes it).
+(quantkit.runtime.kernels.cuda_gemv_a8, 2 / 4 / 8 warps per block; up to M = 8 waiting for the previous grid
+after one or two weight tiles, above one or two 8-token sets per launch column) at decode sizes, with a correctness
+check of each CUDA result against the Triton one — the measured basis of the A8 dispatch rule (docs/BENCHMARKS.md quotes it).
 
     python docs/bench/a8_gemv_sweep.py --out a8.json
 """
@@ -81,10 +81,10 @@ def main() -> None:
                 ref = tri(*inputs[0])
                 row["triton"] = time_rotating(tri, inputs)["ms"] * 1e3
                 for warps in (2, 4, 8):
-                    for sets in ((1, 2) if m > 8 else (1,)):
-                        fn = lambda ac, sc, pc, w=warps, j=sets: a8_gemv_cuda(ac, sc, group, pc, n,  # noqa: E731
-                                                                             warps=w, token_sets=j)
-                        key = f"w{warps}" + (f"_j{sets}" if m > 8 else "")
+                    for sets, wait2 in (((1, False), (2, False)) if m > 8 else ((1, False), (1, True))):
+                        fn = lambda ac, sc, pc, w=warps, j=sets, w2=wait2: a8_gemv_cuda(  # noqa: E731
+                            ac, sc, group, pc, n, warps=w, token_sets=j, wait_after_two=w2)
+                        key = f"w{warps}" + (f"_j{sets}" if m > 8 else "") + ("_wait2" if wait2 else "")
                         out = fn(*inputs[0])
                         row[f"check_{key}"] = float((out.double() - ref.double()).norm() / ref.double().norm())
                         row[f"cuda_{key}"] = time_rotating(fn, inputs)["ms"] * 1e3

@@ -7,7 +7,7 @@ size.
 
 Programmatic dependent launch (Hopper, sm_90): a GEMV is launched with the driver's programmatic stream
 serialization attribute, so it may start while the kernel before it on the stream is still running. Its blocks
-load their first weight tile — which no earlier kernel writes — and only then wait (``griddepcontrol.wait``: the
+load their first one or two weight tiles per warp — which no earlier kernel writes — and only then wait (``griddepcontrol.wait``: the
 previous grid complete, its writes visible) before reading activations; each GEMV and the activation quantizer
 also signal at their start that the next such kernel may launch. A decode step's weight stream so overlaps the
 activation quantizer and the tail of the previous GEMV. The wait always blocks until the previous grid (whether

@@ -6,7 +6,8 @@ This kernel is warp-level, in the manner of TurboMind's GEMV path (TurboMind Sec
 
 * a block owns 16 weight rows; its NWARPS warps split K by 256-column tiles (warp w takes tiles w, w + NWARPS,
   …, one tile loaded ahead into the other of two register tiles) and add their partial sums through shared
-  memory at the end;
+  memory at the end; under programmatic dependent launch a warp requests its first tile, or on layers of <= 8192
+  rows and columns its first two (:func:`wait_after_two`), before it waits for the previous grid;
 * lane (g, c) — the coordinates of the ``mma.sync.m16n8k16`` fragments — loads 16-byte vectors c and c + 4 of
   rows g and g + 8 of the tile (``ld.global.nc.L1::no_allocate``: each weight byte is read once); every word
   feeds the same fragment slot of all 8 planes (the tile-planar order of :mod:`quantkit.formats.nibble_planes`);
@@ -194,7 +195,8 @@ __device__ __forceinline__ void mma_tile(const Tile& cur, const typename Pair<BF
 // each warp multiplies one tile while the next is loading (two register tiles used in turn, so no tile is copied)
 // L2PF: see ld_stream. The explicit minimum of 1 block per SM matters: without it ptxas aims at more resident
 // blocks, caps the kernel at 80 registers, hoists fewer loads and runs 10-45 % slower (docs/logs/gemv_sweep_*.json)
-template <int NWARPS, bool BF16, int L2PF, int J>
+// WAIT2: wait for the previous grid after two tiles are in flight, not one
+template <int NWARPS, bool BF16, int L2PF, int J, bool WAIT2>
 __global__ void __launch_bounds__(NWARPS * 32, 1)
 w4a16_gemv_mma(const void* __restrict__ x_, const uint4* __restrict__ w, const u32* __restrict__ qp,
                void* __restrict__ out_, int M, int N, long long stride_xm, long long stride_om, int w_row_vec,
@@ -232,13 +234,17 @@ w4a16_gemv_mma(const void* __restrict__ x_, const uint4* __restrict__ w, const u
     Tile ta, tb;
     int t = warp;
     if (t < n_tiles) load(t, ta);
+    if (WAIT2 && t + NWARPS < n_tiles) load(t + NWARPS, tb);
     pdl_wait();  // the weights are no earlier kernel's output; the activations may be
+    // each tile is requested one tile's work before it is used: the register tile it lands in was just consumed
     for (; t < n_tiles; t += 2 * NWARPS) {
-        if (t + NWARPS < n_tiles) load(t + NWARPS, tb);
+        if (!WAIT2 && t + NWARPS < n_tiles) load(t + NWARPS, tb);
         mma_tile<BF16, J>(ta, xr, t, acc);
+        if (WAIT2 && t + 2 * NWARPS < n_tiles) load(t + 2 * NWARPS, ta);
         if (t + NWARPS >= n_tiles) break;
-        if (t + 2 * NWARPS < n_tiles) load(t + 2 * NWARPS, ta);
+        if (!WAIT2 && t + 2 * NWARPS < n_tiles) load(t + 2 * NWARPS, ta);
         mma_tile<BF16, J>(tb, xr, t + NWARPS, acc);
+        if (WAIT2 && t + 3 * NWARPS < n_tiles) load(t + 3 * NWARPS, tb);
     }
     reduce_store<NWARPS, J>(acc, reinterpret_cast<T*>(out_), row0, m0, M, N, stride_om, nullptr);
 }
@@ -253,21 +259,24 @@ class GemvVariant:
     warps: int = 4
     l2_prefetch: int = 128
     token_sets: int = 1  # 8-token sets per launch column sharing every dequantized weight fragment (1 or 2)
+    wait_after_two: bool = False  # the previous grid is waited for after two tiles are in flight, not one
 
     def kernel_name(self, bf16: bool) -> str:
-        return (f"w4a16_gemv_mma<{self.warps}, {'true' if bf16 else 'false'}, {self.l2_prefetch}, "
-                f"{self.token_sets}>")
+        b = lambda v: "true" if v else "false"  # noqa: E731
+        return (f"w4a16_gemv_mma<{self.warps}, {b(bf16)}, {self.l2_prefetch}, {self.token_sets}, "
+                f"{b(self.wait_after_two)}>")
 
     @property
     def key(self) -> str:
         """Short name, as the sweep logs spell it."""
-        return f"cuda_w{self.warps}_pf{self.l2_prefetch}" + (f"_j{self.token_sets}" if self.token_sets > 1 else "")
+        return (f"cuda_w{self.warps}_pf{self.l2_prefetch}" + (f"_j{self.token_sets}" if self.token_sets > 1 else "")
+                + ("_w2" if self.wait_after_two else ""))
 
 
 # the variants docs/bench/gemv_sweep.py times
-VARIANTS = [GemvVariant(w, pf) for w in (2, 4, 8) for pf in (0, 128, 256)]
+VARIANTS = [GemvVariant(w, pf) for w in (2, 4, 8) for pf in (0, 128, 256)] + [
+    GemvVariant(w, 128, 1, True) for w in (2, 4, 8)]
 VARIANTS_M16 = [GemvVariant(w, 128, j) for w in (2, 4, 8) for j in (1, 2)]  # --m16 of the sweep
-DEFAULT_WARPS = (2, 4, 8)  # what cuda_gemv_warps returns
 
 
 def cuda_gemv_problem(x: torch.Tensor, tensors: dict, meta: dict, out: torch.Tensor | None = None) -> str | None:
@@ -295,15 +304,9 @@ def cuda_gemv_problem(x: torch.Tensor, tensors: dict, meta: dict, out: torch.Ten
         return "the GPU is older than compute capability 8.0"
     if not cupy_available():
         return "CuPy is not installed or sees no GPU"
-    return _compile_problem(x.device.index if x.device.index is not None else torch.cuda.current_device(),
-                            x.dtype == torch.bfloat16)
-
-
-def _compile_problem(device_index: int, bf16: bool) -> str | None:
-    """None when the default variants compile for this device, else the reason (cached: compiled once)."""
-    names = tuple(GemvVariant(warps).kernel_name(bf16) for warps in DEFAULT_WARPS) + (
-        default_variant(4096, 4096, 16).kernel_name(bf16),)
-    return compile_problem(device_index, SOURCE, names, "CUDA GEMV")
+    variant = default_variant(int(meta["out_features"]), int(meta["in_features"]), x.shape[0])
+    return compile_problem(x.device.index if x.device.index is not None else torch.cuda.current_device(), SOURCE,
+                           (variant.kernel_name(x.dtype == torch.bfloat16),), "CUDA GEMV")
 
 
 def cuda_gemv_supported(x: torch.Tensor, tensors: dict, meta: dict, out: torch.Tensor | None = None) -> bool:
@@ -313,9 +316,22 @@ def cuda_gemv_supported(x: torch.Tensor, tensors: dict, meta: dict, out: torch.T
 
 def cuda_gemv_warps(n: int, k: int) -> int:
     """Warps per block (they split K) of the register variant for an [N, K] weight: 8 for N <= 4096 (few 16-row
-    blocks), 4 up to N = 8192, else 2 — on an H100 the fastest of 2/4/8 per Llama-3.1-8B shape at M = 1, 2, 4 and
-    8, or within 6 % of it (docs/bench/gemv_sweep.py, docs/logs/gemv_sweep_lean_h100.json)."""
-    return 8 if n <= 4096 else (4 if n <= 8192 else 2)
+    blocks), 4 up to N = 8192, 2 up to 16384, else 4 — on an H100 the fastest of 2/4/8 per Llama-3.1-8B shape at
+    M = 1, 2, 4 and 8, or within 6 % of it (docs/bench/gemv_sweep.py, docs/logs/gemv_sweep_lean_h100.json). Above
+    16384 rows (session 13, docs/logs/session13/gemv_wait2_h100.json): 24576×4096 21.3-26.7 µs on 4 warps vs
+    23.2-29.8 on 2, 37888×3584 28.1-35.2 vs 29.6-35.8, 28672×4096 a tie — at 111 registers nine 2-warp blocks
+    fit an SM, so past ~19000 rows the 2-warp launch needs a second, ragged wave (the A8 GEMV's rule too)."""
+    return 8 if n <= 4096 else (4 if n <= 8192 or n > 16384 else 2)
+
+
+def wait_after_two(n: int, k: int) -> bool:
+    """Whether the decode GEMV of an [N, K] weight waits for the previous grid (programmatic dependent launch)
+    after two weight tiles per warp are in flight rather than one: on layers of at most 8192 rows and columns.
+    H100, docs/bench/gemv_sweep.py (docs/logs/session13/gemv_wait2_h100.json, 12 shapes × M = 1-8): there 1.01-1.13×
+    faster on 1024×4096, 4096×4096, 6144×4096 and 3584×3584, 0.98-1.07× on 4608×3584; on the wider or longer
+    layers (14336-37888 rows, 12288-18944 columns) 0.93-1.03× — more blocks than fit at once, so the extra tile
+    only delays the blocks' first products."""
+    return n <= 8192 and k <= 8192
 
 
 def cuda_gemv_preferred(m: int, n: int, k: int) -> bool:
@@ -330,11 +346,12 @@ def cuda_gemv_preferred(m: int, n: int, k: int) -> bool:
 def default_variant(n: int, k: int, m: int = 1) -> GemvVariant:
     """The GEMV variant :func:`w4a16_gemv_cuda` runs for M tokens on an [N, K] weight when none is named: M <= 8:
     warps by :func:`cuda_gemv_warps`, 128-byte L2 prefetch (2-4 % faster than none, as fast as 256 on an H100:
-    docs/logs/gemv_sweep_pf_h100.json); above: 4 warps, two 8-token sets per launch column (the fastest or within
-    4 % of it at M = 12 and 16 on layers up to 8192 × 8192, docs/logs/gemv_sweep_m16_h100.json)."""
+    docs/logs/gemv_sweep_pf_h100.json), the wait of :func:`wait_after_two`; above: 4 warps, two 8-token sets per
+    launch column (the fastest or within 4 % of it at M = 12 and 16 on layers up to 8192 × 8192,
+    docs/logs/gemv_sweep_m16_h100.json)."""
     if m > TOKENS_PER_COLUMN:
         return GemvVariant(4, 128, 2)
-    return GemvVariant(cuda_gemv_warps(n, k), 128)
+    return GemvVariant(cuda_gemv_warps(n, k), 128, 1, wait_after_two(n, k))
 
 
 def w4a16_gemv_cuda(x: torch.Tensor, tensors: dict, meta: dict, variant: GemvVariant | None = None,

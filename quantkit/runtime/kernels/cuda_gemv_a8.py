@@ -200,7 +200,7 @@ __device__ __forceinline__ void tile_a8(const TileA8<MODE>& tl, const signed cha
     }
 }
 
-template <int NWARPS, bool BF16, int MODE, int J>
+template <int NWARPS, bool BF16, int MODE, int J, bool WAIT2>
 __device__ __forceinline__ void block_a8(const Part& P, int blk, const signed char* a, const float* sa, int M,
                                          long long stride_am, long long stride_sm, int a_hpg, int a_shift,
                                          int a_groups, void* out_, long long stride_om, int n_tiles) {
@@ -227,13 +227,17 @@ __device__ __forceinline__ void block_a8(const Part& P, int blk, const signed ch
     TileA8<MODE> ta, tb;
     int t = warp;
     if (t < n_tiles) load_tile<MODE>(P, rows, c, t, ta);
+    if (WAIT2 && t + NWARPS < n_tiles) load_tile<MODE>(P, rows, c, t + NWARPS, tb);
     pdl_wait();  // the weights are no earlier kernel's output; the activation codes may be the quantizer's
+    // as in the W4A16 GEMV: each tile requested one tile's work ahead, into the register tile just consumed
     for (; t < n_tiles; t += 2 * NWARPS) {
-        if (t + NWARPS < n_tiles) load_tile<MODE>(P, rows, c, t + NWARPS, tb);
+        if (!WAIT2 && t + NWARPS < n_tiles) load_tile<MODE>(P, rows, c, t + NWARPS, tb);
         tile_a8<MODE, J>(ta, ar, sa0, sa1, t, a_shift, a_hpg, a_groups, c, acc);
+        if (WAIT2 && t + 2 * NWARPS < n_tiles) load_tile<MODE>(P, rows, c, t + 2 * NWARPS, ta);
         if (t + NWARPS >= n_tiles) break;
-        if (t + 2 * NWARPS < n_tiles) load_tile<MODE>(P, rows, c, t + 2 * NWARPS, ta);
+        if (!WAIT2 && t + 2 * NWARPS < n_tiles) load_tile<MODE>(P, rows, c, t + 2 * NWARPS, ta);
         tile_a8<MODE, J>(tb, ar, sa0, sa1, t + NWARPS, a_shift, a_hpg, a_groups, c, acc);
+        if (WAIT2 && t + 3 * NWARPS < n_tiles) load_tile<MODE>(P, rows, c, t + 3 * NWARPS, tb);
     }
     if constexpr (MODE == 2) {  // LiquidQuant: W = Q_i8 · s_c, one first-level scale per output channel
         const float cs[2] = {__half2float(P.cs[rows[0]]), __half2float(P.cs[rows[1]])};
@@ -246,8 +250,9 @@ __device__ __forceinline__ void block_a8(const Part& P, int blk, const signed ch
                             stride_om, P.cols);
 }
 
-// Y[M, out] for 8·J tokens per launch column; blocks [0, nb_first) run partition A, the rest partition B
-template <int NWARPS, bool BF16, int MODE_A, int MODE_B, int J>
+// Y[M, out] for 8·J tokens per launch column; blocks [0, nb_first) run partition A, the rest partition B;
+// WAIT2: the previous grid is waited for after two weight tiles are in flight, not one
+template <int NWARPS, bool BF16, int MODE_A, int MODE_B, int J, bool WAIT2>
 __global__ void __launch_bounds__(NWARPS * 32, 1)
 a8_gemv(const signed char* __restrict__ a, const float* __restrict__ sa, int M, long long stride_am,
         long long stride_sm, int a_hpg, int a_shift, int a_groups, void* __restrict__ out, long long stride_om,
@@ -259,18 +264,20 @@ a8_gemv(const signed char* __restrict__ a, const float* __restrict__ sa, int M, 
     const Part pa = {w_a, p_a, cs_a, cols_a, n_a, w_row_a, hpg_a, shift_a, groups_a};
     const Part pb = {w_b, p_b, cs_b, cols_b, n_b, w_row_b, hpg_b, shift_b, groups_b};
     if ((int)blockIdx.x < nb_first)
-        block_a8<NWARPS, BF16, MODE_A, J>(pa, blockIdx.x, a, sa, M, stride_am, stride_sm, a_hpg, a_shift, a_groups,
-                                       out, stride_om, n_tiles);
+        block_a8<NWARPS, BF16, MODE_A, J, WAIT2>(pa, blockIdx.x, a, sa, M, stride_am, stride_sm, a_hpg, a_shift,
+                                              a_groups, out, stride_om, n_tiles);
     else
-        block_a8<NWARPS, BF16, MODE_B, J>(pb, blockIdx.x - nb_first, a, sa, M, stride_am, stride_sm, a_hpg, a_shift,
-                                       a_groups, out, stride_om, n_tiles);
+        block_a8<NWARPS, BF16, MODE_B, J, WAIT2>(pb, blockIdx.x - nb_first, a, sa, M, stride_am, stride_sm, a_hpg,
+                                              a_shift, a_groups, out, stride_om, n_tiles);
 }
 """
 
-def a8_kernel_name(warps: int, bf16: bool, mode_a: int, mode_b: int, token_sets: int = 1) -> str:
-    """The template instance of SOURCE for these warps, output dtype, partition modes and sets of 8 tokens per
-    launch column (1 or 2)."""
-    return f"a8_gemv<{warps}, {'true' if bf16 else 'false'}, {mode_a}, {mode_b}, {token_sets}>"
+def a8_kernel_name(warps: int, bf16: bool, mode_a: int, mode_b: int, token_sets: int = 1,
+                   wait_after_two: bool = False) -> str:
+    """The template instance of SOURCE for these warps, output dtype, partition modes, sets of 8 tokens per
+    launch column (1 or 2) and place of the wait for the previous grid (after two weight tiles, or one)."""
+    b = lambda v: "true" if v else "false"  # noqa: E731
+    return f"a8_gemv<{warps}, {b(bf16)}, {mode_a}, {mode_b}, {token_sets}, {b(wait_after_two)}>"
 
 
 def _group_problem(what: str, group_size: int) -> str | None:
@@ -332,14 +339,18 @@ def a8_gemv_problem(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_siz
 
 
 def _instance(parts: list, m: int, out_dtype: torch.dtype, warps: int | None = None,
-              token_sets: int | None = None) -> tuple[str, int, int]:
+              token_sets: int | None = None, wait_after_two: bool | None = None) -> tuple[str, int, int]:
     """(kernel instance name, warps, token sets) :func:`a8_gemv_cuda` runs for these partitions."""
     modes = sorted(MODES[p[0]] for p in parts)
     modes = modes + modes if len(modes) == 1 else modes
     n_total = sum(int(p[2]["out_features"]) for p in parts)
+    k = int(parts[0][2]["in_features"])
     warps = warps or a8_warps(n_total, m)
     token_sets = token_sets or a8_token_sets(n_total, m)
-    return a8_kernel_name(warps, out_dtype == torch.bfloat16, modes[0], modes[1], token_sets), warps, token_sets
+    if wait_after_two is None:
+        wait_after_two = a8_wait_after_two(n_total, k, m)
+    name = a8_kernel_name(warps, out_dtype == torch.bfloat16, modes[0], modes[1], token_sets, wait_after_two)
+    return name, warps, token_sets
 
 
 def a8_warps(n: int, m: int = 1) -> int:
@@ -352,6 +363,15 @@ def a8_warps(n: int, m: int = 1) -> int:
     if n <= 4096:
         return 8
     return 4 if n <= 8192 or n > 16384 else 2
+
+
+def a8_wait_after_two(n: int, k: int, m: int) -> bool:
+    """Whether the A8 GEMV waits for the previous grid after two weight tiles per warp are in flight rather than
+    one: at M <= 8 on every layer. H100, docs/bench/a8_gemv_sweep.py (docs/logs/session13/a8_gemv_wait2_h100.json,
+    LiquidQuant W4A8 and mixed W4.4A8 on 8 shapes × M = 1, 4, 8 at the rule's warps): 1.02-1.26× faster at 44 of 48
+    points, 0.96-1.00× at the rest — unlike the W4A16 GEMV (:func:`.cuda_gemv.wait_after_two`), also on the
+    layers of 14336-24576 rows and 14336 columns (1.02-1.09×). Above M = 8 (16-token columns) not measured."""
+    return m <= TOKENS_PER_COLUMN
 
 
 def a8_token_sets(n: int, m: int) -> int:
@@ -403,13 +423,15 @@ def _part_args(layout: str, tensors: dict, meta: dict, rows: torch.Tensor | None
 
 def a8_gemv_cuda(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, parts: list,
                  out_features: int, out_dtype: torch.dtype = torch.float16, out: torch.Tensor | None = None,
-                 warps: int | None = None, token_sets: int | None = None) -> torch.Tensor:
+                 warps: int | None = None, token_sets: int | None = None,
+                 wait_after_two: bool | None = None) -> torch.Tensor:
     """Y [M, out_features] = dequant(A)·Ŵᵀ for int8 activation codes [M, K] with float32 scales [M, Ga]
     and one or two partitions ``parts`` = [(layout, tensors, meta, rows or None)] of ``w8`` / ``w4a16`` /
     ``w4a8-lqq`` weights
     (rows: int32 output column of each partition row; None: row i → column i). One launch; an 8-bit partition
     runs first (module docstring). ``warps`` (default :func:`a8_warps`) and ``token_sets``, 8-token sets per
-    launch column sharing every weight fragment, 1 or 2 (default :func:`a8_token_sets`). ValueError when
+    launch column sharing every weight fragment, 1 or 2 (default :func:`a8_token_sets`), ``wait_after_two``
+    (default :func:`a8_wait_after_two`). ValueError when
     :func:`a8_gemv_problem` finds a problem other than the device ones, which the caller checks."""
     import numpy as np
 
@@ -427,7 +449,7 @@ def a8_gemv_cuda(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: 
         raise ValueError(f"token_sets must be 1 or 2, got {token_sets}")
     n_tiles = k // 256
     parts = sorted(parts, key=lambda p: MODES[p[0]])  # w8 (mode 0) first: its blocks carry twice the bytes
-    name, warps, token_sets = _instance(parts, m, out_dtype, warps, token_sets)
+    name, warps, token_sets = _instance(parts, m, out_dtype, warps, token_sets, wait_after_two)
     args_parts = [_part_args(lay, t, meta, r, n_tiles) for lay, t, meta, r in parts]
     if len(parts) == 1:
         args_parts.append(args_parts[0])

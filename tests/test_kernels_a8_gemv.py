@@ -113,7 +113,7 @@ def test_decode_gemv_warps_and_wait_rules():
     and the wait for the previous grid after two weight tiles at decode sizes — for the W4A16 GEMV only on layers
     of <= 8192 rows and columns, for the A8 GEMV on all."""
     from quantkit.runtime.kernels.cuda_gemv import cuda_gemv_warps, default_variant
-    from quantkit.runtime.kernels.cuda_gemv_a8 import a8_wait_after_two, a8_warps
+    from quantkit.runtime.kernels.cuda_gemv_a8 import a8_kernel_name, a8_wait_after_two, a8_warps
 
     assert [cuda_gemv_warps(n, 4096) for n in (1024, 4096, 6144, 8192, 14336, 16384, 24576, 28672)] == \
         [8, 8, 4, 4, 2, 2, 4, 4]
@@ -126,6 +126,8 @@ def test_decode_gemv_warps_and_wait_rules():
     assert default_variant(4096, 4096, 1).kernel_name(False) == "w4a16_gemv_mma<8, false, 128, 1, true>"
     assert a8_wait_after_two(6144, 4096, 8) and not a8_wait_after_two(6144, 4096, 9)
     assert a8_wait_after_two(14336, 4096, 1) and a8_wait_after_two(4096, 14336, 1)  # unlike the W4A16 GEMV
+    assert a8_kernel_name(4, False, 2, 0, 1, True) == "a8_gemv<4, false, 2, 0, 1, true>"
+    assert a8_kernel_name(8, True, 1, 1, 2) == "a8_gemv<8, true, 1, 1, 2, false>"
 
 
 @pytest.mark.gpu
@@ -156,6 +158,9 @@ def test_a8_gemv_matches_reference_on_gpu(layout, m, n, k, group_size, act_group
     out = a8_gemv_cuda(codes, scales, act_group, [(layout, tensors, meta, None)], n, out_dtype,
                        out=poisoned(m, n, out_dtype), warps=warps, token_sets=sets, wait_after_two=wait2)
     assert rel_err(out, ref) < (TOL if out_dtype == torch.float16 else 8e-3)
+    # the wait's place changes no arithmetic: the other placement gives the same bits
+    assert torch.equal(out, a8_gemv_cuda(codes, scales, act_group, [(layout, tensors, meta, None)], n, out_dtype,
+                                         warps=warps, token_sets=sets, wait_after_two=not wait2))
     from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_preferred
 
     if a8_gemv_preferred(m, n, k, layouts=(layout,)):  # int8_matmul's default path at decode sizes is this kernel
@@ -326,11 +331,13 @@ def test_programmatic_launch_after_the_quantizer_gives_the_same_bits(monkeypatch
     from quantkit.runtime.kernels.cuda_gemv import cuda_gemv_problem, w4a16_gemv_cuda
     from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda
 
-    _, t, meta = packed(layout, 4096, 1024, seed=3)
+    # K = 4096: two weight tiles per warp of the A8 GEMV (8 warps) and the W4A16 one (2 warps), so both load their
+    # second tile before the wait where the rule says so
+    _, t, meta = packed(layout, 4096, 4096, seed=3)
     t = {k: v.cuda() for k, v in t.items()}
     _, t16, meta16 = packed("w4a16", 520, 4096, seed=4)
     t16 = {k: v.cuda() for k, v in t16.items()}
-    x = torch.randn(3, 1024, device="cuda").half()
+    x = torch.randn(3, 4096, device="cuda").half()
 
     def step(inp):
         a, s = quantize_activation_triton(inp, 8, group)

@@ -188,6 +188,8 @@ def test_cuda_gemv_matches_reference_on_gpu(m, n, k, group_size, warps, l2_prefe
     variant = GemvVariant(warps, l2_prefetch, sets, wait2)
     out = w4a16_gemv_cuda(x, tensors, meta, variant, out=poisoned(m, n, dtype))
     assert rel_err(out, w4a16_reference(x, tensors, meta)) < TOL[dtype]
+    # the wait's place changes no arithmetic: the other placement gives the same bits
+    assert torch.equal(out, w4a16_gemv_cuda(x, tensors, meta, GemvVariant(warps, l2_prefetch, sets, not wait2)))
     # w4a16_matmul's default path is the CUDA GEMV (its default variant) wherever cuda_gemv_preferred says so
     from quantkit.runtime.kernels.cuda_gemv import cuda_gemv_preferred
 

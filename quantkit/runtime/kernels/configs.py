@@ -241,8 +241,9 @@ LQQ_ROW_TILE_EXCEPTIONS_K = (3584, 4096)
 # (33.2 / 33.5 µs at M = 448 / 480 vs 35.3 / 35.6 with one, lqq_wg2_qkv_h100.json; 416 is the same launch grid).
 # 72 row tiles up to M = 896 since session 13: the Triton kernel's 128×128 tiles stay one wave (36 × 7 = 252
 # programs, two per SM) through M = 896, and at M = 769-896 took 34.0-35.1 µs against the Gluon rule's 37.2-38.2 in
-# two runs (one outlier, 39.4 at M = 832; docs/logs/session13/lqq_above768_h100.json, lqq_72rows_h100.json); from
-# M = 928 its tiles turn 64×64 and it took 67-72 µs.
+# two runs (docs/logs/session13/lqq_above768_h100.json, lqq_72rows_h100.json; but one Triton time, 39.4 µs at
+# M = 832 in the second, against the rule's 37.8); from M = 897 its tiles turn 64×64 (288 programs), and at
+# M = 928-960 it took 67-72 µs.
 LQQ_ROW_TILE_EXCEPTIONS = {96: ((416, 480, (64, 3, 1, 32), 2), (481, 640, None, 1), (641, 768, (128, 2, 1, 0), 1)),
                            72: ((641, 896, None, 1),)}
 

@@ -6,8 +6,8 @@ This kernel is warp-level, in the manner of TurboMind's GEMV path (TurboMind Sec
 
 * a block owns 16 weight rows; its NWARPS warps split K by 256-column tiles (warp w takes tiles w, w + NWARPS,
   …, one tile loaded ahead into the other of two register tiles) and add their partial sums through shared
-  memory at the end; under programmatic dependent launch a warp requests its first tile, or on layers of <= 8192
-  rows and columns its first two (:func:`wait_after_two`), before it waits for the previous grid;
+  memory at the end; under programmatic dependent launch a warp requests its first tile, or at M <= 8 on layers
+  of <= 8192 rows and columns its first two (:func:`wait_after_two`), before it waits for the previous grid;
 * lane (g, c) — the coordinates of the ``mma.sync.m16n8k16`` fragments — loads 16-byte vectors c and c + 4 of
   rows g and g + 8 of the tile (``ld.global.nc.L1::no_allocate``: each weight byte is read once); every word
   feeds the same fragment slot of all 8 planes (the tile-planar order of :mod:`quantkit.formats.nibble_planes`);
@@ -327,10 +327,11 @@ def cuda_gemv_warps(n: int, k: int) -> int:
 def wait_after_two(n: int, k: int) -> bool:
     """Whether the decode GEMV of an [N, K] weight waits for the previous grid (programmatic dependent launch)
     after two weight tiles per warp are in flight rather than one: on layers of at most 8192 rows and columns.
-    H100, docs/bench/gemv_sweep.py (docs/logs/session13/gemv_wait2_h100.json, 12 shapes × M = 1-8): there 1.01-1.13×
-    faster on 1024×4096, 4096×4096, 6144×4096 and 3584×3584, 0.98-1.07× on 4608×3584; on the wider or longer
-    layers (14336-37888 rows, 12288-18944 columns) 0.93-1.03× — more blocks than fit at once, so the extra tile
-    only delays the blocks' first products."""
+    H100, docs/bench/gemv_sweep.py (docs/logs/session13/gemv_wait2_h100.json, 12 shapes × M = 1, 2, 4, 8 at the
+    rule's warps): there 1.01-1.13× faster on 1024×4096, 4096×4096, 6144×4096 and 3584×3584, 0.98-1.07× on
+    4608×3584; on the wider or longer layers (14336-37888 rows, 12288-18944 columns) 0.95-1.02×, not explained
+    (the A8 GEMV, same loop, gains there: :func:`.cuda_gemv_a8.a8_wait_after_two`). Only at M <= 8 (one 8-token
+    set per launch column); the 16-token variant keeps the old wait."""
     return n <= 8192 and k <= 8192
 
 

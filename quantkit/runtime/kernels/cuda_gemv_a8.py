@@ -367,10 +367,12 @@ def a8_warps(n: int, m: int = 1) -> int:
 
 def a8_wait_after_two(n: int, k: int, m: int) -> bool:
     """Whether the A8 GEMV waits for the previous grid after two weight tiles per warp are in flight rather than
-    one: at M <= 8 on every layer. H100, docs/bench/a8_gemv_sweep.py (docs/logs/session13/a8_gemv_wait2_h100.json,
-    LiquidQuant W4A8 and mixed W4.4A8 on 8 shapes × M = 1, 4, 8 at the rule's warps): 1.02-1.26× faster at 44 of 48
-    points, 0.96-1.00× at the rest — unlike the W4A16 GEMV (:func:`.cuda_gemv.wait_after_two`), also on the
-    layers of 14336-24576 rows and 14336 columns (1.02-1.09×). Above M = 8 (16-token columns) not measured."""
+    one: at M <= 8 on every layer. H100, docs/bench/a8_gemv_sweep.py at the rule's warps: LiquidQuant W4A8 and
+    mixed W4.4A8 on 8 shapes × M = 1, 4, 8 (docs/logs/session13/a8_gemv_wait2_h100.json) 1.02-1.26× faster at 44 of
+    48 points, 0.96-1.00× at the rest; W8A8 and MixLLM W4A8 on 4 shapes (a8_gemv_wait2_w8_h100.json) 1.00-1.10× at
+    all 24. Unlike the W4A16 GEMV (:func:`.cuda_gemv.wait_after_two`) also on the layers of 14336-24576 rows and
+    14336 columns (0.99-1.09×, 1.02 or more at 17 of 18 LiquidQuant / mixed points). Above M = 8 (16-token columns)
+    not measured."""
     return m <= TOKENS_PER_COLUMN
 
 

@@ -148,6 +148,11 @@ def stream(device_index: int, handle: int):
         return cupy.cuda.ExternalStream(handle, device_index)
 
 
+def cxx_bool(value: bool) -> str:
+    """A bool as a C++ template argument of a kernel instance name ("true" / "false")."""
+    return "true" if value else "false"
+
+
 def group_shift(group_size: int, halves_per_group: int) -> int:
     """The ``shift`` argument of PRELUDE's group_of: log2 of the group size in half-tiles when it is a power of
     two, 31 for one group per row (every half-tile index >> 31 is 0), else -1 (group_of then divides)."""

@@ -50,8 +50,8 @@ import dataclasses
 
 import torch
 
-from quantkit.runtime.kernels.cuda_common import (PRELUDE, compile_problem, cupy_available, group_shift, launch,
-                                                    launch_form)
+from quantkit.runtime.kernels.cuda_common import (PRELUDE, compile_problem, cupy_available, cxx_bool, group_shift,
+                                                    launch, launch_form)
 from quantkit.runtime.kernels.launch import groups_in_halves
 
 TOKENS_PER_COLUMN = 8  # the mma's N side: tokens of one launch column
@@ -262,9 +262,8 @@ class GemvVariant:
     wait_after_two: bool = False  # the previous grid is waited for after two tiles are in flight, not one
 
     def kernel_name(self, bf16: bool) -> str:
-        b = lambda v: "true" if v else "false"  # noqa: E731
-        return (f"w4a16_gemv_mma<{self.warps}, {b(bf16)}, {self.l2_prefetch}, {self.token_sets}, "
-                f"{b(self.wait_after_two)}>")
+        return (f"w4a16_gemv_mma<{self.warps}, {cxx_bool(bf16)}, {self.l2_prefetch}, {self.token_sets}, "
+                f"{cxx_bool(self.wait_after_two)}>")
 
     @property
     def key(self) -> str:

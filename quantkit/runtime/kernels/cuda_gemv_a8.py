@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import torch
 
-from quantkit.runtime.kernels.cuda_common import (PRELUDE, compile_problem, cupy_available, group_shift, launch,
-                                                    launch_form)
+from quantkit.runtime.kernels.cuda_common import (PRELUDE, compile_problem, cupy_available, cxx_bool, group_shift,
+                                                    launch, launch_form)
 from quantkit.runtime.kernels.cuda_gemv import TOKENS_PER_COLUMN
 from quantkit.runtime.kernels.launch import act_groups_in_halves, groups_in_halves
 
@@ -276,8 +276,7 @@ def a8_kernel_name(warps: int, bf16: bool, mode_a: int, mode_b: int, token_sets:
                    wait_after_two: bool = False) -> str:
     """The template instance of SOURCE for these warps, output dtype, partition modes, sets of 8 tokens per
     launch column (1 or 2) and place of the wait for the previous grid (after two weight tiles, or one)."""
-    b = lambda v: "true" if v else "false"  # noqa: E731
-    return f"a8_gemv<{warps}, {b(bf16)}, {mode_a}, {mode_b}, {token_sets}, {b(wait_after_two)}>"
+    return f"a8_gemv<{warps}, {cxx_bool(bf16)}, {mode_a}, {mode_b}, {token_sets}, {cxx_bool(wait_after_two)}>"
 
 
 def _group_problem(what: str, group_size: int) -> str | None:

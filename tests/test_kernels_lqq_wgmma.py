@@ -36,14 +36,13 @@ def _acts(m: int, k: int, seed: int):
 
 def test_rule_keeps_decode_sizes_wide_prefill_and_narrow_small_m_on_triton():
     assert lqq_wgmma_config(16, 14336, 4096) is None  # decode: CUDA GEMV / Triton
-    assert lqq_wgmma_config(4096, 4096, 4096) is None  # above 2048 tokens on layers wider than 2048 rows
-    assert lqq_wgmma_config(3000, 1024, 4096) == (128, 3, 1, 0)  # up to 4096 tokens on narrower ones
-    assert lqq_wgmma_config(4097, 1024, 4096) is None
-    assert lqq_wgmma_config(1024, 14336, 4096) is None  # wide layer above 768 tokens
+    assert lqq_wgmma_config(4096, 4096, 4096) == (128, 3, 1, 0)  # up to 4096 tokens on layers of <= 8192 rows
+    assert lqq_wgmma_config(4097, 1024, 4096) is None and lqq_wgmma_config(4097, 4096, 4096) is None
+    assert lqq_wgmma_config(1024, 14336, 4096) is None  # wide layer above 768 tokens: Triton's fuller waves here
     # long rows on a layer of <= 8192 rows: the Gluon kernel up to 1536 tokens (session 12: 161-199 us vs Triton's
     # 189-235 at M = 1025-1536 on 4096x14336), Triton above (2048: 245 vs 297)
     for m in (769, 1025, 1536):
-        assert lqq_wgmma_config(m, 4096, 14336) == (128, 3, 1, 0)
+        assert lqq_wgmma_config(m, 4096, 14336) is not None
     assert lqq_wgmma_config(1537, 4096, 14336) is None and lqq_wgmma_config(2048, 4096, 14336) is None
     assert lqq_wgmma_config(1025, 14336, 14336) is None  # more rows and long ones: Triton above 768
     assert lqq_wgmma_config(32, 4096, 4096) is None  # 64 programs: Triton's split 64×32 tiles
@@ -75,7 +74,7 @@ def test_rule_takes_the_measured_exceptions_on_fused_qkv_shapes_only():
     assert lqq_wgmma_config(640, 6144, 4096) is None
     assert gemm_config(640, 6144, 4096, "lqq") == TileConfig(128, 128, 1, 4, 2)
     assert lqq_wgmma_config(641, 6144, 4096) == (128, 2, 1, 0)
-    assert lqq_wgmma_config(769, 6144, 4096) == (128, 3, 1, 0)  # past the exceptions: the rule above 768
+    assert lqq_wgmma_launch(769, 6144, 4096) == ((128, 3, 1, 64), 2)  # past the exceptions: the large-M model
     assert lqq_wgmma_config(641, 4608, 3584) is None and lqq_wgmma_config(768, 4608, 3584) is None
     assert lqq_wgmma_config(896, 4608, 3584) is None  # session 13: Triton's 252 programs, one wave, to M = 896
     assert gemm_config(896, 4608, 3584, "lqq") == TileConfig(128, 128, 1, 4, 2)
@@ -101,6 +100,32 @@ def test_rule_exceptions_leave_other_shapes_to_the_cost_model(monkeypatch):
         assert lqq_wgmma_config(448, 6144, 4096) == (128, 3, 1, 0)  # and the exceptions did change 6144x4096
     finally:
         lqq_wgmma_launch.cache_clear()
+
+
+def test_large_m_wave_model_takes_the_launches_measured_fastest():
+    # docs/logs/session14/lqq_*_h100.json (µs: the pick vs the session-13 rule's launch)
+    big, mid, two96, one192 = ((128, 3, 1, 64), 2), ((128, 3, 1, 0), 1), ((64, 3, 1, 32), 2), ((128, 3, 1, 64), 1)
+    for m in (896, 1536, 2048, 2049, 3072, 4096):  # 6144x4096: 55.3 vs 60.5 ... 214.6 vs 218.3
+        assert lqq_wgmma_launch(m, 6144, 4096) == big, m
+    assert lqq_wgmma_launch(1024, 6144, 4096) == mid  # 61.4; the 192-token tiles 78.0 (2.2 waves of one per SM)
+    assert lqq_wgmma_launch(1025, 6144, 4096) == two96  # 64.1 vs 70.4
+    assert lqq_wgmma_launch(1536, 4096, 4096) == big and lqq_wgmma_launch(2560, 4096, 4096) == mid  # 56.0, 96.7
+    assert lqq_wgmma_launch(3072, 1024, 4096) == big  # 29.5 vs 34.7
+    assert lqq_wgmma_launch(1536, 1024, 4096) == one192  # 17.5 vs 19.6-20.0 (one 192-token program per row tile)
+    assert lqq_wgmma_launch(769, 3584, 3584) == two96  # 31.2 vs 35.5 (not in the fit)
+    # wider layers: the Triton kernel or the 192-token two-warpgroup tiles
+    for m in (1025, 1536, 2048, 3072, 4096):  # 28672x4096: 321-1126 vs 334-1211
+        assert lqq_wgmma_launch(m, 28672, 4096) == big, m
+    assert lqq_wgmma_launch(1025, 37888, 3584) == big  # 369 vs 412
+    assert lqq_wgmma_launch(769, 28672, 4096) is None and lqq_wgmma_launch(769, 14336, 4096) is None  # 114-116 vs 132
+    assert lqq_wgmma_launch(1536, 14336, 4096) == big  # 195 vs 212-216
+    # one warpgroup only (a two-warpgroup build failed): the 128-token tiles, or the Triton kernel on wide layers
+    assert lqq_wgmma_launch(1536, 6144, 4096, max_warpgroups=1) == mid
+    assert lqq_wgmma_launch(1536, 28672, 4096, max_warpgroups=1) is None
+    for n, k in LLAMA + [(3584, 3584), (4608, 3584), (37888, 3584), (8192, 4096)]:
+        for m in range(769, 4097, 37):
+            launch = lqq_wgmma_launch(m, n, k)
+            assert launch is None or launch in (big, mid, two96, one192) or k > 8192, (n, k, m, launch)
 
 
 def test_rule_above_768_tokens_splits_k_only_for_launches_short_of_half_the_sms():
@@ -346,7 +371,8 @@ def test_two_warpgroups_where_the_cost_model_puts_them():
 @hopper
 @pytest.mark.parametrize("n,k,m,bm,stages,split,tail", [
     (200, 512, 33, 32, 3, 1, 0), (1000, 1024, 130, 128, 3, 1, 32), (65, 4096, 300, 128, 3, 2, 64),
-    (127, 1280, 257, 64, 3, 2, 32), (64, 256, 5, 32, 3, 4, 0)])
+    (127, 1280, 257, 64, 3, 2, 32), (64, 256, 5, 32, 3, 4, 0),
+    (1000, 1024, 1025, 128, 3, 1, 64), (300, 768, 2049, 64, 3, 1, 32)])  # the large-M model's, ragged M
 def test_two_warpgroup_kernel_equals_triton_at_the_same_split(n, k, m, bm, stages, split, tail):
     """128 rows a program (the second warpgroup's partly or wholly past N): the same int32 sums, the same bits."""
     _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n + m)
@@ -367,8 +393,10 @@ def test_int8_matmul_runs_two_warpgroups_where_the_rule_says(monkeypatch):
         return y
 
     monkeypatch.setattr(int8_gemm, "lqq_wgmma_matmul", spy)
-    _, tensors, meta = packed("w4a8-lqq", 14336, 4096, 128, seed=2)
-    codes, scales = _acts(300, 4096, 2)
-    out = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta)
-    assert calls == [(128, 3, 1, 32, 2)]
-    assert rel_err(out, int8_reference(codes, scales, -1, "w4a8-lqq", tensors, meta)) < 1e-3
+    for n, m, launch in ((14336, 300, (128, 3, 1, 32, 2)), (1024, 3072, (128, 3, 1, 64, 2))):  # the second: large M
+        calls.clear()
+        _, tensors, meta = packed("w4a8-lqq", n, 4096, 128, seed=2)
+        codes, scales = _acts(m, 4096, 2)
+        out = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta)
+        assert calls == [launch]
+        assert rel_err(out, int8_reference(codes, scales, -1, "w4a8-lqq", tensors, meta)) < 1e-3

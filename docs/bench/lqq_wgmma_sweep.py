@@ -36,13 +36,18 @@ TAIL_CHECKS = [(64, 3, 1, 32), (128, 3, 1, 32), (128, 3, 2, 32), (128, 2, 1, 64)
 
 
 def tail_variants(m: int, all_tiles: bool = False, n: int | None = None,
-                  stages: tuple[int, ...] | None = None) -> list[tuple[int, int, int, int]]:
+                  stages: tuple[int, ...] | None = None,
+                  splits: tuple[int, ...] | None = None,
+                  tiles: tuple[int, ...] | None = None) -> list[tuple[int, int, int, int]]:
     """(bm, stages, split, tail) of every token tile padding M by <= 32 (any, with ``all_tiles``), split 1 and 2
-    (split 2 only on layers of fewer than 66 row tiles when ``n`` is given); two stages above M = 512, three below,
-    unless ``stages`` lists the counts to time (each of them)."""
+    (split 2 only on layers of fewer than 66 row tiles when ``n`` is given; ``splits``: exactly these); two stages
+    above M = 512, three below, unless ``stages`` lists the counts to time (each of them); ``tiles``: only these
+    token tiles (tokens per program, e.g. 128 and 192)."""
     out = []
-    splits = (1, 2) if n is None or -(-n // 64) < 66 else (1,)
+    splits = splits or ((1, 2) if n is None or -(-n // 64) < 66 else (1,))
     for tile, (bm, tail) in LQQ_WGMMA_TILES.items():
+        if tiles and tile not in tiles:
+            continue
         if all_tiles or -(-m // tile) * tile - m <= 32:
             for st in stages or ((2,) if m > 512 else (3,)):
                 out += [(bm, st, split, tail) for split in splits]
@@ -87,6 +92,8 @@ def main() -> None:
     p.add_argument("--split-narrow", action="store_true", help="with --tails: split 2 only below 66 row tiles")
     p.add_argument("--stages", default=None, help="with --tails: activation stages to time, e.g. 2,3 (default: two "
                    "above M = 512, three below)")
+    p.add_argument("--splits", default=None, help="with --tails: K splits to time, e.g. 1,2,4 (default: 1 and 2)")
+    p.add_argument("--tiles", default=None, help="with --tails: token tiles to time, e.g. 128,192 (default: all)")
     p.add_argument("--no-check", action="store_true", help="skip the bit-exactness checks (a run that already did them)")
     args = p.parse_args()
     dev = "cuda"
@@ -117,7 +124,10 @@ def main() -> None:
                                             inputs)["ms"] * 1e3
             if lqq_wgmma_problem(qa[0][0], -1, "w4a8-lqq", meta) is None:
                 stages = tuple(int(v) for v in args.stages.split(",")) if args.stages else None
-                variants = (tail_variants(m, args.all_tiles, n if args.split_narrow else None, stages) if args.tails
+                splits = tuple(int(v) for v in args.splits.split(",")) if args.splits else None
+                tiles = tuple(int(v) for v in args.tiles.split(",")) if args.tiles else None
+                variants = (tail_variants(m, args.all_tiles, n if args.split_narrow else None, stages, splits, tiles)
+                            if args.tails
                             else [v + (0,) for v in VARIANTS])
                 for bm, st, sk, tail in variants:
                     if not args.tails and (bm > max(m, 32) or (bm == 32 and m > 512) or (m >= 2048 and bm < 128)):

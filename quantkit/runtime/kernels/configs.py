@@ -165,7 +165,7 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
     return cfg
 
 
-# LiquidQuant W4A8 on Hopper at M = 32-2048: the Gluon kernel (:mod:`.lqq_wgmma`), whose dequantization overlaps its own
+# LiquidQuant W4A8 on Hopper at M = 32-4096: the Gluon kernel (:mod:`.lqq_wgmma`), whose dequantization overlaps its own
 # int8 products. A program owns 64 weight rows and a token tile of 32, 64 or 128 tokens, or 96 / 160 / 192 as a 64- or
 # 128-token tile plus a 32- or 64-token tail tile multiplying the same dequantized weights (a program dequantizes its
 # weight slice once whatever its token tile, so fewer token tiles mean less dequantization, but fewer programs).
@@ -188,26 +188,23 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
 # SMs, each split keeping >= MIN_SPLIT_TILES tiles of 256 columns (4096×14336 M = 160: 34 µs split 2 vs 47).
 # At M <= 64: 32 or 64 tokens, halved while fewer than half the SMs get a program, K split up to one program per SM
 # or on rows of >= WAVE_SPLIT_MIN_TILES tiles per split up to LQQ_WGMMA_LONG_ROW_PROGRAMS; on layers narrower than
-# MIN_PROGRAMS × 64 rows the Triton kernel's split tiles stay (4096×4096 M = 32: 9.3 µs vs 10.2). Above M = 768 only
-# layers of N, K <= 8192 (28672×4096 M = 1024: Triton 299 µs vs 334), on 128-token tiles with three stages (4096×4096
-# M = 1024 42.4 µs, 1.09× fp16; 160-token tiles with two stages at M = 769-1000 were 0.79-0.88×,
-# docs/logs/lqq_coverage_h100.json), halved and K split as at M <= 64 where fewer than half the SMs would get a
-# program, and rows of K >= 7168 split as long rows (not measured above 768). Above 2048 only layers of up to
-# LQQ_WGMMA_SMALL_N rows: between 2048 and 4096 the Triton rule's tiles ran the 1024-row layer at 0.68-0.80× fp16
-# (M = 2049-3072, lqq_coverage_rule_h100.json) and this kernel at 0.84-1.03× (docs/logs/lqq_narrow_big_m_h100.json;
-# 1.07-1.15× at 3584-4096, where Triton ran 1.16×). On the 4096-row layer
-# Triton never fell below 0.999× (M = 2049) there; this kernel ran 10-12 % faster than it at M = 2049-2560 and
-# slower at 3072 and 4096 (two runs whose fp16 times differ by up to 11 %: not settled, Triton kept). At M = 4096
-# the Triton kernel was the faster on five of six Llama-3-8B shapes (docs/logs/lqq_wgmma_h100.json).
-# Since session 12 also layers of N <= 8192 with rows longer than 8192 up to LQQ_WGMMA_LONG_K_MAX_M (measured on
-# 4096×14336 only; narrower long-row layers take the K split below there, not measured), and two warpgroups per
-# program where the cost model puts them (below).
+# MIN_PROGRAMS × 64 rows the Triton kernel's split tiles stay (4096×4096 M = 32: 9.3 µs vs 10.2). Above M = 768 on
+# layers of N, K <= 8192 (up to M = 4096) and N <= 8192 with longer rows (up to LQQ_WGMMA_LONG_K_MAX_M): the
+# large-M wave model below (LQQ_BIG_M_GLUON) picks the tile where the launch has at least half the SMs' worth of
+# unsplit 128-token programs; on smaller layers the token tile halves and K splits as at M <= 64 where fewer than half
+# the SMs would get a program, and rows of K >= 7168 split as long rows (not measured above 768). On wider layers
+# (N > 8192, K <= 8192) the same model chooses between the Triton kernel and the Gluon kernel's 192-token tiles on two
+# warpgroups (LQQ_BIG_M_WIDE). Until session 13 this range ran 128-token tiles only, and only up to M = 2048 except on
+# layers of <= 2048 rows (M = 4096); the Triton kernel kept the wider layers and M = 2049-4096 (at M = 4096 it was the
+# faster on five of six Llama-3-8B shapes against the 128-token tiles, docs/logs/lqq_wgmma_h100.json — the 192-token
+# two-warpgroup tiles were not measured there). Two warpgroups per program below 768 where the cost model puts them
+# (below).
 LQQ_WGMMA_BM = (128, 64, 32)
 LQQ_WGMMA_MIN_M = 32
-LQQ_WGMMA_MAX_M = 2048
-LQQ_WGMMA_WIDE_MAX_M = 768  # above this, only layers of N, K <= LQQ_WGMMA_NARROW ...
+LQQ_WGMMA_MAX_M = 4096
+LQQ_WGMMA_WIDE_MAX_M = 768  # above this, the large-M wave model on layers of N <= LQQ_WGMMA_NARROW ...
 LQQ_WGMMA_NARROW = 8192
-# ... and, up to this many tokens, layers of N <= LQQ_WGMMA_NARROW with longer rows: on 4096×14336 (session 12,
+# ... and, up to this many tokens, on layers of N <= LQQ_WGMMA_NARROW with longer rows: on 4096×14336 (session 12,
 # docs/logs/session12/lqq_big_down_h100.json, --all-tiles at two and three stages) the rule's 128-token tiles, three
 # stages, unsplit, took 161-199 µs at M = 1025-1536 where the Triton kernel took 189-235 (its 128×128 tiles: 288-384
 # programs, a ragged second wave of two per SM), tied it at 769-896 (116-118 vs 116-117) and lost at 2048 (297 vs
@@ -215,8 +212,6 @@ LQQ_WGMMA_NARROW = 8192
 # µs, no Gluon tile faster by more than 2 % (lqq_big_wide / lqq_big_wider_h100.json).
 LQQ_WGMMA_LONG_K_MAX_M = 1536
 LQQ_WGMMA_LONG_ROW_PROGRAMS = 384
-LQQ_WGMMA_SMALL_N = 2048  # layers of at most this many rows (and K <= LQQ_WGMMA_NARROW) ...
-LQQ_WGMMA_SMALL_N_MAX_M = 4096  # ... run the Gluon kernel up to this many tokens
 LQQ_WGMMA_TILES = {32: (32, 0), 64: (64, 0), 96: (64, 32), 128: (128, 0), 160: (128, 32), 192: (128, 64)}
 # (tokens per program, activation stages) → programs resident per SM
 LQQ_WGMMA_PER_SM = {(32, 3): 5, (64, 3): 4, (96, 3): 3, (128, 3): 2, (160, 3): 1, (192, 3): 1,
@@ -306,6 +301,68 @@ def lqq_wgmma_cost(m: int, n: int, k: int, tile: int, split: int, sms: int = SMS
 LQQ_WG2_COST = 1.75
 
 
+# LiquidQuant above M = 768 (session 14): a wave model. A launch of P programs, p of them resident per SM, takes
+# cost × rounds × K / 256 with rounds = P / (SMs · p) counted as ceil(rounds) · (1 − blend) + rounds · blend: a
+# program alone on its SM gains nothing from a ragged last wave (blend 0.2), while two sharing an SM run faster once
+# the last wave leaves one of them alone (0.6). docs/bench/lqq_wgmma_sweep.py --tails --all-tiles --wg2 on an H100
+# (docs/logs/session14/lqq_above768_h100.json and lqq_bigm_narrow_h100.json: 4096×4096, 6144×4096, 4608×3584 and
+# 1024×4096 at 46 points of M = 769-4096): four Gluon launches, each with three stages and unsplit, were the fastest
+# or close to it almost everywhere — 128-token tiles on one warpgroup (two programs per SM), 192-token tiles (128 + a
+# 64-token tail) on two warpgroups of 64 rows (one per SM: the activation ring fills the shared memory), the same
+# tiles on one warpgroup (one per SM) and 96-token tiles (64 + 32) on two warpgroups (two per SM). Per option, cost
+# is the median over those points and blend the value that made it the most uniform. The model's pick was the
+# fastest of the four or within 2 % of it at 44 of the 46 points (sum of time / fp16 time 39.0 against 41.4 for the
+# session-13 rule's launches; slower than fp16 at 3 points instead of 9), and after the fit on 3584×3584 and
+# 8192×4096 (lqq_bigm_unseen_h100.json, 16 points) at 15 of 16, 4 % faster than the session-13 rule on average
+# (3584×3584 M = 769: 31.2 µs, 0.96× fp16, against 35.5, 0.85×). Where it lost: 4608×3584 M = 3584 (128-token
+# tiles, 142.8-154.9 µs, against the Triton kernel's 132.8-139.7 that ran there before) and 4096×4096 M = 4096
+# (151.7-164.2 vs 149.8-155.8). Not modelled: a launch of fewer programs than SMs × p, where
+# some SMs get two programs and others one (1024×4096 M = 1025-1280: 19.3-20.1 µs on 128-token tiles, 144-160
+# programs, against 14.8 at M = 1024, 128 programs).
+# (tokens per program, warpgroups) → (programs resident per SM, blend, cost per round of 256 K columns)
+LQQ_BIG_M_GLUON = {(128, 1): (2, 0.6, 1.305), (192, 2): (1, 0.2, 1.76), (96, 2): (2, 0.6, 2.015),
+                   (192, 1): (1, 0.2, 1.038)}
+# On layers wider than LQQ_WGMMA_NARROW rows (K <= LQQ_WGMMA_NARROW; 14336×4096, 24576×4096, 28672×4096 and
+# 37888×3584 at M = 769-4096, 44 timings) the Triton kernel's 128×128 tiles (two per SM) against the 192-token
+# two-warpgroup Gluon tiles, each fitted the same way on these shapes alone: the pick ran 0.963× the Triton kernel's
+# time on average (28672×4096 M = 1536 416-421 µs vs 456-457, 37888×3584 M = 1025 369 vs 412); where it picked
+# wrong it lost up to 5 % (14336×4096 M = 2048 and 2560). Only where the Triton rule's tile is 128×128 unsplit.
+LQQ_BIG_M_WIDE = {"triton": (2, 0.6, 2.67), "gluon": (1, 0.2, 1.86)}
+
+
+def _big_m_time(programs: int, per_sm: int, blend: float, cost: float, k: int, sms: int) -> float:
+    """Relative time of a launch of ``programs`` programs in the large-M wave model (comment above)."""
+    rounds = programs / (sms * per_sm)
+    return cost * (math.ceil(rounds) * (1 - blend) + rounds * blend) * -(-k // 256)
+
+
+def lqq_big_m_launch(m: int, n: int, k: int, sms: int = SMS_H100,
+                     max_warpgroups: int = 2) -> tuple[tuple[int, int, int, int], int]:
+    """((tokens per program, stages, K split, tail), warpgroups) of the Gluon LiquidQuant kernel above M = 768 on a
+    layer of N <= LQQ_WGMMA_NARROW rows: the LQQ_BIG_M_GLUON option the wave model times fastest."""
+    def time(option: tuple[int, int]) -> float:
+        per_sm, blend, cost = LQQ_BIG_M_GLUON[option]
+        return _big_m_time(-(-n // (64 * option[1])) * -(-m // option[0]), per_sm, blend, cost, k, sms)
+
+    tile, wg = min((o for o in LQQ_BIG_M_GLUON if o[1] <= max_warpgroups), key=time)
+    bm, tail = LQQ_WGMMA_TILES[tile]
+    return (bm, 3, 1, tail), wg
+
+
+def lqq_wide_big_m_launch(m: int, n: int, k: int, sms: int = SMS_H100,
+                          max_warpgroups: int = 2) -> tuple[tuple[int, int, int, int], int] | None:
+    """The Gluon LiquidQuant kernel's 192-token two-warpgroup launch above M = 768 on a layer wider than
+    LQQ_WGMMA_NARROW rows where the wave model times it faster than the Triton kernel's 128×128 tiles, else None
+    (the Triton kernel; also wherever the Triton rule's tile is another)."""
+    cfg = gemm_config(m, n, k, "lqq", sms)
+    if max_warpgroups < 2 or (cfg.bn, cfg.bm, cfg.split_k) != (128, 128, 1):
+        return None
+    row_tiles = -(-n // 128)
+    triton = _big_m_time(row_tiles * -(-m // 128), *LQQ_BIG_M_WIDE["triton"], k, sms)
+    gluon = _big_m_time(row_tiles * -(-m // 192), *LQQ_BIG_M_WIDE["gluon"], k, sms)
+    return ((128, 3, 1, 64), 2) if gluon < triton else None
+
+
 def lqq_wgmma_warpgroups(m: int, n: int, k: int, sms: int = SMS_H100) -> int:
     """Warpgroups per program of the Gluon LiquidQuant kernel for M tokens on an [N, K] weight (the launch of
     :func:`lqq_wgmma_launch`; 1 where the Triton kernel runs)."""
@@ -326,10 +383,11 @@ def lqq_wgmma_launch(m: int, n: int, k: int, sms: int = SMS_H100,
     """((tokens per program, activation stages, K split, tail tokens), warpgroups) of the Gluon LiquidQuant kernel
     for M tokens on an [N, K] weight, or None where the Triton LiquidQuant kernel runs instead (comments above).
     ``max_warpgroups=1``: the pick among one-warpgroup launches only (where a two-warpgroup build failed)."""
-    small_n = n <= LQQ_WGMMA_SMALL_N and k <= LQQ_WGMMA_NARROW
-    if not LQQ_WGMMA_MIN_M <= m <= (LQQ_WGMMA_SMALL_N_MAX_M if small_n else LQQ_WGMMA_MAX_M):
+    if not LQQ_WGMMA_MIN_M <= m <= LQQ_WGMMA_MAX_M:
         return None
-    if m > LQQ_WGMMA_WIDE_MAX_M and (n > LQQ_WGMMA_NARROW or (k > LQQ_WGMMA_NARROW and m > LQQ_WGMMA_LONG_K_MAX_M)):
+    if m > LQQ_WGMMA_WIDE_MAX_M and n > LQQ_WGMMA_NARROW:
+        return lqq_wide_big_m_launch(m, n, k, sms, max_warpgroups) if k <= LQQ_WGMMA_NARROW else None
+    if m > LQQ_WGMMA_WIDE_MAX_M and k > LQQ_WGMMA_NARROW and m > LQQ_WGMMA_LONG_K_MAX_M:
         return None
     row_tiles, k_tiles = -(-n // 64), -(-k // 256)
     if LQQ_ROW_TILE_EXCEPTIONS_K[0] <= k <= LQQ_ROW_TILE_EXCEPTIONS_K[1]:
@@ -362,6 +420,8 @@ def lqq_wgmma_launch(m: int, n: int, k: int, sms: int = SMS_H100,
     short = m <= LQQ_WGMMA_WIDE_MAX_M or programs < sms // 2
     split = max(_split_for(programs, k_tiles, sms) if short else 1,
                 _split_for(programs, k_tiles, LQQ_WGMMA_LONG_ROW_PROGRAMS, WAVE_SPLIT_MIN_TILES))
+    if m > LQQ_WGMMA_WIDE_MAX_M and bm == 128 and split == 1:
+        return lqq_big_m_launch(m, n, k, sms, max_warpgroups)
     return (bm, 3, split, 0), 1
 
 

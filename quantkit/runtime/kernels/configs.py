@@ -314,11 +314,13 @@ LQQ_WG2_COST = 1.75
 # fastest of the four or within 2 % of it at 44 of the 46 points (sum of time / fp16 time 39.0 against 41.4 for the
 # session-13 rule's launches; slower than fp16 at 3 points instead of 9), and after the fit on 3584×3584 and
 # 8192×4096 (lqq_bigm_unseen_h100.json, 16 points) at 15 of 16, 4 % faster than the session-13 rule on average
-# (3584×3584 M = 769: 31.2 µs, 0.96× fp16, against 35.5, 0.85×). Where it lost: 4608×3584 M = 3584 (128-token
-# tiles, 142.8-154.9 µs, against the Triton kernel's 132.8-139.7 that ran there before) and 4096×4096 M = 4096
-# (151.7-164.2 vs 149.8-155.8). Not modelled: a launch of fewer programs than SMs × p, where
-# some SMs get two programs and others one (1024×4096 M = 1025-1280: 19.3-20.1 µs on 128-token tiles, 144-160
-# programs, against 14.8 at M = 1024, 128 programs).
+# (3584×3584 M = 769: 31.2 µs, 0.96× fp16, against 35.5, 0.85×). Against the session-13 rule on one GPU, timed in
+# turns (docs/bench/lqq_rule_ab.py, lqq_rule_ab_h100.json; with the wide-layer choice below): at the 62 of 161
+# coverage points (seven shapes × M = 513-4096) where the two rules differ, 1.10× faster (geometric mean), faster by
+# > 2 % at 55, slower by > 2 % at 2 — 4608×3584 M = 3584 (128-token tiles 149.3 µs against the Triton kernel's
+# 136.6) and 14336×4096 M = 3584 (0.97×) — and slower than fp16 at 2 of them instead of 10. Not modelled: a launch of
+# fewer programs than SMs × p, where some SMs get two programs and others one (1024×4096 M = 1025-1280: 19.3-20.1 µs
+# on 128-token tiles, 144-160 programs, against 14.8 at M = 1024, 128 programs).
 # (tokens per program, warpgroups) → (programs resident per SM, blend, cost per round of 256 K columns)
 LQQ_BIG_M_GLUON = {(128, 1): (2, 0.6, 1.305), (192, 2): (1, 0.2, 1.76), (96, 2): (2, 0.6, 2.015),
                    (192, 1): (1, 0.2, 1.038)}

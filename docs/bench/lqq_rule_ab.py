@@ -1,0 +1,95 @@
+"""LiquidQuant W4A8: the launch rule at HEAD against the rule of an earlier commit, on the same GPU in the same
+process, timed in turns (old, new, old, new, ...) so that a machine's drift hits both alike. Only the token counts
+where the two rules pick different launches are timed (``--all``: every one). Kernels on quantized activations, the
+bench's timing (CUDA graphs, rotating inputs), cuBLAS fp16 once per point.
+
+    python docs/bench/lqq_rule_ab.py --rev ca490eb --out lqq_rule_ab.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import types
+
+import torch
+import torch.nn.functional as F
+
+from quantkit.bench.command import parse_shapes
+from quantkit.bench.problems import _packed
+from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
+from quantkit.runtime.kernels.act_quant import quantize_activation_triton
+from quantkit.runtime.kernels.configs import gemm_config, lqq_wgmma_launch
+from quantkit.runtime.kernels.int8_gemm import int8_matmul
+from quantkit.runtime.kernels.lqq_wgmma import lqq_wgmma_matmul
+
+M_DEFAULT = ("513,576,640,700,704,768,769,832,896,960,1000,1024,1025,1280,1536,1792,2048,2049,2560,3000,3072,3584,"
+             "4096")
+
+
+def old_rule(rev: str):
+    """``lqq_wgmma_launch`` as configs.py defined it at commit ``rev`` (its own module namespace)."""
+    src = subprocess.run(["git", "show", f"{rev}:quantkit/runtime/kernels/configs.py"], capture_output=True,
+                         text=True, check=True).stdout
+    module = types.ModuleType(f"configs_{rev}")
+    sys.modules[module.__name__] = module  # dataclasses look their module up there
+    exec(compile(src, f"configs@{rev}", "exec"), module.__dict__)  # noqa: S102 - our own file at an earlier commit
+    return module.lqq_wgmma_launch
+
+
+def runner(launch, m: int, n: int, k: int, meta: dict):
+    """A call of the launch ``launch`` ((config, warpgroups) of the Gluon kernel, or None: the Triton kernel)."""
+    if launch is None:
+        cfg = gemm_config(m, n, k, "lqq")
+        return lambda a, s, w: int8_matmul(a, s, -1, "w4a8-lqq", w, meta, config=cfg)
+    cfg, wg = launch
+    return lambda a, s, w: lqq_wgmma_matmul(a, s, w, meta, *cfg, wg)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rev", default="ca490eb", help="the commit whose rule is the baseline")
+    p.add_argument("--shapes", default="6144x4096,4096x4096,4608x3584,1024x4096,14336x4096,28672x4096,4096x14336")
+    p.add_argument("--ms", default=M_DEFAULT)
+    p.add_argument("--reps", type=int, default=3, help="timings of each rule per point, in turns")
+    p.add_argument("--all", action="store_true", help="also the token counts where both rules agree")
+    p.add_argument("--out", default="lqq_rule_ab.json")
+    args = p.parse_args()
+    before = old_rule(args.rev)
+    rows = []
+    for n, k in parse_shapes(args.shapes):
+        t, meta = _packed("w4a8-lqq", torch.randn(n, k, device="cuda"))
+        for m in [int(v) for v in args.ms.split(",")]:
+            old, new = before(m, n, k), lqq_wgmma_launch(m, n, k)
+            if old == new and not args.all:
+                continue
+            copies = copies_to_defeat_l2(n * k // 2 + 3 * m * k + 2 * m * n)
+            xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in range(copies)]
+            ws = [torch.randn(n, k, device="cuda", dtype=torch.float16) for _ in range(min(copies, 4))]
+            fp16 = time_rotating(lambda x, w: F.linear(x, w), [(x, ws[i % len(ws)]) for i, x in enumerate(xs)])
+            del ws
+            qa = [quantize_activation_triton(x, 8, -1) for x in xs]
+            inputs = [(a, s, {kk: v.clone() for kk, v in t.items()}) for a, s in qa]
+            times: dict[str, list[float]] = {"old": [], "new": []}
+            for _ in range(args.reps):
+                for name, launch in (("old", old), ("new", new)):
+                    times[name].append(time_rotating(runner(launch, m, n, k, meta), inputs)["ms"] * 1e3)
+            row = {"n": n, "k": k, "m": m, "fp16": fp16["ms"] * 1e3, "old_launch": old, "new_launch": new,
+                   "old_us": times["old"], "new_us": times["new"], "old": statistics.median(times["old"]),
+                   "new": statistics.median(times["new"])}
+            row["new_vs_old"] = row["old"] / row["new"]
+            row["old_vs_fp16"], row["new_vs_fp16"] = row["fp16"] / row["old"], row["fp16"] / row["new"]
+            print(json.dumps({kk: (round(v, 3) if isinstance(v, float) else v) for kk, v in row.items()}), flush=True)
+            rows.append(row)
+            del xs, qa, inputs
+            torch.cuda.empty_cache()
+            with open(args.out, "w") as f:  # after every row, so a cut-off run keeps what it measured
+                json.dump({"device": torch.cuda.get_device_name(), "rev": args.rev, "rows": rows, "unit": "us"}, f,
+                          indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -34,15 +34,18 @@ def _acts(m: int, k: int, seed: int):
     return codes.to(DEVICE), scales.float().to(DEVICE)
 
 
-def test_rule_keeps_decode_sizes_wide_prefill_and_narrow_small_m_on_triton():
+def test_rule_range_of_the_gluon_kernel_by_layer_and_token_count():
     assert lqq_wgmma_config(16, 14336, 4096) is None  # decode: CUDA GEMV / Triton
     assert lqq_wgmma_config(4096, 4096, 4096) == (128, 3, 1, 0)  # up to 4096 tokens on layers of <= 8192 rows
     assert lqq_wgmma_config(4097, 1024, 4096) is None and lqq_wgmma_config(4097, 4096, 4096) is None
     assert lqq_wgmma_config(1024, 14336, 4096) is None  # wide layer above 768 tokens: Triton's fuller waves here
     # long rows on a layer of <= 8192 rows: the Gluon kernel up to 1536 tokens (session 12: 161-199 us vs Triton's
-    # 189-235 at M = 1025-1536 on 4096x14336), Triton above (2048: 245 vs 297)
-    for m in (769, 1025, 1536):
-        assert lqq_wgmma_config(m, 4096, 14336) is not None
+    # 189-235 at M = 1025-1536 on 4096x14336), Triton above (2048: 245 vs 297); the wave model's tiles since session 14
+    # (ABBA A/B, docs/logs/session14/lqq_rule_ab_h100.json: 150.6 / 159.5 / 169.8 us vs 163.1 / 172.5 / 204.2 on the
+    # 128-token tiles at M = 1025 / 1280 / 1536)
+    assert lqq_wgmma_launch(769, 4096, 14336) == ((128, 3, 1, 0), 1)
+    assert lqq_wgmma_launch(1025, 4096, 14336) == ((128, 3, 1, 64), 1)
+    assert lqq_wgmma_launch(1280, 4096, 14336) == lqq_wgmma_launch(1536, 4096, 14336) == ((128, 3, 1, 64), 2)
     assert lqq_wgmma_config(1537, 4096, 14336) is None and lqq_wgmma_config(2048, 4096, 14336) is None
     assert lqq_wgmma_config(1025, 14336, 14336) is None  # more rows and long ones: Triton above 768
     assert lqq_wgmma_config(32, 4096, 4096) is None  # 64 programs: Triton's split 64×32 tiles
@@ -122,10 +125,15 @@ def test_large_m_wave_model_takes_the_launches_measured_fastest():
     # one warpgroup only (a two-warpgroup build failed): the 128-token tiles, or the Triton kernel on wide layers
     assert lqq_wgmma_launch(1536, 6144, 4096, max_warpgroups=1) == mid
     assert lqq_wgmma_launch(1536, 28672, 4096, max_warpgroups=1) is None
-    for n, k in LLAMA + [(3584, 3584), (4608, 3584), (37888, 3584), (8192, 4096)]:
+    for n, k in LLAMA + [(3584, 3584), (4608, 3584), (37888, 3584), (8192, 4096), (24576, 4096)]:
         for m in range(769, 4097, 37):
             launch = lqq_wgmma_launch(m, n, k)
-            assert launch is None or launch in (big, mid, two96, one192) or k > 8192, (n, k, m, launch)
+            allowed = (None, big) if n > 8192 else (None, big, mid, two96, one192)
+            assert launch in allowed, (n, k, m, launch)
+            if launch is not None:  # one warpgroup only: the one-warpgroup options, or the Triton kernel (wide)
+                assert lqq_wgmma_launch(m, n, k, max_warpgroups=1) in ((None,) if n > 8192 else (mid, one192))
+    # wide layers weigh only the Triton kernel's 128x128 tiles: elsewhere (11008 rows: 64x128 at M = 769) Triton
+    assert gemm_config(769, 11008, 4096, "lqq").bn == 64 and lqq_wgmma_launch(769, 11008, 4096) is None
 
 
 def test_rule_above_768_tokens_splits_k_only_for_launches_short_of_half_the_sms():
@@ -139,7 +147,7 @@ def test_rule_above_768_tokens_splits_k_only_for_launches_short_of_half_the_sms(
 
 def test_rule_never_falls_to_32_token_tiles_above_64_tokens_on_llama_shapes():
     for n, k in LLAMA[:-1]:  # the 16-row-tile 1024×4096 layer takes them at M <= 160 (its fastest, measured)
-        for m in range(65, 2049, 7):
+        for m in range(65, 4097, 7):
             cfg = lqq_wgmma_config(m, n, k)
             assert cfg is None or tokens(cfg) >= 64, (n, k, m, cfg)
 
@@ -148,7 +156,10 @@ def test_rule_configs_are_ones_the_kernel_has():
     for n, k in LLAMA + [(3584, 3584), (512, 3584), (18944, 3584), (1000, 4352), (2048, 4096)]:
         for m in range(32, 4097, 13):
             cfg = lqq_wgmma_config(m, n, k)
+            one = lqq_wgmma_launch(m, n, k, max_warpgroups=1)
+            assert one is None or one[1] == 1  # the fallback where a two-warpgroup build fails
             if cfg is not None:
+                assert lqq_wgmma_warpgroups(m, n, k) in (1, 2)
                 bm, stages, split, tail = cfg
                 assert bm in (32, 64, 128) and stages in (2, 3) and split in (1, 2, 4, 8) and tail in (0, 32, 64)
                 assert (k // 256) // split >= 4  # every split keeps 4 tiles of 256 columns
@@ -372,7 +383,7 @@ def test_two_warpgroups_where_the_cost_model_puts_them():
 @pytest.mark.parametrize("n,k,m,bm,stages,split,tail", [
     (200, 512, 33, 32, 3, 1, 0), (1000, 1024, 130, 128, 3, 1, 32), (65, 4096, 300, 128, 3, 2, 64),
     (127, 1280, 257, 64, 3, 2, 32), (64, 256, 5, 32, 3, 4, 0),
-    (1000, 1024, 1025, 128, 3, 1, 64), (300, 768, 2049, 64, 3, 1, 32)])  # the large-M model's, ragged M
+    (1000, 1024, 1025, 128, 3, 1, 64), (300, 768, 2049, 64, 3, 1, 32)])  # the large-M model's options, ragged M
 def test_two_warpgroup_kernel_equals_triton_at_the_same_split(n, k, m, bm, stages, split, tail):
     """128 rows a program (the second warpgroup's partly or wholly past N): the same int32 sums, the same bits."""
     _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n + m)

@@ -1,9 +1,11 @@
 """LiquidQuant W4A8: the launch rule at HEAD against the rule of an earlier commit, on the same GPU in the same
-process, timed in turns (old, new, old, new, ...) so that a machine's drift hits both alike. Only the token counts
-where the two rules pick different launches are timed (``--all``: every one). Kernels on quantized activations, the
-bench's timing (CUDA graphs, rotating inputs), cuBLAS fp16 once per point.
+process: per point one untimed warm-up timing of each rule, then ``--reps`` timings of each in ABBA order (old, new,
+new, old, ...), so that neither rule always runs first and a machine's drift hits both alike; the median per rule.
+Only the token counts where the two rules pick different launches are timed (``--all``: every one). Kernels on
+quantized activations, the bench's timing (CUDA graphs, rotating inputs), cuBLAS fp16 once per point. Run from the
+repository root (the old rule is read with ``git show``).
 
-    python docs/bench/lqq_rule_ab.py --rev ca490eb --out lqq_rule_ab.json
+    python docs/bench/lqq_rule_ab.py --rev ca490eb --reps 4 --out lqq_rule_ab.json
 """
 
 from __future__ import annotations
@@ -30,20 +32,21 @@ M_DEFAULT = ("513,576,640,700,704,768,769,832,896,960,1000,1024,1025,1280,1536,1
              "4096")
 
 
-def old_rule(rev: str):
-    """``lqq_wgmma_launch`` as configs.py defined it at commit ``rev`` (its own module namespace)."""
+def old_rule(rev: str) -> types.ModuleType:
+    """quantkit/runtime/kernels/configs.py as it was at commit ``rev``, as a module of its own."""
     src = subprocess.run(["git", "show", f"{rev}:quantkit/runtime/kernels/configs.py"], capture_output=True,
                          text=True, check=True).stdout
     module = types.ModuleType(f"configs_{rev}")
     sys.modules[module.__name__] = module  # dataclasses look their module up there
     exec(compile(src, f"configs@{rev}", "exec"), module.__dict__)  # noqa: S102 - our own file at an earlier commit
-    return module.lqq_wgmma_launch
+    return module
 
 
-def runner(launch, m: int, n: int, k: int, meta: dict):
-    """A call of the launch ``launch`` ((config, warpgroups) of the Gluon kernel, or None: the Triton kernel)."""
+def runner(launch, triton_config, m: int, n: int, k: int, meta: dict):
+    """A call of the launch ``launch`` ((config, warpgroups) of the Gluon kernel, or None: the Triton kernel with the
+    tile ``triton_config`` (the rule's own ``gemm_config``) gives)."""
     if launch is None:
-        cfg = gemm_config(m, n, k, "lqq")
+        cfg = triton_config(m, n, k, "lqq")
         return lambda a, s, w: int8_matmul(a, s, -1, "w4a8-lqq", w, meta, config=cfg)
     cfg, wg = launch
     return lambda a, s, w: lqq_wgmma_matmul(a, s, w, meta, *cfg, wg)
@@ -54,16 +57,17 @@ def main() -> None:
     p.add_argument("--rev", default="ca490eb", help="the commit whose rule is the baseline")
     p.add_argument("--shapes", default="6144x4096,4096x4096,4608x3584,1024x4096,14336x4096,28672x4096,4096x14336")
     p.add_argument("--ms", default=M_DEFAULT)
-    p.add_argument("--reps", type=int, default=3, help="timings of each rule per point, in turns")
+    p.add_argument("--reps", type=int, default=4, help="timings of each rule per point, in ABBA order")
     p.add_argument("--all", action="store_true", help="also the token counts where both rules agree")
     p.add_argument("--out", default="lqq_rule_ab.json")
     args = p.parse_args()
     before = old_rule(args.rev)
+    rules = {"old": (before.lqq_wgmma_launch, before.gemm_config), "new": (lqq_wgmma_launch, gemm_config)}
     rows = []
     for n, k in parse_shapes(args.shapes):
         t, meta = _packed("w4a8-lqq", torch.randn(n, k, device="cuda"))
         for m in [int(v) for v in args.ms.split(",")]:
-            old, new = before(m, n, k), lqq_wgmma_launch(m, n, k)
+            old, new = rules["old"][0](m, n, k), rules["new"][0](m, n, k)
             if old == new and not args.all:
                 continue
             copies = copies_to_defeat_l2(n * k // 2 + 3 * m * k + 2 * m * n)
@@ -73,10 +77,14 @@ def main() -> None:
             del ws
             qa = [quantize_activation_triton(x, 8, -1) for x in xs]
             inputs = [(a, s, {kk: v.clone() for kk, v in t.items()}) for a, s in qa]
+            calls = {name: runner(launch, rules[name][1], m, n, k, meta)
+                     for name, launch in (("old", old), ("new", new))}
+            for fn in calls.values():  # untimed: in the first A/B (old always first) each rule's first of two
+                time_rotating(fn, inputs, reps=5)  # timings ran 1.02-1.06x its second
             times: dict[str, list[float]] = {"old": [], "new": []}
-            for _ in range(args.reps):
-                for name, launch in (("old", old), ("new", new)):
-                    times[name].append(time_rotating(runner(launch, m, n, k, meta), inputs)["ms"] * 1e3)
+            for rep in range(args.reps):
+                for name in ("old", "new") if rep % 2 == 0 else ("new", "old"):
+                    times[name].append(time_rotating(calls[name], inputs)["ms"] * 1e3)
             row = {"n": n, "k": k, "m": m, "fp16": fp16["ms"] * 1e3, "old_launch": old, "new_launch": new,
                    "old_us": times["old"], "new_us": times["new"], "old": statistics.median(times["old"]),
                    "new": statistics.median(times["new"])}

@@ -92,7 +92,8 @@ def main() -> None:
     p.add_argument("--split-narrow", action="store_true", help="with --tails: split 2 only below 66 row tiles")
     p.add_argument("--stages", default=None, help="with --tails: activation stages to time, e.g. 2,3 (default: two "
                    "above M = 512, three below)")
-    p.add_argument("--splits", default=None, help="with --tails: K splits to time, e.g. 1,2,4 (default: 1 and 2)")
+    p.add_argument("--splits", default=None, help="with --tails: K splits to time, e.g. 1,2,4 (default: 1 and 2, "
+                   "or 1 alone on layers of >= 66 row tiles with --split-narrow)")
     p.add_argument("--tiles", default=None, help="with --tails: token tiles to time, e.g. 128,192 (default: all)")
     p.add_argument("--no-check", action="store_true", help="skip the bit-exactness checks (a run that already did them)")
     args = p.parse_args()

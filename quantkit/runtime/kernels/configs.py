@@ -190,9 +190,12 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
 # or on rows of >= WAVE_SPLIT_MIN_TILES tiles per split up to LQQ_WGMMA_LONG_ROW_PROGRAMS; on layers narrower than
 # MIN_PROGRAMS × 64 rows the Triton kernel's split tiles stay (4096×4096 M = 32: 9.3 µs vs 10.2). Above M = 768 on
 # layers of N, K <= 8192 (up to M = 4096) and N <= 8192 with longer rows (up to LQQ_WGMMA_LONG_K_MAX_M): the
-# large-M wave model below (LQQ_BIG_M_GLUON) picks the tile where the launch has at least half the SMs' worth of
-# unsplit 128-token programs; on smaller layers the token tile halves and K splits as at M <= 64 where fewer than half
-# the SMs would get a program, and rows of K >= 7168 split as long rows (not measured above 768). On wider layers
+# large-M wave model below (LQQ_BIG_M_GLUON) picks the tile where 128-token programs would fill at least half the SMs
+# and the long-row split (next) leaves them unsplit; on smaller layers the token tile halves and K splits as at
+# M <= 64 where fewer than half the SMs would get a program, and rows of K >= 7168 split as long rows while short of
+# LQQ_WGMMA_LONG_ROW_PROGRAMS 128-token programs (not measured above 768; e.g. 2048×14336 M = 769-1280 runs split 2).
+# The model's unsplit picks on rows longer than 8192 were measured on 4096×14336 only (a launch of fewer programs,
+# e.g. 2048×14336 M = 1536: 128 two-warpgroup programs, was not). On wider layers
 # (N > 8192, K <= 8192) the same model chooses between the Triton kernel and the Gluon kernel's 192-token tiles on two
 # warpgroups (LQQ_BIG_M_WIDE). Until session 13 this range ran 128-token tiles only, and only up to M = 2048 except on
 # layers of <= 2048 rows (M = 4096); the Triton kernel kept the wider layers and M = 2049-4096 (at M = 4096 it was the
@@ -202,14 +205,16 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
 LQQ_WGMMA_BM = (128, 64, 32)
 LQQ_WGMMA_MIN_M = 32
 LQQ_WGMMA_MAX_M = 4096
-LQQ_WGMMA_WIDE_MAX_M = 768  # above this, the large-M wave model on layers of N <= LQQ_WGMMA_NARROW ...
+LQQ_WGMMA_WIDE_MAX_M = 768  # above this, the large-M wave model on layers of N, K <= LQQ_WGMMA_NARROW ...
 LQQ_WGMMA_NARROW = 8192
 # ... and, up to this many tokens, on layers of N <= LQQ_WGMMA_NARROW with longer rows: on 4096×14336 (session 12,
 # docs/logs/session12/lqq_big_down_h100.json, --all-tiles at two and three stages) the rule's 128-token tiles, three
 # stages, unsplit, took 161-199 µs at M = 1025-1536 where the Triton kernel took 189-235 (its 128×128 tiles: 288-384
 # programs, a ragged second wave of two per SM), tied it at 769-896 (116-118 vs 116-117) and lost at 2048 (297 vs
-# 245). The layers with more rows kept the Triton kernel: 14336×4096 and 28672×4096 at M = 769-2048, Triton 114-598
-# µs, no Gluon tile faster by more than 2 % (lqq_big_wide / lqq_big_wider_h100.json).
+# 245). The layers with more rows kept the Triton kernel then: 14336×4096 and 28672×4096 at M = 769-2048, Triton
+# 114-598 µs, no one-warpgroup Gluon tile faster by more than 2 % (lqq_big_wide / lqq_big_wider_h100.json). Since
+# session 14 the wave model picks the tiles in this range (on 4096×14336 192-token tiles at M = 1025-1536, on one or
+# two warpgroups), and LQQ_BIG_M_WIDE gives the wider layers two-warpgroup 192-token tiles where its waves are fuller.
 LQQ_WGMMA_LONG_K_MAX_M = 1536
 LQQ_WGMMA_LONG_ROW_PROGRAMS = 384
 LQQ_WGMMA_TILES = {32: (32, 0), 64: (64, 0), 96: (64, 32), 128: (128, 0), 160: (128, 32), 192: (128, 64)}
@@ -310,25 +315,32 @@ LQQ_WG2_COST = 1.75
 # or close to it almost everywhere — 128-token tiles on one warpgroup (two programs per SM), 192-token tiles (128 + a
 # 64-token tail) on two warpgroups of 64 rows (one per SM: the activation ring fills the shared memory), the same
 # tiles on one warpgroup (one per SM) and 96-token tiles (64 + 32) on two warpgroups (two per SM). Per option, cost
-# is the median over those points and blend the value that made it the most uniform. The model's pick was the
+# is the median over those points at a blend near the most uniform one on a 0.1 grid (0.2 for one program per SM,
+# 0.6 for two; the per-point cost then varies by 4-6 %, coefficient of variation). The model's pick was the
 # fastest of the four or within 2 % of it at 44 of the 46 points (sum of time / fp16 time 39.0 against 41.4 for the
 # session-13 rule's launches; slower than fp16 at 3 points instead of 9), and after the fit on 3584×3584 and
 # 8192×4096 (lqq_bigm_unseen_h100.json, 16 points) at 15 of 16, 4 % faster than the session-13 rule on average
-# (3584×3584 M = 769: 31.2 µs, 0.96× fp16, against 35.5, 0.85×). Against the session-13 rule on one GPU, timed in
-# turns (docs/bench/lqq_rule_ab.py, lqq_rule_ab_h100.json; with the wide-layer choice below): at the 62 of 161
-# coverage points (seven shapes × M = 513-4096) where the two rules differ, 1.10× faster (geometric mean), faster by
-# > 2 % at 55, slower by > 2 % at 2 — 4608×3584 M = 3584 (128-token tiles 149.3 µs against the Triton kernel's
-# 136.6) and 14336×4096 M = 3584 (0.97×) — and slower than fp16 at 2 of them instead of 10. Not modelled: a launch of
-# fewer programs than SMs × p, where some SMs get two programs and others one (1024×4096 M = 1025-1280: 19.3-20.1 µs
-# on 128-token tiles, 144-160 programs, against 14.8 at M = 1024, 128 programs).
+# (3584×3584 M = 769: 31.2 µs, 0.96× fp16, against 35.5, 0.85×). Against the session-13 rule on one GPU
+# (docs/bench/lqq_rule_ab.py --reps 4, lqq_rule_ab_h100.json: an untimed warm-up of each rule, then four timings of
+# each in ABBA order; with the wide-layer choice below): at the 62 of 161 coverage points (seven shapes × M =
+# 513-4096) where the two rules differ, 1.07× faster (geometric mean, 0.92-1.32×), faster by > 2 % at 52, slower by
+# > 2 % at 3 — each where the model gives 128-token tiles above 2048 tokens in place of the Triton kernel: 6144×4096
+# M = 2560 (0.96×), 4096×4096 M = 4096 (0.95×), 4608×3584 M = 3584 (144.6 µs against 133.6, 0.92×), while
+# 4096×4096 M = 2560 gained 1.11× the same way — and slower than fp16 at 3 of them instead of 12. (A first A/B,
+# lqq_rule_ab_first_h100.json, timed the old rule first at every point and had it 1.10×: the first timing at a point
+# ran slow.) Not modelled: a launch of fewer programs than SMs × p, where some SMs get two programs and others one
+# (1024×4096 M = 1025-1280: 19.1-20.1 µs on 128-token tiles, 144-160 programs, against 14.5-14.8 at M = 1024, 128
+# programs).
 # (tokens per program, warpgroups) → (programs resident per SM, blend, cost per round of 256 K columns)
 LQQ_BIG_M_GLUON = {(128, 1): (2, 0.6, 1.305), (192, 2): (1, 0.2, 1.76), (96, 2): (2, 0.6, 2.015),
                    (192, 1): (1, 0.2, 1.038)}
 # On layers wider than LQQ_WGMMA_NARROW rows (K <= LQQ_WGMMA_NARROW; 14336×4096, 24576×4096, 28672×4096 and
 # 37888×3584 at M = 769-4096, 44 timings) the Triton kernel's 128×128 tiles (two per SM) against the 192-token
-# two-warpgroup Gluon tiles, each fitted the same way on these shapes alone: the pick ran 0.963× the Triton kernel's
-# time on average (28672×4096 M = 1536 416-421 µs vs 456-457, 37888×3584 M = 1025 369 vs 412); where it picked
-# wrong it lost up to 5 % (14336×4096 M = 2048 and 2560). Only where the Triton rule's tile is 128×128 unsplit.
+# two-warpgroup Gluon tiles, each cost the median over these shapes alone at the narrow fit's blends: the pick ran
+# 0.96-0.97× the Triton kernel's time on average (0.962× against the old rule's timings, 0.967× against the sweep's
+# Triton column; 28672×4096 M = 1536 416-421 µs vs 456-457, 37888×3584 M = 1025 369 vs 412); where it picked wrong
+# it lost up to 6 % (24576×4096 M = 769, where it kept the Triton kernel: 236.4 µs against 223.1; 14336×4096 M = 2560
+# 3.5-5 %). Only where the Triton rule's tile is 128×128 unsplit (e.g. not on 11008×4096 at M = 769: 64×128).
 LQQ_BIG_M_WIDE = {"triton": (2, 0.6, 2.67), "gluon": (1, 0.2, 1.86)}
 
 
@@ -355,7 +367,8 @@ def lqq_wide_big_m_launch(m: int, n: int, k: int, sms: int = SMS_H100,
                           max_warpgroups: int = 2) -> tuple[tuple[int, int, int, int], int] | None:
     """The Gluon LiquidQuant kernel's 192-token two-warpgroup launch above M = 768 on a layer wider than
     LQQ_WGMMA_NARROW rows where the wave model times it faster than the Triton kernel's 128×128 tiles, else None
-    (the Triton kernel; also wherever the Triton rule's tile is another)."""
+    (the Triton kernel; also wherever the Triton rule's tile for ``sms`` SMs is another, and with
+    ``max_warpgroups`` < 2)."""
     cfg = gemm_config(m, n, k, "lqq", sms)
     if max_warpgroups < 2 or (cfg.bn, cfg.bm, cfg.split_k) != (128, 128, 1):
         return None
@@ -406,7 +419,8 @@ def lqq_wgmma_launch(m: int, n: int, k: int, sms: int = SMS_H100,
         tile, split, wg = min(options, key=lambda o: lqq_wgmma_cost(m, n, k, o[0], o[1], sms, o[2]))
         bm, tail = LQQ_WGMMA_TILES[tile]
         return (bm, _lqq_stages(m, -(-n // (64 * wg)) * -(-m // tile), sms), split, tail), wg
-    # M <= 64: the tile that pads M least; above 768 (narrow layers; the model was fitted up to 768): 128 tokens
+    # M <= 64: the tile that pads M least; above 768 (layers of <= 8192 rows): 128 tokens to start from — halved on
+    # small layers, else the large-M wave model's pick where the launch stays unsplit
     padded = lambda b: -(-m // b) * b  # noqa: E731
     bm = 128 if m > 64 else next(b for b in LQQ_WGMMA_BM if padded(b) == padded(LQQ_WGMMA_BM[-1]))
     while bm > LQQ_WGMMA_BM[-1] and row_tiles * -(-m // bm) < sms // 2:

@@ -59,10 +59,24 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
     from quantkit.model.loader import max_positions, quiet_hf
 
     quiet_hf()
-    text = joined_text(dataset, "test")  # a bad --dataset fails before the model loads
     packed = is_checkpoint(model_ref)
     if packed and (recipe or plan):
         raise QuantkitError(f"'{model_ref}' is a packed checkpoint (already quantized); drop --recipe/--plan")
+    calib = [opt for opt, v in (("--calib-samples", calib_samples), ("--calib-dataset", calib_dataset))
+             if v is not None]
+    if calib and recipe is None:
+        raise QuantkitError(f"{', '.join(calib)} set{'s' if len(calib) == 1 else ''} the calibration of --recipe; "
+                            "add --recipe or drop " + ("it" if len(calib) == 1 else "them"))
+    if calib_samples is not None and calib_samples < 1:
+        raise QuantkitError(f"--calib-samples must be at least 1, got {calib_samples}")
+    if packed and device_map is not None:
+        raise QuantkitError("--device-map places an HF model's layers; a packed checkpoint loads on --device, so "
+                            "drop --device-map")
+    if calib_dataset is not None:
+        from quantkit.data import check_source
+
+        check_source(calib_dataset)  # before the model loads and the baseline runs
+    text = joined_text(dataset, "test")  # a bad --dataset fails before the model loads
     loaded = (load_packed(model_ref, device=device, dtype=dtype) if packed
               else load_model(model_ref, device=device, dtype=dtype, device_map=device_map))
     seqlen = choose_seqlen(seqlen, max_positions(loaded.model))
@@ -291,6 +305,7 @@ def bench(
     from quantkit.bench import command
 
     console = err_console if json_out else out_console
+    command.check_reps(reps)
     if decode_step:
         from quantkit.bench.decode_step import run_decode_step
         from quantkit.bench.report import decode_step_table
@@ -304,11 +319,9 @@ def bench(
 
         command.check_kernel_only(batch, context, layer, device)
         bench_shapes, wanted = command.kernel_targets(packed, shapes, preset, methods)
-        ms = command.parse_ints(m or DEFAULT_M, "--m")
+        ms = command.parse_ints(DEFAULT_M if m is None else m, "--m")
         if plot is not None:
-            from quantkit.plotting import require_matplotlib
-
-            require_matplotlib()  # fail before the timing, not after it
+            command.check_plot(plot, wanted)  # fail before the timing, not after it
         rows = run_bench(bench_shapes, ms, wanted, reps=reps)
         console.print(format_table(rows), markup=False, highlight=False)
         if plot is not None:

@@ -4,6 +4,7 @@ headless or say how to install it, and save a figure with a one-line error when 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from quantkit.errors import QuantkitError
 
@@ -21,6 +22,24 @@ def require_matplotlib():
     return plt
 
 
+def check_plot_path(path: str | os.PathLike, option: str = "--plot") -> None:
+    """Refuse a plot path before the work that feeds it: no matplotlib, a folder that does not exist, or a suffix
+    that is not one of matplotlib's image formats (no suffix: PNG)."""
+    require_matplotlib()
+    p = Path(path).expanduser()
+    if not p.parent.is_dir():
+        raise QuantkitError(f"cannot write {option} '{path}': folder '{p.parent}' does not exist; create it or "
+                            "choose another path")
+    suffix = p.suffix.lower().lstrip(".")
+    if suffix:
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        formats = FigureCanvasBase.get_supported_filetypes()
+        if suffix not in formats:
+            raise QuantkitError(f"{option} '{path}': matplotlib does not write .{suffix} files; end the name in "
+                                f".png, .svg or .pdf (or one of {', '.join(sorted(formats))})")
+
+
 def save_figure(fig, path: str | os.PathLike, what: str, dpi: int = 120) -> None:
     """Write ``fig`` to ``path`` (format from the suffix) and close it; an unwritable path is a one-line
     QuantkitError naming ``what`` was being written."""
@@ -29,5 +48,7 @@ def save_figure(fig, path: str | os.PathLike, what: str, dpi: int = 120) -> None
         fig.savefig(path, dpi=dpi)
     except OSError as e:
         raise QuantkitError(f"cannot write {what} '{path}': {e.strerror or e}") from None
+    except ValueError as e:  # an unknown format suffix
+        raise QuantkitError(f"cannot write {what} '{path}': {e}") from None
     finally:
         plt.close(fig)

@@ -34,6 +34,14 @@ ONE_OF = "give exactly one of PACKED"
     (["ckpt", "--decode-step", "--layer", "-1"], "--layer is a decoder layer index"),
     (["--shapes", "64x64", "--batch", "8"], "--batch is for --decode-step only"),
     (["--shapes", "64x64", "--context", "8", "--device", "cpu"], "--context, --device are for --decode-step only"),
+    (["--shapes", "64x64", "--methods", ","], "--methods takes comma-separated method names"),
+    (["--shapes", "64x64", "--methods", ""], "--methods takes comma-separated method names"),
+    (["--shapes", "64x64", "--m", ""], "--m takes comma-separated integers"),
+    (["--shapes", "64x64", "--reps", "0"], "--reps is the number of timed samples per point"),
+    (["ckpt", "--decode-step", "--reps", "-2"], "--reps is the number of timed samples per point"),
+    (["--shapes", "64x64", "--methods", "fp16", "--plot", "b.png"], "only fp16 is timed"),
+    (["--shapes", "64x64", "--plot", "no/such/folder/b.png"], "folder 'no/such/folder' does not exist"),
+    (["--shapes", "64x64", "--plot", "b.txt"], "matplotlib does not write .txt files"),
 ])
 def test_bench_option_errors(args, message):
     r = runner.invoke(app, ["bench", *args])
@@ -45,6 +53,12 @@ def test_bench_option_errors(args, message):
 def test_bench_without_gpu_says_so():
     r = runner.invoke(app, ["bench", "--preset", "llama-3.1-8b", "--m", "1"])
     assert r.exit_code == 2 and "need a CUDA GPU" in r.stderr
+
+
+def test_methods_list_takes_spaces_after_commas(monkeypatch):
+    from quantkit.bench import command
+
+    assert command.kernel_targets(None, "64x64", None, "fp16, w4a16")[1] == ["fp16", "w4a16"]
 
 
 def test_plot_without_matplotlib_fails_before_timing(monkeypatch, tmp_path):

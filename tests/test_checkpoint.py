@@ -432,8 +432,18 @@ def test_manifest_version_and_presence(rtn_ckpt, tmp_path):
     (ckpt / "quantkit.json").write_text(json.dumps(m))
     with pytest.raises(QuantkitError, match="format version 99.*upgrade quantkit"):
         load_packed(ckpt, device="cpu")
+    (ckpt / "quantkit.json").write_text("{}")
+    with pytest.raises(QuantkitError, match="not a quantkit checkpoint manifest.*written by `quantkit pack`"):
+        load_packed(ckpt, device="cpu")
     (ckpt / "quantkit.json").unlink()
     with pytest.raises(QuantkitError, match="not a packed quantkit checkpoint"):
+        load_packed(ckpt, device="cpu")
+
+
+def test_checkpoint_without_config_json_names_the_fix(rtn_ckpt, tmp_path):
+    ckpt = _copy(rtn_ckpt, tmp_path / "c")
+    (ckpt / "config.json").unlink()
+    with pytest.raises(QuantkitError, match="has no config.json; re-run `quantkit pack`"):
         load_packed(ckpt, device="cpu")
 
 

@@ -64,6 +64,10 @@ def test_eval_ppl_cli_on_shipped_model_beats_chance():
     (["builtin:reference", "--seqlen", "4096"], "larger than the model allows"),
     (["builtin:reference", "--dataset", "nosuchset"], "unknown dataset"),
     (["builtin:reference", "--device", "tpu"], "unknown device"),
+    (["builtin:reference", "--calib-samples", "8"], "--calib-samples sets the calibration of --recipe"),
+    (["builtin:reference", "--calib-dataset", "kjv", "--calib-samples", "8"], "add --recipe or drop them"),
+    (["builtin:reference", "--recipe", "rtn-w4a16-g128", "--calib-samples", "0"], "--calib-samples must be at least 1"),
+    (["builtin:reference", "--recipe", "gptq-w4a16-g128", "--calib-dataset", "nosuchset"], "unknown dataset"),
 ])
 def test_user_errors_are_one_line_exit_2(args, message):
     r = runner.invoke(app, ["eval-ppl", *args])

@@ -44,11 +44,30 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
 def _methods(text: str) -> list[str]:
     from quantkit.bench.problems import METHODS
 
-    wanted = [x for x in text.split(",") if x]
+    wanted = [x.strip() for x in text.split(",") if x.strip()]
+    if not wanted:
+        raise QuantkitError(f"--methods takes comma-separated method names, got '{text}'; known: {', '.join(METHODS)}")
     unknown = [x for x in wanted if x not in METHODS]
     if unknown:
         raise QuantkitError(f"unknown --methods {', '.join(unknown)}; known: {', '.join(METHODS)}")
     return wanted
+
+
+def check_reps(reps: int) -> None:
+    """Refuse a ``--reps`` that leaves nothing to take a median of."""
+    if reps < 1:
+        raise QuantkitError(f"--reps is the number of timed samples per point (≥ 1), got {reps}")
+
+
+def check_plot(path: str, methods: list[str]) -> None:
+    """Refuse, before any timing, a ``--plot`` that could not be drawn or written: only the fp16 baseline timed (the
+    plot shows speedups over it), no matplotlib, a missing folder or a file type matplotlib does not write."""
+    from quantkit.plotting import check_plot_path
+
+    if all(mth == "fp16" for mth in methods):
+        raise QuantkitError("--plot draws each method's speedup over fp16, and only fp16 is timed; add --methods "
+                            "(e.g. fp16,w4a16) or drop --plot")
+    check_plot_path(path)
 
 
 def kernel_targets(packed: str | None, shapes: str | None, preset: str | None,
@@ -62,7 +81,8 @@ def kernel_targets(packed: str | None, shapes: str | None, preset: str | None,
     if preset is not None and preset not in PRESETS:
         raise QuantkitError(f"unknown --preset '{preset}'; known: {', '.join(PRESETS)}")
     if packed is None:
-        return parse_shapes(shapes or PRESETS[preset]), _methods(methods or DEFAULT_METHODS)
+        return (parse_shapes(shapes if shapes is not None else PRESETS[preset]),
+                _methods(DEFAULT_METHODS if methods is None else methods))
     from quantkit.bench.packed_targets import checkpoint_methods, checkpoint_shapes
     from quantkit.checkpoint import read_manifest
 

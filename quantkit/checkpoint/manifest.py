@@ -38,7 +38,8 @@ def validate(manifest: dict, path: Path) -> dict:
     ``tensors``); returns it unchanged or raises QuantkitError naming the first problem."""
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise QuantkitError(f"'{path}' is not a quantkit checkpoint manifest (format "
-                            f"{manifest.get('format') if isinstance(manifest, dict) else None!r})")
+                            f"{manifest.get('format') if isinstance(manifest, dict) else None!r}); point at a folder "
+                            "written by `quantkit pack`, or re-run it")
     version = manifest.get("format_version")
     if not isinstance(version, int) or version < 1:
         raise _bad(path, f"format_version is {version!r}")

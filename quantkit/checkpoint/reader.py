@@ -87,11 +87,14 @@ def _empty_model(folder: Path, dtype: torch.dtype) -> nn.Module:
     from quantkit.model.walk import check_supported
 
     quiet_hf()
+    if not (Path(folder) / "config.json").is_file():
+        raise QuantkitError(f"checkpoint '{folder}' has no config.json; re-run `quantkit pack` to write it whole")
     try:
         config = AutoConfig.from_pretrained(folder)
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise QuantkitError(f"could not read config.json of checkpoint '{folder}': {first}") from None
+        raise QuantkitError(f"could not read config.json of checkpoint '{folder}': {first}; re-run `quantkit pack`") \
+            from None
     check_supported(config)
     # parameters on the meta device (no memory, no init); buffers such as rotary inv_freq are real
     with init_empty_weights():

@@ -96,19 +96,25 @@ def _hub_documents(name: str, split: str) -> list[str]:
                             "cached — pass a local .txt/.jsonl file with --dataset PATH, or use --dataset kjv") from None
 
 
+def check_source(source: str) -> None:
+    """Refuse a source name that is neither shipped, a hub name nor an existing path (without reading anything), so
+    a command can fail on it before loading a model."""
+    if source in BUILTIN_NAMES or source in HUB_NAMES or Path(source).expanduser().exists():
+        return
+    if "/" in source or "." in source:
+        raise QuantkitError(f"text file '{source}' does not exist; pass an existing .txt/.jsonl path")
+    raise QuantkitError(f"unknown dataset '{source}'; use {known_sources()}")
+
+
 def documents(source: str, split: str) -> list[str]:
     """The documents of a source split (see module doc for the accepted names)."""
     _check_split(split)
+    check_source(source)
     if source in BUILTIN_NAMES:
         return [p for p in builtin_text(split).split("\n\n") if p.strip()]
     if source in HUB_NAMES:
         return _hub_documents(source, split)
-    p = Path(source).expanduser()
-    if p.exists():
-        return local_documents(source, split)
-    if "/" in source or "." in source:
-        raise QuantkitError(f"text file '{source}' does not exist; pass an existing .txt/.jsonl path")
-    raise QuantkitError(f"unknown dataset '{source}'; use {known_sources()}")
+    return local_documents(source, split)
 
 
 def joined_text(source: str, split: str) -> str:

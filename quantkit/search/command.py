@@ -52,7 +52,8 @@ def run_search(model_ref: str, output: str, recipe: str = "mixllm-w4a8", *, bits
     """Load the model, run the search, write ``output`` (and the heatmap ``plot``); returns the Plan."""
     from quantkit.model import load_model
     from quantkit.quant.recipe import load_recipe
-    from quantkit.search.report import require_matplotlib, save_heatmap
+    from quantkit.plotting import check_plot_path
+    from quantkit.search.report import save_heatmap
 
     fr = parse_list(fractions, float, "--fractions")
     budget = BitBudget.parse(parse_list(bits, int, "--bits"),
@@ -62,7 +63,7 @@ def run_search(model_ref: str, output: str, recipe: str = "mixllm-w4a8", *, bits
     if not out.parent.is_dir():
         raise QuantkitError(f"cannot write plan '{out}': folder '{out.parent}' does not exist")
     if plot is not None:
-        require_matplotlib()  # fail before the search, not after it
+        check_plot_path(plot)  # fail before the search, not after it
     rec = load_recipe(recipe)
     loaded = load_model(model_ref, device=device, dtype=dtype, device_map=device_map,
                         load_tokenizer=uses_salience(strategy))

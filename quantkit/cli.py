@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -250,21 +251,31 @@ def inspect_checkpoint(
 ):
     """Summary of a packed checkpoint (source, recipe, layers, bits, layouts, size); --verify checks its bytes."""
     from quantkit.checkpoint import read_manifest, summarize, verify_checkpoint
+    from quantkit.checkpoint.reader import check_files
     from quantkit.checkpoint.report import summary_table
 
     manifest = read_manifest(checkpoint)
+    folder = Path(checkpoint).expanduser()
+    check_files(folder, manifest)  # missing, empty or truncated shards, without reading the tensors
+    if not (folder / "config.json").is_file():
+        raise QuantkitError(f"checkpoint '{checkpoint}' has no config.json; re-run `quantkit pack` to write it whole")
     res = summarize(checkpoint, manifest)
     if verify:
         res["mismatches"] = verify_checkpoint(checkpoint, manifest)
     console = err_console if json_out else out_console
     console.print(summary_table(res))
     for m in res.get("mismatches", []):
-        err_console.print(f"[bold red]sha256 mismatch:[/] tensor '{m['tensor']}' in {m['shard']}", highlight=False)
+        err_console.print(f"[bold red]sha256 mismatch:[/] tensor '{m['tensor']}' in {m['shard']}", highlight=False,
+                          soft_wrap=True)
     if verify and not res["mismatches"]:
         console.print(f"verified: all {res['tensors']} tensors match their sha256", highlight=False)
     if json_out:
         sys.stdout.write(json.dumps(res) + "\n")
     if res.get("mismatches"):
+        n = len(res["mismatches"])
+        err_console.print(Text.assemble(("error: ", "bold red"), f"{n} tensor{'s' if n > 1 else ''} of "
+                                        f"'{checkpoint}' fail their sha256 check: the checkpoint is corrupt; copy it "
+                                        "again or re-run `quantkit pack`"), highlight=False, soft_wrap=True)
         raise typer.Exit(QuantkitError.exit_code)
 
 
@@ -332,8 +343,16 @@ def bench(
         sys.stdout.write(json.dumps(rows) + "\n")
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point. SIGTERM (a job scheduler's or `timeout`'s kill) exits through Python's unwinding,
+    so a checkpoint or plan being written leaves no temporary folder behind, as Ctrl-C does."""
+    import signal
+
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     app()
 
 

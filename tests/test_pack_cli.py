@@ -117,3 +117,79 @@ def test_existing_output_and_force(packed, model_dir):
 def test_inspect_of_a_non_checkpoint(model_dir):
     res = CliRunner().invoke(app, ["inspect", str(model_dir)])
     assert res.exit_code == 2 and "not a packed quantkit checkpoint" in res.output
+
+
+def test_quantized_models_are_refused_as_sources(packed, model_dir, tmp_path):
+    import shutil
+
+    out, _ = packed  # transformers would load its linears at random: refuse instead of packing garbage
+    res = CliRunner().invoke(app, ["pack", str(out), "--recipe", "rtn-w4a16-g128", "-o", str(tmp_path / "o"),
+                                   "--device", "cpu"])
+    assert res.exit_code == 2 and "is a packed quantkit checkpoint (already quantized)" in res.output
+    res = CliRunner().invoke(app, ["search", str(out), "-o", str(tmp_path / "p.json"), "--device", "cpu"])
+    assert res.exit_code == 2 and "is a packed quantkit checkpoint" in res.output
+    gptq = shutil.copytree(model_dir, tmp_path / "gptq")
+    cfg = json.loads((gptq / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128}
+    (gptq / "config.json").write_text(json.dumps(cfg))
+    res = CliRunner().invoke(app, ["pack", str(gptq), "--recipe", "rtn-w4a16-g128", "-o", str(tmp_path / "o"),
+                                   "--device", "cpu"])
+    assert res.exit_code == 2 and "is already quantized (gptq quantization_config" in res.output
+    assert "Traceback" not in res.output and not (tmp_path / "o").exists()
+
+
+def test_recipe_and_output_errors_name_the_fix(model_dir, tmp_path):
+    binary = tmp_path / "r.yaml"
+    binary.write_bytes(b"\xff\xfe\x00bits")
+    res = CliRunner().invoke(app, ["pack", str(model_dir), "--recipe", str(binary), "-o", str(tmp_path / "o"),
+                                   "--device", "cpu"])
+    assert res.exit_code == 2 and "is not UTF-8 text" in res.output
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "keep.txt").write_text("keep me")
+    res = CliRunner().invoke(app, ["pack", str(model_dir), "--recipe", "rtn-w4a16-g128", "-o", str(other),
+                                   "--device", "cpu"])  # --force would not replace it either: do not suggest it
+    assert res.exit_code == 2 and "is not a quantkit checkpoint" in res.output and "pass --force" not in res.output
+
+
+def test_inspect_checks_files_without_verify(packed, tmp_path):
+    import shutil
+
+    out, _ = packed
+    no_config = shutil.copytree(out, tmp_path / "no_config")
+    (no_config / "config.json").unlink()
+    res = CliRunner().invoke(app, ["inspect", str(no_config), "--verify"])
+    assert res.exit_code == 2 and "has no config.json" in res.output
+    short = shutil.copytree(out, tmp_path / "short")
+    shard = short / read_manifest(short)["tensors"]["model.norm.weight"]["shard"]
+    shard.write_bytes(shard.read_bytes()[:-100])
+    res = CliRunner().invoke(app, ["inspect", str(short)])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    bad = shutil.copytree(out, tmp_path / "bad")
+    shard = bad / read_manifest(bad)["tensors"]["model.norm.weight"]["shard"]
+    raw = bytearray(shard.read_bytes())
+    raw[-1] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    res = CliRunner().invoke(app, ["inspect", str(bad), "--verify"])
+    assert res.exit_code == 2 and "error: 1 tensor of" in res.stderr and "copy it again" in res.stderr
+
+
+def test_sigterm_exits_through_unwinding(monkeypatch):
+    import os
+    import signal
+    import time
+
+    import quantkit.cli as cli
+
+    def app_that_gets_killed():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+
+    previous = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(cli, "app", app_that_gets_killed)
+    try:
+        with pytest.raises(SystemExit) as e:  # a BaseException: atomic_directory removes its temporary folder
+            cli.main()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert e.value.code == 128 + signal.SIGTERM

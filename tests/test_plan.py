@@ -254,3 +254,12 @@ def test_cli_search(model_dir, tmp_path):
     assert load_plan(out).achieved_bits == summary_line["achieved_bits"]
     bad = CliRunner().invoke(app, ["search", str(model_dir), "-o", str(out), "--bits", "4,8", "--target-bits", "9"])
     assert bad.exit_code == 2 and "outside the range" in bad.output
+    other = tmp_path / "notes.txt"
+    other.write_text("keep me")
+    for o, plot, message in ((str(other), None, "exists and is not a quantkit plan"),
+                             (str(tmp_path), None, "is not a file path"), ("", None, "is not a file path"),
+                             (str(tmp_path / "p.json"), str(tmp_path / "p.json"), "both name")):
+        args = ["search", str(model_dir), "-o", o, "--device", "cpu"] + (["--plot", plot] if plot else [])
+        bad = CliRunner().invoke(app, args)
+        assert bad.exit_code == 2 and message in bad.output, (o, bad.output)
+    assert other.read_text() == "keep me" and not (tmp_path / "p.json").exists()

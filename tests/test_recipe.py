@@ -47,10 +47,18 @@ def test_overrides_by_pattern(tmp_path):
     ({"weight": {"method": "rtn"}, "extra": 1}, "extra"),
     ({"activation": {"bits": 8}}, "weight"),
     ({"weight": {"method": "lqq", "bits": 8}}, "weight.bits"),
+    ({"weight": {"method": "rtn"}, "calibration": {"seqlen": 1}}, "calibration.seqlen"),
 ])
 def test_malformed_recipe_names_the_field(data, field):
     with pytest.raises(QuantkitError, match=f"'{field}'".replace("[", r"\[").replace("]", r"\]")):
         parse_recipe(data, "test.yaml")
+
+
+def test_incomplete_and_out_of_range_messages_say_what_is_needed():
+    with pytest.raises(QuantkitError, match="'overrides\\[0\\]' is incomplete: it needs 'pattern'$"):
+        parse_recipe({"weight": {"method": "rtn"}, "overrides": [{"bits": 8}]}, "test.yaml")
+    with pytest.raises(QuantkitError, match="'calibration.seqlen' \\(≥ 2 tokens\\) are out of range: 128, 1"):
+        parse_recipe({"weight": {"method": "rtn"}, "calibration": {"samples": 128, "seqlen": 1}}, "test.yaml")
 
 
 def test_unknown_recipe_and_bad_yaml(tmp_path):

@@ -257,7 +257,8 @@ def test_average_bits_with_metadata():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(bits=[4]), "two distinct"), (dict(bits=[4, 4], target=4.2), "two distinct"),
+    (dict(bits=[4]), "two distinct"), (dict(bits=[4, 4], target=4.2), "lists a bit-width twice"),
+    (dict(bits=[4, 8], fractions=[float("nan"), float("nan")]), "sum to 1"),
     (dict(bits=[4, 9], target=4.4), "2..8"), (dict(bits=[4, 8]), "exactly one"),
     (dict(bits=[4, 8], target=4.4, fractions=[0.5, 0.5]), "exactly one"),
     (dict(bits=[4, 8], target=3.5), "outside"), (dict(bits=[4, 8], fractions=[0.5]), "one fraction"),

@@ -48,10 +48,10 @@ def check_output(out: Path, force: bool) -> None:
         raise QuantkitError(f"cannot write '{out}': folder '{out.parent}' does not exist; create it first")
     if not out.exists() and not out.is_symlink():
         return
-    if not force:
-        raise QuantkitError(f"output '{out}' already exists; pass --force to replace it or choose another -o")
     replaceable = out.is_dir() and not out.is_symlink() and ((out / MANIFEST_NAME).is_file()
                                                               or not any(out.iterdir()))
+    if not force and replaceable:
+        raise QuantkitError(f"output '{out}' already exists; pass --force to replace it or choose another -o")
     if not replaceable:
         raise QuantkitError(f"output '{out}' exists and is not a quantkit checkpoint; --force only replaces "
                             "checkpoints — remove it yourself or choose another -o")

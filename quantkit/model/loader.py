@@ -138,6 +138,21 @@ def _config(path: str, is_local: bool):
         raise QuantkitError(f"could not read the model config of '{path}' from the {where}: {first}") from None
 
 
+def check_not_quantized(config, name_or_path: str) -> None:
+    """Refuse a model whose config.json carries a ``quantization_config`` (a quantkit, GPTQ or AWQ checkpoint):
+    transformers would load its linears without their quantized weights, at random, or need another engine."""
+    qc = getattr(config, "quantization_config", None)
+    if qc is None:
+        return
+    method = (qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)) or "unknown"
+    if str(method) == "quantkit":
+        raise QuantkitError(f"'{name_or_path}' is a packed quantkit checkpoint (already quantized); quantize the "
+                            "full-precision model it came from (`quantkit inspect` names it), or evaluate this one "
+                            "with `quantkit eval-ppl`")
+    raise QuantkitError(f"'{name_or_path}' is already quantized ({method} quantization_config in its config.json); "
+                        "quantkit quantizes full-precision models — give the original model")
+
+
 def load_model(name_or_path: str, device: str = "auto", dtype: str | None = None,
                device_map: str | dict | None = None, load_tokenizer: bool = True) -> LoadedModel:
     """Load a causal LM and its tokenizer for quantization or evaluation.
@@ -152,6 +167,7 @@ def load_model(name_or_path: str, device: str = "auto", dtype: str | None = None
     path, is_local = resolve_model_path(name_or_path)
     dev = resolve_device(device)
     config = _config(path, is_local)
+    check_not_quantized(config, name_or_path)
     check_supported(config)
     torch_dtype = resolve_dtype(dtype, dev, getattr(config, "dtype", None))
     kwargs = {"dtype": torch_dtype}
@@ -161,7 +177,10 @@ def load_model(name_or_path: str, device: str = "auto", dtype: str | None = None
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except (OSError, ValueError, RuntimeError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise QuantkitError(f"could not load the weights of '{name_or_path}': {msg}") from None
+        if "size mismatch" in str(e) or "ignore_mismatched_sizes" in str(e):
+            msg = "its weights' shapes do not match its config.json (a config from another model size?)"
+        raise QuantkitError(f"could not load the weights of '{name_or_path}': {msg}; fix config.json or the "
+                            "weight files") from None
     if device_map is None:
         model.to(dev)
     model.eval()
@@ -170,8 +189,10 @@ def load_model(name_or_path: str, device: str = "auto", dtype: str | None = None
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
         except (OSError, ValueError) as e:
-            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise QuantkitError(f"could not load the tokenizer of '{name_or_path}': {msg}") from None
+            msg = str(e).strip().splitlines()[0].rstrip(": ") if str(e).strip() else type(e).__name__
+            raise QuantkitError(f"could not load the tokenizer of '{name_or_path}' ({msg}); copy the model's "
+                                "tokenizer files (tokenizer.json / tokenizer.model, tokenizer_config.json) into "
+                                "its folder") from None
     return LoadedModel(model, tokenizer, name_or_path, path, dev, torch_dtype)
 
 

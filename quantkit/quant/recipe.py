@@ -34,7 +34,7 @@ Schema (every field optional except ``weight.method``; unknown fields are errors
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 import yaml
@@ -161,10 +161,11 @@ def _build(cls, data, where: str):
         if key not in known:
             raise QuantkitError(f"recipe field '{where}.{key}' is unknown; allowed: {', '.join(known)}")
         kwargs[key] = _check_type(value, known[key].type, f"{where}.{key}")
-    try:
-        return cls(**kwargs)
-    except TypeError as e:
-        raise QuantkitError(f"recipe field '{where}' is incomplete: {e}") from None
+    missing = [f.name for f in fields(cls) if f.name not in kwargs and f.default is MISSING
+               and f.default_factory is MISSING]
+    if missing:
+        raise QuantkitError(f"recipe field '{where}' is incomplete: it needs {', '.join(repr(m) for m in missing)}")
+    return cls(**kwargs)
 
 
 def _check_type(value, typ, where: str):
@@ -224,7 +225,8 @@ def parse_recipe(data: dict, source: str = "") -> Recipe:
     _check_group(act.group_size, "activation.group_size")
     calib = _build(CalibSpec, data.get("calibration"), "calibration")
     if calib.samples < 1 or calib.seqlen < 2:
-        raise QuantkitError("recipe field 'calibration.samples'/'calibration.seqlen' must be positive")
+        raise QuantkitError(f"recipe fields 'calibration.samples' (≥ 1) and 'calibration.seqlen' (≥ 2 tokens) are out "
+                            f"of range: {calib.samples}, {calib.seqlen}")
     bit_specs = {}
     raw_bs = data.get("bit_specs") or {}
     if not isinstance(raw_bs, dict):
@@ -259,7 +261,10 @@ def load_recipe(name_or_path: str) -> Recipe:
     """A shipped recipe by name (``gptq-w4a16-g128``) or a YAML file path."""
     p = Path(name_or_path).expanduser()
     if p.is_file():
-        text, source = p.read_text(encoding="utf-8"), str(p)
+        try:
+            text, source = p.read_text(encoding="utf-8"), str(p)
+        except UnicodeDecodeError:
+            raise QuantkitError(f"recipe file '{p}' is not UTF-8 text; pass a YAML recipe file") from None
     else:
         ref = shipped_dir("quantkit.recipes", "recipes").joinpath(f"{name_or_path}.yaml")
         if not ref.is_file():

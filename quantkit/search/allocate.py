@@ -13,6 +13,8 @@ same rule inside each layer separately instead of over one global ranking.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -39,7 +41,9 @@ class BitBudget:
               fractions: Sequence[float] | None = None) -> BitBudget:
         """Check and normalise ``--bits``, ``--target-bits``, ``--fractions`` (fractions follow the order of bits)."""
         bits = [int(b) for b in bits]
-        if len(bits) < 2 or len(set(bits)) != len(bits):
+        if len(set(bits)) != len(bits):
+            raise QuantkitError(f"--bits lists a bit-width twice, got {bits}; give each once, e.g. --bits 4,8")
+        if len(bits) < 2:
             raise QuantkitError(f"--bits needs at least two distinct bit-widths, got {bits}; e.g. --bits 4,8")
         if any(not 2 <= b <= 8 for b in bits):
             raise QuantkitError(f"--bits must be in 2..8, got {bits}")
@@ -51,7 +55,7 @@ class BitBudget:
             if len(fr) != len(bits):
                 raise QuantkitError(f"--fractions has {len(fr)} values for {len(bits)} bit-widths; "
                                     "give one fraction per entry of --bits")
-            if any(f < 0 for f in fr) or abs(sum(fr) - 1.0) > 1e-6:
+            if not all(math.isfinite(f) and f >= 0 for f in fr) or abs(sum(fr) - 1.0) > 1e-6:
                 raise QuantkitError(f"--fractions must be non-negative and sum to 1, got {fr}")
             return cls(tuple(bits[i] for i in order), None, tuple(fr[i] for i in order))
         lo, hi = min(bits), max(bits)

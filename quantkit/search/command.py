@@ -43,6 +43,27 @@ def _bars(enabled: bool) -> Iterator[tuple]:
                lambda d, n: prog.update(samples, completed=d, total=n))
 
 
+def check_plan_output(output: str, plot: str | None = None) -> None:
+    """Refuse, before the search, an ``-o`` the plan cannot be written to or must not overwrite: an empty path, a
+    folder, a missing parent folder, the ``--plot`` file, or an existing file that is not a quantkit plan (a
+    re-run may replace an earlier plan, nothing else)."""
+    from quantkit.search.plan_check import read_plan
+
+    out = Path(output).expanduser()
+    if not output.strip() or out.is_dir():
+        raise QuantkitError(f"-o '{output}' is not a file path; name the plan file, e.g. -o plan.json")
+    if not out.parent.is_dir():
+        raise QuantkitError(f"cannot write plan '{out}': folder '{out.parent}' does not exist")
+    if plot is not None and Path(plot).expanduser().resolve() == out.resolve():
+        raise QuantkitError(f"-o and --plot both name '{output}'; give the heatmap its own file, e.g. --plot plan.png")
+    if out.exists():
+        try:
+            read_plan(out)
+        except QuantkitError:
+            raise QuantkitError(f"-o '{output}' exists and is not a quantkit plan; choose another path or remove "
+                                "that file") from None
+
+
 def run_search(model_ref: str, output: str, recipe: str = "mixllm-w4a8", *, bits: str = "4,8",
                target_bits: float | None = None, fractions: str | None = None, strategy: str = "global",
                samples: int | None = None, seqlen: int | None = None, seed: int | None = None,
@@ -59,9 +80,8 @@ def run_search(model_ref: str, output: str, recipe: str = "mixllm-w4a8", *, bits
     budget = BitBudget.parse(parse_list(bits, int, "--bits"),
                              DEFAULT_TARGET if target_bits is None and fr is None else target_bits, fr)
     check_strategy(strategy)
-    out = Path(output)
-    if not out.parent.is_dir():
-        raise QuantkitError(f"cannot write plan '{out}': folder '{out.parent}' does not exist")
+    check_plan_output(output, plot)
+    out = Path(output).expanduser()
     if plot is not None:
         check_plot_path(plot)  # fail before the search, not after it
     rec = load_recipe(recipe)

@@ -104,6 +104,11 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
         from quantkit.search.plan_check import check_plan_model
 
         check_plan_model(plan_obj, loaded.model, f"plan '{plan}'")
+    from quantkit.model.walk import iter_linears
+
+    for pattern in rec.unmatched_overrides(name for name, _ in iter_linears(loaded.model)):
+        warn_all(f"recipe override '{pattern}' matches no linear layer of '{model_ref}' and changes nothing "
+                 "(patterns are fnmatch on names like model.layers.0.mlp.down_proj)")
     n_params = _parameters(loaded.model)
     progress_factory = None
     if progress:

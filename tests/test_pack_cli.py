@@ -193,3 +193,13 @@ def test_sigterm_exits_through_unwinding(monkeypatch):
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert e.value.code == 128 + signal.SIGTERM
+
+
+def test_pack_warns_about_an_override_that_matches_nothing(model_dir, tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("weight: {method: rtn, bits: 4, group_size: 32}\n"
+                      "overrides:\n  - {pattern: '*.down_prj', bits: 8}\n")
+    res = CliRunner().invoke(app, ["pack", str(model_dir), "--recipe", str(recipe), "-o", str(tmp_path / "o"),
+                                   "--device", "cpu", "--json"])
+    assert res.exit_code == 0, res.output
+    assert any("'*.down_prj' matches no linear layer" in w for w in _last_json(res)["warnings"])

@@ -34,6 +34,9 @@ def test_overrides_by_pattern(tmp_path):
     assert r.spec_for("model.layers.3.mlp.down_proj").bits == 8
     assert r.spec_for("model.layers.3.mlp.up_proj").bits == 4
     assert r.spec_for("model.layers.0.mlp.up_proj").skip
+    names = ["model.layers.0.mlp.up_proj", "model.layers.3.mlp.down_proj"]
+    assert r.unmatched_overrides(names) == []
+    assert r.unmatched_overrides(["model.layers.3.mlp.up_proj"]) == ["*.down_proj", "model.layers.0.*"]
 
 
 @pytest.mark.parametrize("data,field", [

@@ -118,6 +118,12 @@ class Recipe:
     description: str = ""
     source: str = ""
 
+    def unmatched_overrides(self, names) -> list[str]:
+        """The override patterns that match none of the linear layer ``names`` (most likely a typo: such an
+        override changes nothing)."""
+        names = list(names)
+        return [o.pattern for o in self.overrides if not any(fnmatch.fnmatchcase(n, o.pattern) for n in names)]
+
     def spec_for(self, name: str, bits: int | None = None) -> LinearSpec:
         """The quantizer for linear ``name``; ``bits`` (from a plan) picks that bit-width's spec.
 

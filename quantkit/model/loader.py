@@ -142,7 +142,7 @@ def check_not_quantized(config, name_or_path: str) -> None:
     """Refuse a model whose config.json carries a ``quantization_config`` (a quantkit, GPTQ or AWQ checkpoint):
     transformers would load its linears without their quantized weights, at random, or need another engine."""
     qc = getattr(config, "quantization_config", None)
-    if qc is None:
+    if not qc:  # absent, null or an empty mapping: nothing quantized
         return
     method = (qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)) or "unknown"
     if str(method) == "quantkit":

@@ -53,7 +53,7 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
                  calib_dataset: str | None = None, device_map: str | None = None) -> dict:
     """Run the eval-ppl job and return its result record (used by the CLI and the demo)."""
     from quantkit.checkpoint import is_checkpoint, load_packed
-    from quantkit.data import joined_text
+    from quantkit.data import check_sample_count, joined_text
     from quantkit.data.tokens import encode
     from quantkit.eval.ppl import choose_seqlen
     from quantkit.model import load_model
@@ -68,8 +68,7 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
     if calib and recipe is None:
         raise QuantkitError(f"{', '.join(calib)} set{'s' if len(calib) == 1 else ''} the calibration of --recipe; "
                             "add --recipe or drop " + ("it" if len(calib) == 1 else "them"))
-    if calib_samples is not None and calib_samples < 1:
-        raise QuantkitError(f"--calib-samples must be at least 1, got {calib_samples}")
+    check_sample_count(calib_samples)
     if packed and device_map is not None:
         raise QuantkitError("--device-map places an HF model's layers; a packed checkpoint loads on --device, so "
                             "drop --device-map")

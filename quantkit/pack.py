@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from quantkit.data.tokens import check_sample_count
 from quantkit.errors import QuantkitError
 
 
@@ -80,8 +81,7 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
 
     target = check_target_export(target, export)
     max_bytes = parse_size(max_shard_size)
-    if calib_samples is not None and calib_samples < 1:
-        raise QuantkitError(f"--calib-samples must be at least 1, got {calib_samples}")
+    check_sample_count(calib_samples)
     out = Path(output).expanduser()
     check_output(out.absolute(), force)
     rec = load_recipe(recipe)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from quantkit.model import iter_linears
+from quantkit.errors import QuantkitError
 from quantkit.quant.apply import quantize_model
 from quantkit.quant.partition import dequantize_record, quantize_partitioned, split_rows
 from quantkit.quant.recipe import load_recipe, parse_recipe
@@ -49,3 +50,13 @@ def test_clip_recipe_runs_layerwise_and_records_calibration():
     _check_written(model, res)
     assert res.calibration == {"dataset": "kjv", "samples": 4, "seqlen": 32, "seed": 0}
     assert all(r.meta["clip"] == "output" for r in res.weights.values())
+
+
+def test_calibration_inputs_take_explicit_options_literally():
+    """0 windows is an error, not "the recipe's default" (falsy-or would have swallowed it)."""
+    from quantkit.quant.apply import calibration_inputs
+    from quantkit.quant.recipe import load_recipe
+
+    rec = load_recipe("gptq-w4a16-g128")
+    with pytest.raises(QuantkitError, match="--calib-samples must be at least 1, got 0"):
+        calibration_inputs(None, rec, None, samples=0)

@@ -103,6 +103,11 @@ def test_bad_options(model_dir, tmp_path):
         run_search(str(model_dir), str(tmp_path / "p.json"), RECIPE, bits="4,eight", **FAST)
     with pytest.raises(QuantkitError, match="folder .* does not exist"):
         run_search(str(model_dir), str(tmp_path / "nope" / "p.json"), RECIPE, **FAST)
+    # a missing model path proves these fail before anything loads
+    with pytest.raises(QuantkitError, match="--samples must be at least 1, got 0"):
+        run_search(str(tmp_path / "no-model"), str(tmp_path / "p.json"), RECIPE, **dict(FAST, samples=0))
+    with pytest.raises(QuantkitError, match="unknown dataset 'wikitxt'"):
+        run_search(str(tmp_path / "no-model"), str(tmp_path / "p.json"), RECIPE, dataset="wikitxt", **FAST)
 
 
 # ---------------------------------------------------------------------------------------------- mismatches

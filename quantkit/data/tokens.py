@@ -20,6 +20,12 @@ def eval_token_stream(tokenizer, source: str, split: str = "test") -> torch.Tens
     return encode(tokenizer, joined_text(source, split))
 
 
+def check_sample_count(samples: int | None, option: str = "--calib-samples") -> None:
+    """Refuse a calibration window count below 1 (None means "the recipe's"); run before any model loads."""
+    if samples is not None and samples < 1:
+        raise QuantkitError(f"{option} must be at least 1, got {samples}")
+
+
 def calibration_windows(tokenizer, source: str = "kjv", n: int = 128, seqlen: int = 2048, seed: int = 0,
                         split: str = "train") -> torch.Tensor:
     """``n`` windows of ``seqlen`` tokens, LongTensor [n, seqlen], deterministic in ``seed``.

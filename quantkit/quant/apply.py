@@ -91,12 +91,13 @@ def _layer_config(recipe: Recipe, method: str):
 def calibration_inputs(tokenizer, recipe: Recipe, max_positions: int | None, dataset: str | None = None,
                        samples: int | None = None, seqlen: int | None = None) -> tuple[torch.Tensor, dict]:
     """Calibration windows per the recipe (options override it); seqlen is capped at the model's max positions."""
-    from quantkit.data import calibration_windows
+    from quantkit.data import calibration_windows, check_sample_count
 
     c = recipe.calibration
+    check_sample_count(samples)
     dataset = dataset or c.dataset
-    samples = samples or c.samples
-    seqlen = seqlen or c.seqlen
+    samples = samples if samples is not None else c.samples
+    seqlen = seqlen if seqlen is not None else c.seqlen
     if max_positions:
         seqlen = min(seqlen, max_positions)
     ids = calibration_windows(tokenizer, dataset, samples, seqlen, c.seed)

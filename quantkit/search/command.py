@@ -71,6 +71,7 @@ def run_search(model_ref: str, output: str, recipe: str = "mixllm-w4a8", *, bits
                dtype: str | None = None, device_map: str | None = None, plot: str | None = None,
                show_progress: bool = True):
     """Load the model, run the search, write ``output`` (and the heatmap ``plot``); returns the Plan."""
+    from quantkit.data import check_sample_count, check_source
     from quantkit.model import load_model
     from quantkit.quant.recipe import load_recipe
     from quantkit.plotting import check_plot_path
@@ -80,6 +81,9 @@ def run_search(model_ref: str, output: str, recipe: str = "mixllm-w4a8", *, bits
     budget = BitBudget.parse(parse_list(bits, int, "--bits"),
                              DEFAULT_TARGET if target_bits is None and fr is None else target_bits, fr)
     check_strategy(strategy)
+    check_sample_count(samples, "--samples")
+    if dataset is not None:
+        check_source(dataset)  # before the model loads
     check_plan_output(output, plot)
     out = Path(output).expanduser()
     if plot is not None:

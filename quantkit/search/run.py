@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from quantkit.data.tokens import check_sample_count
 from quantkit.errors import QuantkitError
 from quantkit.model.loader import LoadedModel
 from quantkit.model.walk import iter_linears
@@ -64,9 +65,8 @@ def calibration_settings(recipe, opts: SearchOptions, max_positions: int | None)
             raise QuantkitError(f"--seqlen {seqlen} exceeds the model's context length {max_positions}; "
                                 f"use --seqlen {max_positions} or less")
         seqlen = max_positions
+    check_sample_count(opts.samples, "--samples")
     samples = opts.samples if opts.samples is not None else cal.samples
-    if samples < 1:
-        raise QuantkitError(f"--samples must be >= 1, got {samples}")
     return {"source": opts.dataset or cal.dataset, "samples": samples, "seqlen": seqlen,
             "seed": opts.seed if opts.seed is not None else cal.seed}
 

@@ -19,7 +19,8 @@ import quantkit.runtime.kernels.configs as configs  # noqa: E402
 from quantkit.runtime.kernels.configs import (TileConfig, gemm_config, lqq_wgmma_config, lqq_wgmma_cost,  # noqa: E402
                                              lqq_wgmma_launch, lqq_wgmma_warpgroups)
 from quantkit.runtime.kernels.int8_gemm import int8_matmul  # noqa: E402
-from quantkit.runtime.kernels.lqq_wgmma import HAVE_GLUON, lqq_wgmma_matmul, lqq_wgmma_problem  # noqa: E402
+from quantkit.runtime.kernels.lqq_wgmma import (HAVE_GLUON, lqq_wgmma_matmul, lqq_wgmma_problem,  # noqa: E402
+                                              one_copy_per_tile)
 from quantkit.runtime.kernels.reference import int8_reference  # noqa: E402
 from tests.kernels_helpers import DEVICE, packed, poisoned, rel_err  # noqa: E402
 
@@ -411,3 +412,9 @@ def test_int8_matmul_runs_two_warpgroups_where_the_rule_says(monkeypatch):
         out = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta)
         assert calls == [launch]
         assert rel_err(out, int8_reference(codes, scales, -1, "w4a8-lqq", tensors, meta)) < 1e-3
+
+
+def test_one_copy_per_tile_only_for_two_warpgroups_with_a_tail():
+    """The single cp.async per tile (one CTA barrier fewer) is taken only where the A/B measured it faster."""
+    assert one_copy_per_tile(64, 2) == one_copy_per_tile(32, 2) == 0
+    assert one_copy_per_tile(0, 2) == one_copy_per_tile(64, 1) == one_copy_per_tile(0, 1) == 2

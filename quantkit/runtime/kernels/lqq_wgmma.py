@@ -44,7 +44,7 @@ KERNEL = "lqq_wgmma"  # its name for hopper_problem / launch_or_decline
 if HAVE_GLUON:
     from quantkit.runtime.kernels.wgmma_common import (X_SMEM, a_layout, async_copy, cta_barrier, gl, gluon, issue_x,
                                                        load_words, mma_layout, store_split_pair, store_tile, wait_x,
-                                                       warpgroup_mma, warpgroup_mma_wait, x_layout)
+                                                       warpgroup_mma, warpgroup_mma_wait, x_layout, x_tile_ptrs)
 
     ASM_I8 = gl.constexpr(ASM_I8_TEXT)
     CONSTRAINTS_I8 = gl.constexpr(CONSTRAINTS_I8_TEXT)
@@ -69,7 +69,8 @@ if HAVE_GLUON:
     @gluon.jit
     def _lqq_wgmma_kernel(a_ptr, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_am, stride_sm,
                           stride_om, w_row, n_tiles, tiles_per_split, hpg, groups, BM: gl.constexpr,
-                          STAGES: gl.constexpr, SPLIT_K: gl.constexpr, BT: gl.constexpr, WG: gl.constexpr):
+                          STAGES: gl.constexpr, SPLIT_K: gl.constexpr, BT: gl.constexpr, WG: gl.constexpr,
+                          COPIES: gl.constexpr):
         pid_n = gl.program_id(0)
         pid_m = gl.program_id(1)
         pid_k = gl.program_id(2)
@@ -88,22 +89,29 @@ if HAVE_GLUON:
         rn = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, a_l))
         rn_in = gl.minimum(rn, N - 1)
         w_ptrs = w_ptr + rn_in[:, None] * w_row + gl.arange(0, 32, layout=gl.SliceLayout(0, a_l))[None, :]
-        cols_x = gl.arange(0, 128, layout=gl.SliceLayout(0, x_l))[None, :]
         # token rows past M read rows from the start again (their products are never stored): clamped to row
         # M - 1 instead, every program of a ragged last token tile read that one row, the same lines from all SMs
-        rm_x = (pid_m * TM + gl.arange(0, BM, layout=gl.SliceLayout(1, x_l))) % M
-        x_ptrs = a_ptr + rm_x[:, None] * stride_am + cols_x
+        if COPIES == 0:  # a tile's two halves in one copy, into the same bytes seen as [2·BM, 128] (issue_x)
+            xs_in = xs._reinterpret(gl.int8, [STAGES, 2 * BM, 128], X_SMEM)
+            x_ptrs = x_tile_ptrs(a_ptr, pid_m * TM, M, stride_am, BM, 2, 128, x_l)
+        else:
+            xs_in = xs
+            x_ptrs = x_tile_ptrs(a_ptr, pid_m * TM, M, stride_am, BM, 1, 128, x_l)
         if BT > 0:
             mma_t: gl.constexpr = mma_layout(BT, WG)
             a_t: gl.constexpr = a_layout(BT, WG)
             xt = gl.allocate_shared_memory(gl.int8, [2 * STAGES, BT, 128], X_SMEM)
-            rt_x = (pid_m * TM + BM + gl.arange(0, BT, layout=gl.SliceLayout(1, x_l))) % M
-            xt_ptrs = a_ptr + rt_x[:, None] * stride_am + cols_x
+            if COPIES == 0:
+                xt_in = xt._reinterpret(gl.int8, [STAGES, 2 * BT, 128], X_SMEM)
+                xt_ptrs = x_tile_ptrs(a_ptr, pid_m * TM + BM, M, stride_am, BT, 2, 128, x_l)
+            else:
+                xt_in = xt
+                xt_ptrs = x_tile_ptrs(a_ptr, pid_m * TM + BM, M, stride_am, BT, 1, 128, x_l)
 
         for i0 in gl.static_range(STAGES - 1):
-            issue_x(xs, x_ptrs, i0, t_begin, t_end, STAGES)
+            issue_x(xs_in, x_ptrs, i0, t_begin, t_end, STAGES, COPIES, 128)
             if BT > 0:
-                issue_x(xt, xt_ptrs, i0, t_begin, t_end, STAGES)
+                issue_x(xt_in, xt_ptrs, i0, t_begin, t_end, STAGES, COPIES, 128)
             async_copy.commit_group()
         acc = gl.zeros([ROWS, BM], gl.int32, mma)
         if BT > 0:
@@ -130,9 +138,9 @@ if HAVE_GLUON:
                 acc = warpgroup_mma_wait(num_outstanding=8, deps=(acc, ))
             if WG > 1:  # each warpgroup waited for its own products only: the other may still read tile t-1's slot
                 cta_barrier()
-            issue_x(xs, x_ptrs, i + STAGES - 1, t_begin, t_end, STAGES)  # into tile t-1's slot
+            issue_x(xs_in, x_ptrs, i + STAGES - 1, t_begin, t_end, STAGES, COPIES, 128)  # into tile t-1's slot
             if BT > 0:
-                issue_x(xt, xt_ptrs, i + STAGES - 1, t_begin, t_end, STAGES)
+                issue_x(xt_in, xt_ptrs, i + STAGES - 1, t_begin, t_end, STAGES, COPIES, 128)
             async_copy.commit_group()
         if BT > 0:
             acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_t))
@@ -157,6 +165,15 @@ if HAVE_GLUON:
                 y_t = apply_scales(acc_t, sa_ptr, cs_ptr, rm_t, rn_t, M, N, stride_sm)
                 store_split_pair(out_ptr, ws_ptr, ticket_ptr, y, rm, rn_o, y_t, rm_t, rn_t, M, N, stride_om, pid_k,
                                  SPLIT_K)
+
+
+def one_copy_per_tile(tail: int, warpgroups: int) -> int:
+    """The ``COPIES`` of :func:`.wgmma_common.issue_x` for a launch: 0 (a tile's two halves in one cp.async, so
+    fewer CTA barriers a tile) for two warpgroups with a tail tile, where an A/B on an H100 timed it 1.03× faster
+    (geometric mean of 24 points, 0.996-1.13×; docs/logs/session15/kernel_ab_lqq_one_copy*_h100.json); else 2 (a
+    copy per half): the single copy was 0.96-1.01× on one-warpgroup launches there and in the W4A16 kernel 0.90-0.99×
+    (kernel_ab_*variants_h100.json) — why fewer barriers can be slower was not found."""
+    return 0 if tail and warpgroups > 1 else 2
 
 
 def lqq_wgmma_problem(a_codes: torch.Tensor, act_group_size: int, layout: str, meta: dict,
@@ -194,8 +211,9 @@ def lqq_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dic
     out = torch.empty(m, n, dtype=out_dtype, device=a_codes.device) if out is None else out
     grid = (-(-n // (BN * warpgroups)), -(-m // (bm + tail)), split)
     ws, tickets = split_workspace(a_codes.device, m * n, split, grid[0] * grid[1])
+    hpg = groups_in_halves(meta, n_tiles)
     _lqq_wgmma_kernel[grid](a_codes, a_scales, qweight, qparams, cs, out, ws, tickets, m, n, a_codes.stride(0),
                             a_scales.stride(0), out.stride(0), qweight.shape[1], n_tiles, tiles_per_split,
-                            groups_in_halves(meta, n_tiles), qparams.shape[0], BM=bm, STAGES=stages,
-                            SPLIT_K=split, BT=tail, WG=warpgroups, num_warps=4 * warpgroups)
+                            hpg, qparams.shape[0], BM=bm, STAGES=stages, SPLIT_K=split, BT=tail, WG=warpgroups,
+                            COPIES=one_copy_per_tile(tail, warpgroups), num_warps=4 * warpgroups)
     return out

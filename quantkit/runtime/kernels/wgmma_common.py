@@ -154,26 +154,44 @@ if HAVE_GLUON:
 
     @gluon.constexpr_function
     def x_layout(WG, VEC=16):
-        """An activation slice of 128-byte rows ([BM, 128] int8, [BM, 64] fp16) as the program's 4·WG warps'
-        cp.async read it: 16 bytes, VEC elements, a thread."""
+        """Activation rows of 128 bytes ([rows, 128] int8, [rows, 64] fp16) as the program's 4·WG warps' cp.async
+        read them: 16 bytes, VEC elements, a thread."""
         return gl.BlockedLayout(size_per_thread=[1, VEC], threads_per_warp=[4, 8], warps_per_cta=[4 * WG, 1],
                                 order=[1, 0])
 
-
-    # an activation half-tile [BM, 128] as it sits in shared memory
+    # an activation slice [BM, 128] int8 as it sits in shared memory
     X_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))
 
     @gluon.jit
-    def issue_x(xs, x_ptrs, i, t_begin, t_end, STAGES: gl.constexpr):
-        """Start the cp.async of activation tile t_begin + i (both 128-column halves) into ring slot i % STAGES,
-        empty past t_end so that wait_group counts stay uniform; the caller commits the group (one per tile, which
-        may hold several token tiles' copies)."""
+    def x_tile_ptrs(x_ptr, row0, M, stride_xm, BM: gl.constexpr, S: gl.constexpr, W: gl.constexpr,
+                    layout: gl.constexpr):
+        """Pointers [S·BM, W] to the first S slices of W columns (128 bytes) of activation tile 0 of token rows
+        row0 … row0 + BM − 1 (rows past M wrap to the start: their products are never stored), stacked: row
+        j·BM + r is slice j of token r, columns W·j … W·j + W − 1 (tile t: + 256·t). A 128-byte-swizzled
+        [S·BM, W] buffer holds the same bytes as S swizzled [BM, W] ones (BM a multiple of the 8-row swizzle
+        period), so one cp.async can fill the S slices that wgmma reads (:func:`issue_x`)."""
+        rr = gl.arange(0, S * BM, layout=gl.SliceLayout(1, layout))
+        rows = (row0 + rr % BM) % M
+        c = gl.arange(0, W, layout=gl.SliceLayout(0, layout))
+        return x_ptr + (rows * stride_xm + W * (rr // BM))[:, None] + c[None, :]
+
+    @gluon.jit
+    def issue_x(xs, x_ptrs, i, t_begin, t_end, STAGES: gl.constexpr, COPIES: gl.constexpr, W: gl.constexpr):
+        """Start the cp.async of activation tile t_begin + i into ring slot i % STAGES, empty past t_end so that
+        wait_group counts stay uniform; the caller commits the group (one per tile, which may hold several token
+        tiles' copies). COPIES > 0: one copy per slice of W columns into ``xs`` [COPIES·STAGES, BM, W] from
+        :func:`x_tile_ptrs` with S = 1; COPIES = 0: the whole tile in one copy into the stacked view ``xs``
+        [STAGES, slices·BM, W] from x_tile_ptrs with S = slices. The compiler puts a CTA barrier before each copy;
+        which is faster depends on the launch (docs/BENCHMARKS.md)."""
         s = i % STAGES
         t = t_begin + i
         ok = t < t_end
         tt = gl.where(ok, t, t_begin)
-        cp_async(xs.index(2 * s), x_ptrs + tt * 256, ok)
-        cp_async(xs.index(2 * s + 1), x_ptrs + tt * 256 + 128, ok)
+        if COPIES == 0:
+            cp_async(xs.index(s), x_ptrs + tt * 256, ok)
+        else:
+            for j in gl.static_range(COPIES):
+                cp_async(xs.index(COPIES * s + j), x_ptrs + tt * 256 + W * j, ok)
 
     @gluon.jit
     def load_words(w_ptrs, p_ptr, t, t_end, hpg, groups, N, rn_in):
@@ -252,4 +270,4 @@ if HAVE_GLUON:
 
     __all__ += ["X_SMEM", "a_layout", "async_copy", "cta_barrier", "fence_async_shared", "gl",
                 "gluon", "issue_x", "load_words", "mbarrier", "mma_layout", "store_split_pair", "store_tile",
-                "tma_load", "wait_x", "warpgroup_mma", "warpgroup_mma_wait", "x_layout"]
+                "tma_load", "wait_x", "warpgroup_mma", "warpgroup_mma_wait", "x_layout", "x_tile_ptrs"]

@@ -20,15 +20,38 @@ app = typer.Typer(name="quantkit", no_args_is_help=True, add_completion=False, p
                   help="Offline LLM quantization: MixLLM search, GPTQ/AWQ/LiquidQuant, packed GPU checkpoints.")
 
 
+def _error_line(message: str) -> None:
+    err_console.print(Text.assemble(("error: ", "bold red"), message), highlight=False, soft_wrap=True)
+
+
+def out_of_memory_message(e: BaseException) -> str | None:
+    """The one-line error for a CUDA out-of-memory error (a size the user chose was too large for this GPU), or
+    None for any other exception. torch is looked up, not imported: a run that never imported it cannot run out."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(e, torch.cuda.OutOfMemoryError):
+        return None
+    text = str(e).strip()
+    first = text.splitlines()[0].rstrip(".") if text else "CUDA out of memory"
+    return (f"out of GPU memory ({first[:160]}); hold less at once — a smaller batch, sequence length or token "
+            "count (see this command's --help) — or use a GPU with more memory")
+
+
 def user_errors(fn):
-    """Turn a QuantkitError into one red line on stderr and exit code 2 (no traceback)."""
+    """Turn a QuantkitError — and a CUDA out-of-memory error — into one red line on stderr and exit code 2 (no
+    traceback)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except QuantkitError as e:
-            err_console.print(Text.assemble(("error: ", "bold red"), str(e)), highlight=False, soft_wrap=True)
+            _error_line(str(e))
+            raise typer.Exit(QuantkitError.exit_code) from None
+        except RuntimeError as e:
+            message = out_of_memory_message(e)
+            if message is None:
+                raise
+            _error_line(message)
             raise typer.Exit(QuantkitError.exit_code) from None
 
     return wrapper

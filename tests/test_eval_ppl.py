@@ -83,3 +83,26 @@ def test_dir_without_config_and_short_text_errors(tmp_path):
     short.write_text("too short")
     r = runner.invoke(app, ["eval-ppl", "builtin:reference", "--dataset", str(short)])
     assert r.exit_code == 2 and "fewer than one window" in r.stderr
+
+
+def test_cuda_out_of_memory_is_one_line_exit_2(monkeypatch):
+    """A size too large for the GPU is the user's to change: one line naming it, no traceback; other runtime
+    errors still surface whole."""
+    import quantkit.eval
+
+    def oom(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has 3 GiB free.")
+
+    monkeypatch.setattr(quantkit.eval, "perplexity", oom)
+    r = runner.invoke(app, ["eval-ppl", "builtin:reference", "--device", "cpu"])
+    last = r.stderr.strip().splitlines()[-1]  # after the progress bar
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert last.startswith("error: out of GPU memory (CUDA out of memory. Tried to allocate 20.00 GiB")
+    assert "a smaller batch, sequence length or token count" in last
+
+    def other(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(quantkit.eval, "perplexity", other)
+    r = runner.invoke(app, ["eval-ppl", "builtin:reference", "--device", "cpu"])
+    assert r.exit_code == 1 and isinstance(r.exception, RuntimeError)

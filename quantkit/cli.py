@@ -371,11 +371,31 @@ def _exit_on_sigterm(signum, frame) -> None:
 
 def main() -> None:
     """Console-script entry point. SIGTERM (a job scheduler's or `timeout`'s kill) exits through Python's unwinding,
-    so a checkpoint or plan being written leaves no temporary folder behind, as Ctrl-C does."""
+    so a checkpoint or plan being written leaves no temporary folder behind, as Ctrl-C does. Click's usage errors
+    (an option value of the wrong type, an unknown option or command) print one error line like quantkit's own,
+    not click's usage box."""
     import signal
 
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    app()
+    usage_error, no_args_is_help = _click_usage_errors()
+    try:
+        code = app(standalone_mode=False)
+    except usage_error as e:  # a bad option value, an unknown option or command: one line, as quantkit's own
+        if no_args_is_help is not None and isinstance(e, no_args_is_help):
+            sys.exit(0)  # `quantkit` alone: the help was printed
+        where = e.ctx.command_path if e.ctx is not None else "quantkit"
+        _error_line(f"{e.format_message().rstrip('.')} (see `{where} --help`)")
+        code = e.exit_code
+    except typer.Abort:  # Ctrl-C
+        err_console.print("Aborted.")
+        code = 1
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _click_usage_errors() -> tuple[type, type | None]:
+    """(UsageError, NoArgsIsHelpError or None) of the click this typer runs on (recent typer vendors its own)."""
+    usage_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+    return usage_error, getattr(sys.modules[usage_error.__module__], "NoArgsIsHelpError", None)
 
 
 if __name__ == "__main__":

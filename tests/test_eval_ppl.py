@@ -106,3 +106,30 @@ def test_cuda_out_of_memory_is_one_line_exit_2(monkeypatch):
     monkeypatch.setattr(quantkit.eval, "perplexity", other)
     r = runner.invoke(app, ["eval-ppl", "builtin:reference", "--device", "cpu"])
     assert r.exit_code == 1 and isinstance(r.exception, RuntimeError)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["bench", "--reps", "abc"], "Invalid value for '--reps'"),
+    (["bench", "--nope"], "No such option: --nope"),
+    (["nosuchcmd"], "No such command 'nosuchcmd'"),
+    (["search"], "Missing argument 'model'"),
+])
+def test_click_usage_errors_are_one_line_exit_2(monkeypatch, capsys, argv, message):
+    """The console script prints click's usage errors as quantkit's own one-line errors (not click's usage box)."""
+    from quantkit.cli import main
+
+    monkeypatch.setattr("sys.argv", ["quantkit", *argv])
+    with pytest.raises(SystemExit) as e:
+        main()
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1
+    assert err.startswith("error: ") and message in err and "--help`)" in err
+
+
+def test_console_script_alone_prints_help_and_exits_0(monkeypatch, capsys):
+    from quantkit.cli import main
+
+    monkeypatch.setattr("sys.argv", ["quantkit"])
+    with pytest.raises(SystemExit) as e:
+        main()
+    assert e.value.code == 0 and "Usage" in capsys.readouterr().out

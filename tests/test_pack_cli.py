@@ -181,7 +181,7 @@ def test_sigterm_exits_through_unwinding(monkeypatch):
 
     import quantkit.cli as cli
 
-    def app_that_gets_killed():
+    def app_that_gets_killed(**kwargs):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)
 

@@ -37,7 +37,10 @@ def _acts(m: int, k: int, seed: int):
 
 def test_rule_range_of_the_gluon_kernel_by_layer_and_token_count():
     assert lqq_wgmma_config(16, 14336, 4096) is None  # decode: CUDA GEMV / Triton
-    assert lqq_wgmma_config(4096, 4096, 4096) == (128, 3, 1, 0)  # up to 4096 tokens on layers of <= 8192 rows
+    assert lqq_wgmma_config(4096, 4096, 4096) is not None  # up to 4096 tokens on layers of <= 8192 rows
+    # since session 15's one copy per tile, the two-warpgroup 192-token tiles at M = 4096 (A/B,
+    # docs/logs/session15/lqq_rule_ab_one_copy_costs_h100.json: 152.2 us vs 162.0 on the 128-token tiles)
+    assert lqq_wgmma_launch(4096, 4096, 4096) == ((128, 3, 1, 64), 2)
     assert lqq_wgmma_config(4097, 1024, 4096) is None and lqq_wgmma_config(4097, 4096, 4096) is None
     assert lqq_wgmma_config(1024, 14336, 4096) is None  # wide layer above 768 tokens: Triton's fuller waves here
     # long rows on a layer of <= 8192 rows: the Gluon kernel up to 1536 tokens (session 12: 161-199 us vs Triton's
@@ -369,8 +372,10 @@ def test_two_warpgroups_where_the_cost_model_puts_them():
             if wg == 2:
                 assert split == 1 and configs.LQQ_WGMMA_PER_SM[(bm + tail, stages)] == 1, (n, k, m)
                 assert all(configs._lqq_waves(m, n, t, 1, configs.SMS_H100) > 1 for t in configs.LQQ_WGMMA_TILES)
-    for m in (33, 64, 1024, 2048):
+    for m in (33, 64, 1024):
         assert lqq_wgmma_warpgroups(m, 14336, 4096) == 1
+    # M = 2048 on the wide layer: the 192-token two-warpgroup tiles since session 15 (269.7 us vs Triton's 273.7)
+    assert lqq_wgmma_launch(2048, 14336, 4096) == ((128, 3, 1, 64), 2)
     # where the model is off by 3-4 % (configs comment): pinned, so a refit shows here
     assert lqq_wgmma_launch(512, 14336, 4096) == ((128, 3, 1, 64), 2)
     # a two-warpgroup program costs LQQ_WG2_COST one-warpgroup programs over half as many row tiles

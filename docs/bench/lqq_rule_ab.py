@@ -32,10 +32,15 @@ M_DEFAULT = ("513,576,640,700,704,768,769,832,896,960,1000,1024,1025,1280,1536,1
              "4096")
 
 
-def old_rule(rev: str) -> types.ModuleType:
-    """quantkit/runtime/kernels/configs.py as it was at commit ``rev``, as a module of its own."""
-    src = subprocess.run(["git", "show", f"{rev}:quantkit/runtime/kernels/configs.py"], capture_output=True,
-                         text=True, check=True).stdout
+def old_rule(rev: str, old_file: str | None = None) -> types.ModuleType:
+    """quantkit/runtime/kernels/configs.py as it was at commit ``rev`` (or the file ``old_file``: a copy of it, for a
+    machine whose repository lacks that commit), as a module of its own."""
+    if old_file is not None:
+        with open(old_file) as f:
+            src = f.read()
+    else:
+        src = subprocess.run(["git", "show", f"{rev}:quantkit/runtime/kernels/configs.py"], capture_output=True,
+                             text=True, check=True).stdout
     module = types.ModuleType(f"configs_{rev}")
     sys.modules[module.__name__] = module  # dataclasses look their module up there
     exec(compile(src, f"configs@{rev}", "exec"), module.__dict__)  # noqa: S102 - our own file at an earlier commit
@@ -55,13 +60,15 @@ def runner(launch, triton_config, m: int, n: int, k: int, meta: dict):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rev", default="ca490eb", help="the commit whose rule is the baseline")
+    p.add_argument("--old-file", help="that commit's configs.py, saved (`git show REV:quantkit/runtime/kernels/"
+                                      "configs.py`), where the repository here lacks the commit")
     p.add_argument("--shapes", default="6144x4096,4096x4096,4608x3584,1024x4096,14336x4096,28672x4096,4096x14336")
     p.add_argument("--ms", default=M_DEFAULT)
     p.add_argument("--reps", type=int, default=4, help="timings of each rule per point, in ABBA order")
     p.add_argument("--all", action="store_true", help="also the token counts where both rules agree")
     p.add_argument("--out", default="lqq_rule_ab.json")
     args = p.parse_args()
-    before = old_rule(args.rev)
+    before = old_rule(args.rev, args.old_file)
     rules = {"old": (before.lqq_wgmma_launch, before.gemm_config), "new": (lqq_wgmma_launch, gemm_config)}
     rows = []
     for n, k in parse_shapes(args.shapes):

@@ -331,9 +331,13 @@ LQQ_WG2_COST = 1.75
 # ran slow.) Not modelled: a launch of fewer programs than SMs × p, where some SMs get two programs and others one
 # (1024×4096 M = 1025-1280: 19.1-20.1 µs on 128-token tiles, 144-160 programs, against 14.5-14.8 at M = 1024, 128
 # programs).
+# Since session 15 the two-warpgroup launches (with their tail tiles) fill a tile's activations in one copy
+# (lqq_wgmma.one_copy_per_tile), 1.033× faster in an A/B (geometric mean of 24 points): their costs here and in
+# LQQ_BIG_M_WIDE are the session-14 fits divided by 1.033 (1.76, 2.015, 1.86), not refitted.
+LQQ_ONE_COPY_SPEEDUP = 1.033
 # (tokens per program, warpgroups) → (programs resident per SM, blend, cost per round of 256 K columns)
-LQQ_BIG_M_GLUON = {(128, 1): (2, 0.6, 1.305), (192, 2): (1, 0.2, 1.76), (96, 2): (2, 0.6, 2.015),
-                   (192, 1): (1, 0.2, 1.038)}
+LQQ_BIG_M_GLUON = {(128, 1): (2, 0.6, 1.305), (192, 2): (1, 0.2, 1.76 / LQQ_ONE_COPY_SPEEDUP),
+                   (96, 2): (2, 0.6, 2.015 / LQQ_ONE_COPY_SPEEDUP), (192, 1): (1, 0.2, 1.038)}
 # On layers wider than LQQ_WGMMA_NARROW rows (K <= LQQ_WGMMA_NARROW; 14336×4096, 24576×4096, 28672×4096 and
 # 37888×3584 at M = 769-4096, 44 timings) the Triton kernel's 128×128 tiles (two per SM) against the 192-token
 # two-warpgroup Gluon tiles, each cost the median over these shapes alone at the narrow fit's blends: the pick ran
@@ -341,7 +345,7 @@ LQQ_BIG_M_GLUON = {(128, 1): (2, 0.6, 1.305), (192, 2): (1, 0.2, 1.76), (96, 2):
 # Triton column; 28672×4096 M = 1536 416-421 µs vs 456-457, 37888×3584 M = 1025 369 vs 412); where it picked wrong
 # it lost up to 6 % (24576×4096 M = 769, where it kept the Triton kernel: 236.4 µs against 223.1; 14336×4096 M = 2560
 # 3.5-5 %). Only where the Triton rule's tile is 128×128 unsplit (e.g. not on 11008×4096 at M = 769: 64×128).
-LQQ_BIG_M_WIDE = {"triton": (2, 0.6, 2.67), "gluon": (1, 0.2, 1.86)}
+LQQ_BIG_M_WIDE = {"triton": (2, 0.6, 2.67), "gluon": (1, 0.2, 1.86 / LQQ_ONE_COPY_SPEEDUP)}
 
 
 def _big_m_time(programs: int, per_sm: int, blend: float, cost: float, k: int, sms: int) -> float:

@@ -18,7 +18,7 @@ Sec. 5) overlaps the two. This kernel does that in Gluon, where the waits are ex
   0x80 on four int8 lanes per IMAD (LiquidGEMM Eq. 11-12);
 * plane p multiplies activation columns 32p … 32p + 31 of the tile (:mod:`quantkit.formats.nibble_planes`): one
   k32 ``wgmma`` per plane, from an activation tile that ``cp.async`` brought into shared memory STAGES - 1 tiles
-  ahead;
+  ahead — as two copies of 128 columns, or one (:func:`one_copy_per_tile`: Triton puts a CTA barrier before each);
 * the 8 products of tile t are issued asynchronously and the program waits only for those of tile t - 1 before
   dequantizing tile t + 1 — the overlap Triton's ``tl.dot`` does not allow;
 * one int32 accumulator spans K (per-token activations, no per-group float scale, LiquidGEMM Sec. 4); the

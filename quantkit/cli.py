@@ -389,7 +389,7 @@ def main() -> None:
     except typer.Abort:  # Ctrl-C
         err_console.print("Aborted.")
         code = 1
-    sys.exit(code if isinstance(code, int) else 0)
+    sys.exit(code if type(code) is int else 0)  # a command's return value is not an exit code
 
 
 def _click_usage_errors() -> tuple[type, type | None]:

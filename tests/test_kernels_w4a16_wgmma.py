@@ -64,29 +64,28 @@ def test_problem_names_what_the_kernel_cannot_take():
 def test_matmul_refuses_tiles_it_has_no_kernel_for():
     _, tensors, meta = packed("w4a16", 64, 256, 128)
     x = torch.randn(8, 256, device=DEVICE).half()
-    for bm, stages, split, pairs, wg in [(96, 3, 1, 2, 1), (16, 3, 1, 2, 1), (64, 1, 1, 2, 1), (64, 3, 0, 2, 1),
-                                         (64, 3, 1, 5, 1), (64, 3, 1, 2, 3), (128, 4, 1, 2, 1)]:
+    for bm, stages, split, wg in [(96, 3, 1, 1), (16, 3, 1, 1), (64, 1, 1, 1), (64, 3, 0, 1), (64, 3, 1, 3),
+                                  (128, 4, 1, 1)]:
         with pytest.raises(ValueError, match="bm must be"):
-            w4a16_wgmma_matmul(x, tensors, meta, bm, stages, split, pairs, wg)
+            w4a16_wgmma_matmul(x, tensors, meta, bm, stages, split, wg)
 
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("n,k,m,group,bm,stages,split,pairs,wg", [
-    (200, 512, 33, 128, 32, 3, 1, 2, 1), (1000, 1024, 130, 128, 64, 3, 2, 1, 1), (33, 768, 1, 128, 64, 3, 2, 4, 1),
-    (127, 1280, 257, 256, 128, 2, 1, 3, 1), (64, 256, 5, -1, 32, 3, 4, 2, 1), (4096, 2048, 200, 128, 64, 4, 4, 2, 1),
-    (65, 4096, 128, 128, 128, 3, 2, 4, 1), (333, 768, 161, 256, 128, 3, 1, 1, 1), (17, 512, 3, 128, 128, 2, 1, 2, 1),
+@pytest.mark.parametrize("n,k,m,group,bm,stages,split,wg", [
+    (200, 512, 33, 128, 32, 3, 1, 1), (1000, 1024, 130, 128, 64, 3, 2, 1), (33, 768, 1, 128, 64, 3, 2, 1),
+    (127, 1280, 257, 256, 128, 2, 1, 1), (64, 256, 5, -1, 32, 3, 4, 1), (4096, 2048, 200, 128, 64, 4, 4, 1),
+    (65, 4096, 128, 128, 128, 3, 2, 1), (333, 768, 161, 256, 128, 3, 1, 1), (17, 512, 3, 128, 128, 2, 1, 1),
     # two warpgroups: 128 rows a program, the second warpgroup's rows partly or wholly past N
-    (200, 512, 33, 128, 32, 3, 1, 2, 2), (1000, 1024, 130, 128, 64, 3, 2, 1, 2), (65, 4096, 300, 128, 128, 3, 1, 1, 2),
-    (127, 1280, 257, 256, 128, 2, 3, 2, 2), (33, 768, 1, 128, 64, 4, 1, 4, 2), (64, 256, 5, -1, 32, 3, 4, 2, 2)])
+    (200, 512, 33, 128, 32, 3, 1, 2), (1000, 1024, 130, 128, 64, 3, 2, 2), (65, 4096, 300, 128, 128, 3, 1, 2),
+    (127, 1280, 257, 256, 128, 2, 3, 2), (33, 768, 1, 128, 64, 4, 1, 2), (64, 256, 5, -1, 32, 3, 4, 2)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_gluon_kernel_matches_the_reference_and_the_triton_kernel(n, k, m, group, bm, stages, split, pairs, wg,
-                                                                  dtype):
+def test_gluon_kernel_matches_the_reference_and_the_triton_kernel(n, k, m, group, bm, stages, split, wg, dtype):
     _, tensors, meta = packed("w4a16", n, k, group, seed=n + m)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype).to(DEVICE)
     # a row-strided output (rows n + 8 apart), as QuantLinear's callers may pass
     out = torch.full((m, n + 8), float("nan"), dtype=dtype, device=DEVICE)[:, :n]
-    got = w4a16_wgmma_matmul(x, tensors, meta, bm, stages, split, pairs, wg, out=out)
+    got = w4a16_wgmma_matmul(x, tensors, meta, bm, stages, split, wg, out=out)
     assert got.data_ptr() == out.data_ptr() and torch.isfinite(got).all()
     assert rel_err(got, w4a16_reference(x, tensors, meta)) < TOL[dtype]
     # same Ŵ bits as the Triton kernel, fp32 sums in another order: far inside the reference tolerance
@@ -100,7 +99,7 @@ def test_gluon_kernel_reads_strided_activation_rows():
     _, tensors, meta = packed("w4a16", 96, 512, 128, seed=2)
     wide = torch.randn(70, 768, device=DEVICE).half()
     x = wide[:, 256:]  # rows 1536 bytes apart
-    got = w4a16_wgmma_matmul(x, tensors, meta, 64, 3, 1, 2)
+    got = w4a16_wgmma_matmul(x, tensors, meta, 64, 3, 1)
     assert rel_err(got, w4a16_reference(x, tensors, meta)) < TOL[torch.float16]
 
 
@@ -109,17 +108,19 @@ def test_rule_takes_the_gluon_kernel_only_where_the_sweep_measured_it_faster():
     for n, k in [(14336, 4096), (4096, 4096), (6144, 4096), (4096, 14336), (28672, 4096)]:
         for m in (1, 8, 16, 33, 64, 513, 768, 1024, 4096):  # GEMV / Triton ties at 33-64 / dequantize + cuBLAS
             assert w4a16_wgmma_config(m, n, k) is None, (m, n, k)
-    assert w4a16_wgmma_config(32, 14336, 4096) == (32, 3, 1, 2, 2)  # 112 row tiles of 128: two warpgroups
-    assert w4a16_wgmma_config(17, 4096, 14336) == (32, 3, 2, 2, 1)  # 32 such tiles: one, K split in two
+    assert w4a16_wgmma_config(32, 14336, 4096) == (32, 3, 1, 2)  # 112 row tiles of 128: two warpgroups
+    assert w4a16_wgmma_config(17, 4096, 14336) == (32, 3, 2, 1)  # 32 such tiles: one, K split in two
     assert w4a16_wgmma_config(128, 4096, 4096) is None  # 64 programs of 64 rows: the Triton kernel's split
-    assert w4a16_wgmma_config(128, 14336, 4096) == (128, 3, 1, 1, 2)
-    assert w4a16_wgmma_config(256, 4096, 4096) == (128, 3, 1, 1, 1)  # two warpgroups would leave 64 programs
-    assert w4a16_wgmma_config(512, 4096, 4096) == (128, 3, 1, 1, 2)
-    assert w4a16_wgmma_config(256, 6144, 4096) == (128, 3, 1, 1, 2)
+    assert w4a16_wgmma_config(128, 14336, 4096) == (128, 3, 1, 2)
+    assert w4a16_wgmma_config(128, 4096, 14336) is None  # 64 programs again
+    # since session 16 (no products in flight across tiles) the Triton kernel from M = 129: 1.09-1.27x faster at
+    # M = 256 / 512 on three shapes (docs/logs/session16/w4a16_paths_h100.json)
+    for n, k in [(14336, 4096), (4096, 4096), (6144, 4096), (4096, 14336)]:
+        for m in (129, 256, 257, 512):
+            assert w4a16_wgmma_config(m, n, k) is None, (m, n, k)
     # 6144×4096 from M = 257: dequantize-then-cuBLAS measured faster (configs.W4A16_DEQUANT_SHAPES_FROM_257)
-    assert w4a16_wgmma_config(257, 6144, 4096) is None and w4a16_dequant_preferred(257, 6144, 4096)
-    assert not w4a16_dequant_preferred(512, 14336, 4096) and w4a16_wgmma_config(257, 14336, 4096) is not None
-    assert w4a16_wgmma_config(65, 14336, 4096) == (128, 3, 1, 1, 2)  # one 128-token tile on a wide layer
+    assert w4a16_dequant_preferred(257, 6144, 4096) and not w4a16_dequant_preferred(512, 14336, 4096)
+    assert w4a16_wgmma_config(65, 14336, 4096) == (128, 3, 1, 2)  # one 128-token tile on a wide layer
     assert w4a16_wgmma_config(96, 4096, 4096) is None
 
 

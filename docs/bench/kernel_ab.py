@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import json
 import statistics
 import subprocess
@@ -61,6 +62,14 @@ def load_old(old_dir: Path, tag: str = "old") -> dict:
     return mods
 
 
+def _w4a16_args(mod, cfg: tuple) -> tuple:
+    """``cfg`` (bm, stages, split, warpgroups) as ``mod``'s w4a16_wgmma_matmul takes it: kernels before session 16
+    also took plane pairs in flight after the split (their rule's: 2 on 32-token tiles, else 1)."""
+    if "pairs" in inspect.signature(mod.w4a16_wgmma_matmul).parameters:
+        return cfg[:3] + (2 if cfg[0] == 32 else 1,) + cfg[3:]
+    return cfg
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--extract", metavar="REV", help="write REV's kernel files to --old-dir and stop")
@@ -69,7 +78,7 @@ def main() -> None:
     p.add_argument("--shapes", default="4096x4096,6144x4096,14336x4096,1024x4096,4608x3584,4096x14336")
     p.add_argument("--ms", default="128,256,512,769,1024,1536,2048,4096")
     p.add_argument("--kernels", default="lqq,w4a16")
-    p.add_argument("--w4a16-forced", default="128,3,1,1,2", help="W4A16 launch where the rule picks no Gluon one")
+    p.add_argument("--w4a16-forced", default="128,3,1,2", help="W4A16 launch where the rule picks no Gluon one")
     p.add_argument("--reps", type=int, default=4)
     p.add_argument("--out", default="kernel_ab.json")
     args = p.parse_args()
@@ -108,7 +117,8 @@ def main() -> None:
                 else:
                     cfg = w4a16_wgmma_config(m, n, k) or forced
                     inputs = [(x, {kk: v.clone() for kk, v in t.items()}) for x in xs]
-                    calls = {side: (lambda mod: lambda x, w: mod.w4a16_wgmma_matmul(x, w, meta, *cfg))(mod)
+                    calls = {side: (lambda mod: lambda x, w: mod.w4a16_wgmma_matmul(
+                        x, w, meta, *_w4a16_args(mod, cfg)))(mod)
                              for side, mod in [(v, variants[v]["w4a16_wgmma"]) for v in variants]
                              + [("new", w4a16_wgmma)]}
                     rule_us = time_rotating(lambda x, w: w4a16_matmul(x, w, meta), inputs)["ms"] * 1e3

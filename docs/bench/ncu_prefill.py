@@ -16,11 +16,11 @@ import torch
 from quantkit.bench.problems import _packed, build_problem
 from quantkit.runtime.kernels.w4a16_wgmma import w4a16_wgmma_matmul
 
-# (label, method, N, K, M); method "gluon-w4a16:<bm>,<stages>,<split>,<pairs>,<wg>" calls that launch directly
+# (label, method, N, K, M); method "gluon-w4a16:<bm>,<stages>,<split>,<wg>" calls that launch directly
 CASES = [("fp16 14336x4096 M=256", "fp16", 14336, 4096, 256),
          ("w4a16 rule 14336x4096 M=256", "w4a16", 14336, 4096, 256),
          ("fp16 4096x4096 M=2048", "fp16", 4096, 4096, 2048),
-         ("gluon w4a16 128x128 4096x4096 M=2048", "gluon-w4a16:128,3,1,1,2", 4096, 4096, 2048),
+         ("gluon w4a16 128x128 4096x4096 M=2048", "gluon-w4a16:128,3,1,2", 4096, 4096, 2048),
          ("fp16 4096x4096 M=1024", "fp16", 4096, 4096, 1024),
          ("w4a8-lqq rule 4096x4096 M=1024", "w4a8-lqq", 4096, 4096, 1024)]
 

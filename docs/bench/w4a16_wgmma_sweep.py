@@ -23,20 +23,20 @@ from quantkit.runtime.kernels.reference import w4a16_reference
 from quantkit.runtime.kernels.w4a16 import w4a16_matmul
 from quantkit.runtime.kernels.w4a16_wgmma import w4a16_wgmma_matmul, w4a16_wgmma_problem
 
-# (bm, stages, split_k, pairs, warpgroups); docs/logs/session11/w4a16_wgmma_wg1_h100.json timed more one-warpgroup
-# variants (pairs 1-4, stages 2-4, splits 1-2: pairs and stages 3 vs 4 within a few %, split 2 only at M = 32-64)
-VARIANTS = [(32, 3, 2, 2, 1), (32, 3, 1, 2, 2), (32, 3, 2, 2, 2), (64, 3, 1, 1, 1), (64, 3, 2, 2, 1),
-            (64, 3, 1, 1, 2), (64, 4, 1, 1, 2), (64, 3, 2, 1, 2), (64, 3, 1, 2, 2), (128, 3, 1, 1, 1),
-            (128, 3, 1, 1, 2), (128, 3, 1, 2, 2), (128, 2, 1, 1, 2), (128, 3, 2, 1, 2)]
-CHECK_VARIANTS = [(32, 3, 2, 2, 1), (64, 3, 1, 1, 2), (64, 4, 1, 4, 1), (128, 3, 1, 2, 2), (128, 2, 1, 3, 2),
-                  (128, 3, 2, 2, 2)]
+# (bm, stages, split_k, warpgroups); docs/logs/session11/w4a16_wgmma_wg1_h100.json timed more one-warpgroup
+# variants (then also 1-4 plane pairs in flight, dropped in session 16: stages 3 vs 4 within a few %, split 2 only
+# at M = 32-64)
+VARIANTS = [(32, 3, 2, 1), (32, 3, 1, 2), (32, 3, 2, 2), (64, 3, 1, 1), (64, 3, 2, 1), (64, 3, 1, 2), (64, 4, 1, 2),
+            (64, 3, 2, 2), (128, 3, 1, 1), (128, 3, 1, 2), (128, 2, 1, 2), (128, 3, 2, 2)]
+CHECK_VARIANTS = [(32, 3, 2, 1), (64, 3, 1, 2), (64, 4, 1, 1), (128, 3, 1, 2), (128, 2, 1, 2), (128, 3, 2, 2)]
 CHECKS = [((200, 512), 33), ((1000, 1024), 130), ((4096, 4096), 64), ((1024, 14336), 257), ((64, 256), 1),
           ((33, 768), 3)]
 
 
-def key(bm: int, stages: int, split: int, pairs: int, wg: int) -> str:
-    """A variant's column name in the rows: gluon_<bm>_<stages>_<split>_<pairs>, then _wg2 for two warpgroups."""
-    return f"gluon_{bm}_{stages}_{split}_{pairs}" + ("_wg2" if wg == 2 else "")
+def key(bm: int, stages: int, split: int, wg: int) -> str:
+    """A variant's column name in the rows: gluon_<bm>_<stages>_<split>, then _wg2 for two warpgroups (logs before
+    session 16 carry a fourth number: plane pairs in flight)."""
+    return f"gluon_{bm}_{stages}_{split}" + ("_wg2" if wg == 2 else "")
 
 
 def check(variants) -> list[dict]:
@@ -47,10 +47,10 @@ def check(variants) -> list[dict]:
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             ref = w4a16_reference(x, t, meta).float()
             tri = w4a16_matmul(x, t, meta, dequant=False).float()
-            for bm, st, sk, pairs, wg in variants[:3] if dtype == torch.bfloat16 else variants:
-                got = w4a16_wgmma_matmul(x, t, meta, bm, st, sk, pairs, wg).float()
+            for bm, st, sk, wg in variants[:3] if dtype == torch.bfloat16 else variants:
+                got = w4a16_wgmma_matmul(x, t, meta, bm, st, sk, wg).float()
                 scale = ref.abs().max().clamp_min(1e-9)
-                row = {"n": n, "k": k, "m": m, "dtype": str(dtype), "variant": key(bm, st, sk, pairs, wg),
+                row = {"n": n, "k": k, "m": m, "dtype": str(dtype), "variant": key(bm, st, sk, wg),
                        "rel_vs_reference": ((got - ref).abs().max() / scale).item(),
                        "rel_vs_triton": ((got - tri).abs().max() / scale).item()}
                 row["ok"] = row["rel_vs_reference"] < tol and bool(torch.isfinite(got).all())
@@ -87,13 +87,13 @@ def main() -> None:
             if args.rule:
                 row["rule"] = time_rotating(lambda x, w: w4a16_matmul(x, w, meta), inputs)["ms"] * 1e3
             if not args.no_variants and w4a16_wgmma_problem(xs[0], meta) is None:
-                for bm, st, sk, pairs, wg in VARIANTS:
+                for bm, st, sk, wg in VARIANTS:
                     if bm > max(2 * m, 32) or (bm == 32 and m > 256) or (m >= 1024 and bm < 128):
                         continue
                     if (k // 256) // sk < 4:
                         continue
-                    row[key(bm, st, sk, pairs, wg)] = time_rotating(
-                        lambda x, w: w4a16_wgmma_matmul(x, w, meta, bm, st, sk, pairs, wg), inputs)["ms"] * 1e3
+                    row[key(bm, st, sk, wg)] = time_rotating(
+                        lambda x, w: w4a16_wgmma_matmul(x, w, meta, bm, st, sk, wg), inputs)["ms"] * 1e3
             timed = [(v, kk) for kk, v in row.items() if kk.startswith("gluon_")]
             if timed:
                 best = min(timed)

@@ -445,6 +445,7 @@ def lqq_wgmma_launch(m: int, n: int, k: int, sms: int = SMS_H100,
     return (bm, 3, split, 0), 1
 
 
+
 # MixLLM W8A8 at M = 17-32 and above 64: the Gluon TMA kernel (:mod:`.w8a8_wgmma`), 64 tokens × 128 weight rows
 # per program (64 rows when that leaves fewer than W8A8_WGMMA_MIN_PROGRAMS programs), 4 stages, one warpgroup.
 # Against the Triton W8A8 kernel in docs/bench/w8a8_wgmma_sweep.py on an H100 (docs/logs/w8a8_wgmma_h100.json and
@@ -513,11 +514,12 @@ def w4a16_dequant_preferred(m: int, n: int, k: int) -> bool:
     return m >= W4A16_DEQUANT_MIN_M or (m >= 257 and (n, k) in W4A16_DEQUANT_SHAPES_FROM_257)
 
 
-# W4A16 at M = 17-32 and 65-512 on Hopper: the Gluon kernel (:mod:`.w4a16_wgmma`), whose dequantization overlaps its
-# own fp16 wgmma products. docs/bench/w4a16_wgmma_sweep.py on an H100, five Llama-3.1-8B shapes: the variant sweep
-# (docs/logs/session11/w4a16_wgmma_h100.json, M = 32-2048) picked 32-token tiles at M <= 32 (two warpgroups of 128
-# rows on layers of >= 96 such row tiles, else one warpgroup and K split in two) and 128-token tiles, one plane
-# pair in flight, two warpgroups where that leaves >= 96 programs; the rule's own calls at 26 token counts
+# W4A16 at M = 17-32 and 65-128 (65-512 until session 16, below) on Hopper: the Gluon kernel (:mod:`.w4a16_wgmma`),
+# whose dequantization overlapped its own fp16 wgmma products until then. docs/bench/w4a16_wgmma_sweep.py on an H100,
+# five Llama-3.1-8B shapes: the variant sweep (docs/logs/session11/w4a16_wgmma_h100.json, M = 32-2048) picked
+# 32-token tiles at M <= 32 (two warpgroups of 128 rows on layers of >= 96 such row tiles, else one warpgroup and K
+# split in two) and 128-token tiles, one plane pair in flight (none since session 16, below), two warpgroups where
+# that leaves >= 96 programs; the rule's own calls at 26 token counts
 # (docs/logs/session11/w4a16_rule_h100.json and w4a16_rule2_h100.json, --rule): 1.06-1.28× the path it replaced
 # at M = 17-24, 1.32-1.42× on the 14336/28672-row layers at M = 65-112 (one 128-token tile where the Triton kernel
 # runs two 64-token ones), 1.02-1.33× at M = 129-512 where a launch has >= 128 programs of 64 rows. At M = 33-64
@@ -528,23 +530,29 @@ def w4a16_dequant_preferred(m: int, n: int, k: int) -> bool:
 # M = 129-512 (one cuBLAS outlier aside): each 128×128 program re-reads its fp16 activations and re-dequantizes its
 # weights per token tile, and one or two warpgroups per SM keep the tensor cores about 2/3 as busy as cuBLAS at
 # M = 2048.
-W4A16_WGMMA_MAX_M = 512
+# Since session 16 the kernel waits for a tile's products before forming the next tile's planes (see
+# :mod:`.w4a16_wgmma`: the overlap it had left writes to registers its running products read), 0.74-0.88x its old
+# time at M = 256-512 and 0.93-0.99x at M = 32 (docs/logs/session16/kernel_ab_w4a16_wait0_h100.json); against the
+# other paths (docs/bench/w4a16_paths.py, docs/logs/session16/w4a16_paths_h100.json, three Llama-3 shapes) the
+# Triton kernel was then 1.09-1.27x faster at M = 256 and 512, while at M = 96 on 14336×4096 the Gluon kernel still
+# led (41.8 µs vs 47.9): it keeps M <= 128 (M = 129-255 not measured; the Triton kernel as at 256).
+W4A16_WGMMA_MAX_M = 128
 W4A16_WGMMA_MIN_PROGRAMS = 128  # 64-row programs of 128-token tiles below which the Triton kernel (split-K) runs
 W4A16_WGMMA_WG2_PROGRAMS = 96  # 128-row programs at or above which two warpgroups share each activation tile
 
 
 @functools.lru_cache(maxsize=4096)
-def w4a16_wgmma_config(m: int, n: int, k: int) -> tuple[int, int, int, int, int] | None:
-    """(bm, stages, split_k, pairs, warpgroups) of the Gluon W4A16 kernel for M tokens on an [N, K] weight, or
+def w4a16_wgmma_config(m: int, n: int, k: int) -> tuple[int, int, int, int] | None:
+    """(bm, stages, split_k, warpgroups) of the Gluon W4A16 kernel for M tokens on an [N, K] weight, or
     None where another path is faster (comment above; the caller also checks that the kernel can run)."""
     if m <= 16 or 33 <= m <= 64 or m > W4A16_WGMMA_MAX_M or w4a16_dequant_preferred(m, n, k):
         return None
     if m <= 32:
-        return (32, 3, 1, 2, 2) if -(-n // 128) >= W4A16_WGMMA_WG2_PROGRAMS else (32, 3, 2, 2, 1)
+        return (32, 3, 1, 2) if -(-n // 128) >= W4A16_WGMMA_WG2_PROGRAMS else (32, 3, 2, 1)
     tiles = -(-m // 128)
     if -(-n // 64) * tiles < W4A16_WGMMA_MIN_PROGRAMS:
         return None
-    return (128, 3, 1, 1, 2 if -(-n // 128) * tiles >= W4A16_WGMMA_WG2_PROGRAMS else 1)
+    return (128, 3, 1, 2 if -(-n // 128) * tiles >= W4A16_WGMMA_WG2_PROGRAMS else 1)
 
 
 # The activation quantizer (:mod:`.act_quant`): rows per program and warps. docs/bench/act_quant_sweep.py on an H100

@@ -19,8 +19,11 @@ Sec. 5) overlaps the two. This kernel does that in Gluon, where the waits are ex
 * plane p multiplies activation columns 32p … 32p + 31 of the tile (:mod:`quantkit.formats.nibble_planes`): one
   k32 ``wgmma`` per plane, from an activation tile that ``cp.async`` brought into shared memory STAGES - 1 tiles
   ahead — as two copies of 128 columns, or one (:func:`one_copy_per_tile`: Triton puts a CTA barrier before each);
-* the 8 products of tile t are issued asynchronously and the program waits only for those of tile t - 1 before
-  dequantizing tile t + 1 — the overlap Triton's ``tl.dot`` does not allow;
+* the 8 products of tile t are issued asynchronously and waited for before tile t + 1 is dequantized: ptxas does
+  not keep a register A operand alive while its wgmma runs, so the overlap of one tile's products with the next
+  tile's dequantization inside a warpgroup (this kernel until session 16) let it reuse those registers, and some
+  launches returned wrong sums (docs/BENCHMARKS.md); the overlap now comes from the other warpgroup or program on
+  the SM. The unsplit 128-token launches run :mod:`.lqq_ws` instead (a TMA producer warp);
 * one int32 accumulator spans K (per-token activations, no per-group float scale, LiquidGEMM Sec. 4); the
   epilogue applies token scale × channel scale and stores fp16.
 
@@ -57,6 +60,28 @@ if HAVE_GLUON:
             ASM_I8, CONSTRAINTS_I8,
             [words, s_lo[:, None], (a_lo * 0x01010101)[:, None], s_hi[:, None], (a_hi * 0x01010101)[:, None]],
             dtype=(gl.int8, ) * 8, is_pure=True, pack=4)
+
+    @gluon.jit
+    def multiply_tile(planes, xs, xt, base, acc, acc_t, BT: gl.constexpr, WG: gl.constexpr):
+        """The 8 k32 products of a tile's int8 planes [64·WG, 32] against activation slices ``base`` and ``base`` + 1
+        of ``xs`` (plane p: columns 32p … 32p + 31) — and, with a tail tile of BT tokens, the same planes against
+        ``xt`` into ``acc_t`` (one dequantization for BM + BT tokens) — issued asynchronously, then all waited for:
+        ptxas does not keep a register A operand alive while its product runs, so no register may be written
+        before this wait (waiting only for the previous tile's products, as this kernel did until session 16, let
+        it give the next tile's planes and addresses registers these products were still reading; the 96-token
+        launches returned wrong sums on an H100, docs/BENCHMARKS.md). Returns (acc, acc_t); without a tail
+        (BT = 0) ``xt`` and ``acc_t`` are not used."""
+        for p in gl.static_range(8):
+            xb = xs.index(base + p // 4).slice(32 * (p % 4), 32, dim=1).permute((1, 0))
+            acc = warpgroup_mma(planes[p], xb, acc, is_async=True)
+            if BT > 0:
+                xtb = xt.index(base + p // 4).slice(32 * (p % 4), 32, dim=1).permute((1, 0))
+                acc_t = warpgroup_mma(gl.convert_layout(planes[p], a_layout(BT, WG)), xtb, acc_t, is_async=True)
+        if BT > 0:
+            acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_t))
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        return acc, acc_t
 
     @gluon.jit
     def apply_scales(acc, sa_ptr, cs_ptr, rm, rn, M, N, stride_sm):
@@ -99,7 +124,6 @@ if HAVE_GLUON:
             x_ptrs = x_tile_ptrs(a_ptr, pid_m * TM, M, stride_am, BM, 1, 128, x_l)
         if BT > 0:
             mma_t: gl.constexpr = mma_layout(BT, WG)
-            a_t: gl.constexpr = a_layout(BT, WG)
             xt = gl.allocate_shared_memory(gl.int8, [2 * STAGES, BT, 128], X_SMEM)
             if COPIES == 0:
                 xt_in = xt._reinterpret(gl.int8, [STAGES, 2 * BT, 128], X_SMEM)
@@ -125,27 +149,16 @@ if HAVE_GLUON:
             words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t + 1, t_end, hpg, groups, N, rn_in)
             wait_x(STAGES)
             slot = i % STAGES
-            # the tail tile multiplies the same dequantized planes: one dequantization for BM + BT tokens
-            for p in gl.static_range(8):
-                xb = xs.index(2 * slot + p // 4).slice(32 * (p % 4), 32, dim=1).permute((1, 0))
-                acc = warpgroup_mma(planes[p], xb, acc, is_async=True)
-                if BT > 0:
-                    xtb = xt.index(2 * slot + p // 4).slice(32 * (p % 4), 32, dim=1).permute((1, 0))
-                    acc_t = warpgroup_mma(gl.convert_layout(planes[p], a_t), xtb, acc_t, is_async=True)
-            if BT > 0:  # tile t-1's products are done
-                acc, acc_t = warpgroup_mma_wait(num_outstanding=16, deps=(acc, acc_t))
+            if BT > 0:
+                acc, acc_t = multiply_tile(planes, xs, xt, 2 * slot, acc, acc_t, BT, WG)
             else:
-                acc = warpgroup_mma_wait(num_outstanding=8, deps=(acc, ))
+                acc, _ = multiply_tile(planes, xs, xs, 2 * slot, acc, acc, BT, WG)
             if WG > 1:  # each warpgroup waited for its own products only: the other may still read tile t-1's slot
                 cta_barrier()
             issue_x(xs_in, x_ptrs, i + STAGES - 1, t_begin, t_end, STAGES, COPIES, 128)  # into tile t-1's slot
             if BT > 0:
                 issue_x(xt_in, xt_ptrs, i + STAGES - 1, t_begin, t_end, STAGES, COPIES, 128)
             async_copy.commit_group()
-        if BT > 0:
-            acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_t))
-        else:
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         # the empty copies issued past the last tile still write (zeros) into the ring, which the split-K ticket's
         # scratch may share: let them land first
         async_copy.wait_group(0)

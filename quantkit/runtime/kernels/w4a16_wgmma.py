@@ -20,10 +20,11 @@ operand, dequantization overlaps the MMA) for fp16/bf16 operands:
 * plane p multiplies activation columns 32p … 32p + 31 of the tile: one k32 ``warpgroup_mma`` per plane from an
   fp16 activation tile that ``cp.async`` brought into shared memory STAGES − 1 tiles ahead (four [BM, 64] slices
   of 128 bytes a row per tile);
-* planes are formed two at a time (b and b + 4 share their byte gathers) and issued asynchronously; the program
-  then waits until at most ``2 · PAIRS`` plane products are in flight, so the registers of at most PAIRS + 1
-  pairs are live (a whole tile's fp16 planes twice over would be 128 registers a thread) while the tensor cores
-  run the products already issued;
+* a tile's 8 planes are formed (two at a time: b and b + 4 share their byte gathers, 32 registers a thread), then
+  its 8 products issued asynchronously and waited for before the next tile's planes: ptxas does not keep a
+  register A operand alive while its product runs, so the overlap of products with the next planes inside a
+  warpgroup that this kernel had until session 16 (pairs of products in flight) left writes to such registers in
+  its SASS (docs/bench/sass_hazards.py); the tensor cores now overlap other warpgroups' work;
 * fp32 accumulation over K, stored in the activation dtype, directly or through split-K slots (:mod:`.splitk`).
 
 Requires K a multiple of 256, 16-byte aligned activation rows, and a Hopper GPU; :func:`w4a16_wgmma_problem`
@@ -135,7 +136,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _w4a16_wgmma_kernel(x_ptr, w_ptr, p_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_xm, stride_om, w_row,
                             n_tiles, tiles_per_split, hpg, groups, BM: gl.constexpr, STAGES: gl.constexpr,
-                            SPLIT_K: gl.constexpr, PAIRS: gl.constexpr, BF16: gl.constexpr,
+                            SPLIT_K: gl.constexpr, BF16: gl.constexpr,
                             WG: gl.constexpr):
         pid_n = gl.program_id(0)
         pid_m = gl.program_id(1)
@@ -168,21 +169,31 @@ if HAVE_GLUON:
             i = t - t_begin
             zl, sl, _ = _group_terms(p_lo, BF16)
             _, sh, zh = _group_terms(p_hi, BF16)
-            cur = words
+            # the tile's 8 planes first, then its 8 products, then a wait for all of them: no register may be
+            # written while a product that reads it as its A operand runs, and ptxas does not keep such registers
+            # alive by itself (docs/BENCHMARKS.md, session 16: with pairs of products in flight while the next pair
+            # was formed, the SASS of several launches wrote them, and the LiquidQuant kernel built that way
+            # returned wrong sums)
+            lo0, hi0 = _pair(words, zl, sl, zh, sh, 0, BF16)
+            lo1, hi1 = _pair(words, zl, sl, zh, sh, 1, BF16)
+            lo2, hi2 = _pair(words, zl, sl, zh, sh, 2, BF16)
+            lo3, hi3 = _pair(words, zl, sl, zh, sh, 3, BF16)
             # the next tile's words load while this tile's products run
             words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t + 1, t_end, hpg, groups, N, rn_in)
             wait_x(STAGES)
             slot = i % STAGES
-            for b in gl.static_range(4):
-                lo, hi = _pair(cur, zl, sl, zh, sh, b, BF16)
-                # plane b: columns 32b..32b+31 (slice b // 2); plane b + 4: 128 + 32b.. (slice 2 + b // 2)
-                xb = xs.index(4 * slot + b // 2).slice(32 * (b % 2), 32, dim=1).permute((1, 0))
-                acc = warpgroup_mma(lo, xb, acc, is_async=True)
-                xb = xs.index(4 * slot + 2 + b // 2).slice(32 * (b % 2), 32, dim=1).permute((1, 0))
-                acc = warpgroup_mma(hi, xb, acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=2 * PAIRS, deps=(acc, ))
-            # at most 2·PAIRS <= 8 products of this tile are in flight: this warpgroup is done with tile t-1's slot;
-            # with two, the other one may still be multiplying from it until both have passed this point
+            # plane b: columns 32b..32b+31 (slice b // 2); plane b + 4: 128 + 32b.. (slice 2 + b // 2)
+            acc = warpgroup_mma(lo0, xs.index(4 * slot).slice(0, 32, dim=1).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma(hi0, xs.index(4 * slot + 2).slice(0, 32, dim=1).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma(lo1, xs.index(4 * slot).slice(32, 32, dim=1).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma(hi1, xs.index(4 * slot + 2).slice(32, 32, dim=1).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma(lo2, xs.index(4 * slot + 1).slice(0, 32, dim=1).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma(hi2, xs.index(4 * slot + 3).slice(0, 32, dim=1).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma(lo3, xs.index(4 * slot + 1).slice(32, 32, dim=1).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma(hi3, xs.index(4 * slot + 3).slice(32, 32, dim=1).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            # this warpgroup is done with tile t-1's slot; with two, the other one may still be multiplying from it
+            # until both have passed this point
             if WG > 1:
                 cta_barrier()
             _issue_x(xs, x_ptrs, i + STAGES - 1, t_begin, t_end, STAGES)
@@ -211,19 +222,18 @@ def w4a16_wgmma_problem(x: torch.Tensor, meta: dict, out: torch.Tensor | None = 
 
 
 def w4a16_wgmma_matmul(x: torch.Tensor, tensors: dict, meta: dict, bm: int = 128, stages: int = 3,
-                       split_k: int = 1, pairs: int = 2, warpgroups: int = 1,
+                       split_k: int = 1, warpgroups: int = 1,
                        out: torch.Tensor | None = None) -> torch.Tensor:
     """Y [M, N] = X·Ŵᵀ in x's dtype (fp16/bf16) for a ``w4a16`` weight (module docstring): Ŵ = (q − z)·s rounded
     to x's dtype per element as :func:`.reference.w4a16_reference`, fp32 accumulation; ``bm`` tokens per program
     (32, 64 or 128), ``stages`` activation tiles in flight (2-4), ``split_k`` programs along K (fp32 slots summed
-    in split order, :mod:`.splitk`), ``pairs`` (1-4) plane pairs whose products may still run while the next pair
-    is dequantized, ``warpgroups`` (1 or 2) warpgroups per program, each its own 64 weight rows against the
-    program's shared activation tiles. The caller checks :func:`w4a16_wgmma_problem`."""
-    if (bm not in TOKEN_TILES or stages not in (2, 3, 4) or split_k < 1 or pairs not in (1, 2, 3, 4)
-            or warpgroups not in (1, 2) or stages * bm * 512 > SMEM_RING_MAX):
+    in split order, :mod:`.splitk`), ``warpgroups`` (1 or 2) warpgroups per program, each its own 64 weight rows
+    against the program's shared activation tiles. The caller checks :func:`w4a16_wgmma_problem`."""
+    if (bm not in TOKEN_TILES or stages not in (2, 3, 4) or split_k < 1 or warpgroups not in (1, 2)
+            or stages * bm * 512 > SMEM_RING_MAX):
         raise ValueError(f"bm must be 32, 64 or 128, stages 2-4 (3 at most with bm 128: the activation ring is "
-                         f"stages·bm·512 bytes), split_k >= 1, pairs 1-4 and warpgroups 1-2; got {bm}, {stages}, "
-                         f"{split_k}, {pairs}, {warpgroups}")
+                         f"stages·bm·512 bytes), split_k >= 1 and warpgroups 1-2; got {bm}, {stages}, {split_k}, "
+                         f"{warpgroups}")
     m, k = x.shape
     qweight, qparams = tensors["qweight"], tensors["qparams"]
     check_device(x, qweight, qparams)
@@ -237,7 +247,7 @@ def w4a16_wgmma_matmul(x: torch.Tensor, tensors: dict, meta: dict, bm: int = 128
     ws, tickets = split_workspace(x.device, m * n, split, grid[0] * grid[1])
     _w4a16_wgmma_kernel[grid](x, qweight, qparams, out, ws, tickets, m, n, x.stride(0), out.stride(0),
                               qweight.shape[1], n_tiles, tiles_per_split, groups_in_halves(meta, n_tiles),
-                              qparams.shape[0], BM=bm, STAGES=stages, SPLIT_K=split, PAIRS=pairs,
+                              qparams.shape[0], BM=bm, STAGES=stages, SPLIT_K=split,
                               BF16=x.dtype == torch.bfloat16, WG=warpgroups,
                               num_warps=4 * warpgroups)
     return out

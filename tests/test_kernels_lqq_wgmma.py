@@ -257,6 +257,7 @@ def test_a_two_warpgroup_launch_that_does_not_build_falls_back_to_the_one_warpgr
         return torch.zeros(codes.shape[0], 14336, dtype=out_dtype)
 
     monkeypatch.setattr(int8_gemm, "lqq_wgmma_matmul", fake)
+    monkeypatch.setattr(int8_gemm, "lqq_ws_launch", lambda *a: None)  # lqq_wgmma's own fallback
     assert lqq_wgmma_launch(352, 14336, 4096) == ((128, 3, 1, 64), 2)
     assert lqq_wgmma_launch(352, 14336, 4096, max_warpgroups=1) == ((128, 3, 1, 0), 1)
     meta = {"in_features": 4096, "out_features": 14336}
@@ -326,8 +327,10 @@ def test_int8_matmul_runs_the_gluon_kernel_where_the_rule_picks_it(monkeypatch):
     monkeypatch.setattr(int8_gemm, "lqq_wgmma_matmul", spy)
     _, tensors, meta = packed("w4a8-lqq", 4096, 512, 128, seed=1)
     codes, scales = _acts(256, 512, 1)
+    cfg = lqq_wgmma_config(256, 4096, 512)
+    monkeypatch.setattr(int8_gemm, "lqq_ws_launch", lambda *a: None)  # this kernel's own launches, not lqq_ws's
     out = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta)
-    assert calls == [lqq_wgmma_config(256, 4096, 512)]
+    assert calls == [cfg]
     tail_cfg = lqq_wgmma_config(160, 4096, 512)
     assert tail_cfg[3] > 0  # a tail tile through the rule's tuple (its 4th element)
     tail_out = int8_matmul(codes[:160], scales[:160], -1, "w4a8-lqq", tensors, meta)
@@ -410,6 +413,7 @@ def test_int8_matmul_runs_two_warpgroups_where_the_rule_says(monkeypatch):
         return y
 
     monkeypatch.setattr(int8_gemm, "lqq_wgmma_matmul", spy)
+    monkeypatch.setattr(int8_gemm, "lqq_ws_launch", lambda *a: None)  # these launches run lqq_ws otherwise
     for n, m, launch in ((14336, 300, (128, 3, 1, 32, 2)), (1024, 3072, (128, 3, 1, 64, 2))):  # the second: large M
         calls.clear()
         _, tensors, meta = packed("w4a8-lqq", n, 4096, 128, seed=2)

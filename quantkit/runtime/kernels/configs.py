@@ -446,6 +446,30 @@ def lqq_wgmma_launch(m: int, n: int, k: int, sms: int = SMS_H100,
 
 
 
+# The warp-specialized LiquidQuant kernel (:mod:`.lqq_ws`: a TMA producer warp, consumer warpgroups; session 16) runs
+# the rule's unsplit launches of 128-token tiles (with or without a 32/64-token tail) in place of :mod:`.lqq_wgmma`.
+# A/B on an H100 against the lqq_wgmma kernel as it was then (same launch, same process, ABBA;
+# docs/logs/session16/ws_ab_rule_h100.json, every output bit-identical to the Triton kernel): one warpgroup, 128
+# tokens, three stages 1.07x (geometric mean of 41 points, 0.99-1.14x); 160/192 tokens on one warpgroup 1.06-1.29x
+# (31 points); 192 tokens on two warpgroups 0.97x (59 points; 0.94-0.99x). A launch of the rule at two stages and
+# 128 tokens (three programs an SM) runs three stages here (two an SM): the consumers' registers at three an SM did
+# not assemble (ptxas). The 64- and 32-token launches, and split-K ones, stay on lqq_wgmma.
+LQQ_WS_TWO_WARPGROUPS = True
+
+
+def lqq_ws_launch(cfg: tuple[int, int, int, int], warpgroups: int) -> tuple[int, int, int, int, int] | None:
+    """(tokens per program, stages, tail, warpgroups, programs per SM) of :func:`.lqq_ws.lqq_ws_matmul` for the
+    Gluon LiquidQuant launch ``cfg`` = (tokens, stages, K split, tail) on ``warpgroups`` warpgroups, or None where
+    that launch stays on :mod:`.lqq_wgmma` (comment above)."""
+    bm, stages, split, tail = cfg
+    if bm != 128 or split != 1 or (warpgroups == 2 and not LQQ_WS_TWO_WARPGROUPS):
+        return None
+    if warpgroups == 2:
+        return bm, stages, tail, 2, 1
+    if tail == 0:
+        return bm, 3, 0, 1, LQQ_WGMMA_PER_SM[(128, 3)]
+    return bm, stages, tail, 1, LQQ_WGMMA_PER_SM[(bm + tail, stages)]
+
 # MixLLM W8A8 at M = 17-32 and above 64: the Gluon TMA kernel (:mod:`.w8a8_wgmma`), 64 tokens × 128 weight rows
 # per program (64 rows when that leaves fewer than W8A8_WGMMA_MIN_PROGRAMS programs), 4 stages, one warpgroup.
 # Against the Triton W8A8 kernel in docs/bench/w8a8_wgmma_sweep.py on an H100 (docs/logs/w8a8_wgmma_h100.json and

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from quantkit.formats.nibble_planes import padded_k
 from quantkit.runtime.kernels.configs import (MIXLLM_MIXED_OPERAND_MIN_M, MIXLLM_OPERAND_MIN_M, TileConfig,
-                                             gemm_config, lqq_wgmma_launch, mixed_second_bn,
+                                             gemm_config, lqq_wgmma_launch, lqq_ws_launch, mixed_second_bn,
                                              w8a8_wgmma_config)
 from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda, a8_gemv_preferred, a8_gemv_problem
 from quantkit.runtime.kernels.dequant import group_scale_f32, planes_i8, side_by_side
@@ -38,6 +38,8 @@ from quantkit.runtime.kernels.jit import USE_ASM, check_device, kernel
 from quantkit.runtime.kernels.launch import act_groups_in_halves, groups_in_halves, split_plan
 from quantkit.runtime.kernels.lqq_wgmma import KERNEL as LQQ_KERNEL
 from quantkit.runtime.kernels.lqq_wgmma import lqq_wgmma_matmul, lqq_wgmma_problem
+from quantkit.runtime.kernels.lqq_ws import KERNEL as LQQ_WS_KERNEL
+from quantkit.runtime.kernels.lqq_ws import lqq_ws_matmul
 from quantkit.runtime.kernels.splitk import split_workspace, store_tile
 from quantkit.runtime.kernels.w8a8_wgmma import KERNEL as W8A8_KERNEL
 from quantkit.runtime.kernels.w8a8_wgmma import w8a8_wgmma_matmul, w8a8_wgmma_problem
@@ -244,11 +246,18 @@ def _gluon_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size:
         if launch is None or lqq_wgmma_problem(a_codes, act_group_size, layout, meta, out, out_dtype) is not None:
             return None
         # a two-warpgroup launch that does not build here falls back to the rule's one-warpgroup pick (its tile may
-        # differ), then to the Triton kernel; each config is declined (or counts as launched) per output dtype
+        # differ), then to the Triton kernel; each launch tries the warp-specialized kernel first where
+        # configs.lqq_ws_launch gives one; each config is declined (or counts as launched) per output dtype
         y = None
         for cfg, wg in [c for c in dict.fromkeys((launch, lqq_wgmma_launch(m, n, k, max_warpgroups=1))) if c]:
-            y = launch_or_decline(LQQ_KERNEL, (str(out_dtype),) + cfg + (wg,), lambda: lqq_wgmma_matmul(
-                a_codes, a_scales, tensors, meta, *cfg, wg, out=out, out_dtype=out_dtype))
+            ws = lqq_ws_launch(cfg, wg)
+            if ws is not None:
+                bm, stages, tail, wgs, per_sm = ws
+                y = launch_or_decline(LQQ_WS_KERNEL, (str(out_dtype),) + ws, lambda: lqq_ws_matmul(
+                    a_codes, a_scales, tensors, meta, bm, stages, tail, wgs, per_sm, out=out, out_dtype=out_dtype))
+            if y is None:
+                y = launch_or_decline(LQQ_KERNEL, (str(out_dtype),) + cfg + (wg,), lambda: lqq_wgmma_matmul(
+                    a_codes, a_scales, tensors, meta, *cfg, wg, out=out, out_dtype=out_dtype))
             if y is not None:
                 break
         return y

@@ -1,0 +1,179 @@
+"""LiquidQuant W4A8 on Hopper with a producer warp: the warp-specialized form of :mod:`.lqq_wgmma` (Gluon).
+
+:mod:`.lqq_wgmma` has every warp of a program dequantize weights, issue wgmma *and* copy the activation tiles
+(``cp.async``, then a CTA barrier and a proxy fence before each tile's products). Nsight Compute had its warps
+waiting on their own instruction stream (docs/BENCHMARKS.md, "What bounds the Gluon prefill kernels"), while
+cuBLAS runs a producer warp (TMA, mbarriers) that feeds consumer warpgroups. LiquidGEMM Sec. 5 (ImFP) builds its
+kernel the same way: a load warp brings operand tiles over TMA into a shared-memory ring, compute warpgroups
+dequantize and multiply. This kernel does that with ``gl.warp_specialize``:
+
+* the **producer** (one warp, 24 registers) walks the K tiles: waits until ring slot ``t % STAGES`` is empty
+  (mbarrier ``empty``), then starts the TMA of activation tile t — two [BM, 128] int8 boxes, plus two [BT, 128]
+  for a tail tile — completing on mbarrier ``ready``. Token rows past M arrive as zeros (TMA bounds), and their
+  products are never stored;
+* the **consumers** (the default partition: WG warpgroups of 64 weight rows each) are :mod:`.lqq_wgmma`'s loop
+  without the copies: dequantize tile t in registers (:data:`.dequant.ASM_I8`, LiquidGEMM Eq. 11-12), load
+  tile t + 1's words, wait on ``ready``, issue the 8 (16 with a tail) asynchronous k32 products, wait for them,
+  and release the slot (``empty``; with two warpgroups after a barrier of the partition, since each waited for its
+  own products only). Waiting for the tile's own products, not only the previous tile's, is what keeps the sums
+  right: ptxas does not keep a register A operand alive while its wgmma runs (docs/BENCHMARKS.md, session 16);
+  the tensor cores stay busy with the other warpgroup's or the other program's products;
+* a ragged last token tile moves back to end at token M − 1 (its TMA boxes then lie inside the activations —
+  boxes reaching past M were much slower) and stores only its own new rows;
+* the epilogue is :mod:`.lqq_wgmma`'s: (acc · token scale) · channel scale, fp16/bf16 store. Unsplit launches
+  only (the large-M ones, where the instruction stream bounds the kernel).
+
+Same bits as :mod:`.lqq_wgmma` and the Triton LiquidQuant kernel (exact int32 products, the same epilogue). No
+CPU interpreter runs Gluon; the GPU tests compare it bit for bit with the Triton kernel (the format's pure-torch
+reference is :func:`quantkit.runtime.kernels.reference.int8_reference`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quantkit.runtime.kernels.jit import check_device
+from quantkit.runtime.kernels.launch import groups_in_halves
+from quantkit.runtime.kernels.lqq_wgmma import lqq_wgmma_problem
+from quantkit.runtime.kernels.wgmma_common import BN, HAVE_GLUON
+
+KERNEL = "lqq_ws"
+PRODUCER_REGS = 24  # registers of the producer warp (setmaxnreg's minimum: it holds a few scalars)
+REGISTER_FILE = 65536  # 32-bit registers per SM (Hopper)
+
+if HAVE_GLUON:
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from quantkit.runtime.kernels.lqq_wgmma import apply_scales, multiply_tile, planes_wgmma
+    from quantkit.runtime.kernels.wgmma_common import (a_layout, cta_barrier, gl, gluon, load_words, mbarrier,
+                                                       mma_layout, tma_load)
+
+    PRODUCER_REGS_C = gl.constexpr(PRODUCER_REGS)  # Triton kernels read only constexpr globals
+
+    @gluon.jit
+    def _producer(x_desc, xt_desc, xs, xt, ready, empty, row0, n_tiles, BM: gl.constexpr, BT: gl.constexpr,
+                  STAGES: gl.constexpr):
+        """Activation tile t into ring slot t % STAGES once the consumers released it (module docstring)."""
+        NBYTES: gl.constexpr = 256 * (BM + BT)  # a tile: 256 int8 columns of BM + BT token rows
+        for t in range(n_tiles):
+            s = t % STAGES
+            # the ring's mbarriers start with phase 1 complete: the first STAGES waits pass at once
+            mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
+            bar = ready.index(s)
+            mbarrier.expect(bar, NBYTES)
+            tma_load(x_desc, [row0, 256 * t], bar, xs.index(2 * s))
+            tma_load(x_desc, [row0, 256 * t + 128], bar, xs.index(2 * s + 1))
+            if BT > 0:
+                tma_load(xt_desc, [row0 + BM, 256 * t], bar, xt.index(2 * s))
+                tma_load(xt_desc, [row0 + BM, 256 * t + 128], bar, xt.index(2 * s + 1))
+
+    @gluon.jit
+    def _store(out_ptr, y, rm, rn, first, M, N, stride_om):
+        """Store y [rows, tokens] (weight rows rn, tokens rm) of Y [M, N]: tokens first … M − 1 only."""
+        mask = ((rm >= first) & (rm < M))[None, :] & (rn < N)[:, None]
+        gl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @gluon.jit
+    def _consumers(xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, M, N, stride_sm, stride_om, w_row,
+                   n_tiles, hpg, groups, pid_n, row0, first, BM: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr,
+                   WG: gl.constexpr):
+        """Dequantize, multiply and store the program's [64·WG, BM (+ BT)] output tile (module docstring)."""
+        ROWS: gl.constexpr = 64 * WG
+        mma: gl.constexpr = mma_layout(BM, WG)
+        a_l: gl.constexpr = a_layout(BM, WG)
+        rn = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, a_l))
+        rn_in = gl.minimum(rn, N - 1)
+        w_ptrs = w_ptr + rn_in[:, None] * w_row + gl.arange(0, 32, layout=gl.SliceLayout(0, a_l))[None, :]
+        acc = gl.zeros([ROWS, BM], gl.int32, mma)
+        if BT > 0:
+            mma_t: gl.constexpr = mma_layout(BT, WG)
+            acc_t = gl.zeros([ROWS, BT], gl.int32, mma_t)
+        words, p_lo, p_hi = load_words(w_ptrs, p_ptr, 0, n_tiles, hpg, groups, N, rn_in)
+        for t in range(n_tiles):
+            s = t % STAGES
+            planes = planes_wgmma(words, p_lo & 0xFF, (p_lo >> 8) & 0xFF, p_hi & 0xFF, (p_hi >> 8) & 0xFF)
+            words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t + 1, n_tiles, hpg, groups, N, rn_in)
+            mbarrier.wait(ready.index(s), (t // STAGES) & 1)
+            if BT > 0:  # the tail tile multiplies the same planes: one dequantization for BM + BT tokens
+                acc, acc_t = multiply_tile(planes, xs, xt, 2 * s, acc, acc_t, BT, WG)
+            else:
+                acc, _ = multiply_tile(planes, xs, xs, 2 * s, acc, acc, BT, WG)
+            if WG > 1:  # each warpgroup waited for its own products: meet before this tile's slot is released
+                cta_barrier()
+            mbarrier.arrive(empty.index(s), count=1)
+        rm = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+        rn_o = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
+        _store(out_ptr, apply_scales(acc, sa_ptr, cs_ptr, rm, rn_o, M, N, stride_sm), rm, rn_o, first, M, N, stride_om)
+        if BT > 0:
+            rm_t = row0 + BM + gl.arange(0, BT, layout=gl.SliceLayout(0, mma_t))
+            rn_t = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_t))
+            _store(out_ptr, apply_scales(acc_t, sa_ptr, cs_ptr, rm_t, rn_t, M, N, stride_sm), rm_t, rn_t, first, M, N,
+                   stride_om)
+
+    @gluon.jit
+    def _lqq_ws_kernel(x_desc, xt_desc, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, M, N, stride_sm, stride_om, w_row,
+                       n_tiles, hpg, groups, BM: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr,
+                       WG: gl.constexpr):
+        pid_n = gl.program_id(0)
+        # a ragged last token tile moves back to end at row M - 1, so that its TMA boxes lie inside the activations
+        # (boxes reaching past M were slow: 4096x4096 M = 769 45.7 µs against 33.1 at M = 768); its rows below
+        # ``first`` belong to the tile before and are not stored again
+        first = gl.program_id(1) * (BM + BT)
+        row0 = gl.maximum(gl.minimum(first, M - (BM + BT)), 0)
+        gl.assume(n_tiles > 0)
+        xs = gl.allocate_shared_memory(gl.int8, [2 * STAGES, BM, 128], x_desc.layout)
+        if BT > 0:
+            xt = gl.allocate_shared_memory(gl.int8, [2 * STAGES, BT, 128], xt_desc.layout)
+        else:
+            xt = xs
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        gl.warp_specialize([
+            (_consumers, (xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, M, N, stride_sm, stride_om,
+                          w_row, n_tiles, hpg, groups, pid_n, row0, first, BM, BT, STAGES, WG)),
+            (_producer, (x_desc, xt_desc, xs, xt, ready, empty, row0, n_tiles, BM, BT, STAGES)),
+        ], [1], [PRODUCER_REGS_C])
+
+
+def lqq_ws_maxnreg(warpgroups: int, per_sm: int) -> int:
+    """The launch's ``maxnreg``: registers a thread at launch such that ``per_sm`` programs of ``warpgroups``
+    consumer warpgroups plus the producer's (a warpgroup: registers are allocated by warpgroups) fit the register
+    file; setmaxnreg then moves the producer's share above :data:`PRODUCER_REGS` to the consumers."""
+    threads = 128 * (warpgroups + 1) * per_sm
+    return min(256, REGISTER_FILE // threads // 8 * 8)
+
+
+def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, meta: dict, bm: int = 128,
+                  stages: int = 3, tail: int = 0, warpgroups: int = 1, per_sm: int = 1,
+                  out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    """Y [M, N] (``out_dtype``, or ``out``'s) = dequant(A)·Ŵᵀ for int8 codes [M, K] with per-token float32 scales
+    [M, 1] and a ``w4a8-lqq`` weight, as :func:`.lqq_wgmma.lqq_wgmma_matmul` unsplit (same bits), with a producer
+    warp bringing the activations over TMA (module docstring); 128 tokens per program plus ``tail`` (0, 32, 64);
+    ``per_sm`` programs meant to share an SM (sets the register budget, :func:`lqq_ws_maxnreg`). The caller checks
+    :func:`.lqq_wgmma.lqq_wgmma_problem`."""
+    if (bm != 128 or tail not in (0, 32, 64) or stages not in (2, 3, 4) or warpgroups not in (1, 2)
+            or not 1 <= per_sm <= 3 - warpgroups):
+        raise ValueError(f"bm must be 128, tail 0, 32 or 64, stages 2-4, warpgroups 1-2 and per_sm 1-2 with one "
+                         f"warpgroup (1 with two: the consumers need ~230 registers); got {bm}, {tail}, {stages}, "
+                         f"{warpgroups}, {per_sm}")
+    m, k = a_codes.shape
+    qweight, qparams, cs = tensors["qweight"], tensors["qparams"], tensors["channel_scales"]
+    check_device(a_codes, a_scales, qweight, qparams, cs)
+    n = int(meta["out_features"])
+    n_tiles = qweight.shape[1] // 32
+    out = torch.empty(m, n, dtype=out_dtype, device=a_codes.device) if out is None else out
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    x_desc = TensorDescriptor(a_codes, [m, k], [a_codes.stride(0), 1], [bm, 128], layout)
+    xt_desc = TensorDescriptor(a_codes, [m, k], [a_codes.stride(0), 1], [max(tail, 8), 128], layout)
+    grid = (-(-n // (BN * warpgroups)), -(-m // (bm + tail)))
+    _lqq_ws_kernel[grid](x_desc, xt_desc, a_scales, qweight, qparams, cs, out, m, n, a_scales.stride(0),
+                         out.stride(0), qweight.shape[1], n_tiles, groups_in_halves(meta, n_tiles), qparams.shape[0],
+                         BM=bm, BT=tail, STAGES=stages, WG=warpgroups, num_warps=4 * warpgroups,
+                         maxnreg=lqq_ws_maxnreg(warpgroups, per_sm))
+    return out
+
+
+__all__ = ["KERNEL", "lqq_wgmma_problem", "lqq_ws_matmul", "lqq_ws_maxnreg"]

@@ -1,0 +1,110 @@
+"""The warp-specialized Gluon LiquidQuant kernel (quantkit/runtime/kernels/lqq_ws.py): which launches it takes and
+what it refuses run anywhere; its numbers run on a Hopper GPU only (Gluon has no CPU interpreter), where they must
+equal the Triton LiquidQuant kernel's bit for bit, call after call (a race would show as calls that differ)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (quantkit.runtime.kernels.jit)
+
+import pytest  # noqa: E402
+
+from quantkit.quant.act import quantize_activation_int  # noqa: E402
+from quantkit.runtime.kernels import int8_gemm  # noqa: E402
+import quantkit.runtime.kernels.configs as configs  # noqa: E402
+from quantkit.runtime.kernels.configs import TileConfig, lqq_wgmma_launch, lqq_ws_launch  # noqa: E402
+from quantkit.runtime.kernels.int8_gemm import int8_matmul  # noqa: E402
+from quantkit.runtime.kernels.lqq_ws import HAVE_GLUON, lqq_ws_matmul, lqq_ws_maxnreg  # noqa: E402
+from quantkit.runtime.kernels.reference import int8_reference  # noqa: E402
+from tests.kernels_helpers import DEVICE, packed, rel_err  # noqa: E402
+
+ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and HAVE_GLUON
+hopper = pytest.mark.skipif(not ON_HOPPER, reason="needs a Hopper (sm_90) GPU and Triton's Gluon")
+
+
+def _acts(m: int, k: int, seed: int):
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed)) * 3
+    codes, scales = quantize_activation_int(x, 8, -1)
+    return codes.to(DEVICE), scales.float().to(DEVICE)
+
+
+def test_it_takes_the_unsplit_128_token_launches_only(monkeypatch):
+    assert lqq_ws_launch((128, 3, 1, 0), 1) == (128, 3, 0, 1, 2)  # two programs an SM, as lqq_wgmma's
+    assert lqq_ws_launch((128, 2, 1, 0), 1) == (128, 3, 0, 1, 2)  # three an SM did not assemble: three stages
+    assert lqq_ws_launch((128, 2, 1, 64), 1) == (128, 2, 64, 1, 2)
+    assert lqq_ws_launch((128, 3, 1, 32), 1) == (128, 3, 32, 1, 1)
+    assert lqq_ws_launch((128, 3, 1, 64), 2) == (128, 3, 64, 2, 1)
+    for cfg, wg in [((64, 3, 1, 32), 1), ((64, 3, 1, 32), 2), ((32, 3, 2, 0), 1), ((128, 3, 2, 32), 1)]:
+        assert lqq_ws_launch(cfg, wg) is None, (cfg, wg)
+    monkeypatch.setattr(configs, "LQQ_WS_TWO_WARPGROUPS", False)
+    assert lqq_ws_launch((128, 3, 1, 64), 2) is None
+    # every launch it takes fits the register budgets it was measured with
+    for n, k in [(4096, 4096), (6144, 4096), (14336, 4096), (1024, 4096), (4096, 14336), (28672, 4096)]:
+        for m in range(65, 4097, 61):
+            launch = lqq_wgmma_launch(m, n, k)
+            ws = launch and lqq_ws_launch(*launch)
+            if ws:
+                assert ws[0] == 128 and ws[4] <= 3 - ws[3], (n, k, m, ws)
+
+
+def test_register_budget_leaves_the_consumers_about_230_registers():
+    assert lqq_ws_maxnreg(1, 2) == 128  # 2 x 256 threads x 128 = the register file; consumers setmaxnreg 232
+    assert lqq_ws_maxnreg(1, 1) == 256
+    assert lqq_ws_maxnreg(2, 1) == 168  # 384 threads
+
+
+def test_matmul_refuses_launches_it_was_not_built_for():
+    _, tensors, meta = packed("w4a8-lqq", 64, 256, 128)
+    codes, scales = _acts(8, 256, 0)
+    for bm, stages, tail, wg, per_sm in [(64, 3, 0, 1, 1), (128, 1, 0, 1, 1), (128, 3, 16, 1, 1), (128, 3, 0, 3, 1),
+                                         (128, 3, 0, 1, 3), (128, 3, 64, 2, 2)]:
+        with pytest.raises(ValueError, match="bm must be 128"):
+            lqq_ws_matmul(codes, scales, tensors, meta, bm, stages, tail, wg, per_sm)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("n,k,m,stages,tail,wg,per_sm", [
+    (200, 512, 33, 3, 0, 1, 2), (333, 1024, 130, 3, 0, 1, 2), (65, 768, 1, 3, 0, 1, 1), (4096, 2048, 769, 3, 0, 1, 2),
+    (1000, 1280, 257, 2, 0, 1, 2), (127, 4096, 640, 3, 0, 1, 1),
+    # tails of 32/64 tokens: wholly or partly past M, one or two warpgroups
+    (200, 512, 33, 3, 32, 1, 1), (1000, 1024, 300, 2, 64, 1, 2), (333, 768, 161, 3, 32, 1, 1),
+    (4096, 2048, 700, 3, 64, 2, 1), (130, 2304, 1025, 3, 64, 2, 1), (64, 256, 5, 2, 64, 2, 1)])
+def test_ws_kernel_equals_triton_bit_for_bit_call_after_call(n, k, m, stages, tail, wg, per_sm):
+    _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n + m)
+    codes, scales = _acts(m, k, seed=m)
+    tri = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, config=TileConfig(64, 128, 1, 4, 3))
+    for _ in range(4):
+        # a row-strided output (rows n + 8 apart), as QuantLinear's callers may pass
+        out = torch.full((m, n + 8), float("nan"), dtype=torch.float16, device=DEVICE)[:, :n]
+        got = lqq_ws_matmul(codes, scales, tensors, meta, 128, stages, tail, wg, per_sm, out=out)
+        assert torch.equal(got, tri)
+    assert rel_err(got, int8_reference(codes, scales, -1, "w4a8-lqq", tensors, meta)) < 1e-3
+    bf = lqq_ws_matmul(codes, scales, tensors, meta, 128, stages, tail, wg, per_sm, out_dtype=torch.bfloat16)
+    assert bf.dtype == torch.bfloat16
+    assert torch.equal(bf, int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, out_dtype=torch.bfloat16,
+                                       config=TileConfig(64, 128, 1, 4, 3)))
+
+
+@pytest.mark.gpu
+@hopper
+def test_int8_matmul_runs_the_ws_kernel_where_the_rule_gives_it_a_launch(monkeypatch):
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(args[4:9])
+        return lqq_ws_matmul(*args, **kwargs)
+
+    monkeypatch.setattr(int8_gemm, "lqq_ws_matmul", spy)
+    _, tensors, meta = packed("w4a8-lqq", 4096, 1024, 128, seed=1)
+    codes, scales = _acts(1024, 1024, 1)
+    launch = lqq_wgmma_launch(1024, 4096, 1024)
+    assert lqq_ws_launch(*launch) is not None
+    out = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta)
+    assert calls == [lqq_ws_launch(*launch)]
+    assert torch.equal(out, int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, use_asm=True,
+                                        config=TileConfig(64, 128, 1, 4, 3)))

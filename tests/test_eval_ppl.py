@@ -108,13 +108,53 @@ def test_cuda_out_of_memory_is_one_line_exit_2(monkeypatch):
     assert r.exit_code == 1 and isinstance(r.exception, RuntimeError)
 
 
+@pytest.fixture
+def keep_sigterm():
+    """main() installs its SIGTERM handler for the process: put the previous one back after the test."""
+    import signal
+
+    previous = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_out_of_memory_while_loading_weights_is_the_oom_line_not_bad_weights(monkeypatch):
+    """from_pretrained's CUDA OOM (with --device-map, weights go straight to the GPU) is a RuntimeError too: it must
+    reach the CLI's out-of-memory line, not the loader's 'could not load the weights … fix config.json'."""
+    import transformers
+
+    def oom(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", oom)
+    r = runner.invoke(app, ["eval-ppl", "builtin:reference", "--device", "cpu"])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert "error: out of GPU memory (CUDA out of memory. Tried to allocate 2.00 GiB)" in r.stderr
+    assert "fix config.json" not in r.stderr
+
+
+def test_console_script_exit_codes(monkeypatch, capsys, keep_sigterm):
+    """main(): a user error (QuantkitError) exits 2 with one line, --help exits 0."""
+    from quantkit.cli import main
+
+    monkeypatch.setattr("sys.argv", ["quantkit", "bench", "--shapes", "64x0"])
+    with pytest.raises(SystemExit) as e:
+        main()
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith("error: --shapes takes NxK pairs") and len(err.splitlines()) == 1
+    monkeypatch.setattr("sys.argv", ["quantkit", "--help"])
+    with pytest.raises(SystemExit) as e:
+        main()
+    assert e.value.code == 0 and "Usage" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv,message", [
     (["bench", "--reps", "abc"], "Invalid value for '--reps'"),
     (["bench", "--nope"], "No such option: --nope"),
     (["nosuchcmd"], "No such command 'nosuchcmd'"),
     (["search"], "Missing argument 'model'"),
 ])
-def test_click_usage_errors_are_one_line_exit_2(monkeypatch, capsys, argv, message):
+def test_click_usage_errors_are_one_line_exit_2(monkeypatch, capsys, keep_sigterm, argv, message):
     """The console script prints click's usage errors as quantkit's own one-line errors (not click's usage box)."""
     from quantkit.cli import main
 
@@ -126,7 +166,7 @@ def test_click_usage_errors_are_one_line_exit_2(monkeypatch, capsys, argv, messa
     assert err.startswith("error: ") and message in err and "--help`)" in err
 
 
-def test_console_script_alone_prints_help_and_exits_0(monkeypatch, capsys):
+def test_console_script_alone_prints_help_and_exits_0(monkeypatch, capsys, keep_sigterm):
     from quantkit.cli import main
 
     monkeypatch.setattr("sys.argv", ["quantkit"])

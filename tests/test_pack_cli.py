@@ -136,6 +136,8 @@ def test_quantized_models_are_refused_as_sources(packed, model_dir, tmp_path):
                                    "--device", "cpu"])
     assert res.exit_code == 2 and "is already quantized (gptq quantization_config" in res.output
     assert "Traceback" not in res.output and not (tmp_path / "o").exists()
+    res = CliRunner().invoke(app, ["eval-ppl", str(gptq), "--device", "cpu"])  # evaluating it: where it can run
+    assert res.exit_code == 2 and "an engine that loads gptq checkpoints" in res.output
 
 
 def test_recipe_and_output_errors_name_the_fix(model_dir, tmp_path):

@@ -60,6 +60,9 @@ def test_malformed_recipe_names_the_field(data, field):
 def test_incomplete_and_out_of_range_messages_say_what_is_needed():
     with pytest.raises(QuantkitError, match="'overrides\\[0\\]' is incomplete: it needs 'pattern'$"):
         parse_recipe({"weight": {"method": "rtn"}, "overrides": [{"bits": 8}]}, "test.yaml")
+    # an empty list item (YAML 'overrides:' then a bare '-') is an override with no fields, not a traceback
+    with pytest.raises(QuantkitError, match="'overrides\\[0\\]' is incomplete: it needs 'pattern'$"):
+        parse_recipe({"weight": {"method": "rtn"}, "overrides": [None]}, "test.yaml")
     with pytest.raises(QuantkitError, match="'calibration.seqlen' \\(≥ 2 tokens\\) are out of range: 128, 1"):
         parse_recipe({"weight": {"method": "rtn"}, "calibration": {"samples": 128, "seqlen": 1}}, "test.yaml")
 

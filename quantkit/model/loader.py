@@ -150,7 +150,9 @@ def check_not_quantized(config, name_or_path: str) -> None:
                             "full-precision model it came from (`quantkit inspect` names it), or evaluate this one "
                             "with `quantkit eval-ppl`")
     raise QuantkitError(f"'{name_or_path}' is already quantized ({method} quantization_config in its config.json); "
-                        "quantkit quantizes full-precision models — give the original model")
+                        "quantkit quantizes and evaluates full-precision models and its own packed checkpoints — "
+                        f"give the original model, or evaluate this one with an engine that loads {method} "
+                        "checkpoints (GPTQModel, AutoAWQ, vLLM)")
 
 
 def load_model(name_or_path: str, device: str = "auto", dtype: str | None = None,
@@ -176,6 +178,8 @@ def load_model(name_or_path: str, device: str = "auto", dtype: str | None = None
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except (OSError, ValueError, RuntimeError) as e:
+        if isinstance(e, torch.cuda.OutOfMemoryError):  # a RuntimeError, but the weights are fine: the CLI's OOM line
+            raise
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if "size mismatch" in str(e) or "ignore_mismatched_sizes" in str(e):
             msg = "its weights' shapes do not match its config.json (a config from another model size?)"

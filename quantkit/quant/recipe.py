@@ -157,8 +157,8 @@ class Recipe:
 
 
 def _build(cls, data, where: str):
-    if data is None:
-        return cls()
+    if data is None:  # an empty section ('weight:' alone, a bare '-' list item): the defaults, if it has them
+        data = {}
     if not isinstance(data, dict):
         raise QuantkitError(f"recipe field '{where}' must be a mapping, got {type(data).__name__}")
     known = {f.name: f for f in fields(cls)}

@@ -183,6 +183,8 @@ if HAVE_GLUON:
         :func:`x_tile_ptrs` with S = 1; COPIES = 0: the whole tile in one copy into the stacked view ``xs``
         [STAGES, slices·BM, W] from x_tile_ptrs with S = slices. The compiler puts a CTA barrier before each copy;
         which is faster depends on the launch (docs/BENCHMARKS.md)."""
+        # a tile is 256 columns: COPIES slices of W, or (COPIES = 0) the stacked slices of x_tile_ptrs
+        gl.static_assert(COPIES == 0 or COPIES * W == 256, "issue_x: COPIES x W must cover a 256-column tile")
         s = i % STAGES
         t = t_begin + i
         ok = t < t_end

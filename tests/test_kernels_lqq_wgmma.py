@@ -238,6 +238,13 @@ def test_a_config_that_does_not_build_is_declined_from_then_on_and_later_errors_
     with pytest.raises(RuntimeError):  # the same config ran before: a real error, raised
         wgmma_common.launch_or_decline("w8a8_wgmma", (64, 64, 4, 4), broken)
 
+    def oom():
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    with pytest.raises(torch.cuda.OutOfMemoryError):  # out of memory on a first launch: raised, not declined
+        wgmma_common.launch_or_decline("w8a8_wgmma", (128, 128, 4, 4), oom)
+    assert not wgmma_common.config_declined("w8a8_wgmma", (128, 128, 4, 4))
+
 
 def test_a_two_warpgroup_launch_that_does_not_build_falls_back_to_the_one_warpgroup_pick(monkeypatch):
     """14336x4096 M = 352: two warpgroups on 192-token tiles; if that does not build, the rule's pick among

@@ -84,13 +84,13 @@ def launch_or_decline(kernel: str, config: tuple, launch):
     first launch of a config that never ran here counts as that, is remembered — that config is declined from
     then on without another try, and :func:`hopper_problem` declines the whole kernel once :func:`kernel_broken`
     says so — and is reported once per kernel as a warning; the caller then runs its Triton kernel. Errors of a
-    config that has run are raised."""
+    config that has run, and CUDA out-of-memory errors, are raised."""
     if (kernel, config) in _FAILED:
         return None
     try:
         y = launch()
     except Exception as e:  # noqa: BLE001 — compile errors of any stage: frontend, MLIR passes, ptxas
-        if (kernel, config) in _LAUNCHED:
+        if (kernel, config) in _LAUNCHED or isinstance(e, torch.cuda.OutOfMemoryError):  # memory is not a build
             raise
         msg = str(e).strip().splitlines()[-1][:200] if str(e).strip() else type(e).__name__
         first = not any(name == kernel for name, _ in _FAILED)

@@ -1,4 +1,4 @@
-"""W4A16 on Hopper with its dequantization overlapping its own fp16 tensor-core products (Gluon).
+"""W4A16 on Hopper with the dequantization of one warpgroup overlapping the fp16 tensor-core products of others (Gluon).
 
 The Triton W4A16 kernel (:mod:`.w4a16`) places the 8 dequantized planes of a 256-column tile side by side in K
 order (a register shuffle through shared memory) and multiplies them with ``tl.dot``, which Triton 3.6 waits for

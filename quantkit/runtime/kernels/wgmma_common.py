@@ -1,13 +1,16 @@
-"""Shared pieces of the Gluon kernels for Hopper's wgmma (:mod:`.lqq_wgmma`, :mod:`.w8a8_wgmma`): the import
-guard and the few Gluon operations whose names changed between Triton releases, the activation-tile ring of the
-register-operand kernel (cp.async into 128-byte-swizzled shared memory), its output store (direct or through
-split-K slots as :mod:`.splitk`), and the checks every such launch needs — including a kernel that did not compile
-with the installed Triton, after which the Triton kernels run instead.
+"""Shared pieces of the Gluon kernels for Hopper's wgmma (:mod:`.lqq_wgmma`, :mod:`.lqq_ws`, :mod:`.w4a16_wgmma`,
+:mod:`.w8a8_wgmma`): the import guard and the few Gluon operations whose names changed between Triton releases,
+the activation-tile ring of the register-operand kernels (cp.async into 128-byte-swizzled shared memory), their
+output store (direct or through split-K slots as :mod:`.splitk`), and the checks every such launch needs —
+including a kernel that did not compile with the installed Triton, after which the Triton kernels run instead.
 
 Why Gluon: Triton 3.6's ``tl.dot`` waits for each int8 product whose operand sits in registers before the
-program goes on (``wgmma.wait_group 0``), so a kernel that dequantizes weights in registers cannot overlap that
-work with its own tensor-core products; Gluon exposes ``warpgroup_mma(is_async=True)`` and
-``warpgroup_mma_wait(num_outstanding)``, TMA and mbarriers (docs/BENCHMARKS.md).
+program goes on (``wgmma.wait_group 0``); Gluon exposes ``warpgroup_mma(is_async=True)`` and
+``warpgroup_mma_wait(num_outstanding)``, TMA, mbarriers and warp specialization (docs/BENCHMARKS.md). Overlapping a
+warpgroup's own products with its next tile's dequantization turned out unsafe (ptxas does not keep a register A
+operand alive while its product runs; session 16, docs/bench/sass_hazards.py): the kernels issue a tile's products
+together and wait for them, and the overlap comes from other warpgroups — two per program, programs sharing an SM,
+and in :mod:`.lqq_ws` a TMA producer warp.
 """
 
 from __future__ import annotations

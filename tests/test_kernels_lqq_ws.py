@@ -108,3 +108,46 @@ def test_int8_matmul_runs_the_ws_kernel_where_the_rule_gives_it_a_launch(monkeyp
     assert calls == [lqq_ws_launch(*launch)]
     assert torch.equal(out, int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, use_asm=True,
                                         config=TileConfig(64, 128, 1, 4, 3)))
+
+
+def test_dispatch_falls_back_to_lqq_wgmma_where_the_ws_kernel_does_not_build_and_runs_it_on_its_own(monkeypatch):
+    """int8_gemm._gluon_matmul: a warp-specialized launch that fails to build falls back to lqq_wgmma's same launch
+    (the warning names that fallback); a broken lqq_wgmma does not stop a working lqq_ws (each kernel has its own
+    build record)."""
+    from quantkit.runtime.kernels import wgmma_common
+
+    monkeypatch.setattr(wgmma_common, "_FAILED", {})
+    monkeypatch.setattr(wgmma_common, "_LAUNCHED", set())
+    broken: set[str] = set()
+    monkeypatch.setattr(int8_gemm, "lqq_wgmma_problem",
+                        lambda *a, kernel="lqq_wgmma", **kw: "broken" if kernel in broken else None)
+    launched = []
+
+    def ws(codes, scales, tensors, meta, *cfg, out=None, out_dtype=torch.float16):
+        if "ws builds" not in launched:
+            raise RuntimeError("gl.warp_specialize: not in this Triton")
+        launched.append(("ws", cfg))
+        return torch.zeros(codes.shape[0], 4096, dtype=out_dtype)
+
+    def wgmma(codes, scales, tensors, meta, *cfg, out=None, out_dtype=torch.float16):
+        launched.append(("wgmma", cfg))
+        return torch.zeros(codes.shape[0], 4096, dtype=out_dtype)
+
+    monkeypatch.setattr(int8_gemm, "lqq_ws_matmul", ws)
+    monkeypatch.setattr(int8_gemm, "lqq_wgmma_matmul", wgmma)
+    meta = {"in_features": 4096, "out_features": 4096}
+    codes, scales = torch.zeros(1024, 4096, dtype=torch.int8), torch.ones(1024, 1)
+    launch = lqq_wgmma_launch(1024, 4096, 4096)
+    assert lqq_ws_launch(*launch) is not None
+    with pytest.warns(RuntimeWarning, match="using the non-specialized Gluon kernel"):
+        y = int8_gemm._gluon_matmul(codes, scales, -1, "w4a8-lqq", {}, meta, None, torch.float16)
+    assert y is not None and launched == [("wgmma", launch[0] + (launch[1],))]
+    # the other way round: lqq_wgmma does not build here, lqq_ws does
+    monkeypatch.setattr(wgmma_common, "_FAILED", {})
+    launched[:] = ["ws builds"]
+    broken.add("lqq_wgmma")
+    y = int8_gemm._gluon_matmul(codes, scales, -1, "w4a8-lqq", {}, meta, None, torch.float16)
+    ws_launch = lqq_ws_launch(*launch)
+    assert y is not None and launched == ["ws builds", ("ws", ws_launch)]
+    broken.add("lqq_ws")  # neither: the Triton kernel (None here)
+    assert int8_gemm._gluon_matmul(codes, scales, -1, "w4a8-lqq", {}, meta, None, torch.float16) is None

@@ -165,10 +165,11 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
     return cfg
 
 
-# LiquidQuant W4A8 on Hopper at M = 32-4096: the Gluon kernel (:mod:`.lqq_wgmma`), whose dequantization overlaps its own
-# int8 products. A program owns 64 weight rows and a token tile of 32, 64 or 128 tokens, or 96 / 160 / 192 as a 64- or
-# 128-token tile plus a 32- or 64-token tail tile multiplying the same dequantized weights (a program dequantizes its
-# weight slice once whatever its token tile, so fewer token tiles mean less dequantization, but fewer programs).
+# LiquidQuant W4A8 on Hopper at M = 32-4096: the Gluon kernels (:mod:`.lqq_wgmma`; its unsplit 128-token launches on
+# :mod:`.lqq_ws` since session 16), whose dequantization overlaps int8 products of other warpgroups. A program owns 64
+# weight rows and a token tile of 32, 64 or 128 tokens, or 96 / 160 / 192 as a 64- or 128-token tile plus a 32- or
+# 64-token tail tile multiplying the same dequantized weights (a program dequantizes its weight slice once whatever its
+# token tile, so fewer token tiles mean less dequantization, but fewer programs).
 # Above M = 64 the rule scores every (token tile, K split) with a small cost model fitted to docs/bench/
 # lqq_wgmma_sweep.py --tails --all-tiles on an H100 (docs/logs/lqq_tiles_wrapped_h100.json: every tile at 18 token
 # counts from 96 to 768 on six Llama-3-8B shapes, after the ragged-tile fix of commit c6d9e77): rounds of programs
@@ -447,15 +448,16 @@ def lqq_wgmma_launch(m: int, n: int, k: int, sms: int = SMS_H100,
 
 
 # The warp-specialized LiquidQuant kernel (:mod:`.lqq_ws`: a TMA producer warp, consumer warpgroups; session 16) runs
-# the rule's unsplit launches of 128-token tiles (with or without a 32/64-token tail) in place of :mod:`.lqq_wgmma`.
-# A/B on an H100 against the lqq_wgmma kernel as it was then (same launch, same process, ABBA;
-# docs/logs/session16/ws_ab_rule_h100.json, every output bit-identical to the Triton kernel): one warpgroup, 128
-# tokens, three stages 1.07x (geometric mean of 41 points, 0.99-1.14x); 160/192 tokens on one warpgroup 1.06-1.29x
-# (31 points); 192 tokens on two warpgroups 0.97x (59 points; 0.94-0.99x). A launch of the rule at two stages and
-# 128 tokens (three programs an SM) runs three stages here (two an SM): the consumers' registers at three an SM did
-# not assemble (ptxas). The 64- and 32-token launches, and split-K ones, stay on lqq_wgmma. The cost models above
-# (LQQ_WGMMA_COST, LQQ_WG2_COST, LQQ_BIG_M_*) were fitted to lqq_wgmma before both changes of session 16 (this
-# kernel, and lqq_wgmma's wait for a tile's own products) and were not refitted: they still choose the launch.
+# the rule's unsplit launches of 128-token tiles (with or without a 32/64-token tail) in place of :mod:`.lqq_wgmma`. A/B
+# on an H100 against lqq_wgmma with its race fixed (same launch, same process, ABBA;
+# docs/logs/session16/ws_ab_fixed_h100.json, every output bit-identical): 1.10x geometric mean over 55 points, 128
+# tokens on one warpgroup 1.09x (1.01-1.14x), 160 tokens 1.29x, 192 tokens on one warpgroup 1.24x, on two 1.035x
+# (1.01-1.08x, 24 points) — which is why two warpgroups run it too. (Against lqq_wgmma before that fix, which overlapped
+# its own products unsafely, ws_ab_rule_h100.json: 1.07x / 1.06-1.29x on one warpgroup, 0.97x on two.) A launch of the
+# rule at two stages and 128 tokens (three programs an SM) runs three stages here (two an SM): the consumers' registers
+# at three an SM did not assemble (ptxas). The 64- and 32-token launches, and split-K ones, stay on lqq_wgmma. The cost
+# models above (LQQ_WGMMA_COST, LQQ_WG2_COST, LQQ_BIG_M_*) were fitted to lqq_wgmma before both changes of session 16
+# (this kernel, and lqq_wgmma's wait for a tile's own products) and were not refitted: they still choose the launch.
 LQQ_WS_TWO_WARPGROUPS = True
 
 

@@ -234,28 +234,32 @@ def _check_act(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: in
 
 def _gluon_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, layout: str, tensors: dict,
                   meta: dict, out: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor | None:
-    """Y from the Gluon kernel that the launch rules pick for this product on Hopper — LiquidQuant: the wgmma
-    kernel (:func:`.configs.lqq_wgmma_launch`); ``w8``: the TMA kernel (:func:`.configs.w8a8_wgmma_config`);
-    ``w4a16`` from :data:`.configs.MIXLLM_OPERAND_MIN_M` tokens: its int8 operand through the TMA kernel
-    (:mod:`.int8_operand`) — or None where none applies, none can run (the ``*_problem`` functions) or the kernel
-    did not compile with this Triton (:func:`.wgmma_common.launch_or_decline`)."""
+    """Y from the Gluon kernel that the launch rules pick for this product on Hopper — LiquidQuant: the wgmma kernel
+    (:func:`.configs.lqq_wgmma_launch`), its unsplit 128-token launches on the warp-specialized kernel
+    (:func:`.configs.lqq_ws_launch`; where that does not build, lqq_wgmma's same launch); ``w8``: the TMA kernel
+    (:func:`.configs.w8a8_wgmma_config`); ``w4a16`` from :data:`.configs.MIXLLM_OPERAND_MIN_M` tokens: its int8 operand
+    through the TMA kernel (:mod:`.int8_operand`) — or None where none applies, none can run (the ``*_problem``
+    functions) or the kernel did not compile with this Triton (:func:`.wgmma_common.launch_or_decline`)."""
     m, k = a_codes.shape[0], int(meta["in_features"])
     n = int(meta["out_features"])
     if layout == "w4a8-lqq":
         launch = lqq_wgmma_launch(m, n, k)
-        if launch is None or lqq_wgmma_problem(a_codes, act_group_size, layout, meta, out, out_dtype) is not None:
+        wgmma_ok = lqq_wgmma_problem(a_codes, act_group_size, layout, meta, out, out_dtype) is None
+        ws_ok = lqq_wgmma_problem(a_codes, act_group_size, layout, meta, out, out_dtype, kernel=LQQ_WS_KERNEL) is None
+        if launch is None or not (wgmma_ok or ws_ok):
             return None
         # a two-warpgroup launch that does not build here falls back to the rule's one-warpgroup pick (its tile may
         # differ), then to the Triton kernel; each launch tries the warp-specialized kernel first where
         # configs.lqq_ws_launch gives one; each config is declined (or counts as launched) per output dtype
         y = None
         for cfg, wg in [c for c in dict.fromkeys((launch, lqq_wgmma_launch(m, n, k, max_warpgroups=1))) if c]:
-            ws = lqq_ws_launch(cfg, wg)
+            ws = lqq_ws_launch(cfg, wg) if ws_ok else None
             if ws is not None:
                 bm, stages, tail, wgs, per_sm = ws
                 y = launch_or_decline(LQQ_WS_KERNEL, (str(out_dtype),) + ws, lambda: lqq_ws_matmul(
-                    a_codes, a_scales, tensors, meta, bm, stages, tail, wgs, per_sm, out=out, out_dtype=out_dtype))
-            if y is None:
+                    a_codes, a_scales, tensors, meta, bm, stages, tail, wgs, per_sm, out=out, out_dtype=out_dtype),
+                    fallback="the non-specialized Gluon kernel (lqq_wgmma)" if wgmma_ok else "the Triton kernel")
+            if y is None and wgmma_ok:
                 y = launch_or_decline(LQQ_KERNEL, (str(out_dtype),) + cfg + (wg,), lambda: lqq_wgmma_matmul(
                     a_codes, a_scales, tensors, meta, *cfg, wg, out=out, out_dtype=out_dtype))
             if y is not None:

@@ -1,10 +1,11 @@
-"""LiquidQuant W4A8 on Hopper with its dequantization overlapping its own tensor-core products (Gluon).
+"""LiquidQuant W4A8 on Hopper with its dequantization overlapping tensor-core products (Gluon).
 
 The Triton LiquidQuant kernel (:mod:`.int8_gemm`) dequantizes a 256-column weight tile into registers and
 multiplies it with ``tl.dot``; Triton 3.6 waits for every int8 product whose operand sits in registers
 (``wgmma.wait_group 0``) before the program dequantizes its next tile, so within a program the tensor cores
 idle while the integer units work and vice versa (docs/BENCHMARKS.md). LiquidGEMM's ImFP pipeline (LiquidGEMM
-Sec. 5) overlaps the two. This kernel does that in Gluon, where the waits are explicit:
+Sec. 5) overlaps the two. This kernel does that in Gluon, where the waits are explicit — across warpgroups (two
+per program, or programs sharing an SM), not within one (below):
 
 * a program owns BN = 64 weight rows per warpgroup (wgmma's M side; one warpgroup, or two sharing every
   activation tile — :func:`.configs.lqq_wgmma_warpgroups` says where) × BM tokens (wgmma's N side), the
@@ -153,7 +154,9 @@ if HAVE_GLUON:
                 acc, acc_t = multiply_tile(planes, xs, xt, 2 * slot, acc, acc_t, BT, WG)
             else:
                 acc, _ = multiply_tile(planes, xs, xs, 2 * slot, acc, acc, BT, WG)
-            if WG > 1:  # each warpgroup waited for its own products only: the other may still read tile t-1's slot
+            # (kept from when products stayed in flight across tiles: since each warpgroup waits for its own before
+            # the next wait_x, whose CTA barrier both pass, tile t-1's slot is free here already; not re-timed without)
+            if WG > 1:
                 cta_barrier()
             issue_x(xs_in, x_ptrs, i + STAGES - 1, t_begin, t_end, STAGES, COPIES, 128)  # into tile t-1's slot
             if BT > 0:
@@ -190,14 +193,16 @@ def one_copy_per_tile(tail: int, warpgroups: int) -> int:
 
 
 def lqq_wgmma_problem(a_codes: torch.Tensor, act_group_size: int, layout: str, meta: dict,
-                      out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16) -> str | None:
+                      out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16,
+                      kernel: str = KERNEL) -> str | None:
     """Why :func:`lqq_wgmma_matmul` cannot run this product (None: it can): a ``w4a8-lqq`` weight with per-token
-    activations (act_group_size -1), then :func:`.wgmma_common.hopper_problem`."""
+    activations (act_group_size -1), then :func:`.wgmma_common.hopper_problem` for Gluon kernel ``kernel`` (this
+    one, or :mod:`.lqq_ws`, which takes the same products and builds on its own)."""
     if layout != "w4a8-lqq":
         return f"layout {layout} is not w4a8-lqq"
     if act_group_size != -1:
         return "activations are not per-token"
-    return hopper_problem(a_codes, int(meta["in_features"]), out, out_dtype, KERNEL)
+    return hopper_problem(a_codes, int(meta["in_features"]), out, out_dtype, kernel)
 
 
 def lqq_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, meta: dict, bm: int = 128,

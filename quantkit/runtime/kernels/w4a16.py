@@ -138,7 +138,8 @@ def w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: TileConfig 
     (tests compare it with the PTX path). With no ``config``, at decode sizes (``cuda_gemv_preferred``) and
     CuPy present, the CUDA decode GEMV (:mod:`.cuda_gemv`, faster there; it scales exact (q - z)·x sums per
     group instead of rounding Ŵ) runs instead; on Hopper where :func:`.configs.w4a16_wgmma_config` picks it, the
-    Gluon kernel (:mod:`.w4a16_wgmma`, the same Ŵ, its dequantization overlapping its wgmma products); at prefill
+    Gluon kernel (:mod:`.w4a16_wgmma`, the same Ŵ, one warpgroup's dequantization overlapping others' wgmma
+    products); at prefill
     sizes (:func:`.configs.w4a16_dequant_preferred`, or
     ``dequant`` True) Ŵ is dequantized once (:func:`w4a16_dequantize`) and multiplied by cuBLAS, the same Ŵ the
     kernel would form. Reference: :func:`.reference.w4a16_reference`."""

@@ -20,7 +20,7 @@ operand, dequantization overlaps the MMA) for fp16/bf16 operands:
 * plane p multiplies activation columns 32p … 32p + 31 of the tile: one k32 ``warpgroup_mma`` per plane from an
   fp16 activation tile that ``cp.async`` brought into shared memory STAGES − 1 tiles ahead (four [BM, 64] slices
   of 128 bytes a row per tile);
-* a tile's 8 planes are formed (two at a time: b and b + 4 share their byte gathers, 32 registers a thread), then
+* a tile's 8 planes are formed (two at a time: b and b + 4 share their byte gathers; 64 registers a thread), then
   its 8 products issued asynchronously and waited for before the next tile's planes: ptxas does not keep a
   register A operand alive while its product runs, so the overlap of products with the next planes inside a
   warpgroup that this kernel had until session 16 (pairs of products in flight) left writes to such registers in
@@ -192,8 +192,8 @@ if HAVE_GLUON:
             acc = warpgroup_mma(lo3, xs.index(4 * slot + 1).slice(32, 32, dim=1).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma(hi3, xs.index(4 * slot + 3).slice(32, 32, dim=1).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            # this warpgroup is done with tile t-1's slot; with two, the other one may still be multiplying from it
-            # until both have passed this point
+            # (kept from when products stayed in flight across tiles: each warpgroup now waits for its own before the
+            # next wait_x, whose CTA barrier both pass, so tile t-1's slot is free here already; not re-timed without)
             if WG > 1:
                 cta_barrier()
             _issue_x(xs, x_ptrs, i + STAGES - 1, t_begin, t_end, STAGES)

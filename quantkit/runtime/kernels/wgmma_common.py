@@ -81,13 +81,13 @@ def config_declined(kernel: str, config: tuple) -> bool:
     return (kernel, config) in _FAILED
 
 
-def launch_or_decline(kernel: str, config: tuple, launch):
-    """``launch()``'s result, or None when the Gluon kernel does not build with the installed Triton for this
-    ``config`` (Gluon is an experimental dialect whose operations change between releases): any error from the
-    first launch of a config that never ran here counts as that, is remembered — that config is declined from
-    then on without another try, and :func:`hopper_problem` declines the whole kernel once :func:`kernel_broken`
-    says so — and is reported once per kernel as a warning; the caller then runs its Triton kernel. Errors of a
-    config that has run, and CUDA out-of-memory errors, are raised."""
+def launch_or_decline(kernel: str, config: tuple, launch, fallback: str = "the Triton kernel"):
+    """``launch()``'s result, or None when the Gluon kernel does not build with the installed Triton for this ``config``
+    (Gluon is an experimental dialect whose operations change between releases): any error from the first launch of a
+    config that never ran here counts as that, is remembered — that config is declined from then on without another try,
+    and :func:`hopper_problem` declines the whole kernel once :func:`kernel_broken` says so — and is reported once per
+    kernel as a warning naming ``fallback``, what the caller runs instead. Errors of a config that has run, and CUDA
+    out-of-memory errors, are raised."""
     if (kernel, config) in _FAILED:
         return None
     try:
@@ -100,7 +100,7 @@ def launch_or_decline(kernel: str, config: tuple, launch):
         _FAILED[(kernel, config)] = f"{type(e).__name__}: {msg}"
         if first:
             warnings.warn(f"quantkit: Gluon kernel {kernel} did not build for launch config {config} "
-                          f"({_FAILED[(kernel, config)]}); using the Triton kernel there", RuntimeWarning,
+                          f"({_FAILED[(kernel, config)]}); using {fallback} there", RuntimeWarning,
                           stacklevel=2)
         return None
     _LAUNCHED.add((kernel, config))

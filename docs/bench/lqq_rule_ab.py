@@ -18,12 +18,10 @@ import sys
 import types
 
 import torch
-import torch.nn.functional as F
 
 from quantkit.bench.command import parse_shapes
-from quantkit.bench.problems import _packed
-from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
-from quantkit.runtime.kernels.act_quant import quantize_activation_triton
+from quantkit.bench.problems import _packed, fp16_and_lqq_inputs
+from quantkit.bench.timing import time_rotating
 from quantkit.runtime.kernels.configs import gemm_config, lqq_wgmma_launch
 from quantkit.runtime.kernels.int8_gemm import int8_matmul
 from quantkit.runtime.kernels.lqq_wgmma import lqq_wgmma_matmul
@@ -77,13 +75,7 @@ def main() -> None:
             old, new = rules["old"][0](m, n, k), rules["new"][0](m, n, k)
             if old == new and not args.all:
                 continue
-            copies = copies_to_defeat_l2(n * k // 2 + 3 * m * k + 2 * m * n)
-            xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in range(copies)]
-            ws = [torch.randn(n, k, device="cuda", dtype=torch.float16) for _ in range(min(copies, 4))]
-            fp16 = time_rotating(lambda x, w: F.linear(x, w), [(x, ws[i % len(ws)]) for i, x in enumerate(xs)])
-            del ws
-            qa = [quantize_activation_triton(x, 8, -1) for x in xs]
-            inputs = [(a, s, {kk: v.clone() for kk, v in t.items()}) for a, s in qa]
+            fp16, inputs = fp16_and_lqq_inputs(t, m, n, k)
             calls = {name: runner(launch, rules[name][1], m, n, k, meta)
                      for name, launch in (("old", old), ("new", new))}
             for fn in calls.values():  # untimed: in the first A/B (old always first) each rule's first of two
@@ -99,7 +91,7 @@ def main() -> None:
             row["old_vs_fp16"], row["new_vs_fp16"] = row["fp16"] / row["old"], row["fp16"] / row["new"]
             print(json.dumps({kk: (round(v, 3) if isinstance(v, float) else v) for kk, v in row.items()}), flush=True)
             rows.append(row)
-            del xs, qa, inputs
+            del inputs
             torch.cuda.empty_cache()
             with open(args.out, "w") as f:  # after every row, so a cut-off run keeps what it measured
                 json.dump({"device": torch.cuda.get_device_name(), "rev": args.rev, "rows": rows, "unit": "us"}, f,

@@ -17,13 +17,11 @@ import json
 import statistics
 
 import torch
-import torch.nn.functional as F
 
 from quantkit.bench.command import parse_shapes
-from quantkit.bench.problems import _packed
-from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
+from quantkit.bench.problems import _packed, fp16_and_lqq_inputs
+from quantkit.bench.timing import time_rotating
 from quantkit.runtime.kernels import lqq_wgmma, lqq_ws
-from quantkit.runtime.kernels.act_quant import quantize_activation_triton
 from quantkit.runtime.kernels.configs import lqq_wgmma_launch, lqq_ws_launch
 
 
@@ -49,13 +47,7 @@ def main() -> None:
                 print(json.dumps({"n": n, "k": k, "m": m, "skipped": "no unsplit Gluon launch"}), flush=True)
                 continue
             cfg, wg = launch
-            copies = copies_to_defeat_l2(n * k // 2 + 3 * m * k + 2 * m * n)
-            xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in range(copies)]
-            ws = [torch.randn(n, k, device="cuda", dtype=torch.float16) for _ in range(min(copies, 4))]
-            fp16 = time_rotating(lambda x, w: F.linear(x, w), [(x, ws[i % len(ws)]) for i, x in enumerate(xs)])
-            del ws
-            qa = [quantize_activation_triton(x, 8, -1) for x in xs]
-            inputs = [(a, s, {kk: v.clone() for kk, v in t.items()}) for a, s in qa]
+            fp16, inputs = fp16_and_lqq_inputs(t, m, n, k)
             calls = {"wgmma": lambda a, s, w: lqq_wgmma.lqq_wgmma_matmul(a, s, w, meta, *cfg, wg)}
             mapped = lqq_ws_launch(cfg, wg)  # (bm, stages, tail, wg, per_sm)
             launches = {} if mapped is None else {"ws": (mapped[0], mapped[2], mapped[3], mapped[1], mapped[4])}
@@ -92,7 +84,7 @@ def main() -> None:
             print(json.dumps({kk: (round(v, 3) if isinstance(v, float) else v) for kk, v in row.items()
                               if kk != "us"}), flush=True)
             rows.append(row)
-            del inputs, qa, xs
+            del inputs
             torch.cuda.empty_cache()
             with open(args.out, "w") as f:
                 json.dump({"device": torch.cuda.get_device_name(), "rows": rows, "unit": "us"}, f, indent=1)

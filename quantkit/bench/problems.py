@@ -66,6 +66,23 @@ def _packed(layout: str, w: torch.Tensor) -> tuple[dict, dict]:
     return lay.pack(qw), lay.layout_meta(qw)
 
 
+def fp16_and_lqq_inputs(tensors: dict, m: int, n: int, k: int) -> tuple[dict, list[tuple]]:
+    """For an A/B of LiquidQuant kernels on the packed weight ``tensors`` [N, K] at M tokens (the docs/bench scripts):
+    cuBLAS fp16's :func:`.timing.time_rotating` result for the same product, and the rotating inputs of the kernels —
+    (int8 codes, per-token scales, a copy of the weight tensors) of fresh fp16 activations quantized by the Triton
+    quantizer — enough copies that one rotation touches twice the L2 (:func:`.timing.copies_to_defeat_l2`)."""
+    from quantkit.bench.timing import time_rotating
+    from quantkit.runtime.kernels.act_quant import quantize_activation_triton
+
+    copies = copies_to_defeat_l2(n * k // 2 + 3 * m * k + 2 * m * n)
+    xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in range(copies)]
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.float16) for _ in range(min(copies, 4))]
+    fp16 = time_rotating(lambda x, w: F.linear(x, w), [(x, ws[i % len(ws)]) for i, x in enumerate(xs)])
+    del ws
+    codes = [quantize_activation_triton(x, 8, -1) for x in xs]
+    return fp16, [(a, s, {key: v.clone() for key, v in tensors.items()}) for a, s in codes]
+
+
 def build_problem(method: str, m: int, n: int, k: int, config=None, seed: int = 0) -> Problem:
     """The :class:`Problem` of ``method`` (module docstring) at [M, K] × [K, N]; ``config`` a TileConfig for
     the quantkit kernels (None: the default rule)."""

@@ -18,7 +18,8 @@ from quantkit.runtime.kernels import int8_gemm  # noqa: E402
 import quantkit.runtime.kernels.configs as configs  # noqa: E402
 from quantkit.runtime.kernels.configs import TileConfig, lqq_wgmma_launch, lqq_ws_launch  # noqa: E402
 from quantkit.runtime.kernels.int8_gemm import int8_matmul  # noqa: E402
-from quantkit.runtime.kernels.lqq_ws import HAVE_GLUON, lqq_ws_matmul, lqq_ws_maxnreg  # noqa: E402
+from quantkit.runtime.kernels.lqq_ws import HAVE_GLUON, lqq_ws_matmul  # noqa: E402
+from quantkit.runtime.kernels.wgmma_common import ws_maxnreg  # noqa: E402
 from quantkit.runtime.kernels.reference import int8_reference  # noqa: E402
 from tests.kernels_helpers import DEVICE, packed, rel_err  # noqa: E402
 
@@ -52,9 +53,9 @@ def test_it_takes_the_unsplit_128_token_launches_only(monkeypatch):
 
 
 def test_register_budget_leaves_the_consumers_about_230_registers():
-    assert lqq_ws_maxnreg(1, 2) == 128  # 2 x 256 threads x 128 = the register file; consumers setmaxnreg 232
-    assert lqq_ws_maxnreg(1, 1) == 256
-    assert lqq_ws_maxnreg(2, 1) == 168  # 384 threads
+    assert ws_maxnreg(1, 2) == 128  # 2 x 256 threads x 128 = the register file; consumers setmaxnreg 232
+    assert ws_maxnreg(1, 1) == 256
+    assert ws_maxnreg(2, 1) == 168  # 384 threads
 
 
 def test_matmul_refuses_launches_it_was_not_built_for():

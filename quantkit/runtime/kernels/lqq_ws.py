@@ -35,18 +35,16 @@ import torch
 from quantkit.runtime.kernels.jit import check_device
 from quantkit.runtime.kernels.launch import groups_in_halves
 from quantkit.runtime.kernels.lqq_wgmma import lqq_wgmma_problem
-from quantkit.runtime.kernels.wgmma_common import BN, HAVE_GLUON
+from quantkit.runtime.kernels.wgmma_common import BN, HAVE_GLUON, PRODUCER_REGS, ws_maxnreg
 
 KERNEL = "lqq_ws"
-PRODUCER_REGS = 24  # registers of the producer warp (setmaxnreg's minimum: it holds a few scalars)
-REGISTER_FILE = 65536  # 32-bit registers per SM (Hopper)
 
 if HAVE_GLUON:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from quantkit.runtime.kernels.lqq_wgmma import apply_scales, multiply_tile, planes_wgmma
     from quantkit.runtime.kernels.wgmma_common import (a_layout, cta_barrier, gl, gluon, load_words, mbarrier,
-                                                       mma_layout, tma_load)
+                                                       mma_layout, store_rows, tma_load)
 
     PRODUCER_REGS_C = gl.constexpr(PRODUCER_REGS)  # Triton kernels read only constexpr globals
 
@@ -66,12 +64,6 @@ if HAVE_GLUON:
             if BT > 0:
                 tma_load(xt_desc, [row0 + BM, 256 * t], bar, xt.index(2 * s))
                 tma_load(xt_desc, [row0 + BM, 256 * t + 128], bar, xt.index(2 * s + 1))
-
-    @gluon.jit
-    def _store(out_ptr, y, rm, rn, first, M, N, stride_om):
-        """Store y [rows, tokens] (weight rows rn, tokens rm) of Y [M, N]: tokens first … M − 1 only."""
-        mask = ((rm >= first) & (rm < M))[None, :] & (rn < N)[:, None]
-        gl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @gluon.jit
     def _consumers(xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, M, N, stride_sm, stride_om, w_row,
@@ -103,12 +95,13 @@ if HAVE_GLUON:
             mbarrier.arrive(empty.index(s), count=1)
         rm = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
         rn_o = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
-        _store(out_ptr, apply_scales(acc, sa_ptr, cs_ptr, rm, rn_o, M, N, stride_sm), rm, rn_o, first, M, N, stride_om)
+        store_rows(out_ptr, apply_scales(acc, sa_ptr, cs_ptr, rm, rn_o, M, N, stride_sm), rm, rn_o, first, M, N,
+                   stride_om)
         if BT > 0:
             rm_t = row0 + BM + gl.arange(0, BT, layout=gl.SliceLayout(0, mma_t))
             rn_t = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_t))
-            _store(out_ptr, apply_scales(acc_t, sa_ptr, cs_ptr, rm_t, rn_t, M, N, stride_sm), rm_t, rn_t, first, M, N,
-                   stride_om)
+            store_rows(out_ptr, apply_scales(acc_t, sa_ptr, cs_ptr, rm_t, rn_t, M, N, stride_sm), rm_t, rn_t, first,
+                       M, N, stride_om)
 
     @gluon.jit
     def _lqq_ws_kernel(x_desc, xt_desc, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, M, N, stride_sm, stride_om, w_row,
@@ -138,22 +131,14 @@ if HAVE_GLUON:
         ], [1], [PRODUCER_REGS_C])
 
 
-def lqq_ws_maxnreg(warpgroups: int, per_sm: int) -> int:
-    """The launch's ``maxnreg``: registers a thread at launch such that ``per_sm`` programs of ``warpgroups``
-    consumer warpgroups plus the producer's (a warpgroup: registers are allocated by warpgroups) fit the register
-    file; setmaxnreg then moves the producer's share above :data:`PRODUCER_REGS` to the consumers."""
-    threads = 128 * (warpgroups + 1) * per_sm
-    return min(256, REGISTER_FILE // threads // 8 * 8)
-
-
 def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, meta: dict, bm: int = 128,
                   stages: int = 3, tail: int = 0, warpgroups: int = 1, per_sm: int = 1,
                   out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16) -> torch.Tensor:
     """Y [M, N] (``out_dtype``, or ``out``'s) = dequant(A)·Ŵᵀ for int8 codes [M, K] with per-token float32 scales
     [M, 1] and a ``w4a8-lqq`` weight, as :func:`.lqq_wgmma.lqq_wgmma_matmul` unsplit (same bits), with a producer
     warp bringing the activations over TMA (module docstring); 128 tokens per program plus ``tail`` (0, 32, 64);
-    ``per_sm`` programs meant to share an SM (sets the register budget, :func:`lqq_ws_maxnreg`). The caller checks
-    :func:`.lqq_wgmma.lqq_wgmma_problem`."""
+    ``per_sm`` programs meant to share an SM (sets the register budget, :func:`.wgmma_common.ws_maxnreg`). The caller
+    checks :func:`.lqq_wgmma.lqq_wgmma_problem`."""
     if (bm != 128 or tail not in (0, 32, 64) or stages not in (2, 3, 4) or warpgroups not in (1, 2)
             or not 1 <= per_sm <= 3 - warpgroups):
         raise ValueError(f"bm must be 128, tail 0, 32 or 64, stages 2-4, warpgroups 1-2 and per_sm 1-2 with one "
@@ -172,8 +157,8 @@ def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, 
     _lqq_ws_kernel[grid](x_desc, xt_desc, a_scales, qweight, qparams, cs, out, m, n, a_scales.stride(0),
                          out.stride(0), qweight.shape[1], n_tiles, groups_in_halves(meta, n_tiles), qparams.shape[0],
                          BM=bm, BT=tail, STAGES=stages, WG=warpgroups, num_warps=4 * warpgroups,
-                         maxnreg=lqq_ws_maxnreg(warpgroups, per_sm))
+                         maxnreg=ws_maxnreg(warpgroups, per_sm))
     return out
 
 
-__all__ = ["KERNEL", "lqq_wgmma_problem", "lqq_ws_matmul", "lqq_ws_maxnreg"]
+__all__ = ["KERNEL", "lqq_wgmma_problem", "lqq_ws_matmul"]

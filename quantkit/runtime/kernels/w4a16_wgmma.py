@@ -123,6 +123,36 @@ if HAVE_GLUON:
         return z_lo[:, None], s[:, None], z_hi[:, None]
 
     @gluon.jit
+    def form_planes(words, p_lo, p_hi, BF16: gl.constexpr):
+        """The 8 fp16 (bf16) planes [64·WG, 32] of a word tile whose half-tiles' group words are p_lo, p_hi, in the
+        A-operand layout of ``words``: plane b and b + 4 from byte b (:func:`_pair`), as (lo0, hi0, … lo3, hi3)."""
+        zl, sl, _ = _group_terms(p_lo, BF16)
+        _, sh, zh = _group_terms(p_hi, BF16)
+        lo0, hi0 = _pair(words, zl, sl, zh, sh, 0, BF16)
+        lo1, hi1 = _pair(words, zl, sl, zh, sh, 1, BF16)
+        lo2, hi2 = _pair(words, zl, sl, zh, sh, 2, BF16)
+        lo3, hi3 = _pair(words, zl, sl, zh, sh, 3, BF16)
+        return lo0, hi0, lo1, hi1, lo2, hi2, lo3, hi3
+
+    @gluon.jit
+    def multiply_planes(planes, xs, base, acc):
+        """acc + the 8 k32 products of a tile's planes (:func:`form_planes`) against the activation slices ``base``
+        … ``base`` + 3 of ``xs`` ([BM, 64] each; plane b: columns 32b … of the tile, plane b + 4: 128 + 32b …),
+        issued asynchronously, then all waited for: ptxas does not keep a register A operand alive while its product
+        runs, so no register may be written before this wait (docs/BENCHMARKS.md, session 16: with pairs of
+        products in flight while the next pair was formed, the SASS of several launches wrote them)."""
+        lo0, hi0, lo1, hi1, lo2, hi2, lo3, hi3 = planes
+        acc = warpgroup_mma(lo0, xs.index(base).slice(0, 32, dim=1).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(hi0, xs.index(base + 2).slice(0, 32, dim=1).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(lo1, xs.index(base).slice(32, 32, dim=1).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(hi1, xs.index(base + 2).slice(32, 32, dim=1).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(lo2, xs.index(base + 1).slice(0, 32, dim=1).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(hi2, xs.index(base + 3).slice(0, 32, dim=1).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(lo3, xs.index(base + 1).slice(32, 32, dim=1).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(hi3, xs.index(base + 3).slice(32, 32, dim=1).permute((1, 0)), acc, is_async=True)
+        return warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+
+    @gluon.jit
     def _issue_x(xs, x_ptrs, i, t_begin, t_end, STAGES: gl.constexpr):
         """Start the cp.async of activation tile t_begin + i (four 64-column slices) into ring slot i % STAGES,
         empty past t_end so that wait_group counts stay uniform; the caller commits the group."""
@@ -167,31 +197,12 @@ if HAVE_GLUON:
         words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t_begin, t_end, hpg, groups, N, rn_in)
         for t in range(t_begin, t_end):
             i = t - t_begin
-            zl, sl, _ = _group_terms(p_lo, BF16)
-            _, sh, zh = _group_terms(p_hi, BF16)
-            # the tile's 8 planes first, then its 8 products, then a wait for all of them: no register may be
-            # written while a product that reads it as its A operand runs, and ptxas does not keep such registers
-            # alive by itself (docs/BENCHMARKS.md, session 16: with pairs of products in flight while the next pair
-            # was formed, the SASS of several launches wrote them, and the LiquidQuant kernel built that way
-            # returned wrong sums)
-            lo0, hi0 = _pair(words, zl, sl, zh, sh, 0, BF16)
-            lo1, hi1 = _pair(words, zl, sl, zh, sh, 1, BF16)
-            lo2, hi2 = _pair(words, zl, sl, zh, sh, 2, BF16)
-            lo3, hi3 = _pair(words, zl, sl, zh, sh, 3, BF16)
+            # the tile's 8 planes first, then its 8 products, then a wait for all of them (multiply_planes)
+            planes = form_planes(words, p_lo, p_hi, BF16)
             # the next tile's words load while this tile's products run
             words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t + 1, t_end, hpg, groups, N, rn_in)
             wait_x(STAGES)
-            slot = i % STAGES
-            # plane b: columns 32b..32b+31 (slice b // 2); plane b + 4: 128 + 32b.. (slice 2 + b // 2)
-            acc = warpgroup_mma(lo0, xs.index(4 * slot).slice(0, 32, dim=1).permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma(hi0, xs.index(4 * slot + 2).slice(0, 32, dim=1).permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma(lo1, xs.index(4 * slot).slice(32, 32, dim=1).permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma(hi1, xs.index(4 * slot + 2).slice(32, 32, dim=1).permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma(lo2, xs.index(4 * slot + 1).slice(0, 32, dim=1).permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma(hi2, xs.index(4 * slot + 3).slice(0, 32, dim=1).permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma(lo3, xs.index(4 * slot + 1).slice(32, 32, dim=1).permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma(hi3, xs.index(4 * slot + 3).slice(32, 32, dim=1).permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            acc = multiply_planes(planes, xs, 4 * (i % STAGES), acc)
             # (kept from when products stayed in flight across tiles: each warpgroup now waits for its own before the
             # next wait_x, whose CTA barrier both pass, so tile t-1's slot is free here already; not re-timed without)
             if WG > 1:

@@ -34,9 +34,11 @@ OUT_DTYPES = (torch.float16, torch.bfloat16)
 _FAILED: dict[tuple, str] = {}  # (kernel name, launch config) → why it did not build here
 _LAUNCHED: set[tuple] = set()  # (kernel name, launch config) that have run here
 BROKEN_AFTER = 2  # failed configs, with none that ran, after which the whole kernel counts as not building here
+PRODUCER_REGS = 24  # registers of a warp-specialized kernel's producer warp (setmaxnreg's minimum: a few scalars)
+REGISTER_FILE = 65536  # 32-bit registers per SM (Hopper)
 
-__all__ = ["BN", "HAVE_GLUON", "OUT_DTYPES", "config_declined", "hopper_problem", "kernel_broken",
-           "launch_or_decline"]
+__all__ = ["BN", "HAVE_GLUON", "OUT_DTYPES", "PRODUCER_REGS", "config_declined", "hopper_problem", "kernel_broken",
+           "launch_or_decline", "ws_maxnreg"]
 
 
 def hopper_problem(a_codes: torch.Tensor, k: int, out: torch.Tensor | None, out_dtype: torch.dtype, kernel: str,
@@ -62,6 +64,15 @@ def hopper_problem(a_codes: torch.Tensor, k: int, out: torch.Tensor | None, out_
     if broken:
         return f"the Gluon kernel did not build with this Triton ({broken})"
     return None
+
+
+def ws_maxnreg(warpgroups: int, per_sm: int) -> int:
+    """``maxnreg`` of a warp-specialized launch (:mod:`.lqq_ws`, :mod:`.w4a16_ws`): registers a thread at launch such
+    that ``per_sm`` programs of ``warpgroups`` consumer warpgroups plus the producer's (a warpgroup: registers are
+    allocated by warpgroups) fit the register file; setmaxnreg then moves the producer's share above
+    :data:`PRODUCER_REGS` to the consumers."""
+    threads = 128 * (warpgroups + 1) * per_sm
+    return min(256, REGISTER_FILE // threads // 8 * 8)
 
 
 def kernel_broken(kernel: str) -> str | None:
@@ -249,6 +260,14 @@ if HAVE_GLUON:
         gl.atomic_xchg(ticket_ptr + gl.program_id(1) * gl.num_programs(0) + gl.program_id(0), 0)
 
     @gluon.jit
+    def store_rows(out_ptr, y, rm, rn, first, M, N, stride_om):
+        """Store y [rows, tokens] (weight rows rn, tokens rm) of Y [M, N] in out's dtype: tokens first … M − 1 only
+        (the warp-specialized kernels move a ragged last token tile back to end at M − 1; its rows below ``first``
+        belong to the tile before)."""
+        mask = ((rm >= first) & (rm < M))[None, :] & (rn < N)[:, None]
+        gl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @gluon.jit
     def store_tile(out_ptr, ws_ptr, ticket_ptr, y, rm, rn, M, N, stride_om, pid_k, SPLIT_K: gl.constexpr):
         """Write a finished fp32 tile y [rows, BM] (weight rows rn, tokens rm) of Y [M, N]: directly, or through
         split-K slot pid_k of the workspace (slots M·N apart, rows N apart), the last program of the tile adding the
@@ -273,6 +292,6 @@ if HAVE_GLUON:
             _sum_slots(out_ptr, ws_ptr, y2, rm2, rn2, M, N, stride_om, SPLIT_K)
             _release_ticket(ticket_ptr)
 
-    __all__ += ["X_SMEM", "a_layout", "async_copy", "cta_barrier", "fence_async_shared", "gl",
+    __all__ += ["X_SMEM", "a_layout", "store_rows", "async_copy", "cta_barrier", "fence_async_shared", "gl",
                 "gluon", "issue_x", "load_words", "mbarrier", "mma_layout", "store_split_pair", "store_tile",
                 "tma_load", "wait_x", "warpgroup_mma", "warpgroup_mma_wait", "x_layout", "x_tile_ptrs"]

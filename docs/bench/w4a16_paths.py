@@ -1,7 +1,8 @@
 """W4A16 at prefill sizes on the GPU at hand: the launch rule's path (w4a16_matmul as dispatched), dequantize-then-
-cuBLAS (``dequant=True``) and the Triton kernel at its tile rule, per shape and token count, with cuBLAS fp16 — to
-check which path the rule should take after a kernel changes (session 16: the Gluon kernel's products no longer
-overlap its next tile's dequantization within a warpgroup).
+cuBLAS (``dequant=True``), the Triton kernel at its tile rule and — on Hopper with Gluon, ``--gluon`` — the Gluon
+wgmma kernel's and the warp-specialized kernel's 128-token launches on one and two warpgroups, per shape and token
+count, with cuBLAS fp16: which path the rule should take after a kernel changes (session 16: the Gluon kernel's
+products no longer overlap its next tile's dequantization within a warpgroup; the warp-specialized kernel is new).
 
     python docs/bench/w4a16_paths.py --out w4a16_paths.json
 """
@@ -19,12 +20,15 @@ from quantkit.bench.problems import _packed
 from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
 from quantkit.runtime.kernels.configs import gemm_config, w4a16_wgmma_config
 from quantkit.runtime.kernels.w4a16 import w4a16_matmul
+from quantkit.runtime.kernels.w4a16_wgmma import w4a16_wgmma_matmul
+from quantkit.runtime.kernels.w4a16_ws import w4a16_ws_matmul
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="14336x4096,4096x4096,4096x14336")
     p.add_argument("--ms", default="128,256,512")
+    p.add_argument("--gluon", action="store_true", help="also the Gluon kernels' 128-token launches (Hopper)")
     p.add_argument("--out", default="w4a16_paths.json")
     args = p.parse_args()
     rows = []
@@ -39,9 +43,18 @@ def main() -> None:
                                          [(x, ws[i % len(ws)]) for i, x in enumerate(xs)])["ms"] * 1e3}
             inputs = [(x, t) for x in xs]
             cfg = gemm_config(m, n, k, "w4a16")
-            for name, fn in (("rule", lambda x, w: w4a16_matmul(x, w, meta)),
-                             ("dequant_cublas", lambda x, w: w4a16_matmul(x, w, meta, dequant=True)),
-                             ("triton", lambda x, w: w4a16_matmul(x, w, meta, config=cfg))):
+            paths = [("rule", lambda x, w: w4a16_matmul(x, w, meta)),
+                     ("dequant_cublas", lambda x, w: w4a16_matmul(x, w, meta, dequant=True)),
+                     ("triton", lambda x, w: w4a16_matmul(x, w, meta, config=cfg))]
+            if args.gluon:
+                for wg in (1, 2):
+                    paths += [(f"wgmma_128_wg{wg}", lambda x, w, wg=wg: w4a16_wgmma_matmul(x, w, meta, 128, 3, 1, wg)),
+                              (f"ws_wg{wg}", lambda x, w, wg=wg: w4a16_ws_matmul(x, w, meta, 3, wg))]
+                # the same 128-token tiles and sums in the same order: equal bits (as the GPU tests check)
+                row["ws_equal_wgmma"] = [bool(torch.equal(w4a16_ws_matmul(xs[0], t, meta, 3, wg),
+                                                          w4a16_wgmma_matmul(xs[0], t, meta, 128, 3, 1, wg)))
+                                         for wg in (1, 2)]
+            for name, fn in paths:
                 row[name] = time_rotating(fn, inputs)["ms"] * 1e3
             print(json.dumps({kk: (round(v, 2) if isinstance(v, float) else v) for kk, v in row.items()}), flush=True)
             rows.append(row)

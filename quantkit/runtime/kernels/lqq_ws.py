@@ -44,7 +44,8 @@ if HAVE_GLUON:
 
     from quantkit.runtime.kernels.lqq_wgmma import apply_scales, multiply_tile, planes_wgmma
     from quantkit.runtime.kernels.wgmma_common import (a_layout, cta_barrier, gl, gluon, load_words, mbarrier,
-                                                       mma_layout, store_rows, tma_load)
+                                                       mma_layout, ring_barriers, store_rows,
+                                                       tma_load, weight_rows)
 
     PRODUCER_REGS_C = gl.constexpr(PRODUCER_REGS)  # Triton kernels read only constexpr globals
 
@@ -73,9 +74,7 @@ if HAVE_GLUON:
         ROWS: gl.constexpr = 64 * WG
         mma: gl.constexpr = mma_layout(BM, WG)
         a_l: gl.constexpr = a_layout(BM, WG)
-        rn = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, a_l))
-        rn_in = gl.minimum(rn, N - 1)
-        w_ptrs = w_ptr + rn_in[:, None] * w_row + gl.arange(0, 32, layout=gl.SliceLayout(0, a_l))[None, :]
+        rn_in, w_ptrs = weight_rows(w_ptr, pid_n, ROWS, N, w_row, a_l)
         acc = gl.zeros([ROWS, BM], gl.int32, mma)
         if BT > 0:
             mma_t: gl.constexpr = mma_layout(BT, WG)
@@ -119,11 +118,7 @@ if HAVE_GLUON:
             xt = gl.allocate_shared_memory(gl.int8, [2 * STAGES, BT, 128], xt_desc.layout)
         else:
             xt = xs
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
+        ready, empty = ring_barriers(STAGES)
         gl.warp_specialize([
             (_consumers, (xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, M, N, stride_sm, stride_om,
                           w_row, n_tiles, hpg, groups, pid_n, row0, first, BM, BT, STAGES, WG)),

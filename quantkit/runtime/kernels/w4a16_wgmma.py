@@ -216,20 +216,33 @@ if HAVE_GLUON:
         store_tile(out_ptr, ws_ptr, ticket_ptr, acc, rm, rn_o, M, N, stride_om, pid_k, SPLIT_K)
 
 
-def w4a16_wgmma_problem(x: torch.Tensor, meta: dict, out: torch.Tensor | None = None) -> str | None:
+def w4a16_wgmma_problem(x: torch.Tensor, meta: dict, out: torch.Tensor | None = None,
+                        kernel: str = KERNEL) -> str | None:
     """Why :func:`w4a16_wgmma_matmul` cannot run this product (None: it can): fp16/bf16 activations, an output of
     their dtype, :func:`.wgmma_common.hopper_problem` (K a multiple of 256, 16-byte aligned rows, Gluon, sm_90, a
-    kernel that built with this Triton), and a row stride of a multiple of 16 elements."""
+    kernel — this one or ``kernel``, :mod:`.w4a16_ws` — that built with this Triton), and a row stride of a
+    multiple of 16 elements."""
     if x.dtype not in (torch.float16, torch.bfloat16):
         return f"activations are {x.dtype}, not fp16/bf16"
     if out is not None and out.dtype != x.dtype:
         return "out must have the activations' dtype"
     # Triton specializes an integer argument divisible by 16 as such; a row stride it cannot prove 8-aligned would
     # make the 16-byte cp.async of a row fail to compile
-    why = hopper_problem(x, int(meta["in_features"]), out, x.dtype, KERNEL)
+    why = hopper_problem(x, int(meta["in_features"]), out, x.dtype, kernel)
     if why is None and x.stride(0) % 16:
         why = "activation rows are not 16-byte aligned (row stride not a multiple of 16 elements)"
     return why
+
+
+def w4a16_operands(x: torch.Tensor, tensors: dict, meta: dict) -> tuple:
+    """(M, K, N, qweight, qparams, 256-column tiles) of a W4A16 product on the Gluon kernels, after checking that x
+    is [M, K] for this weight and that everything is on one CUDA device."""
+    m, k = x.shape
+    qweight, qparams = tensors["qweight"], tensors["qparams"]
+    check_device(x, qweight, qparams)
+    if k != int(meta["in_features"]):
+        raise ValueError(f"x must be [M, {meta['in_features']}], got {tuple(x.shape)}")
+    return m, k, int(meta["out_features"]), qweight, qparams, qweight.shape[1] // 32
 
 
 def w4a16_wgmma_matmul(x: torch.Tensor, tensors: dict, meta: dict, bm: int = 128, stages: int = 3,
@@ -245,13 +258,7 @@ def w4a16_wgmma_matmul(x: torch.Tensor, tensors: dict, meta: dict, bm: int = 128
         raise ValueError(f"bm must be 32, 64 or 128, stages 2-4 (3 at most with bm 128: the activation ring is "
                          f"stages·bm·512 bytes), split_k >= 1 and warpgroups 1-2; got {bm}, {stages}, {split_k}, "
                          f"{warpgroups}")
-    m, k = x.shape
-    qweight, qparams = tensors["qweight"], tensors["qparams"]
-    check_device(x, qweight, qparams)
-    n = int(meta["out_features"])
-    if k != int(meta["in_features"]):
-        raise ValueError(f"x must be [M, {meta['in_features']}], got {tuple(x.shape)}")
-    n_tiles = qweight.shape[1] // 32
+    m, k, n, qweight, qparams, n_tiles = w4a16_operands(x, tensors, meta)
     tiles_per_split, split = split_plan(n_tiles, split_k)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
     grid = (-(-n // (BN * warpgroups)), -(-m // bm), split)

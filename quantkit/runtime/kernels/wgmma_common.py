@@ -210,6 +210,26 @@ if HAVE_GLUON:
                 cp_async(xs.index(COPIES * s + j), x_ptrs + tt * 256 + W * j, ok)
 
     @gluon.jit
+    def ring_barriers(STAGES: gl.constexpr):
+        """(ready, empty): the mbarriers of a warp-specialized kernel's STAGES-slot ring, one arrival each — the
+        producer's expect-tx arrival completes ``ready[s]`` with its TMA bytes, a consumer thread's arrival after
+        the products completes ``empty[s]``."""
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        return ready, empty
+
+    @gluon.jit
+    def weight_rows(w_ptr, pid_n, ROWS: gl.constexpr, N, w_row, layout: gl.constexpr):
+        """(row indices clamped to N − 1 [ROWS], pointers [ROWS, 32] to tile 0's words) of program pid_n's ROWS
+        weight rows, in ``layout`` (the A operand's: the kernels load the words straight into it)."""
+        rn = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+        rn_in = gl.minimum(rn, N - 1)
+        return rn_in, w_ptr + rn_in[:, None] * w_row + gl.arange(0, 32, layout=gl.SliceLayout(0, layout))[None, :]
+
+    @gluon.jit
     def load_words(w_ptrs, p_ptr, t, t_end, hpg, groups, N, rn_in):
         """Weight tile t's words [rows, 32] (in whatever register layout ``w_ptrs`` has: the kernels load them in
         their A operand's) and its two half-tiles' group words (the last tile again past t_end, so the loop needs
@@ -292,6 +312,6 @@ if HAVE_GLUON:
             _sum_slots(out_ptr, ws_ptr, y2, rm2, rn2, M, N, stride_om, SPLIT_K)
             _release_ticket(ticket_ptr)
 
-    __all__ += ["X_SMEM", "a_layout", "store_rows", "async_copy", "cta_barrier", "fence_async_shared", "gl",
+    __all__ += ["X_SMEM", "a_layout", "ring_barriers", "store_rows", "weight_rows", "async_copy", "cta_barrier", "fence_async_shared", "gl",
                 "gluon", "issue_x", "load_words", "mbarrier", "mma_layout", "store_split_pair", "store_tile",
                 "tma_load", "wait_x", "warpgroup_mma", "warpgroup_mma_wait", "x_layout", "x_tile_ptrs"]

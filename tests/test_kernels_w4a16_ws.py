@@ -60,3 +60,5 @@ def test_ws_kernel_equals_the_wgmma_kernel_bit_for_bit_call_after_call(n, k, m, 
         got = w4a16_ws_matmul(x, tensors, meta, stages, wg, out=out)
         assert got.data_ptr() == out.data_ptr() and torch.equal(got, ref)
     assert rel_err(got, w4a16_reference(x, tensors, meta)) < TOL[dtype]
+    fresh = w4a16_ws_matmul(x, tensors, meta, stages, wg)  # its own output tensor
+    assert fresh.dtype == dtype and fresh.shape == (m, n) and torch.equal(fresh, ref)

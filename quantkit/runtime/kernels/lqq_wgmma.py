@@ -47,8 +47,9 @@ KERNEL = "lqq_wgmma"  # its name for hopper_problem / launch_or_decline
 
 if HAVE_GLUON:
     from quantkit.runtime.kernels.wgmma_common import (X_SMEM, a_layout, async_copy, cta_barrier, gl, gluon, issue_x,
-                                                       load_words, mma_layout, store_split_pair, store_tile, wait_x,
-                                                       warpgroup_mma, warpgroup_mma_wait, x_layout, x_tile_ptrs)
+                                                       load_words, mma_layout, stacked_int8_view, store_split_pair,
+                                                       store_tile, wait_x, warpgroup_mma, warpgroup_mma_wait, x_layout,
+                                                       x_tile_ptrs)
 
     ASM_I8 = gl.constexpr(ASM_I8_TEXT)
     CONSTRAINTS_I8 = gl.constexpr(CONSTRAINTS_I8_TEXT)
@@ -118,7 +119,7 @@ if HAVE_GLUON:
         # token rows past M read rows from the start again (their products are never stored): clamped to row
         # M - 1 instead, every program of a ragged last token tile read that one row, the same lines from all SMs
         if COPIES == 0:  # a tile's two halves in one copy, into the same bytes seen as [2·BM, 128] (issue_x)
-            xs_in = xs._reinterpret(gl.int8, [STAGES, 2 * BM, 128], X_SMEM)
+            xs_in = stacked_int8_view(xs, STAGES, BM, X_SMEM)
             x_ptrs = x_tile_ptrs(a_ptr, pid_m * TM, M, stride_am, BM, 2, 128, x_l)
         else:
             xs_in = xs
@@ -127,7 +128,7 @@ if HAVE_GLUON:
             mma_t: gl.constexpr = mma_layout(BT, WG)
             xt = gl.allocate_shared_memory(gl.int8, [2 * STAGES, BT, 128], X_SMEM)
             if COPIES == 0:
-                xt_in = xt._reinterpret(gl.int8, [STAGES, 2 * BT, 128], X_SMEM)
+                xt_in = stacked_int8_view(xt, STAGES, BT, X_SMEM)
                 xt_ptrs = x_tile_ptrs(a_ptr, pid_m * TM + BM, M, stride_am, BT, 2, 128, x_l)
             else:
                 xt_in = xt

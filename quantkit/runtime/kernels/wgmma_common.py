@@ -119,8 +119,8 @@ def launch_or_decline(kernel: str, config: tuple, launch, fallback: str = "the T
 
 
 if HAVE_GLUON:
-    # the operations renamed between Triton releases (3.6: async_copy_global_to_shared / thread_barrier; 3.9:
-    # async_load / barrier), picked once here so the kernels compile with either
+    # the operations renamed between Triton releases (3.6: async_copy_global_to_shared / thread_barrier /
+    # _reinterpret; 3.9: async_load / barrier / reinterpret), picked once here so the kernels compile with either
     if hasattr(async_copy, "async_load"):
         @gluon.jit
         def cp_async(smem, pointer, mask):
@@ -142,6 +142,17 @@ if HAVE_GLUON:
         def tma_load(desc, coord, bar, smem):
             """TMA copy of ``desc``'s block at ``coord`` into ``smem``, completing on mbarrier ``bar``."""
             tma.async_copy_global_to_shared(desc, coord, bar, smem)
+
+    if hasattr(gl.shared_memory_descriptor, "reinterpret"):
+        @gluon.jit
+        def stacked_int8_view(buf, STAGES: gl.constexpr, ROWS: gl.constexpr, layout: gl.constexpr):
+            """``buf`` [2·STAGES, ROWS, 128] int8 seen as [STAGES, 2·ROWS, 128] (the same bytes, :func:`issue_x`)."""
+            return buf.reinterpret(gl.int8, [STAGES, 2 * ROWS, 128], layout)
+    else:
+        @gluon.jit
+        def stacked_int8_view(buf, STAGES: gl.constexpr, ROWS: gl.constexpr, layout: gl.constexpr):
+            """``buf`` [2·STAGES, ROWS, 128] int8 seen as [STAGES, 2·ROWS, 128] (the same bytes, :func:`issue_x`)."""
+            return buf._reinterpret(gl.int8, [STAGES, 2 * ROWS, 128], layout)
 
     if hasattr(gl, "barrier"):
         @gluon.jit
@@ -312,6 +323,6 @@ if HAVE_GLUON:
             _sum_slots(out_ptr, ws_ptr, y2, rm2, rn2, M, N, stride_om, SPLIT_K)
             _release_ticket(ticket_ptr)
 
-    __all__ += ["X_SMEM", "a_layout", "ring_barriers", "store_rows", "weight_rows", "async_copy", "cta_barrier", "fence_async_shared", "gl",
+    __all__ += ["X_SMEM", "a_layout", "ring_barriers", "stacked_int8_view", "store_rows", "weight_rows", "async_copy", "cta_barrier", "fence_async_shared", "gl",
                 "gluon", "issue_x", "load_words", "mbarrier", "mma_layout", "store_split_pair", "store_tile",
                 "tma_load", "wait_x", "warpgroup_mma", "warpgroup_mma_wait", "x_layout", "x_tile_ptrs"]

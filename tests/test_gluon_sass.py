@@ -1,0 +1,58 @@
+"""The SASS check of the Gluon wgmma kernels (quantkit/bench/sass.py): its walk over a listing finds a write to a
+register that a running product reads — and none once a DEPBAR has retired that product — and every launch the
+rules use, compiled for sm_90 with the installed Triton (no GPU needed), has no such write."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from quantkit.bench.sass import cuobjdump, hazards_in
+
+# the shape of session 15's LiquidQuant loop (its SASS, shortened): two products, a wait that retires only the
+# older, then the loop top rewriting the newer one's A registers (R88-R91) — the race session 16 fixed
+RACY = [
+    (0x100, "PRMT R100, R4, 0x40, R5"),
+    (0x110, "IGMMA.64x128x32.S8.S8 R24, R116, gdesc[UR20], R24, gsb0"),
+    (0x120, "IGMMA.64x128x32.S8.S8 R24, R88, gdesc[UR20], R24, gsb0"),
+    (0x130, "WARPGROUP.DEPBAR.LE gsb0, 0x1"),
+    (0x140, "IADD3 R116, P2, R138, UR9, RZ"),  # the older product is retired: not a hazard
+    (0x150, "@P0 BRA 0x100"),
+    (0x160, "EXIT"),
+]
+
+
+def test_walk_finds_a_write_to_a_running_products_registers_across_the_loop_edge():
+    # the loop top's R100 is no product's A register: nothing to report
+    assert hazards_in(RACY) == []
+    # a write to R90-R91 at the loop top, before the products in address order: on the second pass the product at
+    # 0x120 (A = R88-R91) may still run
+    racy = RACY[:1] + [(0x104, "IMAD.WIDE R90, R91, 0x4, R2")] + RACY[1:]
+    found = hazards_in(racy)
+    assert len(found) == 1 and "0x0104 IMAD.WIDE R90" in found[0] and "product at 0x0120" in found[0]
+    # the same write after a wait for every product: none
+    fixed = [x if x[0] != 0x130 else (0x130, "WARPGROUP.DEPBAR.LE gsb0, 0x0") for x in racy]
+    assert hazards_in(fixed) == []
+    # a store is not a write to the register it names
+    stored = RACY[:1] + [(0x104, "STG.E desc[UR4][R88.64], R2")] + RACY[1:]
+    assert hazards_in(stored) == []
+
+
+def _gluon_available() -> bool:
+    try:
+        from triton.experimental import gluon  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _gluon_available() or cuobjdump() is None,
+                    reason="needs Triton with Gluon and its bundled cuobjdump/ptxas")
+def test_the_gluon_kernels_launches_write_no_register_of_a_running_product():
+    # a process of its own: the check swaps Triton's driver for an sm_90 stand-in while it compiles
+    run = subprocess.run([sys.executable, "-m", "quantkit.bench.sass"], capture_output=True, text=True, timeout=600)
+    lines = [line for line in run.stdout.splitlines() if "hazard" in line]
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert lines[-1] == "20 launch(es), 0 with hazards", lines

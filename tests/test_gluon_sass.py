@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from quantkit.bench.sass import cuobjdump, hazards_in
+from quantkit.bench.sass import cuobjdump, hazards_in, register_products
 
 # the shape of session 15's LiquidQuant loop (its SASS, shortened): two products, a wait that retires only the
 # older, then the loop top rewriting the newer one's A registers (R88-R91) — the race session 16 fixed
@@ -31,13 +31,42 @@ def test_walk_finds_a_write_to_a_running_products_registers_across_the_loop_edge
     # 0x120 (A = R88-R91) may still run
     racy = RACY[:1] + [(0x104, "IMAD.WIDE R90, R91, 0x4, R2")] + RACY[1:]
     found = hazards_in(racy)
-    assert len(found) == 1 and "0x0104 IMAD.WIDE R90" in found[0] and "product at 0x0120" in found[0]
+    assert len(found) == 1 and "0x0104 IMAD.WIDE R90" in found[0] and "products from 0x0120" in found[0]
     # the same write after a wait for every product: none
     fixed = [x if x[0] != 0x130 else (0x130, "WARPGROUP.DEPBAR.LE gsb0, 0x0") for x in racy]
     assert hazards_in(fixed) == []
     # a store is not a write to the register it names
     stored = RACY[:1] + [(0x104, "STG.E desc[UR4][R88.64], R2")] + RACY[1:]
     assert hazards_in(stored) == []
+    assert register_products(racy) == 2
+
+
+def test_walk_counts_wgmma_groups_follows_both_edges_and_reads_predicate_outputs():
+    # one wgmma group of two HGMMAs (only the second marks gsb0): DEPBAR.LE 1 keeps that group running
+    pair = [(0x10, "HGMMA.64x128x16.F32 R24, R88, gdesc[UR4], R24"),
+            (0x20, "HGMMA.64x128x16.F32 R24, R92, gdesc[UR8], R24, gsb0"),
+            (0x30, "WARPGROUP.DEPBAR.LE gsb0, 0x1"),
+            (0x40, "MOV R89, R2"),
+            (0x50, "EXIT")]
+    assert len(hazards_in(pair)) == 1
+    # a branch that skips the full wait: the path through the branch writes while the products run
+    skip = [(0x10, "IGMMA.64x128x32.S8.S8 R24, R88, gdesc[UR4], R24, gsb0"),
+            (0x20, "@P0 BRA 0x40"),
+            (0x30, "WARPGROUP.DEPBAR.LE gsb0, 0x0"),
+            (0x40, "MOV R88, R2"),
+            (0x50, "EXIT")]
+    assert len(hazards_in(skip)) == 1
+    # a predicated wait may not run: no product counts as retired by it
+    maybe = [skip[0], (0x20, "@P0 WARPGROUP.DEPBAR.LE gsb0, 0x0"), skip[3], skip[4]]
+    assert len(hazards_in(maybe)) == 1
+    # a write after predicate outputs (ATOMG's PT, LOP3's P0) is a write; ISETP writes only predicates
+    for text in ("ATOMG.E.ADD.STRONG.GPU PT, R88, desc[UR4][R2.64], R5", "LOP3.LUT P0, R89, R1, R2, RZ, 0xfe, !PT"):
+        assert len(hazards_in([skip[0], (0x20, text), skip[4]])) == 1, text
+    assert hazards_in([skip[0], (0x20, "ISETP.GE.AND P0, PT, R88, R3, PT"), skip[4]]) == []
+    # code after an exit (a slow path reached by a branch) is walked too
+    tail = [(0x10, "EXIT"), (0x20, "IGMMA.64x128x32.S8.S8 R24, R88, gdesc[UR4], R24, gsb0"),
+            (0x30, "IADD3 R90, R1, R2, RZ"), (0x40, "EXIT")]
+    assert len(hazards_in(tail)) == 1
 
 
 def _gluon_available() -> bool:
@@ -55,4 +84,4 @@ def test_the_gluon_kernels_launches_write_no_register_of_a_running_product():
     run = subprocess.run([sys.executable, "-m", "quantkit.bench.sass"], capture_output=True, text=True, timeout=600)
     lines = [line for line in run.stdout.splitlines() if "hazard" in line]
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert lines[-1] == "20 launch(es), 0 with hazards", lines
+    assert lines[-1] == "20 launch(es), 0 with hazards or no products parsed", lines

@@ -12,7 +12,7 @@ import glob
 import os
 import sys
 
-from quantkit.bench.sass import hazards
+from quantkit.bench.sass import hazards_in, instructions, register_products
 
 KERNELS = ("_lqq_wgmma_kernel", "_lqq_ws_kernel", "_w4a16_wgmma_kernel", "_w4a16_ws_kernel", "_w8a8_wgmma_kernel")
 
@@ -24,9 +24,10 @@ def main() -> int:
         paths = sorted(p for name in KERNELS for p in glob.glob(os.path.join(cache, "*", name + ".cubin")))
     bad = 0
     for path in paths:
-        found = hazards(path)
+        code = instructions(path)
+        found = hazards_in(code)
         bad += bool(found)
-        print(f"{path}: {len(found)} hazard(s)")
+        print(f"{path}: {register_products(code)} register-operand products, {len(found)} hazard(s)")
         for line in found[:5]:
             print("   ", line)
     print(f"{len(paths)} cubin(s), {bad} with hazards")

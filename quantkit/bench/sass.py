@@ -6,11 +6,12 @@ LiquidQuant and W4A16 Gluon kernels writing such registers (their next tile's pl
 ``WARPGROUP.DEPBAR`` that retired the product, and the LiquidQuant 96-token launches returning wrong sums on an
 H100 (docs/BENCHMARKS.md). Tests pass most of the time on such a kernel; this check does not depend on timing.
 
-:func:`hazards` walks a cubin's SASS in order, taking each backward branch once (two loop iterations): an
-IGMMA/HGMMA whose A operand is registers adds those four registers to the in-flight set, ``WARPGROUP.DEPBAR.LE
-gsb0, n`` retires all but the newest n, and any instruction whose destination overlaps an in-flight set is
-reported (a write's width from its opcode: .128 → 4 registers, .64/.WIDE → 2). :func:`check_gluon_kernels`
-compiles the launches the launch rules use and checks each; ``python -m quantkit.bench.sass`` prints the result.
+:func:`hazards` walks a cubin's SASS over its control flow (:func:`hazards_in`): an IGMMA/HGMMA whose A operand
+is registers adds those four registers to the open wgmma group, a GMMA marked ``gsb0`` closes the group,
+``WARPGROUP.DEPBAR.LE gsb0, n`` retires all but the newest n groups, and any instruction whose destination
+overlaps a group in flight is reported (a write's width from its opcode: .128 → 4 registers, .64/.WIDE → 2).
+:func:`check_gluon_kernels` compiles the launches the launch rules use and checks each; ``python -m
+quantkit.bench.sass`` prints the result.
 """
 
 from __future__ import annotations
@@ -21,20 +22,23 @@ import shutil
 import subprocess
 import sys
 
-NOT_A_WRITE = ("ST", "RED", "ATOM", "BAR", "SYNCS", "BRA", "WARPSYNC", "LDGSTS", "UTMA", "EXIT", "RET")
+# ops whose register operands are all read (their outputs are predicates, memory or nothing)
+NO_REGISTER_OUTPUT = ("ISETP", "FSETP", "DSETP", "HSETP2", "PSETP", "PLOP3", "R2P", "ST", "RED", "BAR", "SYNCS",
+                      "BRA", "BRX", "JMX", "WARPSYNC", "LDGSTS", "UTMA", "EXIT", "RET", "MEMBAR", "FENCE",
+                      "WARPGROUP", "NOP", "DEPBAR", "CCTL", "ERRBAR")
+STATES_PER_INSTRUCTION = 16  # distinct in-flight states walked through one instruction before it is left alone
 
 
 def cuobjdump() -> str | None:
-    """cuobjdump from PATH, else the one Triton ships, else None."""
-    found = shutil.which("cuobjdump")
-    if found:
-        return found
+    """The cuobjdump Triton ships (it matches the ptxas that built the cubins), else the one on PATH, else None."""
     try:
         import triton
+        bundled = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+        if os.path.exists(bundled):
+            return bundled
     except ImportError:  # pragma: no cover - Triton is a dependency of the kernels
-        return None
-    bundled = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    return bundled if os.path.exists(bundled) else None
+        pass
+    return shutil.which("cuobjdump")
 
 
 def instructions(cubin: str) -> list[tuple[int, str]]:
@@ -45,7 +49,36 @@ def instructions(cubin: str) -> list[tuple[int, str]]:
 
 
 def _width(op: str) -> int:
-    return 4 if ".128" in op else 2 if (".64" in op or ".WIDE" in op) else 1
+    return 4 if ".128" in op else 2 if (".64" in op or ".WIDE" in op or ".S64" in op or op.startswith("CS2R")) else 1
+
+
+def _parse(text: str) -> tuple[bool, str, list[str]]:
+    """(predicated, opcode, operands) of one SASS instruction."""
+    predicated = text.startswith("@")
+    body = re.sub(r"^@!?U?P\w+\s+", "", text)
+    op = body.split()[0]
+    return predicated, op, [o.strip() for o in body[len(op):].split(",")] if body[len(op):].strip() else []
+
+
+def _register_a(op: str, operands: list[str]) -> set[int]:
+    """The registers a GMMA reads as its A operand (empty when A is a shared-memory descriptor)."""
+    if "GMMA" not in op or len(operands) < 2 or not re.fullmatch(r"R\d+", operands[1]):
+        return set()
+    a = int(operands[1][1:])
+    return set(range(a, a + 4))
+
+
+def _written(op: str, operands: list[str]) -> set[int]:
+    """General registers an instruction writes: its first plain register operand after any predicate outputs
+    (``PT``, ``P0``, ``UP1``), unless the op writes none (:data:`NO_REGISTER_OUTPUT`)."""
+    if op.split(".")[0].startswith(NO_REGISTER_OUTPUT) or "GMMA" in op:
+        return set()
+    for o in operands:
+        if re.fullmatch(r"!?U?P(T|\d+)", o):
+            continue
+        m = re.fullmatch(r"R(\d+)(\.reuse)?", o)
+        return set(range(int(m.group(1)), int(m.group(1)) + _width(op))) if m else set()
+    return set()
 
 
 def hazards(cubin: str) -> list[str]:
@@ -54,42 +87,60 @@ def hazards(cubin: str) -> list[str]:
     return hazards_in(instructions(cubin))
 
 
+def register_products(code: list[tuple[int, str]]) -> int:
+    """How many GMMAs in a SASS listing take their A operand from registers (a check that the listing parsed)."""
+    return sum(bool(_register_a(*_parse(text)[1:])) for _, text in code)
+
+
 def hazards_in(code: list[tuple[int, str]]) -> list[str]:
-    """:func:`hazards` of a SASS listing, (address, instruction text) in address order (module docstring)."""
+    """:func:`hazards` of a SASS listing, (address, instruction text) in address order: a walk over its control
+    flow — both edges of a predicated branch, a region after every unconditional jump or exit started afresh (an
+    indirect branch's targets are not known) — carrying the products in flight, in wgmma groups (a GMMA marked
+    ``gsb0`` closes a group; ``WARPGROUP.DEPBAR.LE gsb0, n`` retires all but the newest n groups, a predicated one
+    none). Each instruction is walked in at most :data:`STATES_PER_INSTRUCTION` distinct states."""
     index = {a: i for i, (a, _) in enumerate(code)}
-    pending: list[tuple[int, set[int]]] = []
-    taken: set[int] = set()
-    found: list[str] = []
-    i = steps = 0
-    while i < len(code) and steps < 200000:
-        steps += 1
+    parsed = [_parse(text) for _, text in code]
+    starts = [0] + [i + 1 for i, (pred, op, _) in enumerate(parsed)
+                    if not pred and op.split(".")[0] in ("EXIT", "RET", "BRA", "BRX", "JMX") and i + 1 < len(code)]
+    work = [(i, (), ()) for i in starts]  # (instruction, closed groups, open group): groups are (first addr, regs)
+    seen: dict[int, set] = {}
+    found: dict[tuple[int, int], str] = {}
+    while work:
+        i, closed, open_ = work.pop()
+        states = seen.setdefault(i, set())
+        if (closed, open_) in states or len(states) >= STATES_PER_INSTRUCTION:
+            continue
+        states.add((closed, open_))
         addr, text = code[i]
-        body = re.sub(r"^@!?U?P\w+\s+", "", text)
-        op = body.split()[0]
+        pred, op, operands = parsed[i]
+        regs = _register_a(op, operands)
         if "GMMA" in op:
-            operands = [o.strip() for o in body[len(op):].split(",")]
-            if len(operands) > 1 and re.fullmatch(r"R\d+", operands[1]):  # D, A (registers), B descriptor, C
-                a = int(operands[1][1:])
-                pending.append((addr, set(range(a, a + 4))))
-        elif op.startswith("WARPGROUP.DEPBAR"):
-            keep = int(body.split(",")[-1].strip(), 16)
-            pending = pending[len(pending) - keep:] if keep else []
+            if regs:
+                open_ = (open_[0] if open_ else addr, frozenset((open_[1] if open_ else frozenset()) | regs))
+            if "gsb0" in operands and open_:
+                closed, open_ = closed + (open_,), ()
+        elif op.startswith("WARPGROUP.DEPBAR") and not pred:
+            keep = int(operands[-1], 16)
+            closed = closed + ((open_,) if open_ else ())
+            open_ = ()
+            closed = closed[len(closed) - keep:] if keep else ()
         else:
-            m = re.match(r"[\w.]+\s+R(\d+)\b", body)
-            if m and not op.startswith(NOT_A_WRITE):
-                written = set(range(int(m.group(1)), int(m.group(1)) + _width(op)))
-                found += [f"{addr:#06x} {text}  (A operand of the product at {mma:#06x})"
-                          for mma, regs in pending if written & regs]
-        if op.endswith("BRA"):
-            target = re.search(r"0x([0-9a-f]+)", body)
-            if target and int(target.group(1), 16) < addr and addr not in taken and int(target.group(1), 16) in index:
-                taken.add(addr)
-                i = index[int(target.group(1), 16)]
-                continue
-        if op == "EXIT" and not text.startswith("@"):
-            break
-        i += 1
-    return found
+            written = _written(op, operands)
+            for first, group in closed + ((open_,) if open_ else ()):
+                if written & group:
+                    found[(addr, first)] = f"{addr:#06x} {text}  (A operand of the products from {first:#06x})"
+        base = op.split(".")[0]
+        if base == "BRA":
+            target = re.search(r"0x([0-9a-f]+)", " ".join(operands))
+            if target and int(target.group(1), 16) in index:
+                work.append((index[int(target.group(1), 16)], closed, open_))
+            if pred and i + 1 < len(code):
+                work.append((i + 1, closed, open_))
+        elif (base in ("EXIT", "RET", "BRX", "JMX") and not pred) or i + 1 >= len(code):
+            continue
+        else:
+            work.append((i + 1, closed, open_))
+    return [found[key] for key in sorted(found)]
 
 
 class _Sm90:
@@ -176,31 +227,32 @@ def _w4a16_launches():
                         maxnreg=ws_maxnreg(wg, 1)))
 
 
-def check_gluon_kernels(workdir: str) -> dict[str, list[str]]:
+def check_gluon_kernels(workdir: str) -> dict[str, tuple[int, list[str]]]:
     """Compile the register-operand Gluon kernels' launches (LiquidQuant: lqq_wgmma, lqq_ws; W4A16: w4a16_wgmma,
-    w4a16_ws) for sm_90 into ``workdir`` and return launch → :func:`hazards`."""
+    w4a16_ws) for sm_90 into ``workdir``: launch → (register-sourced GMMAs in its SASS, :func:`hazards`)."""
     result = {}
     for i, (name, kernel, args, kwargs) in enumerate([*_lqq_launches(), *_w4a16_launches()]):
         compiled = compile_sm90(kernel, *args, **kwargs)
         path = os.path.join(workdir, f"kernel{i}.cubin")
         with open(path, "wb") as f:
             f.write(compiled.asm["cubin"])
-        result[name] = hazards(path)
+        code = instructions(path)
+        result[name] = (register_products(code), hazards_in(code))
     return result
 
 
 def main() -> int:
-    """Print each launch's hazards; exit status 1 if any launch has one."""
+    """Print each launch's hazards; exit status 1 if any launch has one or none of its GMMAs parsed."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         result = check_gluon_kernels(tmp)
-    for name, found in result.items():
-        print(f"{name}: {len(found)} hazard(s)")
+    for name, (products, found) in result.items():
+        print(f"{name}: {products} register-operand products, {len(found)} hazard(s)")
         for line in found[:5]:
             print("   ", line)
-    bad = sum(bool(v) for v in result.values())
-    print(f"{len(result)} launch(es), {bad} with hazards")
+    bad = sum(bool(found) or not products for products, found in result.values())
+    print(f"{len(result)} launch(es), {bad} with hazards or no products parsed")
     return 1 if bad else 0
 
 

@@ -120,8 +120,8 @@ def test_dispatch_falls_back_to_lqq_wgmma_where_the_ws_kernel_does_not_build_and
     monkeypatch.setattr(wgmma_common, "_FAILED", {})
     monkeypatch.setattr(wgmma_common, "_LAUNCHED", set())
     broken: set[str] = set()
-    monkeypatch.setattr(int8_gemm, "lqq_wgmma_problem",
-                        lambda *a, kernel="lqq_wgmma", **kw: "broken" if kernel in broken else None)
+    monkeypatch.setattr(int8_gemm, "lqq_wgmma_problem", lambda *a, **kw: None)
+    monkeypatch.setattr(int8_gemm, "kernel_broken", lambda kernel: "broken" if kernel in broken else None)
     launched = []
 
     def ws(codes, scales, tensors, meta, *cfg, out=None, out_dtype=torch.float16):

@@ -16,6 +16,7 @@ quantkit.bench.sass`` prints the result.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -31,13 +32,11 @@ STATES_PER_INSTRUCTION = 16  # distinct in-flight states walked through one inst
 
 def cuobjdump() -> str | None:
     """The cuobjdump Triton ships (it matches the ptxas that built the cubins), else the one on PATH, else None."""
-    try:
-        import triton
-        bundled = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    spec = importlib.util.find_spec("triton")
+    if spec is not None and spec.origin:
+        bundled = os.path.join(os.path.dirname(spec.origin), "backends", "nvidia", "bin", "cuobjdump")
         if os.path.exists(bundled):
             return bundled
-    except ImportError:  # pragma: no cover - Triton is a dependency of the kernels
-        pass
     return shutil.which("cuobjdump")
 
 

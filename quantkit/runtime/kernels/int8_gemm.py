@@ -43,7 +43,7 @@ from quantkit.runtime.kernels.lqq_ws import lqq_ws_matmul
 from quantkit.runtime.kernels.splitk import split_workspace, store_tile
 from quantkit.runtime.kernels.w8a8_wgmma import KERNEL as W8A8_KERNEL
 from quantkit.runtime.kernels.w8a8_wgmma import w8a8_wgmma_matmul, w8a8_wgmma_problem
-from quantkit.runtime.kernels.wgmma_common import config_declined, launch_or_decline
+from quantkit.runtime.kernels.wgmma_common import config_declined, kernel_broken, launch_or_decline
 
 W8, ASYM4, LQQ = 0, 1, 2
 MODES = {"w8": W8, "w4a16": ASYM4, "w4a8-lqq": LQQ}
@@ -244,10 +244,10 @@ def _gluon_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size:
     n = int(meta["out_features"])
     if layout == "w4a8-lqq":
         launch = lqq_wgmma_launch(m, n, k)
-        wgmma_ok = lqq_wgmma_problem(a_codes, act_group_size, layout, meta, out, out_dtype) is None
-        ws_ok = lqq_wgmma_problem(a_codes, act_group_size, layout, meta, out, out_dtype, kernel=LQQ_WS_KERNEL) is None
-        if launch is None or not (wgmma_ok or ws_ok):
+        if launch is None or lqq_wgmma_problem(a_codes, act_group_size, layout, meta, out, out_dtype, None):
             return None
+        # each kernel's own build record: a broken lqq_wgmma leaves a working lqq_ws, and the other way round
+        wgmma_ok, ws_ok = kernel_broken(LQQ_KERNEL) is None, kernel_broken(LQQ_WS_KERNEL) is None
         # a two-warpgroup launch that does not build here falls back to the rule's one-warpgroup pick (its tile may
         # differ), then to the Triton kernel; each launch tries the warp-specialized kernel first where
         # configs.lqq_ws_launch gives one; each config is declined (or counts as launched) per output dtype

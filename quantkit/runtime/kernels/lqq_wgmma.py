@@ -195,15 +195,25 @@ def one_copy_per_tile(tail: int, warpgroups: int) -> int:
 
 def lqq_wgmma_problem(a_codes: torch.Tensor, act_group_size: int, layout: str, meta: dict,
                       out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16,
-                      kernel: str = KERNEL) -> str | None:
+                      kernel: str | None = KERNEL) -> str | None:
     """Why :func:`lqq_wgmma_matmul` cannot run this product (None: it can): a ``w4a8-lqq`` weight with per-token
     activations (act_group_size -1), then :func:`.wgmma_common.hopper_problem` for Gluon kernel ``kernel`` (this
-    one, or :mod:`.lqq_ws`, which takes the same products and builds on its own)."""
+    one, or :mod:`.lqq_ws`, which takes the same products and builds on its own; None: whether either could run,
+    leaving :func:`.wgmma_common.kernel_broken` to the caller)."""
     if layout != "w4a8-lqq":
         return f"layout {layout} is not w4a8-lqq"
     if act_group_size != -1:
         return "activations are not per-token"
     return hopper_problem(a_codes, int(meta["in_features"]), out, out_dtype, kernel)
+
+
+def lqq_operands(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, meta: dict) -> tuple:
+    """(M, K, N, qweight, qparams, channel scales, 256-column tiles) of a LiquidQuant product on the Gluon kernels,
+    after checking that everything is on one CUDA device."""
+    qweight, qparams, cs = tensors["qweight"], tensors["qparams"], tensors["channel_scales"]
+    check_device(a_codes, a_scales, qweight, qparams, cs)
+    m, k = a_codes.shape
+    return m, k, int(meta["out_features"]), qweight, qparams, cs, qweight.shape[1] // 32
 
 
 def lqq_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, meta: dict, bm: int = 128,
@@ -221,11 +231,7 @@ def lqq_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dic
             or warpgroups not in (1, 2)):
         raise ValueError(f"bm must be 32, 64 or 128, tail 0, 32 or 64, stages 2-4, split_k >= 1 and warpgroups 1-2; "
                          f"got {bm}, {tail}, {stages}, {split_k}, {warpgroups}")
-    m, k = a_codes.shape
-    qweight, qparams, cs = tensors["qweight"], tensors["qparams"], tensors["channel_scales"]
-    check_device(a_codes, a_scales, qweight, qparams, cs)
-    n = int(meta["out_features"])
-    n_tiles = qweight.shape[1] // 32
+    m, k, n, qweight, qparams, cs, n_tiles = lqq_operands(a_codes, a_scales, tensors, meta)
     tiles_per_split, split = split_plan(n_tiles, split_k)
     out = torch.empty(m, n, dtype=out_dtype, device=a_codes.device) if out is None else out
     grid = (-(-n // (BN * warpgroups)), -(-m // (bm + tail)), split)

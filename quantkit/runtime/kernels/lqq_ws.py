@@ -32,9 +32,8 @@ from __future__ import annotations
 
 import torch
 
-from quantkit.runtime.kernels.jit import check_device
 from quantkit.runtime.kernels.launch import groups_in_halves
-from quantkit.runtime.kernels.lqq_wgmma import lqq_wgmma_problem
+from quantkit.runtime.kernels.lqq_wgmma import lqq_operands, lqq_wgmma_problem
 from quantkit.runtime.kernels.wgmma_common import BN, HAVE_GLUON, PRODUCER_REGS, ws_maxnreg
 
 KERNEL = "lqq_ws"
@@ -139,11 +138,7 @@ def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, 
         raise ValueError(f"bm must be 128, tail 0, 32 or 64, stages 2-4, warpgroups 1-2 and per_sm 1-2 with one "
                          f"warpgroup (1 with two: the consumers need ~230 registers); got {bm}, {tail}, {stages}, "
                          f"{warpgroups}, {per_sm}")
-    m, k = a_codes.shape
-    qweight, qparams, cs = tensors["qweight"], tensors["qparams"], tensors["channel_scales"]
-    check_device(a_codes, a_scales, qweight, qparams, cs)
-    n = int(meta["out_features"])
-    n_tiles = qweight.shape[1] // 32
+    m, k, n, qweight, qparams, cs, n_tiles = lqq_operands(a_codes, a_scales, tensors, meta)
     out = torch.empty(m, n, dtype=out_dtype, device=a_codes.device) if out is None else out
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
     x_desc = TensorDescriptor(a_codes, [m, k], [a_codes.stride(0), 1], [bm, 128], layout)

@@ -41,8 +41,8 @@ __all__ = ["BN", "HAVE_GLUON", "OUT_DTYPES", "PRODUCER_REGS", "config_declined",
            "launch_or_decline", "ws_maxnreg"]
 
 
-def hopper_problem(a_codes: torch.Tensor, k: int, out: torch.Tensor | None, out_dtype: torch.dtype, kernel: str,
-                   k_multiple: int = 256) -> str | None:
+def hopper_problem(a_codes: torch.Tensor, k: int, out: torch.Tensor | None, out_dtype: torch.dtype,
+                   kernel: str | None, k_multiple: int = 256) -> str | None:
     """Why Gluon wgmma kernel ``kernel`` cannot run on these activations (None: it can): K a multiple of
     ``k_multiple`` (256 for the cp.async kernel's whole tiles, 16 for TMA), activations (int8 codes, or W4A16's
     fp16/bf16) with unit column stride and 16-byte aligned rows (cp.async and TMA move 16 bytes), an fp16/bf16
@@ -60,7 +60,7 @@ def hopper_problem(a_codes: torch.Tensor, k: int, out: torch.Tensor | None, out_
         return "this Triton has no Gluon"
     if not a_codes.is_cuda or torch.cuda.get_device_capability(a_codes.device) != (9, 0):
         return "not a Hopper (sm_90) GPU"
-    broken = kernel_broken(kernel)
+    broken = kernel_broken(kernel) if kernel is not None else None  # None: the caller asks each kernel itself
     if broken:
         return f"the Gluon kernel did not build with this Triton ({broken})"
     return None

@@ -38,3 +38,18 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def poisoned(m: int, n: int, dtype: torch.dtype) -> torch.Tensor:
     """An output buffer full of NaN: a kernel that skips an element leaves a NaN behind."""
     return torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
+
+
+def record_launches(monkeypatch, module, name: str, skip: int) -> list:
+    """Replace ``module.name`` (a kernel wrapper) with one that runs it and then records its positional arguments
+    after the first ``skip`` (the launch config): launches that failed to build (and fell back) are not recorded."""
+    calls = []
+    wrapped = getattr(module, name)
+
+    def spy(*args, **kwargs):
+        y = wrapped(*args, **kwargs)
+        calls.append(args[skip:])
+        return y
+
+    monkeypatch.setattr(module, name, spy)
+    return calls

@@ -22,7 +22,7 @@ from quantkit.runtime.kernels.int8_gemm import int8_matmul  # noqa: E402
 from quantkit.runtime.kernels.lqq_wgmma import (HAVE_GLUON, lqq_wgmma_matmul, lqq_wgmma_problem,  # noqa: E402
                                               one_copy_per_tile)
 from quantkit.runtime.kernels.reference import int8_reference  # noqa: E402
-from tests.kernels_helpers import DEVICE, packed, poisoned, rel_err  # noqa: E402
+from tests.kernels_helpers import DEVICE, packed, poisoned, record_launches, rel_err  # noqa: E402
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and HAVE_GLUON
 hopper = pytest.mark.skipif(not ON_HOPPER, reason="needs a Hopper (sm_90) GPU and Triton's Gluon")
@@ -38,20 +38,17 @@ def _acts(m: int, k: int, seed: int):
 def test_rule_range_of_the_gluon_kernel_by_layer_and_token_count():
     assert lqq_wgmma_config(16, 14336, 4096) is None  # decode: CUDA GEMV / Triton
     assert lqq_wgmma_config(4096, 4096, 4096) is not None  # up to 4096 tokens on layers of <= 8192 rows
-    # since session 15's one copy per tile, the two-warpgroup 192-token tiles at M = 4096 (A/B,
-    # docs/logs/session15/lqq_rule_ab_one_copy_costs_h100.json: 152.2 us vs 162.0 on the 128-token tiles)
-    assert lqq_wgmma_launch(4096, 4096, 4096) == ((128, 3, 1, 64), 2)
+    # session 17's wave model over the warp-specialized launches (docs/logs/session17/lqq_bigm_ws_a_h100.json):
+    # 192-token tiles at two stages, two programs an SM, at M = 4096 (130.9 us vs 155.1 for session 16's pick)
+    assert lqq_wgmma_launch(4096, 4096, 4096) == ((128, 2, 1, 64), 1)
     assert lqq_wgmma_config(4097, 1024, 4096) is None and lqq_wgmma_config(4097, 4096, 4096) is None
-    assert lqq_wgmma_config(1024, 14336, 4096) is None  # wide layer above 768 tokens: Triton's fuller waves here
-    # long rows on a layer of <= 8192 rows: the Gluon kernel up to 1536 tokens (session 12: 161-199 us vs Triton's
-    # 189-235 at M = 1025-1536 on 4096x14336), Triton above (2048: 245 vs 297); the wave model's tiles since session 14
-    # (ABBA A/B, docs/logs/session14/lqq_rule_ab_h100.json: 150.6 / 159.5 / 169.8 us vs 163.1 / 172.5 / 204.2 on the
-    # 128-token tiles at M = 1025 / 1280 / 1536)
-    assert lqq_wgmma_launch(769, 4096, 14336) == ((128, 3, 1, 0), 1)
-    assert lqq_wgmma_launch(1025, 4096, 14336) == ((128, 3, 1, 64), 1)
-    assert lqq_wgmma_launch(1280, 4096, 14336) == lqq_wgmma_launch(1536, 4096, 14336) == ((128, 3, 1, 64), 2)
-    assert lqq_wgmma_config(1537, 4096, 14336) is None and lqq_wgmma_config(2048, 4096, 14336) is None
-    assert lqq_wgmma_config(1025, 14336, 14336) is None  # more rows and long ones: Triton above 768
+    # wide layers above 768 tokens: the same model (14336x4096 M = 1025: 130.8 us vs the Triton kernel's 160.6)
+    assert lqq_wgmma_launch(1025, 14336, 4096) == ((128, 2, 1, 32), 1)
+    # long rows on a layer of <= 8192 rows: up to 4096 tokens since session 17 (4096x14336 M = 2049: 245.4 us vs the
+    # Triton kernel's 325.0, lqq_bigm_ws_b_h100.json)
+    assert lqq_wgmma_launch(769, 4096, 14336) == lqq_wgmma_launch(1280, 4096, 14336) == ((128, 2, 1, 32), 1)
+    assert lqq_wgmma_launch(2049, 4096, 14336) == ((128, 2, 1, 64), 1)
+    assert lqq_wgmma_config(1025, 14336, 14336) is None  # more rows and long ones: Triton above 768 (not measured)
     assert lqq_wgmma_config(32, 4096, 4096) is None  # 64 programs: Triton's split 64×32 tiles
     assert lqq_wgmma_config(32, 6144, 4096) == (32, 3, 2, 0)
     assert lqq_wgmma_config(64, 4096, 14336) == (32, 3, 4, 0)  # 64 row tiles: 32 tokens, 56-tile rows split 4
@@ -81,10 +78,10 @@ def test_rule_takes_the_measured_exceptions_on_fused_qkv_shapes_only():
     assert lqq_wgmma_config(640, 6144, 4096) is None
     assert gemm_config(640, 6144, 4096, "lqq") == TileConfig(128, 128, 1, 4, 2)
     assert lqq_wgmma_config(641, 6144, 4096) == (128, 2, 1, 0)
-    assert lqq_wgmma_launch(769, 6144, 4096) == ((128, 3, 1, 64), 2)  # past the exceptions: the large-M model
+    assert lqq_wgmma_launch(769, 6144, 4096) == ((128, 2, 1, 32), 1)  # past the exceptions: the large-M model
     assert lqq_wgmma_config(641, 4608, 3584) is None and lqq_wgmma_config(768, 4608, 3584) is None
-    assert lqq_wgmma_config(896, 4608, 3584) is None  # session 13: Triton's 252 programs, one wave, to M = 896
-    assert gemm_config(896, 4608, 3584, "lqq") == TileConfig(128, 128, 1, 4, 2)
+    # session 13 kept Triton's one wave to M = 896; the large-M model's launch since session 17 (769: 31.5 us vs 33.9)
+    assert lqq_wgmma_launch(769, 4608, 3584) == ((128, 2, 1, 32), 1)
     assert lqq_wgmma_config(640, 4608, 3584) is not None and lqq_wgmma_config(897, 4608, 3584) is not None
     assert gemm_config(704, 4608, 3584, "lqq") == TileConfig(128, 128, 1, 4, 2)  # 216 programs, one wave
     assert lqq_wgmma_config(576, 6081, 4096) is None  # 96 row tiles of 64, like 6144
@@ -101,7 +98,7 @@ def test_rule_exceptions_leave_other_shapes_to_the_cost_model(monkeypatch):
     lqq_wgmma_launch.cache_clear()
     try:
         for (n, k, m), cfg in with_exceptions.items():
-            if (n, k) == (4608, 3584) and 641 <= m <= 896:
+            if (n, k) == (4608, 3584) and 641 <= m <= 768:
                 continue  # its own exception
             assert cfg == lqq_wgmma_config(m, n, k), (n, k, m)
         assert lqq_wgmma_config(448, 6144, 4096) == (128, 3, 1, 0)  # and the exceptions did change 6144x4096
@@ -110,34 +107,38 @@ def test_rule_exceptions_leave_other_shapes_to_the_cost_model(monkeypatch):
 
 
 def test_large_m_wave_model_takes_the_launches_measured_fastest():
-    # docs/logs/session14/lqq_*_h100.json (µs: the pick vs the session-13 rule's launch)
-    big, mid, two96, one192 = ((128, 3, 1, 64), 2), ((128, 3, 1, 0), 1), ((64, 3, 1, 32), 2), ((128, 3, 1, 64), 1)
-    for m in (896, 1536, 2048, 2049, 3072, 4096):  # 6144x4096: 55.3 vs 60.5 ... 214.6 vs 218.3
-        assert lqq_wgmma_launch(m, 6144, 4096) == big, m
-    assert lqq_wgmma_launch(1024, 6144, 4096) == mid  # 61.4; the 192-token tiles 78.0 (2.2 waves of one per SM)
-    assert lqq_wgmma_launch(1025, 6144, 4096) == two96  # 64.1 vs 70.4
-    assert lqq_wgmma_launch(1536, 4096, 4096) == big and lqq_wgmma_launch(2560, 4096, 4096) == mid  # 56.0, 96.7
-    assert lqq_wgmma_launch(3072, 1024, 4096) == big  # 29.5 vs 34.7
-    assert lqq_wgmma_launch(1536, 1024, 4096) == one192  # 17.5 vs 19.6-20.0 (one 192-token program per row tile)
-    assert lqq_wgmma_launch(769, 3584, 3584) == two96  # 31.2 vs 35.5 (not in the fit)
-    # wider layers: the Triton kernel or the 192-token two-warpgroup tiles
-    for m in (1025, 1536, 2048, 3072, 4096):  # 28672x4096: 321-1126 vs 334-1211
-        assert lqq_wgmma_launch(m, 28672, 4096) == big, m
-    assert lqq_wgmma_launch(1025, 37888, 3584) == big  # 369 vs 412
-    assert lqq_wgmma_launch(769, 28672, 4096) is None and lqq_wgmma_launch(769, 14336, 4096) is None  # 114-116 vs 132
-    assert lqq_wgmma_launch(1536, 14336, 4096) == big  # 195 vs 212-216
-    # one warpgroup only (a two-warpgroup build failed): the 128-token tiles, or the Triton kernel on wide layers
-    assert lqq_wgmma_launch(1536, 6144, 4096, max_warpgroups=1) == mid
-    assert lqq_wgmma_launch(1536, 28672, 4096, max_warpgroups=1) is None
-    for n, k in LLAMA + [(3584, 3584), (4608, 3584), (37888, 3584), (8192, 4096), (24576, 4096)]:
+    # docs/logs/session17/lqq_bigm_ws_{a,b}_h100.json (µs: the pick vs session 16's rule, which ran lqq_wgmma
+    # launches and the Triton kernel here)
+    two192, two160, two128, wg2 = ((128, 2, 1, 64), 1), ((128, 2, 1, 32), 1), ((128, 3, 1, 0), 1), ((128, 3, 1, 64), 2)
+    for m in (1536, 1792, 2048, 2049, 3000, 3072, 3584, 4096):  # 6144x4096: 73.1 vs 87.1 ... 213.6 vs 216.6
+        assert lqq_wgmma_launch(m, 6144, 4096) == two192, m
+    assert lqq_wgmma_launch(1000, 6144, 4096) == two128  # 57.4 vs 63.8
+    assert lqq_wgmma_launch(1280, 6144, 4096) == two160  # 64.8 vs 77.5
+    # the k/v layer: a program per SM at 1000 tokens; past 132 programs the 160-token tiles (M = 1025: 15.5 vs 18.1,
+    # M = 2049: 21.2 vs 32.6 — the one launch session 16's coverage run had slower than fp16 by 0.83x)
+    assert lqq_wgmma_launch(1000, 1024, 4096) == two128
+    assert lqq_wgmma_launch(1025, 1024, 4096) == lqq_wgmma_launch(2049, 1024, 4096) == two160
+    for m in (1280, 1536, 2048, 3072, 4096):  # 28672x4096: 347.7 vs 363.8 ... 1095.5 vs 1174.0
+        assert lqq_wgmma_launch(m, 28672, 4096) == two192, m
+    assert lqq_wgmma_launch(769, 14336, 4096) == two160  # 100.7 vs the Triton kernel's 118.6
+    # one warpgroup only (a two-warpgroup build failed): the model's one-warpgroup options
+    assert lqq_wgmma_launch(1536, 6144, 4096, max_warpgroups=1) == two192
+    for n, k in LLAMA + [(3584, 3584), (4608, 3584), (37888, 3584), (8192, 4096), (24576, 4096), (11008, 4096)]:
         for m in range(769, 4097, 37):
             launch = lqq_wgmma_launch(m, n, k)
-            allowed = (None, big) if n > 8192 else (None, big, mid, two96, one192)
-            assert launch in allowed, (n, k, m, launch)
-            if launch is not None:  # one warpgroup only: the one-warpgroup options, or the Triton kernel (wide)
-                assert lqq_wgmma_launch(m, n, k, max_warpgroups=1) in ((None,) if n > 8192 else (mid, one192))
-    # wide layers weigh only the Triton kernel's 128x128 tiles: elsewhere (11008 rows: 64x128 at M = 769) Triton
-    assert gemm_config(769, 11008, 4096, "lqq").bn == 64 and lqq_wgmma_launch(769, 11008, 4096) is None
+            assert launch in (two192, two160, two128, wg2), (n, k, m, launch)
+            assert lqq_wgmma_launch(m, n, k, max_warpgroups=1) in (two192, two160, two128), (n, k, m)
+    assert lqq_wgmma_launch(2048, 14336, 14336) is None  # wide and long rows: the Triton kernel (not measured)
+
+
+def test_large_m_waves_count_a_last_wave_of_lone_programs_as_solo():
+    # 128 programs of two-an-SM launches: each alone on its SM, the last (only) wave weighted by solo
+    assert configs.lqq_big_m_waves(128, 2, 0.88, 0.5) == pytest.approx(0.88 * 0.5 + 0.5 * 128 / 264)
+    # 144 programs: 12 SMs hold two — a full wave's weight, whatever the fraction
+    assert configs.lqq_big_m_waves(144, 2, 0.88, 0.5) == pytest.approx(0.5 + 0.5 * 144 / 264)
+    assert configs.lqq_big_m_waves(264, 2, 0.88, 0.5) == pytest.approx(1.0)
+    assert configs.lqq_big_m_waves(265, 2, 0.88, 0.5) == pytest.approx(1 + 0.88 * 0.5 + 0.5 / 264)
+    assert configs.lqq_big_m_waves(132, 1, 1.0, 0.1) == pytest.approx(1.0)
 
 
 def test_rule_above_768_tokens_splits_k_only_for_launches_short_of_half_the_sms():
@@ -384,8 +385,9 @@ def test_two_warpgroups_where_the_cost_model_puts_them():
                 assert all(configs._lqq_waves(m, n, t, 1, configs.SMS_H100) > 1 for t in configs.LQQ_WGMMA_TILES)
     for m in (33, 64, 1024):
         assert lqq_wgmma_warpgroups(m, 14336, 4096) == 1
-    # M = 2048 on the wide layer: the 192-token two-warpgroup tiles since session 15 (269.7 us vs Triton's 273.7)
-    assert lqq_wgmma_launch(2048, 14336, 4096) == ((128, 3, 1, 64), 2)
+    # M = 2048 on the wide layer: one warpgroup's 192-token tiles, two an SM, since session 17 (263.7 us vs 286.4 for
+    # the two-warpgroup ones, docs/logs/session17/lqq_bigm_ws_b_h100.json)
+    assert lqq_wgmma_launch(2048, 14336, 4096) == ((128, 2, 1, 64), 1)
     # where the model is off by 3-4 % (configs comment): pinned, so a refit shows here
     assert lqq_wgmma_launch(512, 14336, 4096) == ((128, 3, 1, 64), 2)
     # a two-warpgroup program costs LQQ_WG2_COST one-warpgroup programs over half as many row tiles
@@ -412,14 +414,7 @@ def test_two_warpgroup_kernel_equals_triton_at_the_same_split(n, k, m, bm, stage
 @pytest.mark.gpu
 @hopper
 def test_int8_matmul_runs_two_warpgroups_where_the_rule_says(monkeypatch):
-    calls = []
-
-    def spy(*args, **kwargs):
-        y = lqq_wgmma_matmul(*args, **kwargs)
-        calls.append(args[4:])
-        return y
-
-    monkeypatch.setattr(int8_gemm, "lqq_wgmma_matmul", spy)
+    calls = record_launches(monkeypatch, int8_gemm, "lqq_wgmma_matmul", 4)
     monkeypatch.setattr(int8_gemm, "lqq_ws_launch", lambda *a: None)  # these launches run lqq_ws otherwise
     for n, m, launch in ((14336, 300, (128, 3, 1, 32, 2)), (1024, 3072, (128, 3, 1, 64, 2))):  # the second: large M
         calls.clear()

@@ -74,7 +74,9 @@ def test_matmul_refuses_launches_it_was_not_built_for():
     (1000, 1280, 257, 2, 0, 1, 2), (127, 4096, 640, 3, 0, 1, 1),
     # tails of 32/64 tokens: wholly or partly past M, one or two warpgroups
     (200, 512, 33, 3, 32, 1, 1), (1000, 1024, 300, 2, 64, 1, 2), (333, 768, 161, 3, 32, 1, 1),
-    (4096, 2048, 700, 3, 64, 2, 1), (130, 2304, 1025, 3, 64, 2, 1), (64, 256, 5, 2, 64, 2, 1)])
+    (4096, 2048, 700, 3, 64, 2, 1), (130, 2304, 1025, 3, 64, 2, 1), (64, 256, 5, 2, 64, 2, 1),
+    # the large-M model's 160-token tiles, two an SM at two stages (configs.LQQ_BIG_M_WS)
+    (1024, 1024, 2049, 2, 32, 1, 2)])
 def test_ws_kernel_equals_triton_bit_for_bit_call_after_call(n, k, m, stages, tail, wg, per_sm):
     _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n + m)
     codes, scales = _acts(m, k, seed=m)

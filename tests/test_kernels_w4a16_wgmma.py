@@ -19,7 +19,7 @@ from quantkit.runtime.kernels.dequant import _asm_f16, asm_f16_pair  # noqa: E40
 from quantkit.runtime.kernels.reference import w4a16_reference  # noqa: E402
 from quantkit.runtime.kernels.w4a16 import w4a16_matmul  # noqa: E402
 from quantkit.runtime.kernels.w4a16_wgmma import HAVE_GLUON, w4a16_wgmma_matmul, w4a16_wgmma_problem  # noqa: E402
-from tests.kernels_helpers import DEVICE, packed, rel_err  # noqa: E402
+from tests.kernels_helpers import DEVICE, packed, record_launches, rel_err  # noqa: E402
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and HAVE_GLUON
 hopper = pytest.mark.skipif(not ON_HOPPER, reason="needs a Hopper (sm_90) GPU and Triton's Gluon")
@@ -127,16 +127,13 @@ def test_rule_takes_the_gluon_kernel_only_where_the_sweep_measured_it_faster():
 @pytest.mark.gpu
 @hopper
 def test_w4a16_matmul_runs_the_gluon_kernel_where_the_rule_picks_it(monkeypatch):
-    calls = []
-
-    def spy(*args, **kwargs):
-        y = w4a16_wgmma_matmul(*args, **kwargs)
-        calls.append(args[3:])  # after the launch: one that failed to build (and fell back) is not counted
-        return y
-
-    monkeypatch.setattr(w4a16_module, "w4a16_wgmma_matmul", spy)
+    calls = record_launches(monkeypatch, w4a16_module, "w4a16_wgmma_matmul", 3)
     _, tensors, meta = packed("w4a16", 14336, 512, 128, seed=4)
-    for m, dtype in ((24, torch.float16), (100, torch.bfloat16), (200, torch.float16)):
+    # since session 17 the rule's 128-token launches run the warp-specialized kernel (test_kernels_w4a16_ws.py):
+    # with it declined, this kernel takes them
+    monkeypatch.setattr(w4a16_module, "w4a16_ws_warpgroups", lambda m, n, k: None)
+    for m, dtype in ((24, torch.float16), (100, torch.bfloat16), (120, torch.float16)):
+        assert w4a16_wgmma_config(m, 14336, 512) is not None  # a token count the rule gives the Gluon kernel
         x = torch.randn(m, 512, device=DEVICE).to(dtype)
         out = torch.full((m, 14336), float("nan"), dtype=dtype, device=DEVICE)
         n_calls = len(calls)
@@ -144,5 +141,7 @@ def test_w4a16_matmul_runs_the_gluon_kernel_where_the_rule_picks_it(monkeypatch)
         assert len(calls) == n_calls + 1 and calls[-1] == w4a16_wgmma_config(m, 14336, 512)
         assert rel_err(out, w4a16_reference(x, tensors, meta)) < TOL[dtype]
     n_calls = len(calls)
-    w4a16_matmul(torch.randn(64, 512, device=DEVICE).half(), tensors, meta)  # the rule says Triton here
+    for m in (64, 200):  # the rule says Triton here
+        assert w4a16_wgmma_config(m, 14336, 512) is None
+        w4a16_matmul(torch.randn(m, 512, device=DEVICE).half(), tensors, meta)
     assert len(calls) == n_calls

@@ -14,10 +14,13 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+import quantkit.runtime.kernels.w4a16 as w4a16_module  # noqa: E402
+from quantkit.runtime.kernels.configs import w4a16_wgmma_config, w4a16_ws_warpgroups  # noqa: E402
 from quantkit.runtime.kernels.reference import w4a16_reference  # noqa: E402
+from quantkit.runtime.kernels.w4a16 import w4a16_matmul  # noqa: E402
 from quantkit.runtime.kernels.w4a16_wgmma import w4a16_wgmma_matmul  # noqa: E402
 from quantkit.runtime.kernels.w4a16_ws import HAVE_GLUON, w4a16_ws_matmul, w4a16_ws_problem  # noqa: E402
-from tests.kernels_helpers import DEVICE, packed, rel_err  # noqa: E402
+from tests.kernels_helpers import DEVICE, packed, record_launches, rel_err  # noqa: E402
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and HAVE_GLUON
 hopper = pytest.mark.skipif(not ON_HOPPER, reason="needs a Hopper (sm_90) GPU and Triton's Gluon")
@@ -40,6 +43,47 @@ def test_problem_names_what_the_kernel_cannot_take():
     assert "multiple of 256" in w4a16_ws_problem(torch.randn(40, 300, device=DEVICE).half(), m300)
     if not ON_HOPPER:
         assert w4a16_ws_problem(x.half(), meta) is not None
+
+
+def test_rule_takes_the_ws_kernel_where_the_sweep_measured_it_faster():
+    # docs/logs/session17/w4a16_paths_ws_h100.json (µs: this kernel vs the path session 16's rule ran)
+    for m in (65, 96, 128):  # every 128-token launch of the wgmma rule, same warpgroups (14336x4096: 34.6 vs 42.0)
+        for n, k in [(14336, 4096), (28672, 4096), (4096, 4096), (8192, 4096), (12288, 4096)]:
+            cfg = w4a16_wgmma_config(m, n, k)
+            assert w4a16_ws_warpgroups(m, n, k) == (cfg[3] if cfg is not None else None), (m, n, k)
+    assert w4a16_ws_warpgroups(32, 14336, 4096) is None  # 32-token tiles stay on the wgmma kernel
+    assert w4a16_ws_warpgroups(256, 4096, 4096) == 1  # 128 programs of 64 rows: 18.9 vs 22.9
+    assert w4a16_ws_warpgroups(320, 4096, 4096) == 2  # 96 programs of 128 rows: 34.1 vs 35.6
+    assert w4a16_ws_warpgroups(160, 6144, 4096) == 2  # 33.6 vs 43.1
+    assert w4a16_ws_warpgroups(512, 6144, 4096) == 1  # 384 programs of 64 rows: 57.2 vs 62.0
+    assert w4a16_ws_warpgroups(384, 14336, 4096) == 2  # wide, last tile full: 104.6 vs 127.5
+    assert w4a16_ws_warpgroups(160, 14336, 4096) is None  # a quarter-full last tile: Triton's 64.8 vs 68.7
+    assert w4a16_ws_warpgroups(256, 4096, 14336) == 1  # 60.2 vs 69.7
+    for m in (80, 128, 256, 512):  # the k/v layer: 8-64 programs, the Triton kernel or dequantize-then-cuBLAS
+        assert w4a16_ws_warpgroups(m, 1024, 4096) is None
+    for m in (1, 16, 513, 1024):  # decode GEMV / above the range
+        assert w4a16_ws_warpgroups(m, 14336, 4096) is None
+
+
+@pytest.mark.gpu
+@hopper
+def test_w4a16_matmul_runs_the_ws_kernel_where_the_rule_picks_it(monkeypatch):
+    calls = record_launches(monkeypatch, w4a16_module, "w4a16_ws_matmul", 3)
+    _, tensors, meta = packed("w4a16", 14336, 512, 128, seed=5)
+    for m, dtype in ((100, torch.float16), (320, torch.bfloat16), (512, torch.float16)):
+        wg = w4a16_ws_warpgroups(m, 14336, 512)
+        assert wg is not None, m
+        x = torch.randn(m, 512, device=DEVICE).to(dtype)
+        out = torch.full((m, 14336), float("nan"), dtype=dtype, device=DEVICE)
+        n_calls = len(calls)
+        assert w4a16_matmul(x, tensors, meta, out=out).data_ptr() == out.data_ptr()
+        assert len(calls) == n_calls + 1 and calls[-1] == (3, wg)
+        assert rel_err(out, w4a16_reference(x, tensors, meta)) < TOL[dtype]
+    n_calls = len(calls)
+    for m in (24, 160, 300, 513):  # the rule says another path here
+        assert w4a16_ws_warpgroups(m, 14336, 512) is None
+        w4a16_matmul(torch.randn(m, 512, device=DEVICE).half(), tensors, meta)
+    assert len(calls) == n_calls
 
 
 @pytest.mark.gpu

@@ -25,9 +25,11 @@ from quantkit.bench.problems import _packed
 from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
 from quantkit.runtime.kernels.act_quant import quantize_activation_triton
 from quantkit.runtime.kernels.configs import (LQQ_WGMMA_TILES, TileConfig, gemm_config, lqq_wgmma_config,
+                                             lqq_ws_launch,
                                              lqq_wgmma_warpgroups)
 from quantkit.runtime.kernels.int8_gemm import int8_matmul
 from quantkit.runtime.kernels.lqq_wgmma import lqq_wgmma_matmul, lqq_wgmma_problem
+from quantkit.runtime.kernels.lqq_ws import lqq_ws_matmul
 from quantkit.runtime.kernels.reference import int8_reference
 
 VARIANTS = [(32, 3, 1), (32, 3, 2), (32, 3, 4), (64, 3, 1), (64, 3, 2), (64, 3, 4), (64, 4, 1), (128, 3, 1),
@@ -95,6 +97,10 @@ def main() -> None:
     p.add_argument("--splits", default=None, help="with --tails: K splits to time, e.g. 1,2,4 (default: 1 and 2, "
                    "or 1 alone on layers of >= 66 row tiles with --split-narrow)")
     p.add_argument("--tiles", default=None, help="with --tails: token tiles to time, e.g. 128,192 (default: all)")
+    p.add_argument("--ws", action="store_true", help="also the warp-specialized kernel (lqq_ws) in place of every "
+                   "variant it can run (configs.lqq_ws_launch: unsplit 128-token tiles), column ws_<variant>[_wg2]")
+    p.add_argument("--ws-only", action="store_true", help="with --ws: time lqq_wgmma only where lqq_ws cannot run "
+                   "the variant (the rule runs lqq_ws wherever it can)")
     p.add_argument("--no-check", action="store_true", help="skip the bit-exactness checks (a run that already did them)")
     args = p.parse_args()
     dev = "cuda"
@@ -136,9 +142,15 @@ def main() -> None:
                     if (k // 256) // sk < 4:
                         continue
                     for wg in (1, 2) if args.wg2 else (1,):
-                        row[key(bm, st, sk, tail) + ("_wg2" if wg == 2 else "")] = time_rotating(
-                            lambda a, s, w: lqq_wgmma_matmul(a, s, w, meta, bm, st, sk, tail, wg), inputs)["ms"] * 1e3
-            timed = [(v, kk) for kk, v in row.items() if kk.startswith("gluon_")]
+                        ws = lqq_ws_launch((bm, st, sk, tail), wg) if args.ws else None
+                        if ws is None or not args.ws_only:
+                            row[key(bm, st, sk, tail) + ("_wg2" if wg == 2 else "")] = time_rotating(
+                                lambda a, s, w: lqq_wgmma_matmul(a, s, w, meta, bm, st, sk, tail, wg),
+                                inputs)["ms"] * 1e3
+                        if ws is not None:
+                            row["ws_" + key(bm, st, sk, tail) + ("_wg2" if wg == 2 else "")] = time_rotating(
+                                lambda a, s, w: lqq_ws_matmul(a, s, w, meta, *ws), inputs)["ms"] * 1e3
+            timed = [(v, kk) for kk, v in row.items() if kk.startswith(("gluon_", "ws_gluon_"))]
             if timed:  # none where the Gluon kernel cannot run or no variant applies
                 best = min(timed)
                 row["best_gluon"] = best[1]

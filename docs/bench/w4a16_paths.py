@@ -29,6 +29,10 @@ def main() -> None:
     p.add_argument("--shapes", default="14336x4096,4096x4096,4096x14336")
     p.add_argument("--ms", default="128,256,512")
     p.add_argument("--gluon", action="store_true", help="also the Gluon kernels' 128-token launches (Hopper)")
+    p.add_argument("--dequant-min-m", type=int, default=0,
+                   help="time dequantize-then-cuBLAS only from this M on (it loses below ~512; saves device time)")
+    p.add_argument("--no-wgmma", action="store_true",
+                   help="with --gluon: only the warp-specialized launches (the rule's own pick is timed anyway)")
     p.add_argument("--out", default="w4a16_paths.json")
     args = p.parse_args()
     rows = []
@@ -44,12 +48,15 @@ def main() -> None:
             inputs = [(x, t) for x in xs]
             cfg = gemm_config(m, n, k, "w4a16")
             paths = [("rule", lambda x, w: w4a16_matmul(x, w, meta)),
-                     ("dequant_cublas", lambda x, w: w4a16_matmul(x, w, meta, dequant=True)),
                      ("triton", lambda x, w: w4a16_matmul(x, w, meta, config=cfg))]
+            if m >= args.dequant_min_m:
+                paths.append(("dequant_cublas", lambda x, w: w4a16_matmul(x, w, meta, dequant=True)))
             if args.gluon:
                 for wg in (1, 2):
-                    paths += [(f"wgmma_128_wg{wg}", lambda x, w, wg=wg: w4a16_wgmma_matmul(x, w, meta, 128, 3, 1, wg)),
-                              (f"ws_wg{wg}", lambda x, w, wg=wg: w4a16_ws_matmul(x, w, meta, 3, wg))]
+                    if not args.no_wgmma:
+                        paths.append((f"wgmma_128_wg{wg}",
+                                      lambda x, w, wg=wg: w4a16_wgmma_matmul(x, w, meta, 128, 3, 1, wg)))
+                    paths.append((f"ws_wg{wg}", lambda x, w, wg=wg: w4a16_ws_matmul(x, w, meta, 3, wg)))
                 # the same 128-token tiles and sums in the same order: equal bits (as the GPU tests check)
                 row["ws_equal_wgmma"] = [bool(torch.equal(w4a16_ws_matmul(xs[0], t, meta, 3, wg),
                                                           w4a16_wgmma_matmul(xs[0], t, meta, 128, 3, 1, wg)))

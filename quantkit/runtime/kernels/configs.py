@@ -189,34 +189,21 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
 # SMs, each split keeping >= MIN_SPLIT_TILES tiles of 256 columns (4096×14336 M = 160: 34 µs split 2 vs 47).
 # At M <= 64: 32 or 64 tokens, halved while fewer than half the SMs get a program, K split up to one program per SM
 # or on rows of >= WAVE_SPLIT_MIN_TILES tiles per split up to LQQ_WGMMA_LONG_ROW_PROGRAMS; on layers narrower than
-# MIN_PROGRAMS × 64 rows the Triton kernel's split tiles stay (4096×4096 M = 32: 9.3 µs vs 10.2). Above M = 768 on
-# layers of N, K <= 8192 (up to M = 4096) and N <= 8192 with longer rows (up to LQQ_WGMMA_LONG_K_MAX_M): the
-# large-M wave model below (LQQ_BIG_M_GLUON) picks the tile where 128-token programs would fill at least half the SMs
-# and the long-row split (next) leaves them unsplit; on smaller layers the token tile halves and K splits as at
-# M <= 64 where fewer than half the SMs would get a program, and rows of K >= 7168 split as long rows while short of
-# LQQ_WGMMA_LONG_ROW_PROGRAMS 128-token programs (not measured above 768; e.g. 2048×14336 M = 769-1280 runs split 2).
-# The model's unsplit picks on rows longer than 8192 were measured on 4096×14336 only (a launch of fewer programs,
-# e.g. 2048×14336 M = 1536: 128 two-warpgroup programs, was not). On wider layers
-# (N > 8192, K <= 8192) the same model chooses between the Triton kernel and the Gluon kernel's 192-token tiles on two
-# warpgroups (LQQ_BIG_M_WIDE). Until session 13 this range ran 128-token tiles only, and only up to M = 2048 except on
-# layers of <= 2048 rows (M = 4096); the Triton kernel kept the wider layers and M = 2049-4096 (at M = 4096 it was the
-# faster on five of six Llama-3-8B shapes against the 128-token tiles, docs/logs/lqq_wgmma_h100.json — the 192-token
-# two-warpgroup tiles were not measured there). Two warpgroups per program below 768 where the cost model puts them
+# MIN_PROGRAMS × 64 rows the Triton kernel's split tiles stay (4096×4096 M = 32: 9.3 µs vs 10.2). Above M = 768
+# (up to M = 4096; layers of N > 8192 only with K <= 8192): the large-M wave model below (LQQ_BIG_M_WS) picks the
+# tile where 128-token programs would fill at least half the SMs and the long-row split (next) leaves them unsplit; on
+# smaller layers the token tile halves and K splits as at M <= 64 where fewer than half the SMs would get a program,
+# and rows of K >= 7168 split as long rows while short of LQQ_WGMMA_LONG_ROW_PROGRAMS 128-token programs (not
+# measured above 768; e.g. 2048×14336 M = 769-1280 runs split 2). The model's unsplit picks on rows longer than 8192
+# were measured on 4096×14336 only. Until session 13 this range ran 128-token tiles only, up to M = 2048, the Triton
+# kernel the wider layers; session 14's wave model chose among lqq_wgmma launches and the Triton kernel, up to 1536
+# tokens on long rows (docs/BENCHMARKS.md). Two warpgroups per program below 768 where the cost model puts them
 # (below).
 LQQ_WGMMA_BM = (128, 64, 32)
 LQQ_WGMMA_MIN_M = 32
 LQQ_WGMMA_MAX_M = 4096
-LQQ_WGMMA_WIDE_MAX_M = 768  # above this, the large-M wave model on layers of N, K <= LQQ_WGMMA_NARROW ...
+LQQ_WGMMA_WIDE_MAX_M = 768  # above this, the large-M wave model (not on layers of N and K > LQQ_WGMMA_NARROW)
 LQQ_WGMMA_NARROW = 8192
-# ... and, up to this many tokens, on layers of N <= LQQ_WGMMA_NARROW with longer rows: on 4096×14336 (session 12,
-# docs/logs/session12/lqq_big_down_h100.json, --all-tiles at two and three stages) the rule's 128-token tiles, three
-# stages, unsplit, took 161-199 µs at M = 1025-1536 where the Triton kernel took 189-235 (its 128×128 tiles: 288-384
-# programs, a ragged second wave of two per SM), tied it at 769-896 (116-118 vs 116-117) and lost at 2048 (297 vs
-# 245). The layers with more rows kept the Triton kernel then: 14336×4096 and 28672×4096 at M = 769-2048, Triton
-# 114-598 µs, no one-warpgroup Gluon tile faster by more than 2 % (lqq_big_wide / lqq_big_wider_h100.json). Since
-# session 14 the wave model picks the tiles in this range (on 4096×14336 192-token tiles at M = 1025-1536, on one or
-# two warpgroups), and LQQ_BIG_M_WIDE gives the wider layers two-warpgroup 192-token tiles where its waves are fuller.
-LQQ_WGMMA_LONG_K_MAX_M = 1536
 LQQ_WGMMA_LONG_ROW_PROGRAMS = 384
 LQQ_WGMMA_TILES = {32: (32, 0), 64: (64, 0), 96: (64, 32), 128: (128, 0), 160: (128, 32), 192: (128, 64)}
 # (tokens per program, activation stages) → programs resident per SM
@@ -240,13 +227,13 @@ LQQ_WGMMA_COST = {"share": 0.6, "tokens": 0.1, "exact_rounds": 0.4, "fixed_tiles
 LQQ_ROW_TILE_EXCEPTIONS_K = (3584, 4096)
 # Each entry: (first M, last M, config or None, warpgroups). 96 row tiles at 416-480: two warpgroups since session 12
 # (33.2 / 33.5 µs at M = 448 / 480 vs 35.3 / 35.6 with one, lqq_wg2_qkv_h100.json; 416 is the same launch grid).
-# 72 row tiles up to M = 896 since session 13: the Triton kernel's 128×128 tiles stay one wave (36 × 7 = 252
-# programs, two per SM) through M = 896, and at M = 769-896 took 34.0-35.1 µs against the Gluon rule's 37.2-38.2 in
-# two runs (docs/logs/session13/lqq_above768_h100.json, lqq_72rows_h100.json; but one Triton time, 39.4 µs at
-# M = 832 in the second, against the rule's 37.8); from M = 897 its tiles turn 64×64 (288 programs), and at
-# M = 928-960 it took 67-72 µs.
+# 72 row tiles at M = 641-768 since session 13: the Triton kernel's 128×128 tiles (216-252 programs, one wave, two per
+# SM; docs/logs/session13/lqq_above768_h100.json, lqq_72rows_h100.json). Session 13 took the exception to M = 896
+# (Triton 34.0-35.1 µs at 769-896 against that rule's 37.2-38.2); the large-M wave model's launches of the
+# warp-specialized kernel took 31.5-34.7 there against Triton's 33.9-36.3 (docs/logs/session17/lqq_bigm_ws_a_h100.json),
+# so since session 17 the exception ends at 768.
 LQQ_ROW_TILE_EXCEPTIONS = {96: ((416, 480, (64, 3, 1, 32), 2), (481, 640, None, 1), (641, 768, (128, 2, 1, 0), 1)),
-                           72: ((641, 896, None, 1),)}
+                           72: ((641, 768, None, 1),)}
 
 
 def _lqq_stages(m: int, programs: int, sms: int) -> int:
@@ -307,80 +294,53 @@ def lqq_wgmma_cost(m: int, n: int, k: int, tile: int, split: int, sms: int = SMS
 LQQ_WG2_COST = 1.75
 
 
-# LiquidQuant above M = 768 (session 14): a wave model. A launch of P programs, p of them resident per SM, takes
-# cost × rounds × K / 256 with rounds = P / (SMs · p) counted as ceil(rounds) · (1 − blend) + rounds · blend: a
-# program alone on its SM gains nothing from a ragged last wave (blend 0.2), while two sharing an SM run faster once
-# the last wave leaves one of them alone (0.6). docs/bench/lqq_wgmma_sweep.py --tails --all-tiles --wg2 on an H100
-# (docs/logs/session14/lqq_above768_h100.json and lqq_bigm_narrow_h100.json: 4096×4096, 6144×4096, 4608×3584 and
-# 1024×4096 at 46 points of M = 769-4096): four Gluon launches, each with three stages and unsplit, were the fastest
-# or close to it almost everywhere — 128-token tiles on one warpgroup (two programs per SM), 192-token tiles (128 + a
-# 64-token tail) on two warpgroups of 64 rows (one per SM: the activation ring fills the shared memory), the same
-# tiles on one warpgroup (one per SM) and 96-token tiles (64 + 32) on two warpgroups (two per SM). Per option, cost
-# is the median over those points at a blend near the most uniform one on a 0.1 grid (0.2 for one program per SM,
-# 0.6 for two; the per-point cost then varies by 4-6 %, coefficient of variation). The model's pick was the
-# fastest of the four or within 2 % of it at 44 of the 46 points (sum of time / fp16 time 39.0 against 41.4 for the
-# session-13 rule's launches; slower than fp16 at 3 points instead of 9), and after the fit on 3584×3584 and
-# 8192×4096 (lqq_bigm_unseen_h100.json, 16 points) at 15 of 16, 4 % faster than the session-13 rule on average
-# (3584×3584 M = 769: 31.2 µs, 0.96× fp16, against 35.5, 0.85×). Against the session-13 rule on one GPU
-# (docs/bench/lqq_rule_ab.py --reps 4, lqq_rule_ab_h100.json: an untimed warm-up of each rule, then four timings of
-# each in ABBA order; with the wide-layer choice below): at the 62 of 161 coverage points (seven shapes × M =
-# 513-4096) where the two rules differ, 1.07× faster (geometric mean, 0.92-1.32×), faster by > 2 % at 52, slower by
-# > 2 % at 3 — each where the model gives 128-token tiles above 2048 tokens in place of the Triton kernel: 6144×4096
-# M = 2560 (0.96×), 4096×4096 M = 4096 (0.95×), 4608×3584 M = 3584 (144.6 µs against 133.6, 0.92×), while
-# 4096×4096 M = 2560 gained 1.11× the same way — and slower than fp16 at 3 of them instead of 12. (A first A/B,
-# lqq_rule_ab_first_h100.json, timed the old rule first at every point and had it 1.10×: the first timing at a point
-# ran slow.) Not modelled: a launch of fewer programs than SMs × p, where some SMs get two programs and others one
-# (1024×4096 M = 1025-1280: 19.1-20.1 µs on 128-token tiles, 144-160 programs, against 14.5-14.8 at M = 1024, 128
-# programs).
-# Since session 15 the two-warpgroup launches (with their tail tiles) fill a tile's activations in one copy
-# (lqq_wgmma.one_copy_per_tile), 1.033× faster in an A/B (geometric mean of 24 points): their costs here and in
-# LQQ_BIG_M_WIDE are the session-14 fits divided by 1.033 (1.76, 2.015, 1.86), not refitted.
-LQQ_ONE_COPY_SPEEDUP = 1.033
-# (tokens per program, warpgroups) → (programs resident per SM, blend, cost per round of 256 K columns)
-LQQ_BIG_M_GLUON = {(128, 1): (2, 0.6, 1.305), (192, 2): (1, 0.2, 1.76 / LQQ_ONE_COPY_SPEEDUP),
-                   (96, 2): (2, 0.6, 2.015 / LQQ_ONE_COPY_SPEEDUP), (192, 1): (1, 0.2, 1.038)}
-# On layers wider than LQQ_WGMMA_NARROW rows (K <= LQQ_WGMMA_NARROW; 14336×4096, 24576×4096, 28672×4096 and
-# 37888×3584 at M = 769-4096, 44 timings) the Triton kernel's 128×128 tiles (two per SM) against the 192-token
-# two-warpgroup Gluon tiles, each cost the median over these shapes alone at the narrow fit's blends: the pick ran
-# 0.96-0.97× the Triton kernel's time on average (0.962× against the old rule's timings, 0.967× against the sweep's
-# Triton column; 28672×4096 M = 1536 416-421 µs vs 456-457, 37888×3584 M = 1025 369 vs 412); where it picked wrong
-# it lost up to 6 % (24576×4096 M = 769, where it kept the Triton kernel: 236.4 µs against 223.1; 14336×4096 M = 2560
-# 3.5-5 %). Only where the Triton rule's tile is 128×128 unsplit (e.g. not on 11008×4096 at M = 769: 64×128).
-LQQ_BIG_M_WIDE = {"triton": (2, 0.6, 2.67), "gluon": (1, 0.2, 1.86 / LQQ_ONE_COPY_SPEEDUP)}
+# LiquidQuant above M = 768: a wave model over four launches of the warp-specialized kernel (:mod:`.lqq_ws`; session
+# 17, replacing session 14's model of lqq_wgmma launches and the Triton kernel, docs/BENCHMARKS.md). A launch of P
+# programs, p resident per SM, runs W = ceil(P / (SMs · p)) waves; the last, a fraction f of a full wave, counts
+# (solo if no SM holds two of its programs, else 1) · (1 − blend) + f · blend (a program alone on its SM runs
+# faster than two sharing one; a ragged last wave of programs that share an SM costs nearly a full wave); time =
+# cost × (W − 1 + last) × K / 256. docs/bench/lqq_wgmma_sweep.py --tails --all-tiles --tiles 96,128,160,192
+# --stages 2,3 --splits 1 --wg2 --ws --ws-only on an H100 (docs/logs/session17/lqq_bigm_ws_{a,b}_h100.json: nine
+# shapes — 4096x4096, 6144x4096, 4608x3584, 1024x4096, 3584x3584, 8192x4096, 4096x14336, 14336x4096, 28672x4096 — at
+# 15 token counts from 769 to 4096, 135 points): the 192-token tiles (128 + a 64-token tail) at two stages, two programs
+# an SM, were the fastest launch at 64 of them, the 160-token ones (128 + 32) at 42 and the 128-token ones at 17;
+# lqq_wgmma's 96-token tiles and the Triton kernel were within 2 % of the best at only 6. Per option, solo and blend
+# are the grid point (0.02 / 0.1 steps) with the most uniform log cost over the 135 points (sd 0.066-0.086), the cost
+# their median. The model's pick was within 2 % of the best of the four at 123 of 135 points (worst 1.10x, 1024x4096
+# M = 1536; 28672x4096 M = 1000-1025 1.09x), geometric-mean time / fp16 0.723 against 0.799 for the session-16 rule's
+# launches timed in the same runs, slower than fp16 only on the k/v layer (1024x4096) at M = 769 (0.93x) and 896
+# (0.99x), where no launch timed was faster. It covers the wide layers (N > 8192, K <= 8192) too, and the layers of
+# N <= 8192 with longer rows up to 4096 tokens (measured on 4096x14336; session 16's rule ran the Triton kernel above
+# 1536 tokens there, 1.01-1.32x slower). Wider layers with longer rows keep the Triton kernel (not measured).
+# (tokens per program, warpgroups, activation stages) → (programs resident per SM, solo, blend, cost per wave of
+# 256 K columns)
+LQQ_BIG_M_WS = {(192, 1, 2): (2, 0.88, 0.5, 1.592), (160, 1, 2): (2, 0.80, 0.4, 1.381),
+                (128, 1, 3): (2, 0.88, 0.5, 1.219), (192, 2, 3): (1, 1.0, 0.1, 1.749)}
 
 
-def _big_m_time(programs: int, per_sm: int, blend: float, cost: float, k: int, sms: int) -> float:
-    """Relative time of a launch of ``programs`` programs in the large-M wave model (comment above)."""
-    rounds = programs / (sms * per_sm)
-    return cost * (math.ceil(rounds) * (1 - blend) + rounds * blend) * -(-k // 256)
+def lqq_big_m_waves(programs: int, per_sm: int, solo: float, blend: float, sms: int = SMS_H100) -> float:
+    """Waves of a launch of ``programs`` programs, ``per_sm`` resident per SM, in the large-M wave model (comment
+    above): full waves before the last, the last weighted by ``solo`` and ``blend``."""
+    full = sms * per_sm
+    waves = -(-programs // full)
+    fraction = (programs - (waves - 1) * full) / full
+    last = (solo if fraction * per_sm <= 1 else 1.0) * (1 - blend) + fraction * blend
+    return waves - 1 + last
 
 
 def lqq_big_m_launch(m: int, n: int, k: int, sms: int = SMS_H100,
                      max_warpgroups: int = 2) -> tuple[tuple[int, int, int, int], int]:
-    """((tokens per program, stages, K split, tail), warpgroups) of the Gluon LiquidQuant kernel above M = 768 on a
-    layer of N <= LQQ_WGMMA_NARROW rows: the LQQ_BIG_M_GLUON option the wave model times fastest."""
-    def time(option: tuple[int, int]) -> float:
-        per_sm, blend, cost = LQQ_BIG_M_GLUON[option]
-        return _big_m_time(-(-n // (64 * option[1])) * -(-m // option[0]), per_sm, blend, cost, k, sms)
+    """((tokens per program, stages, K split, tail), warpgroups) of the Gluon LiquidQuant kernel above M = 768: the
+    LQQ_BIG_M_WS option the wave model times fastest (comment above)."""
+    def time(option: tuple[int, int, int]) -> float:
+        tokens, wg, _ = option
+        per_sm, solo, blend, cost = LQQ_BIG_M_WS[option]
+        programs = -(-n // (64 * wg)) * -(-m // tokens)
+        return cost * lqq_big_m_waves(programs, per_sm, solo, blend, sms) * -(-k // 256)
 
-    tile, wg = min((o for o in LQQ_BIG_M_GLUON if o[1] <= max_warpgroups), key=time)
-    bm, tail = LQQ_WGMMA_TILES[tile]
-    return (bm, 3, 1, tail), wg
-
-
-def lqq_wide_big_m_launch(m: int, n: int, k: int, sms: int = SMS_H100,
-                          max_warpgroups: int = 2) -> tuple[tuple[int, int, int, int], int] | None:
-    """The Gluon LiquidQuant kernel's 192-token two-warpgroup launch above M = 768 on a layer wider than
-    LQQ_WGMMA_NARROW rows where the wave model times it faster than the Triton kernel's 128×128 tiles, else None
-    (the Triton kernel; also wherever the Triton rule's tile for ``sms`` SMs is another, and with
-    ``max_warpgroups`` < 2)."""
-    cfg = gemm_config(m, n, k, "lqq", sms)
-    if max_warpgroups < 2 or (cfg.bn, cfg.bm, cfg.split_k) != (128, 128, 1):
-        return None
-    row_tiles = -(-n // 128)
-    triton = _big_m_time(row_tiles * -(-m // 128), *LQQ_BIG_M_WIDE["triton"], k, sms)
-    gluon = _big_m_time(row_tiles * -(-m // 192), *LQQ_BIG_M_WIDE["gluon"], k, sms)
-    return ((128, 3, 1, 64), 2) if gluon < triton else None
+    tokens, wg, stages = min((o for o in LQQ_BIG_M_WS if o[1] <= max_warpgroups), key=time)
+    bm, tail = LQQ_WGMMA_TILES[tokens]
+    return (bm, stages, 1, tail), wg
 
 
 def lqq_wgmma_warpgroups(m: int, n: int, k: int, sms: int = SMS_H100) -> int:
@@ -406,9 +366,7 @@ def lqq_wgmma_launch(m: int, n: int, k: int, sms: int = SMS_H100,
     if not LQQ_WGMMA_MIN_M <= m <= LQQ_WGMMA_MAX_M:
         return None
     if m > LQQ_WGMMA_WIDE_MAX_M and n > LQQ_WGMMA_NARROW:
-        return lqq_wide_big_m_launch(m, n, k, sms, max_warpgroups) if k <= LQQ_WGMMA_NARROW else None
-    if m > LQQ_WGMMA_WIDE_MAX_M and k > LQQ_WGMMA_NARROW and m > LQQ_WGMMA_LONG_K_MAX_M:
-        return None
+        return lqq_big_m_launch(m, n, k, sms, max_warpgroups) if k <= LQQ_WGMMA_NARROW else None
     row_tiles, k_tiles = -(-n // 64), -(-k // 256)
     if LQQ_ROW_TILE_EXCEPTIONS_K[0] <= k <= LQQ_ROW_TILE_EXCEPTIONS_K[1]:
         for first, last, cfg, wg in LQQ_ROW_TILE_EXCEPTIONS.get(row_tiles, ()):
@@ -456,8 +414,9 @@ def lqq_wgmma_launch(m: int, n: int, k: int, sms: int = SMS_H100,
 # its own products unsafely, ws_ab_rule_h100.json: 1.07x / 1.06-1.29x on one warpgroup, 0.97x on two.) A launch of the
 # rule at two stages and 128 tokens (three programs an SM) runs three stages here (two an SM): the consumers' registers
 # at three an SM did not assemble (ptxas). The 64- and 32-token launches, and split-K ones, stay on lqq_wgmma. The cost
-# models above (LQQ_WGMMA_COST, LQQ_WG2_COST, LQQ_BIG_M_*) were fitted to lqq_wgmma before both changes of session 16
-# (this kernel, and lqq_wgmma's wait for a tile's own products) and were not refitted: they still choose the launch.
+# models for M <= 768 above (LQQ_WGMMA_COST, LQQ_WG2_COST) were fitted to lqq_wgmma before both changes of session 16
+# (this kernel, and lqq_wgmma's wait for a tile's own products) and were not refitted; the large-M model
+# (LQQ_BIG_M_WS) was, to this kernel's launches (session 17).
 LQQ_WS_TWO_WARPGROUPS = True
 
 
@@ -563,7 +522,8 @@ def w4a16_dequant_preferred(m: int, n: int, k: int) -> bool:
 # time at M = 256-512 and 0.93-0.99x at M = 32 (docs/logs/session16/kernel_ab_w4a16_wait0_h100.json); against the
 # other paths (docs/bench/w4a16_paths.py, docs/logs/session16/w4a16_paths_h100.json, three Llama-3 shapes) the
 # Triton kernel was then 1.09-1.27x faster at M = 256 and 512, while at M = 96 on 14336×4096 the Gluon kernel still
-# led (41.8 µs vs 47.9): it keeps M <= 128 (M = 129-255 not measured; the Triton kernel as at 256).
+# led (41.8 µs vs 47.9): it keeps M <= 128. Since session 17 its 128-token launches run the warp-specialized kernel
+# (W4A16_WS_* below), which also takes parts of M = 129-512.
 W4A16_WGMMA_MAX_M = 128
 W4A16_WGMMA_MIN_PROGRAMS = 128  # 64-row programs of 128-token tiles below which the Triton kernel (split-K) runs
 W4A16_WGMMA_WG2_PROGRAMS = 96  # 128-row programs at or above which two warpgroups share each activation tile
@@ -582,6 +542,47 @@ def w4a16_wgmma_config(m: int, n: int, k: int) -> tuple[int, int, int, int] | No
         return None
     return (128, 3, 1, 2 if -(-n // 128) * tiles >= W4A16_WGMMA_WG2_PROGRAMS else 1)
 
+
+
+# The warp-specialized W4A16 kernel (:mod:`.w4a16_ws`: a TMA producer warp, consumer warpgroups; unsplit 128-token
+# tiles; session 17). docs/bench/w4a16_paths.py --gluon on an H100 (docs/logs/session17/w4a16_paths_gluon_h100.json
+# and w4a16_paths_ws_h100.json: six Llama-3-8B shapes incl. the 1024×4096 k/v layer × M = 80-512, every output of it
+# bit-identical to w4a16_wgmma's same launch): faster than w4a16_wgmma on the same launch at all 24 points timed
+# (1.02-1.32×), so the M = 65-128 launches of w4a16_wgmma_config run it (14336×4096 / 28672×4096: 33.4-34.6 µs and
+# 69.6-72.1 against 40.8-42.1 and 81.2-83.8); at M = 129-512, where the Triton kernel or dequantize-then-cuBLAS ran,
+# it took over where its programs are about one per SM — two warpgroups (128 weight rows a program) where those
+# number 96 to one per SM (4096×4096 M = 320-512: 34.1-35.4 µs against 35.6-36.4; 6144×4096 M = 160-256: 33.6-34.7
+# against 35.8-43.6; 4096×14336 M = 320-512: 108.8-129.6 against 115.4-156.5), else one warpgroup where its 64-row
+# programs number 96 to three per SM (4096×4096 M = 160-256: 18.7-18.9 against 22.4-22.9; 6144×4096 M = 320-512
+# 53.7-57.2 against 55.3-62.0; 4096×14336 M = 160-256: 59.4-61.0 against 69.7-72.9), else two warpgroups on the
+# wide layers whose last token tile is at least half full (14336×4096 M = 256-512: 69.8-143.8 against 80.6-161.5;
+# 28672×4096 152.0-273.7 against 173.9-292.2; at M = 160, a quarter-full last tile, 68.7 against the Triton kernel's
+# 64.8). At the 66 points the rule ran 1.06× faster (geometric mean) than session 16's and slower at none; the k/v
+# layer keeps the other paths (16-64 programs). M = 65-128 on layers short of W4A16_WGMMA_MIN_PROGRAMS stay on the
+# Triton kernel (6144×4096 M = 96-128: the warp-specialized kernel 18.4-19.5 µs against 22.0-22.5, but 24.1 against
+# 22.4 at M = 80, where its one 128-token tile reads 48 rows past M).
+W4A16_WS_MAX_M = 512
+W4A16_WS_MIN_PROGRAMS = 96
+
+
+@functools.lru_cache(maxsize=4096)
+def w4a16_ws_warpgroups(m: int, n: int, k: int, sms: int = SMS_H100) -> int | None:
+    """Warpgroups (1 or 2) of the warp-specialized W4A16 kernel for M tokens on an [N, K] weight, or None where
+    another path runs (comment above; the caller also checks that the kernel can run)."""
+    if m <= 128:
+        cfg = w4a16_wgmma_config(m, n, k)
+        return cfg[3] if cfg is not None and cfg[0] == 128 else None
+    if m > W4A16_WS_MAX_M:
+        return None
+    tiles = -(-m // 128)
+    programs_two, programs_one = -(-n // 128) * tiles, -(-n // 64) * tiles
+    if W4A16_WS_MIN_PROGRAMS <= programs_two <= sms:
+        return 2
+    if W4A16_WS_MIN_PROGRAMS <= programs_one <= 3 * sms:
+        return 1
+    if programs_two > sms and m - 128 * (tiles - 1) >= 64:
+        return 2
+    return None
 
 # The activation quantizer (:mod:`.act_quant`): rows per program and warps. docs/bench/act_quant_sweep.py on an H100
 # (docs/logs/act_quant_h100.json; every variant bit-identical, M = 1-4096, K = 4096 and 14336; compared here among

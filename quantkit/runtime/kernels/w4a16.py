@@ -17,7 +17,8 @@ import torch
 import triton.language as tl
 
 from quantkit.formats.nibble_planes import PLANE_K
-from quantkit.runtime.kernels.configs import TileConfig, gemm_config, w4a16_dequant_preferred, w4a16_wgmma_config
+from quantkit.runtime.kernels.configs import (TileConfig, gemm_config, w4a16_dequant_preferred, w4a16_wgmma_config,
+                                             w4a16_ws_warpgroups)
 from quantkit.runtime.kernels.cuda_gemv import cuda_gemv_preferred, cuda_gemv_supported, w4a16_gemv_cuda
 from quantkit.runtime.kernels.dequant import planes_f16, side_by_side
 from quantkit.runtime.kernels.jit import INTERPRET, USE_ASM, check_device, kernel
@@ -25,6 +26,8 @@ from quantkit.runtime.kernels.launch import groups_in_halves, split_plan
 from quantkit.runtime.kernels.splitk import split_workspace, store_tile
 from quantkit.runtime.kernels.w4a16_wgmma import KERNEL as WGMMA_KERNEL
 from quantkit.runtime.kernels.w4a16_wgmma import w4a16_wgmma_matmul, w4a16_wgmma_problem
+from quantkit.runtime.kernels.w4a16_ws import KERNEL as WS_KERNEL
+from quantkit.runtime.kernels.w4a16_ws import w4a16_ws_matmul, w4a16_ws_problem
 from quantkit.runtime.kernels.wgmma_common import launch_or_decline
 
 
@@ -137,9 +140,9 @@ def w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: TileConfig 
     stride); ``out`` an optional [M, N] result tensor; ``use_asm`` False forces the plain-Triton dequantization
     (tests compare it with the PTX path). With no ``config``, at decode sizes (``cuda_gemv_preferred``) and
     CuPy present, the CUDA decode GEMV (:mod:`.cuda_gemv`, faster there; it scales exact (q - z)·x sums per
-    group instead of rounding Ŵ) runs instead; on Hopper where :func:`.configs.w4a16_wgmma_config` picks it, the
-    Gluon kernel (:mod:`.w4a16_wgmma`, the same Ŵ, one warpgroup's dequantization overlapping others' wgmma
-    products); at prefill
+    group instead of rounding Ŵ) runs instead; on Hopper where :func:`.configs.w4a16_ws_warpgroups` or
+    :func:`.configs.w4a16_wgmma_config` picks them, the Gluon kernels (:mod:`.w4a16_ws`, a producer warp feeding
+    consumer warpgroups, else :mod:`.w4a16_wgmma`; the same Ŵ); at prefill
     sizes (:func:`.configs.w4a16_dequant_preferred`, or
     ``dequant`` True) Ŵ is dequantized once (:func:`w4a16_dequantize`) and multiplied by cuBLAS, the same Ŵ the
     kernel would form. Reference: :func:`.reference.w4a16_reference`."""
@@ -155,7 +158,15 @@ def w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: TileConfig 
     if (config is None and use_asm is None and cuda_gemv_preferred(m, n, k)
             and cuda_gemv_supported(x, tensors, meta, out)):
         return w4a16_gemv_cuda(x, tensors, meta, out=out)
-    wg_cfg = w4a16_wgmma_config(m, n, k) if config is None and use_asm is None and dequant is None else None
+    auto = config is None and use_asm is None and dequant is None
+    ws_wg = w4a16_ws_warpgroups(m, n, k) if auto else None
+    wg_cfg = w4a16_wgmma_config(m, n, k) if auto else None
+    if ws_wg is not None and w4a16_ws_problem(x, meta, out) is None:
+        fallback = "the Gluon wgmma kernel" if wg_cfg is not None else "the Triton kernel"
+        y = launch_or_decline(WS_KERNEL, (str(x.dtype), 3, ws_wg),
+                              lambda: w4a16_ws_matmul(x, tensors, meta, 3, ws_wg, out=out), fallback=fallback)
+        if y is not None:
+            return y
     if wg_cfg is not None and w4a16_wgmma_problem(x, meta, out) is None:
         # fp16 and bf16 build different kernels: each config is declined (or counts as launched) per dtype
         y = launch_or_decline(WGMMA_KERNEL, (str(x.dtype),) + wg_cfg,

@@ -14,8 +14,9 @@
   :mod:`.lqq_ws`) and stores only its new rows (:func:`.wgmma_common.store_rows`); fp32 sums over K in the tile
   order of :mod:`.w4a16_wgmma`, so the two give the same bits at the same token tile.
 
-Unsplit launches of 128 tokens, one or two warpgroups. Not used by the launch rules until it is measured on a GPU
-(docs/BENCHMARKS.md); the GPU tests compare it with :mod:`.w4a16_wgmma` bit for bit and with
+Unsplit launches of 128 tokens, one or two warpgroups: where :func:`.configs.w4a16_ws_warpgroups` picks it (the
+128-token launches of the wgmma rule at M = 65-128, and about one program an SM at M = 129-512; measured on an H100 in
+session 17, docs/BENCHMARKS.md). The GPU tests compare it with :mod:`.w4a16_wgmma` bit for bit and with
 :func:`quantkit.runtime.kernels.reference.w4a16_reference`.
 """
 

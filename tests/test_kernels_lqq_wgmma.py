@@ -109,7 +109,8 @@ def test_rule_exceptions_leave_other_shapes_to_the_cost_model(monkeypatch):
 def test_large_m_wave_model_takes_the_launches_measured_fastest():
     # docs/logs/session17/lqq_bigm_ws_{a,b}_h100.json (µs: the pick vs session 16's rule, which ran lqq_wgmma
     # launches and the Triton kernel here)
-    two192, two160, two128, wg2 = ((128, 2, 1, 64), 1), ((128, 2, 1, 32), 1), ((128, 3, 1, 0), 1), ((128, 3, 1, 64), 2)
+    two192, two160, two128 = ((128, 2, 1, 64), 1), ((128, 2, 1, 32), 1), ((128, 3, 1, 0), 1)
+    wg2, one192 = ((128, 3, 1, 64), 2), ((128, 3, 1, 64), 1)
     for m in (1536, 1792, 2048, 2049, 3000, 3072, 3584, 4096):  # 6144x4096: 73.1 vs 87.1 ... 213.6 vs 216.6
         assert lqq_wgmma_launch(m, 6144, 4096) == two192, m
     assert lqq_wgmma_launch(1000, 6144, 4096) == two128  # 57.4 vs 63.8
@@ -118,6 +119,7 @@ def test_large_m_wave_model_takes_the_launches_measured_fastest():
     # M = 2049: 21.2 vs 32.6 — the one launch session 16's coverage run had slower than fp16 by 0.83x)
     assert lqq_wgmma_launch(1000, 1024, 4096) == two128
     assert lqq_wgmma_launch(1025, 1024, 4096) == lqq_wgmma_launch(2049, 1024, 4096) == two160
+    assert lqq_wgmma_launch(1536, 1024, 4096) == one192  # one 192-token program an SM: 16.3 vs 18.4 on 128-token tiles
     for m in (1280, 1536, 2048, 3072, 4096):  # 28672x4096: 347.7 vs 363.8 ... 1095.5 vs 1174.0
         assert lqq_wgmma_launch(m, 28672, 4096) == two192, m
     assert lqq_wgmma_launch(769, 14336, 4096) == two160  # 100.7 vs the Triton kernel's 118.6
@@ -126,8 +128,8 @@ def test_large_m_wave_model_takes_the_launches_measured_fastest():
     for n, k in LLAMA + [(3584, 3584), (4608, 3584), (37888, 3584), (8192, 4096), (24576, 4096), (11008, 4096)]:
         for m in range(769, 4097, 37):
             launch = lqq_wgmma_launch(m, n, k)
-            assert launch in (two192, two160, two128, wg2), (n, k, m, launch)
-            assert lqq_wgmma_launch(m, n, k, max_warpgroups=1) in (two192, two160, two128), (n, k, m)
+            assert launch in (two192, two160, two128, wg2, one192), (n, k, m, launch)
+            assert lqq_wgmma_launch(m, n, k, max_warpgroups=1) in (two192, two160, two128, one192), (n, k, m)
     assert lqq_wgmma_launch(2048, 14336, 14336) is None  # wide and long rows: the Triton kernel (not measured)
 
 
@@ -416,7 +418,7 @@ def test_two_warpgroup_kernel_equals_triton_at_the_same_split(n, k, m, bm, stage
 def test_int8_matmul_runs_two_warpgroups_where_the_rule_says(monkeypatch):
     calls = record_launches(monkeypatch, int8_gemm, "lqq_wgmma_matmul", 4)
     monkeypatch.setattr(int8_gemm, "lqq_ws_launch", lambda *a: None)  # these launches run lqq_ws otherwise
-    for n, m, launch in ((14336, 300, (128, 3, 1, 32, 2)), (1024, 3072, (128, 3, 1, 64, 2))):  # the second: large M
+    for n, m, launch in ((14336, 300, (128, 3, 1, 32, 2)), (14336, 192, (128, 3, 1, 64, 2))):
         calls.clear()
         _, tensors, meta = packed("w4a8-lqq", n, 4096, 128, seed=2)
         codes, scales = _acts(m, 4096, 2)

@@ -22,9 +22,10 @@ import torch
 from quantkit.bench.command import parse_shapes
 from quantkit.bench.problems import _packed, fp16_and_lqq_inputs
 from quantkit.bench.timing import time_rotating
-from quantkit.runtime.kernels.configs import gemm_config, lqq_wgmma_launch
+from quantkit.runtime.kernels.configs import gemm_config, lqq_wgmma_launch, lqq_ws_launch
 from quantkit.runtime.kernels.int8_gemm import int8_matmul
 from quantkit.runtime.kernels.lqq_wgmma import lqq_wgmma_matmul
+from quantkit.runtime.kernels.lqq_ws import lqq_ws_matmul
 
 M_DEFAULT = ("513,576,640,700,704,768,769,832,896,960,1000,1024,1025,1280,1536,1792,2048,2049,2560,3000,3072,3584,"
              "4096")
@@ -47,11 +48,15 @@ def old_rule(rev: str, old_file: str | None = None) -> types.ModuleType:
 
 def runner(launch, triton_config, m: int, n: int, k: int, meta: dict):
     """A call of the launch ``launch`` ((config, warpgroups) of the Gluon kernel, or None: the Triton kernel with the
-    tile ``triton_config`` (the rule's own ``gemm_config``) gives)."""
+    tile ``triton_config`` (the rule's own ``gemm_config``) gives), on the kernel int8_matmul runs it with at HEAD:
+    :mod:`.lqq_ws` where :func:`.configs.lqq_ws_launch` maps the launch to it, else :mod:`.lqq_wgmma`."""
     if launch is None:
         cfg = triton_config(m, n, k, "lqq")
         return lambda a, s, w: int8_matmul(a, s, -1, "w4a8-lqq", w, meta, config=cfg)
     cfg, wg = launch
+    ws = lqq_ws_launch(cfg, wg)
+    if ws is not None:
+        return lambda a, s, w: lqq_ws_matmul(a, s, w, meta, *ws)
     return lambda a, s, w: lqq_wgmma_matmul(a, s, w, meta, *cfg, wg)
 
 

@@ -294,7 +294,7 @@ def lqq_wgmma_cost(m: int, n: int, k: int, tile: int, split: int, sms: int = SMS
 LQQ_WG2_COST = 1.75
 
 
-# LiquidQuant above M = 768: a wave model over four launches of the warp-specialized kernel (:mod:`.lqq_ws`; session
+# LiquidQuant above M = 768: a wave model over five launches of the warp-specialized kernel (:mod:`.lqq_ws`; session
 # 17, replacing session 14's model of lqq_wgmma launches and the Triton kernel, docs/BENCHMARKS.md). A launch of P
 # programs, p resident per SM, runs W = ceil(P / (SMs · p)) waves; the last, a fraction f of a full wave, counts
 # (solo if no SM holds two of its programs, else 1) · (1 − blend) + f · blend (a program alone on its SM runs
@@ -306,16 +306,21 @@ LQQ_WG2_COST = 1.75
 # an SM, were the fastest launch at 64 of them, the 160-token ones (128 + 32) at 42 and the 128-token ones at 17;
 # lqq_wgmma's 96-token tiles and the Triton kernel were within 2 % of the best at only 6. Per option, solo and blend
 # are the grid point (0.02 / 0.1 steps) with the most uniform log cost over the 135 points (sd 0.066-0.086), the cost
-# their median. The model's pick was within 2 % of the best of the four at 123 of 135 points (worst 1.10x, 1024x4096
-# M = 1536; 28672x4096 M = 1000-1025 1.09x), geometric-mean time / fp16 0.723 against 0.799 for the session-16 rule's
-# launches timed in the same runs, slower than fp16 only on the k/v layer (1024x4096) at M = 769 (0.93x) and 896
-# (0.99x), where no launch timed was faster. It covers the wide layers (N > 8192, K <= 8192) too, and the layers of
+# their median. Over the five options (the four, and the 192-token tiles at three stages, one an SM, that session 14's
+# model had) the pick was within 2 % of the best at 124 of 135 points (worst 1.09x, 28672x4096 M = 1000-1025),
+# geometric-mean time / fp16 0.722 against 0.799 for the session-16 rule's launches timed in the same runs, slower than
+# fp16 only on the k/v layer (1024x4096) at M = 769 (0.93x) and 896 (0.99x), where no launch timed was faster. An A/B
+# against session 16's rule (docs/bench/lqq_rule_ab.py --rev 93c4a3f --reps 2, ABBA, same H100; before the fifth
+# option, docs/logs/session17/lqq_rule_ab_h100.json): 1.15x faster at the 46 of 48 points (six shapes, M = 769-4096)
+# where the two differ, faster than fp16 at all 46, slower only at 1024x4096 M = 1536 (0.87x: the fifth option's
+# launch, which the model now picks there) and 4096x14336 M = 4096 (0.98x). It covers the wide layers (N > 8192, K <= 8192) too, and the layers of
 # N <= 8192 with longer rows up to 4096 tokens (measured on 4096x14336; session 16's rule ran the Triton kernel above
 # 1536 tokens there, 1.01-1.32x slower). Wider layers with longer rows keep the Triton kernel (not measured).
 # (tokens per program, warpgroups, activation stages) → (programs resident per SM, solo, blend, cost per wave of
 # 256 K columns)
 LQQ_BIG_M_WS = {(192, 1, 2): (2, 0.88, 0.5, 1.592), (160, 1, 2): (2, 0.80, 0.4, 1.381),
-                (128, 1, 3): (2, 0.88, 0.5, 1.219), (192, 2, 3): (1, 1.0, 0.1, 1.749)}
+                (128, 1, 3): (2, 0.88, 0.5, 1.219), (192, 2, 3): (1, 1.0, 0.1, 1.749),
+                (192, 1, 3): (1, 1.0, 0.2, 0.985)}
 
 
 def lqq_big_m_waves(programs: int, per_sm: int, solo: float, blend: float, sms: int = SMS_H100) -> float:

@@ -77,8 +77,10 @@ def test_rule_takes_the_measured_exceptions_on_fused_qkv_shapes_only():
     assert gemm_config(481, 6144, 4096, "lqq").bm == 128  # ... on 128-token tiles
     assert lqq_wgmma_config(640, 6144, 4096) is None
     assert gemm_config(640, 6144, 4096, "lqq") == TileConfig(128, 128, 1, 4, 2)
-    assert lqq_wgmma_config(641, 6144, 4096) == (128, 2, 1, 0)
-    assert lqq_wgmma_launch(769, 6144, 4096) == ((128, 2, 1, 32), 1)  # past the exceptions: the large-M model
+    # past the exceptions (641-768 since session 17: 44.6 / 45.2 us at M = 700 / 768 against 47.7 / 49.9 on the old
+    # exception's 128-token tiles, docs/logs/session17/lqq_mid_ws_h100.json): the large-M model
+    assert lqq_wgmma_launch(700, 6144, 4096) == ((128, 2, 1, 64), 1)
+    assert lqq_wgmma_launch(769, 6144, 4096) == ((128, 2, 1, 32), 1)
     assert lqq_wgmma_config(641, 4608, 3584) is None and lqq_wgmma_config(768, 4608, 3584) is None
     # session 13 kept Triton's one wave to M = 896; the large-M model's launch since session 17 (769: 31.5 us vs 33.9)
     assert lqq_wgmma_launch(769, 4608, 3584) == ((128, 2, 1, 32), 1)
@@ -360,16 +362,19 @@ def test_two_warpgroups_where_the_cost_model_puts_them():
     # docs/logs/session11/lqq_wg2_h100.json, docs/logs/session12/lqq_wg2_*.json: the timed fastest, or within noise
     # of it (28672x4096 M = 320: 107.9 us vs 107.6 on 192-token tiles)
     measured = {(14336, 300): (128, 3, 1, 32), (14336, 320): (128, 3, 1, 32), (28672, 300): (128, 3, 1, 32),
-                (28672, 320): (128, 3, 1, 32), (14336, 352): (128, 3, 1, 64), (14336, 384): (128, 3, 1, 64),
+                (28672, 320): (128, 3, 1, 32), (14336, 352): (128, 3, 1, 64),
                 (6144, 448): (64, 3, 1, 32), (6144, 480): (64, 3, 1, 32)}
     for (n, m), cfg in measured.items():
         assert lqq_wgmma_launch(m, n, 4096) == (cfg, 2), (n, m)
         assert lqq_wgmma_config(m, n, 4096) == cfg and lqq_wgmma_warpgroups(m, n, 4096) == 2
-    assert lqq_wgmma_launch(500, 4608, 3584) == ((128, 3, 1, 64), 2)  # 27.1 us vs 30.3 at best on one
-    # one warpgroup where it was the faster or within noise: 14336x4096 M = 448 (96-token tiles, 75.3 vs 80.1 us),
-    # M = 288 (51.1 vs 50.4 on the same tile with two), and
+    # from M = 384 the large-M model's one-warpgroup launches of lqq_ws since session 17
+    # (docs/logs/session17/lqq_mid_ws_h100.json: 14336x4096 M = 384 48.5 us vs 59.3 on the two-warpgroup tiles,
+    # M = 448 64.3 vs 79.2, 4608x3584 M = 512 21.9 vs 26.4)
+    assert lqq_wgmma_launch(384, 14336, 4096) == lqq_wgmma_launch(500, 4608, 3584) == ((128, 2, 1, 64), 1)
+    assert lqq_wgmma_launch(448, 14336, 4096) == ((128, 2, 1, 32), 1)
+    # one warpgroup where it was the faster or within noise: 14336x4096 M = 288 (51.1 vs 50.4 on the same tile with
+    # two), and
     # 6144x4096 at M = 289-320, where one warpgroup's 96-token tiles fit in one wave (26.3-26.9 us vs 27.9-29.9)
-    assert lqq_wgmma_launch(448, 14336, 4096) == ((64, 3, 1, 32), 1)
     assert lqq_wgmma_launch(288, 14336, 4096) == ((64, 3, 1, 32), 1)
     for m in (289, 300, 320):
         assert lqq_wgmma_launch(m, 6144, 4096) == ((64, 3, 1, 32), 1)
@@ -390,8 +395,9 @@ def test_two_warpgroups_where_the_cost_model_puts_them():
     # M = 2048 on the wide layer: one warpgroup's 192-token tiles, two an SM, since session 17 (263.7 us vs 286.4 for
     # the two-warpgroup ones, docs/logs/session17/lqq_bigm_ws_b_h100.json)
     assert lqq_wgmma_launch(2048, 14336, 4096) == ((128, 2, 1, 64), 1)
-    # where the model is off by 3-4 % (configs comment): pinned, so a refit shows here
-    assert lqq_wgmma_launch(512, 14336, 4096) == ((128, 3, 1, 64), 2)
+    # M = 481-512 on the wide layer, where session 12's cost model was off by 3-4 %: the large-M model since session 17
+    # (70.6 us vs 83.0, docs/logs/session17/lqq_mid_ws_h100.json)
+    assert lqq_wgmma_launch(512, 14336, 4096) == ((128, 2, 1, 64), 1)
     # a two-warpgroup program costs LQQ_WG2_COST one-warpgroup programs over half as many row tiles
     one = lqq_wgmma_cost(300, 14336, 4096, 160, 1)
     two = lqq_wgmma_cost(300, 14336, 4096, 160, 1, warpgroups=2)

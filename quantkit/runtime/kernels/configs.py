@@ -190,7 +190,8 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
 # At M <= 64: 32 or 64 tokens, halved while fewer than half the SMs get a program, K split up to one program per SM
 # or on rows of >= WAVE_SPLIT_MIN_TILES tiles per split up to LQQ_WGMMA_LONG_ROW_PROGRAMS; on layers narrower than
 # MIN_PROGRAMS × 64 rows the Triton kernel's split tiles stay (4096×4096 M = 32: 9.3 µs vs 10.2). Above M = 768
-# (up to M = 4096; layers of N > 8192 only with K <= 8192): the large-M wave model below (LQQ_BIG_M_WS) picks the
+# (up to M = 4096; layers of N > 8192 only with K <= 8192; since session 17 from M = 384 where 128-token programs
+# would fill half the SMs, LQQ_BIG_M_MIN_M): the large-M wave model below (LQQ_BIG_M_WS) picks the
 # tile where 128-token programs would fill at least half the SMs and the long-row split (next) leaves them unsplit; on
 # smaller layers the token tile halves and K splits as at M <= 64 where fewer than half the SMs would get a program,
 # and rows of K >= 7168 split as long rows while short of LQQ_WGMMA_LONG_ROW_PROGRAMS 128-token programs (not
@@ -227,12 +228,15 @@ LQQ_WGMMA_COST = {"share": 0.6, "tokens": 0.1, "exact_rounds": 0.4, "fixed_tiles
 LQQ_ROW_TILE_EXCEPTIONS_K = (3584, 4096)
 # Each entry: (first M, last M, config or None, warpgroups). 96 row tiles at 416-480: two warpgroups since session 12
 # (33.2 / 33.5 µs at M = 448 / 480 vs 35.3 / 35.6 with one, lqq_wg2_qkv_h100.json; 416 is the same launch grid).
+# 96 row tiles at 641-768 took 128-token tiles at two stages from session 10 to 16; since session 17 the large-M
+# wave model's launch (below: 44.6 / 45.2 µs at M = 700 / 768 against 47.7 / 49.9, docs/logs/session17/
+# lqq_mid_ws_h100.json).
 # 72 row tiles at M = 641-768 since session 13: the Triton kernel's 128×128 tiles (216-252 programs, one wave, two per
 # SM; docs/logs/session13/lqq_above768_h100.json, lqq_72rows_h100.json). Session 13 took the exception to M = 896
 # (Triton 34.0-35.1 µs at 769-896 against that rule's 37.2-38.2); the large-M wave model's launches of the
 # warp-specialized kernel took 31.5-34.7 there against Triton's 33.9-36.3 (docs/logs/session17/lqq_bigm_ws_a_h100.json),
 # so since session 17 the exception ends at 768.
-LQQ_ROW_TILE_EXCEPTIONS = {96: ((416, 480, (64, 3, 1, 32), 2), (481, 640, None, 1), (641, 768, (128, 2, 1, 0), 1)),
+LQQ_ROW_TILE_EXCEPTIONS = {96: ((416, 480, (64, 3, 1, 32), 2), (481, 640, None, 1)),
                            72: ((641, 768, None, 1),)}
 
 
@@ -318,6 +322,13 @@ LQQ_WG2_COST = 1.75
 # 1536 tokens there, 1.01-1.32x slower). Wider layers with longer rows keep the Triton kernel (not measured).
 # (tokens per program, warpgroups, activation stages) → (programs resident per SM, solo, blend, cost per wave of
 # 256 K columns)
+# From M = LQQ_BIG_M_MIN_M the same model also picks below 769 tokens, where 128-token programs would give at least half
+# the SMs one (all the SMs on rows longer than LQQ_WGMMA_NARROW): docs/logs/session17/lqq_mid_ws_h100.json (seven
+# shapes × M = 384-768, the same options and the session-16 rule's launch): at the 24 of 63 points where the launch
+# changed, geometric-mean time / fp16 0.785 against 0.878 (14336×4096 M = 384-640 48.5-82.1 µs against 59.3-92.7,
+# 4608×3584 M = 448-512 20.2-21.9 against 24.5-26.4, the k/v layer at 513-768 13.5-13.9 against 14.2-14.4), slower
+# by more than 3 % at none. Below 384 tokens, and on layers with fewer programs, the cost model above.
+LQQ_BIG_M_MIN_M = 384
 LQQ_BIG_M_WS = {(192, 1, 2): (2, 0.88, 0.5, 1.592), (160, 1, 2): (2, 0.80, 0.4, 1.381),
                 (128, 1, 3): (2, 0.88, 0.5, 1.219), (192, 2, 3): (1, 1.0, 0.1, 1.749),
                 (192, 1, 3): (1, 1.0, 0.2, 0.985)}
@@ -379,6 +390,9 @@ def lqq_wgmma_launch(m: int, n: int, k: int, sms: int = SMS_H100,
                 return None if cfg is None else (cfg, wg)
             if first <= m <= last:
                 break  # a two-warpgroup exception without two warpgroups: the cost model's one-warpgroup pick
+    if LQQ_BIG_M_MIN_M <= m <= LQQ_WGMMA_WIDE_MAX_M and row_tiles * -(-m // 128) >= (
+            sms if k > LQQ_WGMMA_NARROW else sms // 2):
+        return lqq_big_m_launch(m, n, k, sms, max_warpgroups)
     if 64 < m <= LQQ_WGMMA_WIDE_MAX_M:
         options = [(tile, split, 1) for tile in LQQ_WGMMA_TILES for split in (1, 2)
                    if split == 1 or (row_tiles * -(-m // tile) < sms and k_tiles // split >= MIN_SPLIT_TILES)]

@@ -132,7 +132,9 @@ def test_large_m_wave_model_takes_the_launches_measured_fastest():
             launch = lqq_wgmma_launch(m, n, k)
             assert launch in (two192, two160, two128, wg2, one192), (n, k, m, launch)
             assert lqq_wgmma_launch(m, n, k, max_warpgroups=1) in (two192, two160, two128, one192), (n, k, m)
-    assert lqq_wgmma_launch(2048, 14336, 14336) is None  # wide and long rows: the Triton kernel (not measured)
+    # wide and long rows: the Triton kernel above 768 tokens (not measured) — and, alike, from 384 up to 768
+    assert lqq_wgmma_launch(2048, 14336, 14336) is None
+    assert lqq_wgmma_launch(512, 14336, 14336) != configs.lqq_big_m_launch(512, 14336, 14336)  # the M <= 768 model's
 
 
 def test_large_m_waves_count_a_last_wave_of_lone_programs_as_solo():
@@ -176,10 +178,10 @@ def test_rule_configs_are_ones_the_kernel_has():
                     assert -(-n // 64) * -(-m // tokens(cfg)) < 132
 
 
-def test_rule_uses_two_stages_only_between_512_and_768_tokens_on_launches_of_a_program_per_sm():
+def test_rule_uses_two_stages_on_the_large_m_models_two_per_sm_launches_and_launches_of_a_program_per_sm():
     assert lqq_wgmma_config(640, 4096, 4096)[1] == 2
     assert lqq_wgmma_config(768, 4096, 4096)[1] == 2
-    assert lqq_wgmma_config(896, 4096, 4096) == (128, 3, 1, 0)  # above 768: 128-token tiles
+    assert lqq_wgmma_config(896, 4096, 4096) == (128, 3, 1, 0)  # the large-M model's 128-token tiles, two an SM
     assert lqq_wgmma_config(768, 1024, 4096)[1] == 3  # 16 row tiles: fewer programs than SMs
     assert lqq_wgmma_config(512, 4096, 4096)[1] == 3
     assert lqq_wgmma_config(1024, 4096, 4096)[1] == 3

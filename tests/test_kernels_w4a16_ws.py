@@ -51,12 +51,18 @@ def test_rule_takes_the_ws_kernel_where_the_sweep_measured_it_faster():
         for n, k in [(14336, 4096), (28672, 4096), (4096, 4096), (8192, 4096), (12288, 4096)]:
             cfg = w4a16_wgmma_config(m, n, k)
             assert w4a16_ws_warpgroups(m, n, k) == (cfg[3] if cfg is not None else None), (m, n, k)
+    assert w4a16_ws_warpgroups(96, 14336, 4096) == 2 and w4a16_ws_warpgroups(96, 4096, 4096) is None
     assert w4a16_ws_warpgroups(32, 14336, 4096) is None  # 32-token tiles stay on the wgmma kernel
+    assert w4a16_ws_warpgroups(192, 28672, 4096) is None  # a quarter of the tokens padding: Triton's 138.2 vs 146.7
     assert w4a16_ws_warpgroups(256, 4096, 4096) == 1  # 128 programs of 64 rows: 18.9 vs 22.9
     assert w4a16_ws_warpgroups(320, 4096, 4096) == 2  # 96 programs of 128 rows: 34.1 vs 35.6
     assert w4a16_ws_warpgroups(160, 6144, 4096) == 2  # 33.6 vs 43.1
     assert w4a16_ws_warpgroups(512, 6144, 4096) == 1  # 384 programs of 64 rows: 57.2 vs 62.0
     assert w4a16_ws_warpgroups(384, 14336, 4096) == 2  # wide, last tile full: 104.6 vs 127.5
+    # wide layers: the warpgroups whose waves are fuller (w4a16_wide_repeat*_h100.json): 7 waves of 64-row programs
+    # against 4 of 128-row ones at 14336x4096 M = 512 (135.5-139.8 vs 144.4-147.1) and 28672x4096 M = 256
+    assert w4a16_ws_warpgroups(512, 14336, 4096) == w4a16_ws_warpgroups(256, 28672, 4096) == 1
+    assert w4a16_ws_warpgroups(512, 28672, 4096) == 2  # 14 waves against 7 (268.8-269.2 vs 284.3-293.8)
     assert w4a16_ws_warpgroups(160, 14336, 4096) is None  # a quarter-full last tile: Triton's 64.8 vs 68.7
     assert w4a16_ws_warpgroups(256, 4096, 14336) == 1  # 60.2 vs 69.7
     for m in (80, 128, 256, 512):  # the k/v layer: 8-64 programs, the Triton kernel or dequantize-then-cuBLAS

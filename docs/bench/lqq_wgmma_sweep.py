@@ -98,11 +98,15 @@ def main() -> None:
                    "or 1 alone on layers of >= 66 row tiles with --split-narrow)")
     p.add_argument("--tiles", default=None, help="with --tails: token tiles to time, e.g. 128,192 (default: all)")
     p.add_argument("--ws", action="store_true", help="also the warp-specialized kernel (lqq_ws) in place of every "
-                   "variant it can run (configs.lqq_ws_launch: unsplit 128-token tiles), column ws_<variant>[_wg2]")
+                   "variant it can run (configs.lqq_ws_launch: unsplit 128-token tiles), column ws_<variant>[_wg2] — "
+                   "the launch lqq_ws runs for it: a two-stage 128-token variant runs three stages there, so its "
+                   "column repeats the three-stage one's launch")
     p.add_argument("--ws-only", action="store_true", help="with --ws: time lqq_wgmma only where lqq_ws cannot run "
                    "the variant (the rule runs lqq_ws wherever it can)")
     p.add_argument("--no-check", action="store_true", help="skip the bit-exactness checks (a run that already did them)")
     args = p.parse_args()
+    if args.ws_only and not args.ws:
+        p.error("--ws-only needs --ws")
     dev = "cuda"
     checks = "skipped" if args.no_check else check(dev, TAIL_CHECKS if args.tails else [v + (0,) for v in VARIANTS],
                                                  args.wg2)

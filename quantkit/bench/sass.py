@@ -191,8 +191,10 @@ def _lqq_launches():
                dict(BM=bm, STAGES=3, SPLIT_K=split, BT=tail, WG=wg, COPIES=lqq_wgmma.one_copy_per_tile(tail, wg),
                     num_warps=4 * wg))
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
-    # the large-M model's launches (configs.LQQ_BIG_M_WS): 128-token tiles, and 160 / 192 two an SM at two stages
-    for tail, wg, per_sm, stages in [(0, 1, 2, 3), (64, 2, 1, 3), (32, 1, 1, 3), (64, 1, 2, 2), (32, 1, 2, 2)]:
+    # every register budget and tail of the lqq_ws launches the rules give (configs.lqq_ws_launch of the large-M
+    # model's options, configs.LQQ_BIG_M_WS, and of the cost model's unsplit 128-token tiles)
+    for tail, wg, per_sm, stages in [(0, 1, 2, 3), (64, 2, 1, 3), (32, 2, 1, 3), (32, 1, 1, 3), (64, 1, 1, 3),
+                                     (64, 1, 2, 2), (32, 1, 2, 2)]:
         descs = (TensorDescriptor(a, [m, k], [k, 1], [128, 128], layout),
                  TensorDescriptor(a, [m, k], [k, 1], [max(tail, 8), 128], layout))
         yield (f"lqq_ws tail={tail} wg={wg} per_sm={per_sm} stages={stages}", lqq_ws._lqq_ws_kernel,

@@ -323,7 +323,8 @@ LQQ_WG2_COST = 1.75
 # (tokens per program, warpgroups, activation stages) → (programs resident per SM, solo, blend, cost per wave of
 # 256 K columns)
 # From M = LQQ_BIG_M_MIN_M the same model also picks below 769 tokens, where 128-token programs would give at least half
-# the SMs one (all the SMs on rows longer than LQQ_WGMMA_NARROW): docs/logs/session17/lqq_mid_ws_h100.json (seven
+# the SMs one (on rows longer than LQQ_WGMMA_NARROW: as many as above 768 tokens, LQQ_WGMMA_LONG_ROW_PROGRAMS, where
+# the long-row split stops; not on layers with more and longer rows, as above 768): docs/logs/session17/lqq_mid_ws_h100.json (seven
 # shapes × M = 384-768, the same options and the session-16 rule's launch): at the 24 of 63 points where the launch
 # changed, geometric-mean time / fp16 0.785 against 0.878 (14336×4096 M = 384-640 48.5-82.1 µs against 59.3-92.7,
 # 4608×3584 M = 448-512 20.2-21.9 against 24.5-26.4, the k/v layer at 513-768 13.5-13.9 against 14.2-14.4), slower
@@ -346,8 +347,9 @@ def lqq_big_m_waves(programs: int, per_sm: int, solo: float, blend: float, sms: 
 
 def lqq_big_m_launch(m: int, n: int, k: int, sms: int = SMS_H100,
                      max_warpgroups: int = 2) -> tuple[tuple[int, int, int, int], int]:
-    """((tokens per program, stages, K split, tail), warpgroups) of the Gluon LiquidQuant kernel above M = 768: the
-    LQQ_BIG_M_WS option the wave model times fastest (comment above)."""
+    """((tokens per program, stages, K split, tail), warpgroups) of the Gluon LiquidQuant kernel above M = 768 (from
+    M = LQQ_BIG_M_MIN_M on layers with programs enough): the LQQ_BIG_M_WS option the wave model times fastest
+    (comment above)."""
     def time(option: tuple[int, int, int]) -> float:
         tokens, wg, _ = option
         per_sm, solo, blend, cost = LQQ_BIG_M_WS[option]
@@ -389,9 +391,9 @@ def lqq_wgmma_launch(m: int, n: int, k: int, sms: int = SMS_H100,
             if first <= m <= last and wg <= max_warpgroups:
                 return None if cfg is None else (cfg, wg)
             if first <= m <= last:
-                break  # a two-warpgroup exception without two warpgroups: the cost model's one-warpgroup pick
-    if LQQ_BIG_M_MIN_M <= m <= LQQ_WGMMA_WIDE_MAX_M and row_tiles * -(-m // 128) >= (
-            sms if k > LQQ_WGMMA_NARROW else sms // 2):
+                break  # a two-warpgroup exception without two warpgroups: the models' one-warpgroup pick
+    if (LQQ_BIG_M_MIN_M <= m <= LQQ_WGMMA_WIDE_MAX_M and not (n > LQQ_WGMMA_NARROW and k > LQQ_WGMMA_NARROW)
+            and row_tiles * -(-m // 128) >= (LQQ_WGMMA_LONG_ROW_PROGRAMS if k > LQQ_WGMMA_NARROW else sms // 2)):
         return lqq_big_m_launch(m, n, k, sms, max_warpgroups)
     if 64 < m <= LQQ_WGMMA_WIDE_MAX_M:
         options = [(tile, split, 1) for tile in LQQ_WGMMA_TILES for split in (1, 2)
@@ -511,7 +513,9 @@ W4A16_DEQUANT_MIN_M = 513
 # ... and from M = 257 on 6144×4096 (Llama-3's fused q/k/v), where it beat the Gluon kernel (w4a16_wgmma_config) at
 # every count of M = 257-512 session 11 timed: 54.2-62.1 vs 61.0-68.4 µs (docs/logs/session11/w4a16_rule*_h100.json;
 # two warpgroups leave 144-192 programs there, 1.1-1.5 waves on 132 SMs). On the other four shapes the Gluon kernel
-# was 1.05-1.54× faster than dequantize-then-cuBLAS at those counts.
+# was 1.05-1.54× faster than dequantize-then-cuBLAS at those counts. On Hopper since session 17 the warp-specialized
+# kernel takes 6144×4096 at M = 257-512 first (w4a16_ws_warpgroups: 53.7-57.2 µs against 55.3-62.0), so this holds
+# where it cannot run.
 W4A16_DEQUANT_SHAPES_FROM_257 = ((6144, 4096),)
 
 
@@ -574,14 +578,22 @@ def w4a16_wgmma_config(m: int, n: int, k: int) -> tuple[int, int, int, int] | No
 # against 35.8-43.6; 4096×14336 M = 320-512: 108.8-129.6 against 115.4-156.5), else one warpgroup where its 64-row
 # programs number 96 to three per SM (4096×4096 M = 160-256: 18.7-18.9 against 22.4-22.9; 6144×4096 M = 320-512
 # 53.7-57.2 against 55.3-62.0; 4096×14336 M = 160-256: 59.4-61.0 against 69.7-72.9), else two warpgroups on the
-# wide layers whose last token tile is at least half full (14336×4096 M = 256-512: 69.8-143.8 against 80.6-161.5;
-# 28672×4096 152.0-273.7 against 173.9-292.2; at M = 160, a quarter-full last tile, 68.7 against the Triton kernel's
-# 64.8). At the 66 points the rule ran 1.06× faster (geometric mean) than session 16's and slower at none; the k/v
-# layer keeps the other paths (16-64 programs). M = 65-128 on layers short of W4A16_WGMMA_MIN_PROGRAMS stay on the
+# wide layers where padding to 128-token tiles adds at most a fifth of M (14336×4096 M = 256-512: 69.8-143.8 against
+# 80.6-161.5; 28672×4096 152.0-273.7 against 173.9-292.2; at M = 160 68.7 against the Triton kernel's 64.8, at
+# M = 192 146.7 against 138.2 on 28672×4096) — on one warpgroup there where its waves are fuller (below).
+# At the 39 of the 66 points where it runs this kernel, 1.10× faster (geometric mean) than session 16's path, each
+# timed in its own column after the rule's, slower by more than 2 % at one (4096×14336 M = 448, 129.6 µs against
+# 126.4). The k/v layer keeps the other paths (16-64 programs). M = 65-128 on layers short of W4A16_WGMMA_MIN_PROGRAMS stay on the
 # Triton kernel (6144×4096 M = 96-128: the warp-specialized kernel 18.4-19.5 µs against 22.0-22.5, but 24.1 against
 # 22.4 at M = 80, where its one 128-token tile reads 48 rows past M).
+# On the wide layers (more 128-row programs than SMs, one program an SM) the warpgroup count whose last wave is fuller:
+# a 128-row program costs W4A16_WS_WG2_COST 64-row ones (14336×4096 M = 256 and 512: 1.90 and 1.85), so one warpgroup
+# where its waves number less than that many times two warpgroups' (docs/logs/session17/w4a16_wide_repeat{1,2}_h100.json,
+# two runs: 14336×4096 M = 448-512 133-140 µs against 141-147, 28672×4096 M = 256 136-137 against 148-151; but at
+# 28672×4096 M = 320-384, 11 waves against 6, one warpgroup 222-227 against 218-221).
 W4A16_WS_MAX_M = 512
 W4A16_WS_MIN_PROGRAMS = 96
+W4A16_WS_WG2_COST = 1.9
 
 
 @functools.lru_cache(maxsize=4096)
@@ -599,8 +611,9 @@ def w4a16_ws_warpgroups(m: int, n: int, k: int, sms: int = SMS_H100) -> int | No
         return 2
     if W4A16_WS_MIN_PROGRAMS <= programs_one <= 3 * sms:
         return 1
-    if programs_two > sms and m - 128 * (tiles - 1) >= 64:
-        return 2
+    if programs_two > sms and 5 * (128 * tiles - m) <= m:
+        waves_one, waves_two = -(-programs_one // sms), -(-programs_two // sms)
+        return 1 if waves_one < W4A16_WS_WG2_COST * waves_two else 2
     return None
 
 # The activation quantizer (:mod:`.act_quant`): rows per program and warps. docs/bench/act_quant_sweep.py on an H100

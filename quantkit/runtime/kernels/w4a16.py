@@ -162,7 +162,8 @@ def w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: TileConfig 
     ws_wg = w4a16_ws_warpgroups(m, n, k) if auto else None
     wg_cfg = w4a16_wgmma_config(m, n, k) if auto else None
     if ws_wg is not None and w4a16_ws_problem(x, meta, out) is None:
-        fallback = "the Gluon wgmma kernel" if wg_cfg is not None else "the Triton kernel"
+        fallback = ("the Gluon wgmma kernel" if wg_cfg is not None
+                    else "dequantize-then-cuBLAS" if w4a16_dequant_preferred(m, n, k) else "the Triton kernel")
         y = launch_or_decline(WS_KERNEL, (str(x.dtype), 3, ws_wg),
                               lambda: w4a16_ws_matmul(x, tensors, meta, 3, ws_wg, out=out), fallback=fallback)
         if y is not None:

@@ -40,15 +40,15 @@ def poisoned(m: int, n: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
 
 
-def record_launches(monkeypatch, module, name: str, skip: int) -> list:
+def record_launches(monkeypatch, module, name: str, skip: int, stop: int | None = None) -> list:
     """Replace ``module.name`` (a kernel wrapper) with one that runs it and then records its positional arguments
-    after the first ``skip`` (the launch config): launches that failed to build (and fell back) are not recorded."""
+    ``skip`` to ``stop`` (the launch config): launches that failed to build (and fell back) are not recorded."""
     calls = []
     wrapped = getattr(module, name)
 
     def spy(*args, **kwargs):
         y = wrapped(*args, **kwargs)
-        calls.append(args[skip:])
+        calls.append(args[skip:stop])
         return y
 
     monkeypatch.setattr(module, name, spy)

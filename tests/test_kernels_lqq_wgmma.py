@@ -332,13 +332,7 @@ def test_triton_rule_takes_128_token_tiles_with_a_ragged_last_tile_above_512_tok
 @pytest.mark.gpu
 @hopper
 def test_int8_matmul_runs_the_gluon_kernel_where_the_rule_picks_it(monkeypatch):
-    calls = []
-
-    def spy(*args, **kwargs):
-        calls.append(args[4:8])
-        return lqq_wgmma_matmul(*args, **kwargs)
-
-    monkeypatch.setattr(int8_gemm, "lqq_wgmma_matmul", spy)
+    calls = record_launches(monkeypatch, int8_gemm, "lqq_wgmma_matmul", 4, 8)
     _, tensors, meta = packed("w4a8-lqq", 4096, 512, 128, seed=1)
     codes, scales = _acts(256, 512, 1)
     cfg = lqq_wgmma_config(256, 4096, 512)

@@ -21,7 +21,7 @@ from quantkit.runtime.kernels.int8_gemm import int8_matmul  # noqa: E402
 from quantkit.runtime.kernels.lqq_ws import HAVE_GLUON, lqq_ws_matmul  # noqa: E402
 from quantkit.runtime.kernels.wgmma_common import ws_maxnreg  # noqa: E402
 from quantkit.runtime.kernels.reference import int8_reference  # noqa: E402
-from tests.kernels_helpers import DEVICE, packed, rel_err  # noqa: E402
+from tests.kernels_helpers import DEVICE, packed, record_launches, rel_err  # noqa: E402
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and HAVE_GLUON
 hopper = pytest.mark.skipif(not ON_HOPPER, reason="needs a Hopper (sm_90) GPU and Triton's Gluon")
@@ -96,13 +96,7 @@ def test_ws_kernel_equals_triton_bit_for_bit_call_after_call(n, k, m, stages, ta
 @pytest.mark.gpu
 @hopper
 def test_int8_matmul_runs_the_ws_kernel_where_the_rule_gives_it_a_launch(monkeypatch):
-    calls = []
-
-    def spy(*args, **kwargs):
-        calls.append(args[4:9])
-        return lqq_ws_matmul(*args, **kwargs)
-
-    monkeypatch.setattr(int8_gemm, "lqq_ws_matmul", spy)
+    calls = record_launches(monkeypatch, int8_gemm, "lqq_ws_matmul", 4, 9)
     _, tensors, meta = packed("w4a8-lqq", 4096, 1024, 128, seed=1)
     codes, scales = _acts(1024, 1024, 1)
     launch = lqq_wgmma_launch(1024, 4096, 1024)

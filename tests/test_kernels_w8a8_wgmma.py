@@ -23,7 +23,7 @@ from quantkit.runtime.kernels.int8_operand import mixed_w8_operand, w8_operand  
 from quantkit.runtime.kernels.reference import int8_reference, int8_weight  # noqa: E402
 from quantkit.runtime.kernels.w8a8_wgmma import w8a8_wgmma_matmul, w8a8_wgmma_problem  # noqa: E402
 from quantkit.runtime.kernels.wgmma_common import HAVE_GLUON  # noqa: E402
-from tests.kernels_helpers import DEVICE, packed, rel_err  # noqa: E402
+from tests.kernels_helpers import DEVICE, packed, record_launches, rel_err  # noqa: E402
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and HAVE_GLUON
 hopper = pytest.mark.skipif(not ON_HOPPER, reason="needs a Hopper (sm_90) GPU and Triton's Gluon")
@@ -141,13 +141,7 @@ def test_gluon_w8a8_equals_triton_and_the_reference(n, k, m, act_group, tile, dt
 @pytest.mark.gpu
 @hopper
 def test_int8_matmul_runs_the_w8a8_kernel_where_the_rule_picks_it(monkeypatch):
-    calls = []
-
-    def spy(*args, **kwargs):
-        calls.append(args[5:9])
-        return w8a8_wgmma_matmul(*args, **kwargs)
-
-    monkeypatch.setattr(int8_gemm, "w8a8_wgmma_matmul", spy)
+    calls = record_launches(monkeypatch, int8_gemm, "w8a8_wgmma_matmul", 5, 9)
     _, tensors, meta = packed("w8", 4096, 512, 128, seed=1)
     codes, scales = _acts(256, 512, 128, 1)
     out = int8_matmul(codes, scales, 128, "w8", tensors, meta)

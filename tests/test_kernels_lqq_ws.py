@@ -34,11 +34,11 @@ def _acts(m: int, k: int, seed: int):
 
 
 def test_it_takes_the_unsplit_128_token_launches_only(monkeypatch):
-    assert lqq_ws_launch((128, 3, 1, 0), 1) == (128, 3, 0, 1, 2)  # two programs an SM, as lqq_wgmma's
-    assert lqq_ws_launch((128, 2, 1, 0), 1) == (128, 3, 0, 1, 2)  # three an SM did not assemble: three stages
-    assert lqq_ws_launch((128, 2, 1, 64), 1) == (128, 2, 64, 1, 2)
-    assert lqq_ws_launch((128, 3, 1, 32), 1) == (128, 3, 32, 1, 1)
-    assert lqq_ws_launch((128, 3, 1, 64), 2) == (128, 3, 64, 2, 1)
+    assert lqq_ws_launch((128, 3, 1, 0), 1) == (128, 3, 0, 1, 2, 1)  # two programs an SM, as lqq_wgmma's
+    assert lqq_ws_launch((128, 2, 1, 0), 1) == (128, 3, 0, 1, 2, 1)  # three an SM did not assemble: three stages
+    assert lqq_ws_launch((128, 2, 1, 64), 1) == (128, 2, 64, 1, 2, 1)
+    assert lqq_ws_launch((128, 3, 1, 32), 1) == (128, 3, 32, 1, 1, 1)
+    assert lqq_ws_launch((128, 3, 1, 64), 2) == (128, 3, 64, 2, 1, 1)
     for cfg, wg in [((64, 3, 1, 32), 1), ((64, 3, 1, 32), 2), ((32, 3, 2, 0), 1), ((128, 3, 2, 32), 1)]:
         assert lqq_ws_launch(cfg, wg) is None, (cfg, wg)
     monkeypatch.setattr(configs, "LQQ_WS_TWO_WARPGROUPS", False)
@@ -65,6 +65,37 @@ def test_matmul_refuses_launches_it_was_not_built_for():
                                          (128, 3, 0, 1, 3), (128, 3, 64, 2, 2)]:
         with pytest.raises(ValueError, match="bm must be 128"):
             lqq_ws_matmul(codes, scales, tensors, meta, bm, stages, tail, wg, per_sm)
+
+
+def test_matmul_refuses_a_split_below_one():
+    _, tensors, meta = packed("w4a8-lqq", 64, 256, 128)
+    codes, scales = _acts(8, 256, 0)
+    with pytest.raises(ValueError, match="split_k >= 1"):
+        lqq_ws_matmul(codes, scales, tensors, meta, 128, 3, 0, 1, 1, 0)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("n,k,m,stages,tail,wg,per_sm,split", [
+    # K splits: the k/v layer's launches, a split that does not divide the tiles (5 tiles in 2), a ragged last token
+    # tile moved back over the tile before (its overlap rows stay out of the slots), tails, two warpgroups, a split
+    # of one tile a program
+    (1024, 4096, 769, 3, 0, 1, 2, 2), (1024, 4096, 128, 3, 0, 1, 2, 8), (333, 1280, 300, 3, 0, 1, 2, 2),
+    (200, 1280, 300, 3, 32, 1, 1, 2), (1000, 2048, 161, 2, 64, 1, 2, 4), (4096, 2048, 700, 3, 64, 2, 1, 2),
+    (64, 256, 5, 2, 0, 1, 2, 2), (130, 2304, 1025, 3, 32, 2, 1, 3), (1000, 2048, 161, 2, 64, 1, 2, 8)])
+def test_split_ws_kernel_equals_triton_at_the_same_split_call_after_call(n, k, m, stages, tail, wg, per_sm, split):
+    _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n + m + split)
+    codes, scales = _acts(m, k, seed=m + 1)
+    # the Triton kernel with the same K split sums the same fp32 partials in the same order
+    tri = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, config=TileConfig(64, 128, split, 4, 3))
+    for _ in range(4):
+        out = torch.full((m, n + 8), float("nan"), dtype=torch.float16, device=DEVICE)[:, :n]
+        got = lqq_ws_matmul(codes, scales, tensors, meta, 128, stages, tail, wg, per_sm, split, out=out)
+        assert torch.equal(got, tri)
+    assert rel_err(got, int8_reference(codes, scales, -1, "w4a8-lqq", tensors, meta)) < 1e-3
+    bf = lqq_ws_matmul(codes, scales, tensors, meta, 128, stages, tail, wg, per_sm, split, out_dtype=torch.bfloat16)
+    assert torch.equal(bf, int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, out_dtype=torch.bfloat16,
+                                       config=TileConfig(64, 128, split, 4, 3)))
 
 
 @pytest.mark.gpu
@@ -96,7 +127,7 @@ def test_ws_kernel_equals_triton_bit_for_bit_call_after_call(n, k, m, stages, ta
 @pytest.mark.gpu
 @hopper
 def test_int8_matmul_runs_the_ws_kernel_where_the_rule_gives_it_a_launch(monkeypatch):
-    calls = record_launches(monkeypatch, int8_gemm, "lqq_ws_matmul", 4, 9)
+    calls = record_launches(monkeypatch, int8_gemm, "lqq_ws_matmul", 4, 10)
     _, tensors, meta = packed("w4a8-lqq", 4096, 1024, 128, seed=1)
     codes, scales = _acts(1024, 1024, 1)
     launch = lqq_wgmma_launch(1024, 4096, 1024)

@@ -197,9 +197,13 @@ def _lqq_launches():
                                      (64, 1, 2, 2), (32, 1, 2, 2)]:
         descs = (TensorDescriptor(a, [m, k], [k, 1], [128, 128], layout),
                  TensorDescriptor(a, [m, k], [k, 1], [max(tail, 8), 128], layout))
-        yield (f"lqq_ws tail={tail} wg={wg} per_sm={per_sm} stages={stages}", lqq_ws._lqq_ws_kernel,
-               descs + (sa, w, p, cs, out, m, n, 1, n, w.shape[1], k // 256, 1, k // 128),
-               dict(BM=128, BT=tail, STAGES=stages, WG=wg, num_warps=4 * wg, maxnreg=ws_maxnreg(wg, per_sm)))
+        # a K split: the rules give lqq_ws none, its split epilogue is checked once (docs/bench/lqq_ws_sweep.py)
+        for split in (1, 2) if (tail, wg, per_sm) == (0, 1, 2) else (1,):
+            yield (f"lqq_ws tail={tail} wg={wg} per_sm={per_sm} stages={stages} split={split}", lqq_ws._lqq_ws_kernel,
+                   descs + (sa, w, p, cs, out, slots, tickets, m, n, 1, n, w.shape[1], k // 256, k // 256 // split, 1,
+                            k // 128),
+                   dict(BM=128, BT=tail, STAGES=stages, WG=wg, SPLIT_K=split, num_warps=4 * wg,
+                        maxnreg=ws_maxnreg(wg, per_sm)))
 
 
 def _w4a16_launches():

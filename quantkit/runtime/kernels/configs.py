@@ -441,18 +441,20 @@ def lqq_wgmma_launch(m: int, n: int, k: int, sms: int = SMS_H100,
 LQQ_WS_TWO_WARPGROUPS = True
 
 
-def lqq_ws_launch(cfg: tuple[int, int, int, int], warpgroups: int) -> tuple[int, int, int, int, int] | None:
-    """(tokens per program, stages, tail, warpgroups, programs per SM) of :func:`.lqq_ws.lqq_ws_matmul` for the
-    Gluon LiquidQuant launch ``cfg`` = (tokens, stages, K split, tail) on ``warpgroups`` warpgroups, or None where
-    that launch stays on :mod:`.lqq_wgmma` (comment above)."""
+def lqq_ws_launch(cfg: tuple[int, int, int, int], warpgroups: int) -> tuple[int, int, int, int, int, int] | None:
+    """(tokens per program, stages, tail, warpgroups, programs per SM, K split) of :func:`.lqq_ws.lqq_ws_matmul` for
+    the Gluon LiquidQuant launch ``cfg`` = (tokens, stages, K split, tail) on ``warpgroups`` warpgroups, or None where
+    that launch stays on :mod:`.lqq_wgmma` (comment above: K-split launches too — lqq_ws takes a K split since
+    session 18, but on the k/v layer, where splits matter most, it ran no faster than lqq_wgmma's split launches,
+    docs/logs/session18/kv_ws_sweep_b_h100.json)."""
     bm, stages, split, tail = cfg
     if bm != 128 or split != 1 or (warpgroups == 2 and not LQQ_WS_TWO_WARPGROUPS):
         return None
     if warpgroups == 2:
-        return bm, stages, tail, 2, 1
+        return bm, stages, tail, 2, 1, split
     if tail == 0:
-        return bm, 3, 0, 1, LQQ_WGMMA_PER_SM[(128, 3)]
-    return bm, stages, tail, 1, LQQ_WGMMA_PER_SM[(bm + tail, stages)]
+        return bm, 3, 0, 1, LQQ_WGMMA_PER_SM[(128, 3)], split
+    return bm, stages, tail, 1, LQQ_WGMMA_PER_SM[(bm + tail, stages)], split
 
 # MixLLM W8A8 at M = 17-32 and above 64: the Gluon TMA kernel (:mod:`.w8a8_wgmma`), 64 tokens × 128 weight rows
 # per program (64 rows when that leaves fewer than W8A8_WGMMA_MIN_PROGRAMS programs), 4 stages, one warpgroup.

@@ -255,9 +255,8 @@ def _gluon_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size:
         for cfg, wg in [c for c in dict.fromkeys((launch, lqq_wgmma_launch(m, n, k, max_warpgroups=1))) if c]:
             ws = lqq_ws_launch(cfg, wg) if ws_ok else None
             if ws is not None:
-                bm, stages, tail, wgs, per_sm = ws
                 y = launch_or_decline(LQQ_WS_KERNEL, (str(out_dtype),) + ws, lambda: lqq_ws_matmul(
-                    a_codes, a_scales, tensors, meta, bm, stages, tail, wgs, per_sm, out=out, out_dtype=out_dtype),
+                    a_codes, a_scales, tensors, meta, *ws, out=out, out_dtype=out_dtype),
                     fallback="the non-specialized Gluon kernel (lqq_wgmma)" if wgmma_ok else "the Triton kernel")
             if y is None and wgmma_ok:
                 y = launch_or_decline(LQQ_KERNEL, (str(out_dtype),) + cfg + (wg,), lambda: lqq_wgmma_matmul(

@@ -20,8 +20,11 @@ dequantize and multiply. This kernel does that with ``gl.warp_specialize``:
   the tensor cores stay busy with the other warpgroup's or the other program's products;
 * a ragged last token tile moves back to end at token M − 1 (its TMA boxes then lie inside the activations —
   boxes reaching past M were much slower) and stores only its own new rows;
-* the epilogue is :mod:`.lqq_wgmma`'s: (acc · token scale) · channel scale, fp16/bf16 store. Unsplit launches
-  only (the large-M ones, where the instruction stream bounds the kernel).
+* the epilogue is :mod:`.lqq_wgmma`'s: (acc · token scale) · channel scale, fp16/bf16 store — or, in a K-split
+  launch (program axis 2 walks its share of the 256-column tiles, producer and consumers alike), the fp32 slot of
+  :mod:`.splitk`'s scheme, the tile's last program adding the slots in split order
+  (:func:`.wgmma_common.store_rows_split`). Split launches give layers with few output tiles (the 1024-row k/v
+  products) programs enough to fill the SMs, as lqq_wgmma's do.
 
 Same bits as :mod:`.lqq_wgmma` and the Triton LiquidQuant kernel (exact int32 products, the same epilogue). No
 CPU interpreter runs Gluon; the GPU tests compare it bit for bit with the Triton kernel (the format's pure-torch
@@ -32,8 +35,9 @@ from __future__ import annotations
 
 import torch
 
-from quantkit.runtime.kernels.launch import groups_in_halves
+from quantkit.runtime.kernels.launch import groups_in_halves, split_plan
 from quantkit.runtime.kernels.lqq_wgmma import lqq_operands, lqq_wgmma_problem
+from quantkit.runtime.kernels.splitk import split_workspace
 from quantkit.runtime.kernels.wgmma_common import BN, HAVE_GLUON, PRODUCER_REGS, ws_maxnreg
 
 KERNEL = "lqq_ws"
@@ -43,20 +47,22 @@ if HAVE_GLUON:
 
     from quantkit.runtime.kernels.lqq_wgmma import apply_scales, multiply_tile, planes_wgmma
     from quantkit.runtime.kernels.wgmma_common import (a_layout, cta_barrier, gl, gluon, load_words, mbarrier,
-                                                       mma_layout, ring_barriers, store_rows,
-                                                       tma_load, weight_rows)
+                                                       mma_layout, ring_barriers, store_rows, store_rows_split,
+                                                       store_rows_split_pair, tma_load, weight_rows)
 
     PRODUCER_REGS_C = gl.constexpr(PRODUCER_REGS)  # Triton kernels read only constexpr globals
 
     @gluon.jit
-    def _producer(x_desc, xt_desc, xs, xt, ready, empty, row0, n_tiles, BM: gl.constexpr, BT: gl.constexpr,
+    def _producer(x_desc, xt_desc, xs, xt, ready, empty, row0, t_begin, t_end, BM: gl.constexpr, BT: gl.constexpr,
                   STAGES: gl.constexpr):
-        """Activation tile t into ring slot t % STAGES once the consumers released it (module docstring)."""
+        """Activation tile t (of this program's K range) into ring slot i % STAGES, its i-th, once the consumers
+        released it (module docstring)."""
         NBYTES: gl.constexpr = 256 * (BM + BT)  # a tile: 256 int8 columns of BM + BT token rows
-        for t in range(n_tiles):
-            s = t % STAGES
+        for t in range(t_begin, t_end):
+            i = t - t_begin
+            s = i % STAGES
             # the ring's mbarriers start with phase 1 complete: the first STAGES waits pass at once
-            mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
+            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
             bar = ready.index(s)
             mbarrier.expect(bar, NBYTES)
             tma_load(x_desc, [row0, 256 * t], bar, xs.index(2 * s))
@@ -66,10 +72,11 @@ if HAVE_GLUON:
                 tma_load(xt_desc, [row0 + BM, 256 * t + 128], bar, xt.index(2 * s + 1))
 
     @gluon.jit
-    def _consumers(xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, M, N, stride_sm, stride_om, w_row,
-                   n_tiles, hpg, groups, pid_n, row0, first, BM: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr,
-                   WG: gl.constexpr):
-        """Dequantize, multiply and store the program's [64·WG, BM (+ BT)] output tile (module docstring)."""
+    def _consumers(xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm,
+                   stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first, BM: gl.constexpr,
+                   BT: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, SPLIT_K: gl.constexpr):
+        """Dequantize, multiply and store the program's [64·WG, BM (+ BT)] output tile over its K range, directly or
+        through split-K slot pid_k (module docstring)."""
         ROWS: gl.constexpr = 64 * WG
         mma: gl.constexpr = mma_layout(BM, WG)
         a_l: gl.constexpr = a_layout(BM, WG)
@@ -78,12 +85,13 @@ if HAVE_GLUON:
         if BT > 0:
             mma_t: gl.constexpr = mma_layout(BT, WG)
             acc_t = gl.zeros([ROWS, BT], gl.int32, mma_t)
-        words, p_lo, p_hi = load_words(w_ptrs, p_ptr, 0, n_tiles, hpg, groups, N, rn_in)
-        for t in range(n_tiles):
-            s = t % STAGES
+        words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t_begin, t_end, hpg, groups, N, rn_in)
+        for t in range(t_begin, t_end):
+            i = t - t_begin
+            s = i % STAGES
             planes = planes_wgmma(words, p_lo & 0xFF, (p_lo >> 8) & 0xFF, p_hi & 0xFF, (p_hi >> 8) & 0xFF)
-            words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t + 1, n_tiles, hpg, groups, N, rn_in)
-            mbarrier.wait(ready.index(s), (t // STAGES) & 1)
+            words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t + 1, t_end, hpg, groups, N, rn_in)
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
             if BT > 0:  # the tail tile multiplies the same planes: one dequantization for BM + BT tokens
                 acc, acc_t = multiply_tile(planes, xs, xt, 2 * s, acc, acc_t, BT, WG)
             else:
@@ -93,25 +101,39 @@ if HAVE_GLUON:
             mbarrier.arrive(empty.index(s), count=1)
         rm = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
         rn_o = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
-        store_rows(out_ptr, apply_scales(acc, sa_ptr, cs_ptr, rm, rn_o, M, N, stride_sm), rm, rn_o, first, M, N,
-                   stride_om)
-        if BT > 0:
+        if SPLIT_K == 1:
+            store_rows(out_ptr, apply_scales(acc, sa_ptr, cs_ptr, rm, rn_o, M, N, stride_sm), rm, rn_o, first, M, N,
+                       stride_om)
+            if BT > 0:
+                rm_t = row0 + BM + gl.arange(0, BT, layout=gl.SliceLayout(0, mma_t))
+                rn_t = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_t))
+                store_rows(out_ptr, apply_scales(acc_t, sa_ptr, cs_ptr, rm_t, rn_t, M, N, stride_sm), rm_t, rn_t,
+                           first, M, N, stride_om)
+        elif BT == 0:
+            store_rows_split(out_ptr, ws_ptr, ticket_ptr, apply_scales(acc, sa_ptr, cs_ptr, rm, rn_o, M, N, stride_sm),
+                             rm, rn_o, first, M, N, stride_om, pid_k, SPLIT_K)
+        else:
             rm_t = row0 + BM + gl.arange(0, BT, layout=gl.SliceLayout(0, mma_t))
             rn_t = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_t))
-            store_rows(out_ptr, apply_scales(acc_t, sa_ptr, cs_ptr, rm_t, rn_t, M, N, stride_sm), rm_t, rn_t, first,
-                       M, N, stride_om)
+            store_rows_split_pair(out_ptr, ws_ptr, ticket_ptr,
+                                  apply_scales(acc, sa_ptr, cs_ptr, rm, rn_o, M, N, stride_sm), rm, rn_o,
+                                  apply_scales(acc_t, sa_ptr, cs_ptr, rm_t, rn_t, M, N, stride_sm), rm_t, rn_t,
+                                  first, M, N, stride_om, pid_k, SPLIT_K)
 
     @gluon.jit
-    def _lqq_ws_kernel(x_desc, xt_desc, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, M, N, stride_sm, stride_om, w_row,
-                       n_tiles, hpg, groups, BM: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr,
-                       WG: gl.constexpr):
+    def _lqq_ws_kernel(x_desc, xt_desc, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm,
+                       stride_om, w_row, n_tiles, tiles_per_split, hpg, groups, BM: gl.constexpr, BT: gl.constexpr,
+                       STAGES: gl.constexpr, WG: gl.constexpr, SPLIT_K: gl.constexpr):
         pid_n = gl.program_id(0)
+        pid_k = gl.program_id(2)
+        t_begin = pid_k * tiles_per_split
+        t_end = gl.minimum(t_begin + tiles_per_split, n_tiles)
         # a ragged last token tile moves back to end at row M - 1, so that its TMA boxes lie inside the activations
         # (boxes reaching past M were slow: 4096x4096 M = 769 45.7 µs against 33.1 at M = 768); its rows below
         # ``first`` belong to the tile before and are not stored again
         first = gl.program_id(1) * (BM + BT)
         row0 = gl.maximum(gl.minimum(first, M - (BM + BT)), 0)
-        gl.assume(n_tiles > 0)
+        gl.assume(t_end > t_begin)  # the launch gives every split a tile (launch.split_plan)
         xs = gl.allocate_shared_memory(gl.int8, [2 * STAGES, BM, 128], x_desc.layout)
         if BT > 0:
             xt = gl.allocate_shared_memory(gl.int8, [2 * STAGES, BT, 128], xt_desc.layout)
@@ -119,35 +141,39 @@ if HAVE_GLUON:
             xt = xs
         ready, empty = ring_barriers(STAGES)
         gl.warp_specialize([
-            (_consumers, (xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, M, N, stride_sm, stride_om,
-                          w_row, n_tiles, hpg, groups, pid_n, row0, first, BM, BT, STAGES, WG)),
-            (_producer, (x_desc, xt_desc, xs, xt, ready, empty, row0, n_tiles, BM, BT, STAGES)),
+            (_consumers, (xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N,
+                          stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first, BM, BT,
+                          STAGES, WG, SPLIT_K)),
+            (_producer, (x_desc, xt_desc, xs, xt, ready, empty, row0, t_begin, t_end, BM, BT, STAGES)),
         ], [1], [PRODUCER_REGS_C])
 
 
 def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, meta: dict, bm: int = 128,
-                  stages: int = 3, tail: int = 0, warpgroups: int = 1, per_sm: int = 1,
+                  stages: int = 3, tail: int = 0, warpgroups: int = 1, per_sm: int = 1, split_k: int = 1,
                   out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16) -> torch.Tensor:
     """Y [M, N] (``out_dtype``, or ``out``'s) = dequant(A)·Ŵᵀ for int8 codes [M, K] with per-token float32 scales
-    [M, 1] and a ``w4a8-lqq`` weight, as :func:`.lqq_wgmma.lqq_wgmma_matmul` unsplit (same bits), with a producer
-    warp bringing the activations over TMA (module docstring); 128 tokens per program plus ``tail`` (0, 32, 64);
-    ``per_sm`` programs meant to share an SM (sets the register budget, :func:`.wgmma_common.ws_maxnreg`). The caller
-    checks :func:`.lqq_wgmma.lqq_wgmma_problem`."""
+    [M, 1] and a ``w4a8-lqq`` weight, as :func:`.lqq_wgmma.lqq_wgmma_matmul` (same bits at the same K split), with a
+    producer warp bringing the activations over TMA (module docstring); 128 tokens per program plus ``tail`` (0, 32,
+    64); ``per_sm`` programs meant to share an SM (sets the register budget, :func:`.wgmma_common.ws_maxnreg`);
+    ``split_k`` programs along K (fp32 slots summed in split order, :mod:`.splitk`). The caller checks
+    :func:`.lqq_wgmma.lqq_wgmma_problem`."""
     if (bm != 128 or tail not in (0, 32, 64) or stages not in (2, 3, 4) or warpgroups not in (1, 2)
-            or not 1 <= per_sm <= 3 - warpgroups):
-        raise ValueError(f"bm must be 128, tail 0, 32 or 64, stages 2-4, warpgroups 1-2 and per_sm 1-2 with one "
-                         f"warpgroup (1 with two: the consumers need ~230 registers); got {bm}, {tail}, {stages}, "
-                         f"{warpgroups}, {per_sm}")
+            or not 1 <= per_sm <= 3 - warpgroups or split_k < 1):
+        raise ValueError(f"bm must be 128, tail 0, 32 or 64, stages 2-4, warpgroups 1-2, per_sm 1-2 with one "
+                         f"warpgroup (1 with two: the consumers need ~230 registers) and split_k >= 1; got {bm}, "
+                         f"{tail}, {stages}, {warpgroups}, {per_sm}, {split_k}")
     m, k, n, qweight, qparams, cs, n_tiles = lqq_operands(a_codes, a_scales, tensors, meta)
+    tiles_per_split, split = split_plan(n_tiles, split_k)
     out = torch.empty(m, n, dtype=out_dtype, device=a_codes.device) if out is None else out
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
     x_desc = TensorDescriptor(a_codes, [m, k], [a_codes.stride(0), 1], [bm, 128], layout)
     xt_desc = TensorDescriptor(a_codes, [m, k], [a_codes.stride(0), 1], [max(tail, 8), 128], layout)
-    grid = (-(-n // (BN * warpgroups)), -(-m // (bm + tail)))
-    _lqq_ws_kernel[grid](x_desc, xt_desc, a_scales, qweight, qparams, cs, out, m, n, a_scales.stride(0),
-                         out.stride(0), qweight.shape[1], n_tiles, groups_in_halves(meta, n_tiles), qparams.shape[0],
-                         BM=bm, BT=tail, STAGES=stages, WG=warpgroups, num_warps=4 * warpgroups,
-                         maxnreg=ws_maxnreg(warpgroups, per_sm))
+    grid = (-(-n // (BN * warpgroups)), -(-m // (bm + tail)), split)
+    ws, tickets = split_workspace(a_codes.device, m * n, split, grid[0] * grid[1])
+    _lqq_ws_kernel[grid](x_desc, xt_desc, a_scales, qweight, qparams, cs, out, ws, tickets, m, n, a_scales.stride(0),
+                         out.stride(0), qweight.shape[1], n_tiles, tiles_per_split, groups_in_halves(meta, n_tiles),
+                         qparams.shape[0], BM=bm, BT=tail, STAGES=stages, WG=warpgroups, SPLIT_K=split,
+                         num_warps=4 * warpgroups, maxnreg=ws_maxnreg(warpgroups, per_sm))
     return out
 
 

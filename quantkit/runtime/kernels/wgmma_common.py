@@ -263,20 +263,51 @@ if HAVE_GLUON:
         mask = (rm < M)[None, :] & (rn < N)[:, None]
         gl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], y.to(out_ptr.dtype.element_ty), mask=mask)
 
+    @gluon.constexpr_function
+    def slot_layout(ROWS):
+        """A [ROWS, tokens] fp32 split-K tile as the program's 4·ROWS/64 warps load and store it: four consecutive
+        weight rows (16 contiguous bytes of a slot row) a thread, a warp's 16 × 4 rows of two tokens a line each.
+        The accumulator's own layout put 4 tokens × 8 rows of 4 bytes in each warp access: the tile's last program
+        took ~1.7 µs a slot to add them (H100, globaltimer stamps, docs/BENCHMARKS.md session 18)."""
+        return gl.BlockedLayout(size_per_thread=[4, 1], threads_per_warp=[16, 2], warps_per_cta=[ROWS // 64, 4],
+                                order=[0, 1])
+
     @gluon.jit
-    def _store_slot(ws_ptr, y, rm, rn, M, N, pid_k):
-        mask = (rm < M)[None, :] & (rn < N)[:, None]
+    def _slot_view(rm, rn, like):
+        """Token and row indices in :func:`slot_layout` for tiles shaped like ``like``."""
+        L: gl.constexpr = slot_layout(like.shape[0])
+        return gl.convert_layout(rm, gl.SliceLayout(0, L)), gl.convert_layout(rn, gl.SliceLayout(1, L))
+
+    @gluon.jit
+    def _store_slot_from(ws_ptr, y, rm, rn, first, M, N, pid_k):
+        # tokens first … M − 1 of y into split-K slot pid_k (slots M·N apart, rows N apart)
+        rm, rn = _slot_view(rm, rn, y)
+        y = gl.convert_layout(y, slot_layout(y.shape[0]))
+        mask = ((rm >= first) & (rm < M))[None, :] & (rn < N)[:, None]
         gl.store(ws_ptr + rm[None, :] * N + rn[:, None] + pid_k * (M * N), y, mask=mask)
 
     @gluon.jit
-    def _sum_slots(out_ptr, ws_ptr, like, rm, rn, M, N, stride_om, SPLIT_K: gl.constexpr):
-        # like: a tile of the sum's shape and layout (only those are used)
-        mask = (rm < M)[None, :] & (rn < N)[:, None]
+    def _store_slot(ws_ptr, y, rm, rn, M, N, pid_k):
+        _store_slot_from(ws_ptr, y, rm, rn, 0, M, N, pid_k)
+
+    @gluon.jit
+    def _sum_slots_from(out_ptr, ws_ptr, like, rm, rn, first, M, N, stride_om, SPLIT_K: gl.constexpr):
+        # like: a tile of the sum's shape (only that is used); the slots added in split order from zero
+        rm, rn = _slot_view(rm, rn, like)
+        mask = ((rm >= first) & (rm < M))[None, :] & (rn < N)[:, None]
         ws_ptrs = ws_ptr + rm[None, :] * N + rn[:, None]
-        total = gl.full(like.shape, 0.0, gl.float32, like.type.layout)
-        for s in gl.static_range(SPLIT_K):
-            total += gl.load(ws_ptrs + s * (M * N), mask=mask, other=0.0, cache_modifier=".cg")
-        _store_out(out_ptr, total, rm, rn, M, N, stride_om)
+        total = gl.full(like.shape, 0.0, gl.float32, slot_layout(like.shape[0]))
+        if SPLIT_K <= 2:
+            for s in gl.static_range(SPLIT_K):
+                total += gl.load(ws_ptrs + s * (M * N), mask=mask, other=0.0, cache_modifier=".cg")
+        else:  # unrolled, every slot's loads were hoisted together and spilled (ptxas)
+            for s in range(SPLIT_K):
+                total += gl.load(ws_ptrs + s * (M * N), mask=mask, other=0.0, cache_modifier=".cg")
+        gl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], total.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @gluon.jit
+    def _sum_slots(out_ptr, ws_ptr, like, rm, rn, M, N, stride_om, SPLIT_K: gl.constexpr):
+        _sum_slots_from(out_ptr, ws_ptr, like, rm, rn, 0, M, N, stride_om, SPLIT_K)
 
     @gluon.jit
     def _take_ticket(ticket_ptr, SPLIT_K: gl.constexpr):
@@ -323,6 +354,30 @@ if HAVE_GLUON:
             _sum_slots(out_ptr, ws_ptr, y2, rm2, rn2, M, N, stride_om, SPLIT_K)
             _release_ticket(ticket_ptr)
 
+    @gluon.jit
+    def store_rows_split(out_ptr, ws_ptr, ticket_ptr, y, rm, rn, first, M, N, stride_om, pid_k,
+                         SPLIT_K: gl.constexpr):
+        """:func:`store_rows` for split-K launches of the warp-specialized kernels: tokens ``first`` … M − 1 of the
+        tile go to slot pid_k, and the tile's last program adds the slots in split order (:func:`store_tile`'s
+        scheme, the same bits). (Unsplit, store with store_rows.)"""
+        _store_slot_from(ws_ptr, y, rm, rn, first, M, N, pid_k)
+        if _take_ticket(ticket_ptr, SPLIT_K):
+            _sum_slots_from(out_ptr, ws_ptr, y, rm, rn, first, M, N, stride_om, SPLIT_K)
+            _release_ticket(ticket_ptr)
+
+    @gluon.jit
+    def store_rows_split_pair(out_ptr, ws_ptr, ticket_ptr, y, rm, rn, y2, rm2, rn2, first, M, N, stride_om, pid_k,
+                              SPLIT_K: gl.constexpr):
+        """:func:`store_rows_split` for a program that finished a token tile and its tail tile: both go to slot
+        pid_k, and one ticket covers both."""
+        _store_slot_from(ws_ptr, y, rm, rn, first, M, N, pid_k)
+        _store_slot_from(ws_ptr, y2, rm2, rn2, first, M, N, pid_k)
+        if _take_ticket(ticket_ptr, SPLIT_K):
+            _sum_slots_from(out_ptr, ws_ptr, y, rm, rn, first, M, N, stride_om, SPLIT_K)
+            _sum_slots_from(out_ptr, ws_ptr, y2, rm2, rn2, first, M, N, stride_om, SPLIT_K)
+            _release_ticket(ticket_ptr)
+
     __all__ += ["X_SMEM", "a_layout", "ring_barriers", "stacked_int8_view", "store_rows", "weight_rows", "async_copy", "cta_barrier", "fence_async_shared", "gl",
-                "gluon", "issue_x", "load_words", "mbarrier", "mma_layout", "store_split_pair", "store_tile",
+                "gluon", "issue_x", "load_words", "mbarrier", "mma_layout", "store_rows_split", "store_rows_split_pair",
+                "store_split_pair", "store_tile",
                 "tma_load", "wait_x", "warpgroup_mma", "warpgroup_mma_wait", "x_layout", "x_tile_ptrs"]

@@ -101,6 +101,8 @@ def main() -> None:
                    "variant it can run (configs.lqq_ws_launch: unsplit 128-token tiles), column ws_<variant>[_wg2] — "
                    "the launch lqq_ws runs for it: a two-stage 128-token variant runs three stages there, so its "
                    "column repeats the three-stage one's launch")
+    p.add_argument("--min-split-tiles", type=int, default=4, help="skip splits leaving fewer 256-column tiles a "
+                   "program")
     p.add_argument("--ws-only", action="store_true", help="with --ws: time lqq_wgmma only where lqq_ws cannot run "
                    "the variant (the rule runs lqq_ws wherever it can)")
     p.add_argument("--no-check", action="store_true", help="skip the bit-exactness checks (a run that already did them)")
@@ -143,7 +145,7 @@ def main() -> None:
                 for bm, st, sk, tail in variants:
                     if not args.tails and (bm > max(m, 32) or (bm == 32 and m > 512) or (m >= 2048 and bm < 128)):
                         continue
-                    if (k // 256) // sk < 4:
+                    if (k // 256) // sk < args.min_split_tiles:
                         continue
                     for wg in (1, 2) if args.wg2 else (1,):
                         ws = lqq_ws_launch((bm, st, sk, tail), wg) if args.ws else None

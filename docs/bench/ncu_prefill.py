@@ -41,13 +41,15 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated case indices (default: all)")
     args = ap.parse_args()
     picks = [int(i) for i in args.only.split(",")] if args.only else range(len(CASES))
-    calls = []
-    for i in picks:
-        label, method, n, k, m = CASES[i]
-        fn = call_of(method, n, k, m)
+    profile([(CASES[i][0], call_of(*CASES[i][1:])) for i in picks])
+
+
+def profile(calls: list) -> None:
+    """Each (label, zero-argument call): three unprofiled warm-up calls, then one call inside the profiled range
+    (``ncu --profile-from-start off``), labelled by an NVTX range."""
+    for _, fn in calls:
         for _ in range(3):
             fn()
-        calls.append((label, fn))
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
     for label, fn in calls:

@@ -16,6 +16,7 @@ import pytest  # noqa: E402
 from quantkit.quant.act import quantize_activation_int  # noqa: E402
 from quantkit.runtime.kernels import int8_gemm  # noqa: E402
 import quantkit.runtime.kernels.configs as configs  # noqa: E402
+from quantkit.runtime.kernels.launch import split_plan  # noqa: E402
 from quantkit.runtime.kernels.configs import (TileConfig, gemm_config, lqq_wgmma_config, lqq_wgmma_cost,  # noqa: E402
                                              lqq_wgmma_launch, lqq_wgmma_warpgroups)
 from quantkit.runtime.kernels.int8_gemm import int8_matmul  # noqa: E402
@@ -49,9 +50,14 @@ def test_rule_range_of_the_gluon_kernel_by_layer_and_token_count():
     assert lqq_wgmma_launch(769, 4096, 14336) == lqq_wgmma_launch(1280, 4096, 14336) == ((128, 2, 1, 32), 1)
     assert lqq_wgmma_launch(2049, 4096, 14336) == ((128, 2, 1, 64), 1)
     assert lqq_wgmma_config(1025, 14336, 14336) is None  # more rows and long ones: Triton above 768 (not measured)
-    assert lqq_wgmma_config(32, 4096, 4096) is None  # 64 programs: Triton's split 64×32 tiles
-    assert lqq_wgmma_config(32, 6144, 4096) == (32, 3, 2, 0)
-    assert lqq_wgmma_config(64, 4096, 14336) == (32, 3, 4, 0)  # 64 row tiles: 32 tokens, 56-tile rows split 4
+    # from 32 tokens the cost model with splits of 4 since session 18 (docs/logs/session18/split_refit_*_h100.json and
+    # lqq_rule_ab_costfit_h100.json): the Gluon kernel split where the Triton kernel ran before (4608x3584 M = 40:
+    # 11.4 us vs 13.6), 64-token tiles split 4 on long rows (4096x14336 M = 64: 21.0 us vs 24.4 on 32-token ones)
+    assert lqq_wgmma_config(32, 4096, 4096) == (32, 3, 2, 0)
+    assert lqq_wgmma_config(40, 4608, 3584) == (64, 3, 2, 0)
+    assert lqq_wgmma_config(64, 4096, 14336) == (64, 3, 4, 0)
+    assert lqq_wgmma_config(88, 1024, 4096) == (64, 3, 4, 0)  # the k/v layer: 8.3 us vs 9.6 (fp16 9.2)
+    assert lqq_wgmma_config(64, 512, 4096) is None  # 8 row tiles: fewer than MIN_PROGRAMS programs, Triton's tiles
 
 
 def tokens(cfg):
@@ -173,7 +179,7 @@ def test_rule_configs_are_ones_the_kernel_has():
                 assert lqq_wgmma_warpgroups(m, n, k) in (1, 2)
                 bm, stages, split, tail = cfg
                 assert bm in (32, 64, 128) and stages in (2, 3) and split in (1, 2, 4, 8) and tail in (0, 32, 64)
-                assert (k // 256) // split >= 4  # every split keeps 4 tiles of 256 columns
+                assert split_plan(-(-k // 256), split)[0] >= 4  # every split keeps 4 tiles of 256 columns
                 if split > 1 and m > 64:  # splits only where the unsplit launch has fewer programs than SMs
                     assert -(-n // 64) * -(-m // tokens(cfg)) < 132
 
@@ -394,10 +400,10 @@ def test_two_warpgroups_where_the_cost_model_puts_them():
     # M = 481-512 on the wide layer, where session 12's cost model was off by 3-4 %: the large-M model since session 17
     # (70.6 us vs 83.0, docs/logs/session17/lqq_mid_ws_h100.json)
     assert lqq_wgmma_launch(512, 14336, 4096) == ((128, 2, 1, 64), 1)
-    # a two-warpgroup program costs LQQ_WG2_COST one-warpgroup programs over half as many row tiles
+    # a two-warpgroup program costs LQQ_WGMMA_COST["two_warpgroups"] one-warpgroup programs over half as many row tiles
     one = lqq_wgmma_cost(300, 14336, 4096, 160, 1)
     two = lqq_wgmma_cost(300, 14336, 4096, 160, 1, warpgroups=2)
-    assert two < one and two == pytest.approx(one * configs.LQQ_WG2_COST * (1.88 / 3.76), rel=0.01)
+    assert two < one and two == pytest.approx(one * configs.LQQ_WGMMA_COST["two_warpgroups"] * (1.88 / 3.76), rel=0.01)
 
 
 @pytest.mark.gpu

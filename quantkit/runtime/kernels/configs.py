@@ -20,6 +20,8 @@ import math
 
 from dataclasses import asdict, dataclass
 
+from quantkit.runtime.kernels.launch import split_plan
+
 SMS_H100 = 132
 
 
@@ -170,12 +172,26 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
 # weight rows and a token tile of 32, 64 or 128 tokens, or 96 / 160 / 192 as a 64- or 128-token tile plus a 32- or
 # 64-token tail tile multiplying the same dequantized weights (a program dequantizes its weight slice once whatever its
 # token tile, so fewer token tiles mean less dequantization, but fewer programs).
-# Above M = 64 the rule scores every (token tile, K split) with a small cost model fitted to docs/bench/
-# lqq_wgmma_sweep.py --tails --all-tiles on an H100 (docs/logs/lqq_tiles_wrapped_h100.json: every tile at 18 token
-# counts from 96 to 768 on six Llama-3-8B shapes, after the ragged-tile fix of commit c6d9e77): rounds of programs
-# (ceil of programs / (SMs × resident programs), blended with the exact fraction) × resident programs ^ 0.6 (programs
-# sharing an SM slow each other, less than linearly) × (1 + 0.1 × tokens / 32) (a tile's products next to its
-# dequantization) × (K tiles per split + 2, + 4 when split: the prologue, epilogue and split-K sum). Its pick is the
+# From M = 32 (to 768, where neither the large-M model nor a measured exception below takes the point,
+# lqq_uses_cost_model) the rule scores every (token tile, K split, warpgroups) with a small cost model
+# (lqq_wgmma_cost): rounds of programs (ceil of programs / (SMs × resident programs), blended with the exact fraction
+# by "exact_rounds") × resident programs ^ "share" (programs sharing an SM slow each other, less than linearly) ×
+# (1 + "tokens" × tokens / 32) (a tile's products next to its dequantization) × (K tiles per split + "fixed_tiles",
+# + "split_tiles" + "slot_tiles" × split when split: the prologue and epilogue, and the split-K slots the tile's last
+# program adds) × "two_warpgroups" for a two-warpgroup program. Session 18 made the split-K slots cheap (a coalesced
+# layout, docs/BENCHMARKS.md) and refitted the model (docs/bench/lqq_cost_fit.py over docs/logs/session18/
+# split_refit_*_h100.json: 120 points, 12 shapes, M = 33-512, every tile at K split 1, 2 and 4, two warpgroups on the
+# wide layers): splits of 4 (LQQ_WGMMA_SPLITS), the split terms 4 → 0 + 1 × split, share 0.6 → 0.5, exact_rounds 0.4
+# → 0.2; its picks' geometric-mean time / fastest 1.027 where session 17's rule ran 1.064 (measured in the same
+# sweeps). A/B against that rule (docs/bench/lqq_rule_ab.py, ABBA, token counts outside the fit,
+# docs/logs/session18/lqq_rule_ab_costfit_h100.json): 1.074x at the 51 points where the launch changed, 0.95x at
+# worst (2048×4096 M = 352), slower than fp16 at 7 of the A/B's 61 points instead of 11; "two_warpgroups" stays 1.75:
+# at 1.5 (the fit's best, by 0.2 %) 18944×3584 M = 260-288 ran 0.89-0.90x. Up to M = 64 only launches of MIN_PROGRAMS
+# programs or more count (else the Triton kernel): at M = 32-64 the Gluon kernel now runs where the Triton kernel
+# used to on layers of 1024-5120 rows (1.05-1.20x in the A/B, 0.97x on 3584/4096-row layers at M = 32).
+# Before session 18 (session 10's fit, docs/bench/lqq_wgmma_sweep.py --tails --all-tiles, docs/logs/
+# lqq_tiles_wrapped_h100.json: every tile at 18 token counts from 96 to 768 on six Llama-3-8B shapes, after the
+# ragged-tile fix of commit c6d9e77; share 0.6, tokens 0.1, rounds 0.4, K tiles + 2, + 4 when split 2). Its pick was the
 # fastest measured or within 5 % of it at 92 of the 104 measured points, 1.11× at worst (6144×4096 M = 416-768,
 # where every tile leaves the 96 row tiles' waves ragged — there the Triton kernel's 128-row programs were faster
 # at M = 480, 512 and 640, 35-39 µs vs 40-53, and slower elsewhere); the fixed 32/64/128 rule it replaces chose
@@ -187,13 +203,13 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
 # tiles vs 17.7 at best with 2, and 14.1-14.4 µs on the 96-token tiles the model picks there at M = 576-768,
 # docs/logs/lqq_coverage_rule_h100.json). K splits only when the unsplit launch has fewer programs than
 # SMs, each split keeping >= MIN_SPLIT_TILES tiles of 256 columns (4096×14336 M = 160: 34 µs split 2 vs 47).
-# At M <= 64: 32 or 64 tokens, halved while fewer than half the SMs get a program, K split up to one program per SM
-# or on rows of >= WAVE_SPLIT_MIN_TILES tiles per split up to LQQ_WGMMA_LONG_ROW_PROGRAMS; on layers narrower than
-# MIN_PROGRAMS × 64 rows the Triton kernel's split tiles stay (4096×4096 M = 32: 9.3 µs vs 10.2). Above M = 768
+# (Until session 18, M <= 64 took a fixed rule: 32 or 64 tokens, halved while fewer than half the SMs got a program,
+# K split up to one program per SM or on long rows up to LQQ_WGMMA_LONG_ROW_PROGRAMS, the Triton kernel on layers
+# narrower than MIN_PROGRAMS × 64 rows.) Above M = 768
 # (up to M = 4096; layers of N > 8192 only with K <= 8192; since session 17 from M = 384 where 128-token programs
 # would fill half the SMs, LQQ_BIG_M_MIN_M): the large-M wave model below (LQQ_BIG_M_WS) picks the
 # tile where 128-token programs would fill at least half the SMs and the long-row split (next) leaves them unsplit; on
-# smaller layers the token tile halves and K splits as at M <= 64 where fewer than half the SMs would get a program,
+# smaller layers the token tile halves and K splits (doubling) where fewer than half the SMs would get a program,
 # and rows of K >= 7168 split as long rows while short of LQQ_WGMMA_LONG_ROW_PROGRAMS 128-token programs (not
 # measured above 768; e.g. 2048×14336 M = 769-1280 runs split 2). The model's unsplit picks on rows longer than 8192
 # were measured on 4096×14336 only. Until session 13 this range ran 128-token tiles only, up to M = 2048, the Triton
@@ -210,7 +226,9 @@ LQQ_WGMMA_TILES = {32: (32, 0), 64: (64, 0), 96: (64, 32), 128: (128, 0), 160: (
 # (tokens per program, activation stages) → programs resident per SM
 LQQ_WGMMA_PER_SM = {(32, 3): 5, (64, 3): 4, (96, 3): 3, (128, 3): 2, (160, 3): 1, (192, 3): 1,
                     (32, 2): 5, (64, 2): 4, (96, 2): 3, (128, 2): 3, (160, 2): 2, (192, 2): 2}
-LQQ_WGMMA_COST = {"share": 0.6, "tokens": 0.1, "exact_rounds": 0.4, "fixed_tiles": 2, "split_tiles": 4}
+LQQ_WGMMA_COST = {"share": 0.5, "tokens": 0.1, "exact_rounds": 0.2, "fixed_tiles": 2, "split_tiles": 0,
+                  "slot_tiles": 1, "two_warpgroups": 1.75}
+LQQ_WGMMA_SPLITS = (1, 2, 4)
 # Measured exceptions to the cost model, by the layer's row tiles of 64 (K in LQQ_ROW_TILE_EXCEPTIONS_K, the
 # measured 3584-4096): (first M, last M, the Gluon config or None for the Triton kernel). Fusing q/k/v at load
 # (quantkit/runtime/fused_siblings.py) made 6144×4096 (96 row tiles) every Llama-3-8B / Mistral-7B layer's q/k/v
@@ -255,20 +273,20 @@ def _lqq_waves(m: int, n: int, tile: int, warpgroups: int, sms: int) -> float:
 
 
 def lqq_wgmma_cost(m: int, n: int, k: int, tile: int, split: int, sms: int = SMS_H100,
-                   warpgroups: int = 1) -> float:
+                   warpgroups: int = 1, cost: dict | None = None) -> float:
     """Relative time of the Gluon LiquidQuant kernel on ``tile`` tokens per program, a K split and 1 or 2
-    warpgroups of 64 weight rows per program (the cost model of the comments above and below; only its ordering
-    means anything)."""
-    c = LQQ_WGMMA_COST
+    warpgroups of 64 weight rows per program (the cost model of the comments above and below, with the parameters
+    ``cost``, default LQQ_WGMMA_COST; only its ordering means anything)."""
+    c = LQQ_WGMMA_COST if cost is None else cost
     unsplit = -(-n // (64 * warpgroups)) * -(-m // tile)
     programs = unsplit * split
     per_sm = _lqq_per_sm(m, n, tile, warpgroups, sms)
     rounds = programs / (sms * per_sm)
     rounds = math.ceil(rounds) * (1 - c["exact_rounds"]) + rounds * c["exact_rounds"]
     resident = min(per_sm, -(-programs // sms))
-    work = -(-k // 256) / split + c["fixed_tiles"] + (c["split_tiles"] if split > 1 else 0)
+    work = -(-k // 256) / split + c["fixed_tiles"] + (c["split_tiles"] + c["slot_tiles"] * split if split > 1 else 0)
     cost = rounds * resident ** c["share"] * (1 + c["tokens"] * tile / 32) * work
-    return cost * (LQQ_WG2_COST if warpgroups == 2 else 1.0)
+    return cost * (c["two_warpgroups"] if warpgroups == 2 else 1.0)
 
 
 # Two warpgroups per LiquidQuant program (128 weight rows sharing each activation tile, as the W4A16 Gluon kernel's
@@ -281,7 +299,8 @@ def lqq_wgmma_cost(m: int, n: int, k: int, tile: int, split: int, sms: int = SMS
 # 128-token tiles, and every tile above M = 512 at two stages: 4-35 % slower in all 22 timed cases) — except the 96-
 # token tiles on 6144×4096 at M = 448/480 (33.2-33.5 vs 35.3-35.6 µs), a measured exception below. So the cost model
 # scores two warpgroups only on unsplit tiles with one program per SM: programs over 128-row tiles, each costing
-# LQQ_WG2_COST × a one-warpgroup program of the same tile; fitted to the 7 timed points of both logs with such tiles
+# LQQ_WGMMA_COST["two_warpgroups"] × a one-warpgroup program of the same tile (LQQ_WG2_COST until session 18, same
+# value); fitted to the 7 timed points of both logs with such tiles
 # (1.56-1.86 per program; 1.75 keeps 14336×4096 M = 448 on one warpgroup's 96-token tiles, 75.3 µs vs 80.1). And only
 # where no one-warpgroup launch fits in one wave (LQQ_WGMMA_PER_SM is the one-warpgroup table; it holds for a
 # two-warpgroup program only because those are scored where one program fits per SM): on 6144×4096 at M = 289-320 the model's two-warpgroup 160-token
@@ -293,9 +312,9 @@ def lqq_wgmma_cost(m: int, n: int, k: int, tile: int, split: int, sms: int = SMS
 # on the same tile (72.9 / 74.7 vs 78.4 / 75.8) but a 64-token tile on one was faster still (69.6 / 71.7).
 # Where the model is off: 14336×4096 at M = 481-512 takes two warpgroups on 192-token tiles, 79.7 / 81.8 µs at
 # M = 496 / 512 against 76.9 / 78.4 for one warpgroup's 128-token tiles (lqq_wg2_check_wide_h100.json; both faster
-# than fp16's 88.7 / 90.2). The factor has little margin: 1.743 would move 14336×4096 M = 448 to two warpgroups,
-# 1.768 would fix M = 481-512 but also move 18944×3584 M = 289-320 to a slower one-warpgroup launch.
-LQQ_WG2_COST = 1.75
+# than fp16's 88.7 / 90.2; since session 17 the large-M model takes M >= 384 there). Under session 12's other
+# parameters the factor had little margin (1.743 would have moved 14336×4096 M = 448 to two warpgroups); session 18's
+# refit kept it (above).
 
 
 # LiquidQuant above M = 768: a wave model over five launches of the warp-specialized kernel (:mod:`.lqq_ws`; session
@@ -386,44 +405,86 @@ def lqq_wgmma_launch(m: int, n: int, k: int, sms: int = SMS_H100,
     if m > LQQ_WGMMA_WIDE_MAX_M and n > LQQ_WGMMA_NARROW:
         return lqq_big_m_launch(m, n, k, sms, max_warpgroups) if k <= LQQ_WGMMA_NARROW else None
     row_tiles, k_tiles = -(-n // 64), -(-k // 256)
-    if LQQ_ROW_TILE_EXCEPTIONS_K[0] <= k <= LQQ_ROW_TILE_EXCEPTIONS_K[1]:
-        for first, last, cfg, wg in LQQ_ROW_TILE_EXCEPTIONS.get(row_tiles, ()):
-            if first <= m <= last and wg <= max_warpgroups:
-                return None if cfg is None else (cfg, wg)
-            if first <= m <= last:
-                break  # a two-warpgroup exception without two warpgroups: the models' one-warpgroup pick
-    if (LQQ_BIG_M_MIN_M <= m <= LQQ_WGMMA_WIDE_MAX_M and not (n > LQQ_WGMMA_NARROW and k > LQQ_WGMMA_NARROW)
-            and row_tiles * -(-m // 128) >= (LQQ_WGMMA_LONG_ROW_PROGRAMS if k > LQQ_WGMMA_NARROW else sms // 2)):
+    exception = _lqq_row_tile_exception(m, n, k, max_warpgroups)
+    if exception is not None:
+        return exception[0]
+    if _lqq_big_m_below_768(m, n, k, sms):
         return lqq_big_m_launch(m, n, k, sms, max_warpgroups)
-    if 64 < m <= LQQ_WGMMA_WIDE_MAX_M:
-        options = [(tile, split, 1) for tile in LQQ_WGMMA_TILES for split in (1, 2)
-                   if split == 1 or (row_tiles * -(-m // tile) < sms and k_tiles // split >= MIN_SPLIT_TILES)]
-        if max_warpgroups > 1 and not any(_lqq_waves(m, n, tile, 1, sms) <= 1 for tile in LQQ_WGMMA_TILES):
-            options += [(tile, 1, 2) for tile in LQQ_WGMMA_TILES if _lqq_per_sm(m, n, tile, 2, sms) == 1]
-        tile, split, wg = min(options, key=lambda o: lqq_wgmma_cost(m, n, k, o[0], o[1], sms, o[2]))
-        bm, tail = LQQ_WGMMA_TILES[tile]
-        return (bm, _lqq_stages(m, -(-n // (64 * wg)) * -(-m // tile), sms), split, tail), wg
-    # M <= 64: the tile that pads M least; above 768 (layers of <= 8192 rows): 128 tokens to start from — halved on
-    # small layers, else the large-M wave model's pick where the launch stays unsplit
-    padded = lambda b: -(-m // b) * b  # noqa: E731
-    bm = 128 if m > 64 else next(b for b in LQQ_WGMMA_BM if padded(b) == padded(LQQ_WGMMA_BM[-1]))
+    if m <= LQQ_WGMMA_WIDE_MAX_M:
+        return lqq_cost_model_launch(m, n, k, sms, max_warpgroups)
+    # Above 768 tokens (layers of <= 8192 rows): 128 tokens to start from — halved on small layers, else the large-M
+    # wave model's pick where the launch stays unsplit
+    bm = 128
     while bm > LQQ_WGMMA_BM[-1] and row_tiles * -(-m // bm) < sms // 2:
         bm //= 2
     programs = row_tiles * -(-m // bm)
-    if m <= 64 and programs < MIN_PROGRAMS:
-        return None
-    # Above 768 tokens halving the token tile gives the narrow layers' launches their programs (512×4096 M = 1000:
-    # 64-token tiles, 128 programs), so the split up to one program per SM only where even that leaves fewer than
-    # half the SMs one: split in two, the 1024-row layer's 112-128 programs at M = 769-1024 ran 19.8-20.2 µs
-    # (lqq_coverage_s10_h100.json) where unsplit they had run 14.1-14.5 (lqq_coverage_rule_h100.json). The
-    # long-row split (rows of >= 2 × WAVE_SPLIT_MIN_TILES tiles, K >= 7168 here) stays; not measured above 768.
-    short = m <= LQQ_WGMMA_WIDE_MAX_M or programs < sms // 2
-    split = max(_split_for(programs, k_tiles, sms) if short else 1,
+    # Halving the token tile gives the narrow layers' launches their programs (512×4096 M = 1000: 64-token tiles, 128
+    # programs), so the split up to one program per SM only where even that leaves fewer than half the SMs one: split
+    # in two, the 1024-row layer's 112-128 programs at M = 769-1024 ran 19.8-20.2 µs (lqq_coverage_s10_h100.json)
+    # where unsplit they had run 14.1-14.5 (lqq_coverage_rule_h100.json). The long-row split (rows of >= 2 ×
+    # WAVE_SPLIT_MIN_TILES tiles, K >= 7168 here) stays; not measured above 768.
+    split = max(_split_for(programs, k_tiles, sms) if programs < sms // 2 else 1,
                 _split_for(programs, k_tiles, LQQ_WGMMA_LONG_ROW_PROGRAMS, WAVE_SPLIT_MIN_TILES))
-    if m > LQQ_WGMMA_WIDE_MAX_M and bm == 128 and split == 1:
+    if bm == 128 and split == 1:
         return lqq_big_m_launch(m, n, k, sms, max_warpgroups)
     return (bm, 3, split, 0), 1
 
+
+def _lqq_row_tile_exception(m: int, n: int, k: int, max_warpgroups: int = 2) -> tuple | None:
+    """(the launch, None for the Triton kernel) of a measured exception (LQQ_ROW_TILE_EXCEPTIONS) at this point, or
+    None where none applies (a two-warpgroup exception without two warpgroups falls to the models)."""
+    if LQQ_ROW_TILE_EXCEPTIONS_K[0] <= k <= LQQ_ROW_TILE_EXCEPTIONS_K[1]:
+        for first, last, cfg, wg in LQQ_ROW_TILE_EXCEPTIONS.get(-(-n // 64), ()):
+            if first <= m <= last:
+                return ((None if cfg is None else (cfg, wg)),) if wg <= max_warpgroups else None
+    return None
+
+
+def _lqq_big_m_below_768(m: int, n: int, k: int, sms: int = SMS_H100) -> bool:
+    """Whether the large-M wave model picks at M = LQQ_BIG_M_MIN_M … 768: where 128-token programs fill half the SMs
+    (on rows longer than LQQ_WGMMA_NARROW: LQQ_WGMMA_LONG_ROW_PROGRAMS; not on layers with more and longer rows)."""
+    return (LQQ_BIG_M_MIN_M <= m <= LQQ_WGMMA_WIDE_MAX_M and not (n > LQQ_WGMMA_NARROW and k > LQQ_WGMMA_NARROW)
+            and -(-n // 64) * -(-m // 128) >= (LQQ_WGMMA_LONG_ROW_PROGRAMS if k > LQQ_WGMMA_NARROW else sms // 2))
+
+
+def lqq_uses_cost_model(m: int, n: int, k: int, sms: int = SMS_H100) -> bool:
+    """Whether :func:`lqq_wgmma_launch` takes the cost model's pick (:func:`lqq_cost_model_launch`) at this point."""
+    return (LQQ_WGMMA_MIN_M <= m <= LQQ_WGMMA_WIDE_MAX_M and _lqq_row_tile_exception(m, n, k) is None
+            and not _lqq_big_m_below_768(m, n, k, sms))
+
+
+def lqq_cost_model_options(m: int, n: int, k: int, sms: int = SMS_H100,
+                           max_warpgroups: int = 2) -> list[tuple[int, int, int]]:
+    """(tokens per program, K split, warpgroups) of every launch the LiquidQuant cost model scores for M tokens on an
+    [N, K] weight (comments above): every token tile at each LQQ_WGMMA_SPLITS split where the unsplit launch has fewer
+    programs than SMs and a split keeps MIN_SPLIT_TILES tiles; up to 64 tokens only launches of MIN_PROGRAMS programs
+    or more; two warpgroups on unsplit tiles where no one-warpgroup tile fits one wave."""
+    row_tiles, k_tiles = -(-n // 64), -(-k // 256)
+    options = []
+    for tile in LQQ_WGMMA_TILES:
+        unsplit = row_tiles * -(-m // tile)
+        for split in LQQ_WGMMA_SPLITS:
+            if split > 1 and (unsplit >= sms or split_plan(k_tiles, split)[0] < MIN_SPLIT_TILES):
+                continue
+            if m <= 64 and unsplit * split_plan(k_tiles, split)[1] < MIN_PROGRAMS:
+                continue
+            options.append((tile, split, 1))
+    if m > 64 and max_warpgroups > 1 and not any(_lqq_waves(m, n, tile, 1, sms) <= 1 for tile in LQQ_WGMMA_TILES):
+        options += [(tile, 1, 2) for tile in LQQ_WGMMA_TILES if _lqq_per_sm(m, n, tile, 2, sms) == 1]
+    return options
+
+
+def lqq_cost_model_launch(m: int, n: int, k: int, sms: int = SMS_H100, max_warpgroups: int = 2,
+                          cost: dict | None = None) -> tuple[tuple[int, int, int, int], int] | None:
+    """((tokens, stages, K split, tail), warpgroups) of the option of :func:`lqq_cost_model_options` that
+    :func:`lqq_wgmma_cost` (with ``cost``, default LQQ_WGMMA_COST) scores fastest; None where there is none (up to
+    64 tokens on layers too narrow for MIN_PROGRAMS programs: the Triton kernel)."""
+    options = lqq_cost_model_options(m, n, k, sms, max_warpgroups)
+    if not options:
+        return None
+    tile, split, wg = min(options, key=lambda o: lqq_wgmma_cost(m, n, k, o[0], o[1], sms, o[2], cost))
+    bm, tail = LQQ_WGMMA_TILES[tile]
+    return (bm, _lqq_stages(m, -(-n // (64 * wg)) * -(-m // tile), sms), split, tail), wg
 
 
 # The warp-specialized LiquidQuant kernel (:mod:`.lqq_ws`: a TMA producer warp, consumer warpgroups; session 16) runs
@@ -435,9 +496,8 @@ def lqq_wgmma_launch(m: int, n: int, k: int, sms: int = SMS_H100,
 # its own products unsafely, ws_ab_rule_h100.json: 1.07x / 1.06-1.29x on one warpgroup, 0.97x on two.) A launch of the
 # rule at two stages and 128 tokens (three programs an SM) runs three stages here (two an SM): the consumers' registers
 # at three an SM did not assemble (ptxas). The 64- and 32-token launches, and split-K ones, stay on lqq_wgmma. The cost
-# models for M <= 768 above (LQQ_WGMMA_COST, LQQ_WG2_COST) were fitted to lqq_wgmma before both changes of session 16
-# (this kernel, and lqq_wgmma's wait for a tile's own products) and were not refitted; the large-M model
-# (LQQ_BIG_M_WS) was, to this kernel's launches (session 17).
+# model for M <= 768 above (LQQ_WGMMA_COST) was refitted in session 18 to the kernels as they are (this one on the
+# unsplit 128-token tiles), the large-M model (LQQ_BIG_M_WS) in session 17.
 LQQ_WS_TWO_WARPGROUPS = True
 
 

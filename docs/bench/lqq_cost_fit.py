@@ -1,6 +1,6 @@
 """Refit the LiquidQuant cost model (quantkit/runtime/kernels/configs.py, LQQ_WGMMA_COST) to sweep logs of
 docs/bench/lqq_wgmma_sweep.py --tails --all-tiles --stages 3 --ws --ws-only (--wg2 on the wide layers) and
-configs.LQQ_WG2_COST (the ``two_warpgroups`` entry here): for each parameter set of a grid, the
+its ``two_warpgroups`` entry (configs.LQQ_WG2_COST before session 18): for each parameter set of a grid, the
 launch the model would pick at every logged point it governs (configs.lqq_uses_cost_model), timed by that point's own
 column for the launch, against the fastest launch logged there. Prints the best parameter sets by geometric-mean
 time / fastest and the picks of the best one.
@@ -85,8 +85,8 @@ def main() -> None:
         results.append((gm, worst, skipped, cost))
     results.sort(key=lambda r: (r[0], r[1]))
     current = score(rows, configs.LQQ_WGMMA_COST)
-    print(f"current LQQ_WGMMA_COST {configs.LQQ_WGMMA_COST}: {current[0]:.4f} geomean, worst {current[1]:.3f}, "
-          f"{current[2]} left out")
+    print(f"configs.LQQ_WGMMA_COST {configs.LQQ_WGMMA_COST} with splits {configs.LQQ_WGMMA_SPLITS}: "
+          f"{current[0]:.4f} geomean, worst {current[1]:.3f}, {current[2]} left out")
     for gm, worst, skipped, cost in results[:args.top]:
         print(f"{gm:.4f} geomean, worst {worst:.3f}, {skipped} left out: {cost}")
     for pick in score(rows, results[0][3])[3]:

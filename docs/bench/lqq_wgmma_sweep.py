@@ -28,6 +28,7 @@ from quantkit.runtime.kernels.configs import (LQQ_WGMMA_TILES, TileConfig, gemm_
                                              lqq_ws_launch,
                                              lqq_wgmma_warpgroups)
 from quantkit.runtime.kernels.int8_gemm import int8_matmul
+from quantkit.runtime.kernels.launch import split_plan
 from quantkit.runtime.kernels.lqq_wgmma import lqq_wgmma_matmul, lqq_wgmma_problem
 from quantkit.runtime.kernels.lqq_ws import lqq_ws_matmul
 from quantkit.runtime.kernels.reference import int8_reference
@@ -145,7 +146,7 @@ def main() -> None:
                 for bm, st, sk, tail in variants:
                     if not args.tails and (bm > max(m, 32) or (bm == 32 and m > 512) or (m >= 2048 and bm < 128)):
                         continue
-                    if (k // 256) // sk < args.min_split_tiles:
+                    if sk > 1 and split_plan(k // 256, sk)[0] < args.min_split_tiles:
                         continue
                     for wg in (1, 2) if args.wg2 else (1,):
                         ws = lqq_ws_launch((bm, st, sk, tail), wg) if args.ws else None

@@ -7,7 +7,9 @@ small M (session 18: the 1024×4096 k/v projection, where every launch timed bef
 Every launch is first checked bit for bit against the Triton LiquidQuant kernel at the same K split (one call, at
 the first M of each shape). Columns ``ws_<128[+tail]>_s<split>``; the rule's pick is ``rule``. (Session 18's first
 run, ``kv_ws_sweep_a_h100.json``, also timed each launch with two weight tiles' words in flight, ``_a2``, an option
-since removed: it was no faster anywhere.)
+since removed: at each token count's fastest launch it ran 0.976-1.007×.) Columns name the split that ran
+(:func:`quantkit.runtime.kernels.launch.split_plan` may lower the one asked for; a split that lowers to one already
+timed is not timed again).
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ def launches(tails, splits, k: int, min_tiles: int) -> list[tuple]:
     out = []
     for tail in tails:
         bm, stages, tl, wg, per_sm, _ = lqq_ws_launch((128, 3, 1, tail), 1)
-        for split in splits:
-            if split > 1 and split_plan(k // 256, split)[0] < min_tiles:
+        for asked in splits:
+            split = split_plan(k // 256, asked)[1]
+            if (split > 1 and split_plan(k // 256, split)[0] < min_tiles) or (tl, stages, wg, per_sm, split) in out:
                 continue
             out.append((tl, stages, wg, per_sm, split))
     return out

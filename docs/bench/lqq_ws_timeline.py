@@ -2,7 +2,7 @@
 quantkit/runtime/kernels/lqq_ws.py (made here at run time from that file's source, so it follows the kernel) stamps
 ``%globaltimer`` at six points of every program — kernel entry, the consumers' start, the end of their K loop, the
 split-K slot stored, the ticket taken, the epilogue done — into a buffer; one eager call per repetition. Session 18
-found with it that the tile's last program spent ~1.7 µs a slot adding the K-split slots (docs/BENCHMARKS.md).
+found with it that the tile's last program spent 1.35-1.8 µs a slot adding the K-split slots (docs/BENCHMARKS.md).
 
     python docs/bench/lqq_ws_timeline.py --out timeline.json
 
@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from quantkit.bench.problems import _packed, fp16_and_lqq_inputs
+from quantkit.runtime.kernels.launch import split_plan
 
 # (text in lqq_ws.py, what the instrumented build has instead); each must occur exactly once
 PATCHES = [
@@ -102,6 +103,7 @@ def main() -> None:
         m, split = int(m), int(split)
         t, meta = _packed("w4a8-lqq", torch.randn(n, k, device="cuda"))
         _, inputs = fp16_and_lqq_inputs(t, m, n, k)
+        split = split_plan(-(-k // 256), split)[1]  # the split that runs (a short K lowers the one asked for)
         programs = -(-n // 64) * -(-m // 128) * split
         dbg = torch.zeros(programs * 6, dtype=torch.int64, device="cuda")
         runs = []

@@ -1,7 +1,7 @@
 """Nsight Compute view of LiquidQuant launches on small layers (the 1024×4096 k/v projection) next to cuBLAS fp16:
-one call of each case after an unprofiled warm-up, under ``ncu --profile-from-start off``. Used to split the
-~13.6 µs a warp-specialized launch takes there (whatever its K split, docs/BENCHMARKS.md) into the kernel's own
-duration and what the timed CUDA graph adds.
+one call of each case after an unprofiled warm-up, under ``ncu --profile-from-start off``. Used in session 18 to split
+the ~13.6 µs a warp-specialized launch then took there (whatever its K split, docs/BENCHMARKS.md) into the kernel's
+own duration and what the timed CUDA graph adds.
 
     ncu --profile-from-start off --clock-control none --section SpeedOfLight --section LaunchStats \
         --section WarpStateStats python3 docs/bench/ncu_lqq_small.py --cases "fp16:1024x4096:128,ws:1024x4096:128:1"

@@ -49,7 +49,7 @@ def main() -> None:
             cfg, wg = launch
             fp16, inputs = fp16_and_lqq_inputs(t, m, n, k)
             calls = {"wgmma": lambda a, s, w: lqq_wgmma.lqq_wgmma_matmul(a, s, w, meta, *cfg, wg)}
-            mapped = lqq_ws_launch(cfg, wg)  # (bm, stages, tail, wg, per_sm)
+            mapped = lqq_ws_launch(cfg, wg)  # (bm, stages, tail, wg, per_sm, split 1)
             launches = {} if mapped is None else {"ws": (mapped[0], mapped[2], mapped[3], mapped[1], mapped[4])}
             for v in extra:
                 launches["ws_" + "_".join(map(str, v))] = v

@@ -180,7 +180,7 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
 # + "split_tiles" + "slot_tiles" × split when split: the prologue and epilogue, and the split-K slots the tile's last
 # program adds) × "two_warpgroups" for a two-warpgroup program. Session 18 made the split-K slots cheap (a coalesced
 # layout, docs/BENCHMARKS.md) and refitted the model (docs/bench/lqq_cost_fit.py over docs/logs/session18/
-# split_refit_*_h100.json: 120 points, 12 shapes, M = 33-512, every tile at K split 1, 2 and 4, two warpgroups on the
+# split_refit_*_h100.json: 120 points, 13 shapes, M = 33-512, every tile at K split 1, 2 and 4, two warpgroups on the
 # wide layers): splits of 4 (LQQ_WGMMA_SPLITS), the split terms 4 → 0 + 1 × split, share 0.6 → 0.5, exact_rounds 0.4
 # → 0.2; its picks' geometric-mean time / fastest 1.027 where session 17's rule ran 1.064 (measured in the same
 # sweeps). A/B against that rule (docs/bench/lqq_rule_ab.py, ABBA, token counts outside the fit,
@@ -188,7 +188,9 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
 # worst (2048×4096 M = 352), slower than fp16 at 7 of the A/B's 61 points instead of 11; "two_warpgroups" stays 1.75:
 # at 1.5 (the fit's best, by 0.2 %) 18944×3584 M = 260-288 ran 0.89-0.90x. Up to M = 64 only launches of MIN_PROGRAMS
 # programs or more count (else the Triton kernel): at M = 32-64 the Gluon kernel now runs where the Triton kernel
-# used to on layers of 1024-5120 rows (1.05-1.20x in the A/B, 0.97x on 3584/4096-row layers at M = 32).
+# used to on layers below MIN_PROGRAMS × 64 = 5760 rows (1.05-1.20x in the A/B, 0.97x on 3584/4096-row layers at
+# M = 32). A split's tiles are split_plan's: all but the last keep MIN_SPLIT_TILES (K = 3584 splits 4 as 4+4+4+2, measured
+# fastest at M <= 64 on the 3584-column shapes).
 # Before session 18 (session 10's fit, docs/bench/lqq_wgmma_sweep.py --tails --all-tiles, docs/logs/
 # lqq_tiles_wrapped_h100.json: every tile at 18 token counts from 96 to 768 on six Llama-3-8B shapes, after the
 # ragged-tile fix of commit c6d9e77; share 0.6, tokens 0.1, rounds 0.4, K tiles + 2, + 4 when split 2). Its pick was the
@@ -431,8 +433,9 @@ def lqq_wgmma_launch(m: int, n: int, k: int, sms: int = SMS_H100,
 
 
 def _lqq_row_tile_exception(m: int, n: int, k: int, max_warpgroups: int = 2) -> tuple | None:
-    """(the launch, None for the Triton kernel) of a measured exception (LQQ_ROW_TILE_EXCEPTIONS) at this point, or
-    None where none applies (a two-warpgroup exception without two warpgroups falls to the models)."""
+    """A 1-tuple (launch,) of the measured exception (LQQ_ROW_TILE_EXCEPTIONS) at this point — its launch None for the
+    Triton kernel — or None where none applies (a two-warpgroup exception without two warpgroups falls to the
+    models)."""
     if LQQ_ROW_TILE_EXCEPTIONS_K[0] <= k <= LQQ_ROW_TILE_EXCEPTIONS_K[1]:
         for first, last, cfg, wg in LQQ_ROW_TILE_EXCEPTIONS.get(-(-n // 64), ()):
             if first <= m <= last:
@@ -457,7 +460,7 @@ def lqq_cost_model_options(m: int, n: int, k: int, sms: int = SMS_H100,
                            max_warpgroups: int = 2) -> list[tuple[int, int, int]]:
     """(tokens per program, K split, warpgroups) of every launch the LiquidQuant cost model scores for M tokens on an
     [N, K] weight (comments above): every token tile at each LQQ_WGMMA_SPLITS split where the unsplit launch has fewer
-    programs than SMs and a split keeps MIN_SPLIT_TILES tiles; up to 64 tokens only launches of MIN_PROGRAMS programs
+    programs than SMs and every split of :func:`.launch.split_plan` but the last keeps MIN_SPLIT_TILES tiles; up to 64 tokens only launches of MIN_PROGRAMS programs
     or more; two warpgroups on unsplit tiles where no one-warpgroup tile fits one wave."""
     row_tiles, k_tiles = -(-n // 64), -(-k // 256)
     options = []
@@ -496,7 +499,7 @@ def lqq_cost_model_launch(m: int, n: int, k: int, sms: int = SMS_H100, max_warpg
 # its own products unsafely, ws_ab_rule_h100.json: 1.07x / 1.06-1.29x on one warpgroup, 0.97x on two.) A launch of the
 # rule at two stages and 128 tokens (three programs an SM) runs three stages here (two an SM): the consumers' registers
 # at three an SM did not assemble (ptxas). The 64- and 32-token launches, and split-K ones, stay on lqq_wgmma. The cost
-# model for M <= 768 above (LQQ_WGMMA_COST) was refitted in session 18 to the kernels as they are (this one on the
+# model for M = 32-768 above (LQQ_WGMMA_COST) was refitted in session 18 to the kernels as they are (this one on the
 # unsplit 128-token tiles), the large-M model (LQQ_BIG_M_WS) in session 17.
 LQQ_WS_TWO_WARPGROUPS = True
 
@@ -510,11 +513,12 @@ def lqq_ws_launch(cfg: tuple[int, int, int, int], warpgroups: int) -> tuple[int,
     bm, stages, split, tail = cfg
     if bm != 128 or split != 1 or (warpgroups == 2 and not LQQ_WS_TWO_WARPGROUPS):
         return None
+    # the sixth field, the K split, is always 1 here: lqq_ws_matmul's own split_k, which the rules leave at 1
     if warpgroups == 2:
-        return bm, stages, tail, 2, 1, split
+        return bm, stages, tail, 2, 1, 1
     if tail == 0:
-        return bm, 3, 0, 1, LQQ_WGMMA_PER_SM[(128, 3)], split
-    return bm, stages, tail, 1, LQQ_WGMMA_PER_SM[(bm + tail, stages)], split
+        return bm, 3, 0, 1, LQQ_WGMMA_PER_SM[(128, 3)], 1
+    return bm, stages, tail, 1, LQQ_WGMMA_PER_SM[(bm + tail, stages)], 1
 
 # MixLLM W8A8 at M = 17-32 and above 64: the Gluon TMA kernel (:mod:`.w8a8_wgmma`), 64 tokens × 128 weight rows
 # per program (64 rows when that leaves fewer than W8A8_WGMMA_MIN_PROGRAMS programs), 4 stages, one warpgroup.

@@ -7,7 +7,8 @@ cuBLAS runs a producer warp (TMA, mbarriers) that feeds consumer warpgroups. Liq
 kernel the same way: a load warp brings operand tiles over TMA into a shared-memory ring, compute warpgroups
 dequantize and multiply. This kernel does that with ``gl.warp_specialize``:
 
-* the **producer** (one warp, 24 registers) walks the K tiles: waits until ring slot ``t % STAGES`` is empty
+* the **producer** (one warp, 24 registers) walks the program's K tiles: waits until ring slot ``i % STAGES`` (its
+  i-th tile) is empty
   (mbarrier ``empty``), then starts the TMA of activation tile t — two [BM, 128] int8 boxes, plus two [BT, 128]
   for a tail tile — completing on mbarrier ``ready``. Token rows past M arrive as zeros (TMA bounds), and their
   products are never stored;
@@ -23,8 +24,9 @@ dequantize and multiply. This kernel does that with ``gl.warp_specialize``:
 * the epilogue is :mod:`.lqq_wgmma`'s: (acc · token scale) · channel scale, fp16/bf16 store — or, in a K-split
   launch (program axis 2 walks its share of the 256-column tiles, producer and consumers alike), the fp32 slot of
   :mod:`.splitk`'s scheme, the tile's last program adding the slots in split order
-  (:func:`.wgmma_common.store_rows_split`). Split launches give layers with few output tiles (the 1024-row k/v
-  products) programs enough to fill the SMs, as lqq_wgmma's do.
+  (:func:`.wgmma_common.store_rows_split`). Split launches would give layers with few output tiles (the 1024-row k/v
+  products) programs enough to fill the SMs, as lqq_wgmma's do; measured there they were no faster than lqq_wgmma's
+  splits, so the rules give this kernel none (docs/bench/lqq_ws_sweep.py times them).
 
 Same bits as :mod:`.lqq_wgmma` and the Triton LiquidQuant kernel (exact int32 products, the same epilogue). No
 CPU interpreter runs Gluon; the GPU tests compare it bit for bit with the Triton kernel (the format's pure-torch
@@ -101,20 +103,19 @@ if HAVE_GLUON:
             mbarrier.arrive(empty.index(s), count=1)
         rm = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
         rn_o = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
+        if BT > 0:
+            rm_t = row0 + BM + gl.arange(0, BT, layout=gl.SliceLayout(0, mma_t))
+            rn_t = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_t))
         if SPLIT_K == 1:
             store_rows(out_ptr, apply_scales(acc, sa_ptr, cs_ptr, rm, rn_o, M, N, stride_sm), rm, rn_o, first, M, N,
                        stride_om)
             if BT > 0:
-                rm_t = row0 + BM + gl.arange(0, BT, layout=gl.SliceLayout(0, mma_t))
-                rn_t = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_t))
                 store_rows(out_ptr, apply_scales(acc_t, sa_ptr, cs_ptr, rm_t, rn_t, M, N, stride_sm), rm_t, rn_t,
                            first, M, N, stride_om)
         elif BT == 0:
             store_rows_split(out_ptr, ws_ptr, ticket_ptr, apply_scales(acc, sa_ptr, cs_ptr, rm, rn_o, M, N, stride_sm),
                              rm, rn_o, first, M, N, stride_om, pid_k, SPLIT_K)
         else:
-            rm_t = row0 + BM + gl.arange(0, BT, layout=gl.SliceLayout(0, mma_t))
-            rn_t = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_t))
             store_rows_split_pair(out_ptr, ws_ptr, ticket_ptr,
                                   apply_scales(acc, sa_ptr, cs_ptr, rm, rn_o, M, N, stride_sm), rm, rn_o,
                                   apply_scales(acc_t, sa_ptr, cs_ptr, rm_t, rn_t, M, N, stride_sm), rm_t, rn_t,

@@ -268,7 +268,8 @@ if HAVE_GLUON:
         """A [ROWS, tokens] fp32 split-K tile as the program's 4·ROWS/64 warps load and store it: four consecutive
         weight rows (16 contiguous bytes of a slot row) a thread, a warp's 16 × 4 rows of two tokens a line each.
         The accumulator's own layout put 4 tokens × 8 rows of 4 bytes in each warp access: the tile's last program
-        took ~1.7 µs a slot to add them (H100, globaltimer stamps, docs/BENCHMARKS.md session 18)."""
+        took 1.35-1.8 µs a slot to add them, 0.5-0.85 µs since (H100, globaltimer stamps, docs/BENCHMARKS.md
+        session 18)."""
         return gl.BlockedLayout(size_per_thread=[4, 1], threads_per_warp=[16, 2], warps_per_cta=[ROWS // 64, 4],
                                 order=[0, 1])
 
@@ -287,10 +288,6 @@ if HAVE_GLUON:
         gl.store(ws_ptr + rm[None, :] * N + rn[:, None] + pid_k * (M * N), y, mask=mask)
 
     @gluon.jit
-    def _store_slot(ws_ptr, y, rm, rn, M, N, pid_k):
-        _store_slot_from(ws_ptr, y, rm, rn, 0, M, N, pid_k)
-
-    @gluon.jit
     def _sum_slots_from(out_ptr, ws_ptr, like, rm, rn, first, M, N, stride_om, SPLIT_K: gl.constexpr):
         # like: a tile of the sum's shape (only that is used); the slots added in split order from zero
         rm, rn = _slot_view(rm, rn, like)
@@ -304,10 +301,6 @@ if HAVE_GLUON:
             for s in range(SPLIT_K):
                 total += gl.load(ws_ptrs + s * (M * N), mask=mask, other=0.0, cache_modifier=".cg")
         gl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], total.to(out_ptr.dtype.element_ty), mask=mask)
-
-    @gluon.jit
-    def _sum_slots(out_ptr, ws_ptr, like, rm, rn, M, N, stride_om, SPLIT_K: gl.constexpr):
-        _sum_slots_from(out_ptr, ws_ptr, like, rm, rn, 0, M, N, stride_om, SPLIT_K)
 
     @gluon.jit
     def _take_ticket(ticket_ptr, SPLIT_K: gl.constexpr):
@@ -337,22 +330,14 @@ if HAVE_GLUON:
         if SPLIT_K == 1:
             _store_out(out_ptr, y, rm, rn, M, N, stride_om)
         else:
-            _store_slot(ws_ptr, y, rm, rn, M, N, pid_k)
-            if _take_ticket(ticket_ptr, SPLIT_K):
-                _sum_slots(out_ptr, ws_ptr, y, rm, rn, M, N, stride_om, SPLIT_K)
-                _release_ticket(ticket_ptr)
+            store_rows_split(out_ptr, ws_ptr, ticket_ptr, y, rm, rn, 0, M, N, stride_om, pid_k, SPLIT_K)
 
     @gluon.jit
     def store_split_pair(out_ptr, ws_ptr, ticket_ptr, y, rm, rn, y2, rm2, rn2, M, N, stride_om, pid_k,
                          SPLIT_K: gl.constexpr):
         """:func:`store_tile`'s split-K path (SPLIT_K > 1) for a program that finished two tiles (a token tile and
         its tail): both go to slot pid_k, and one ticket covers both. (Unsplit, store each with store_tile.)"""
-        _store_slot(ws_ptr, y, rm, rn, M, N, pid_k)
-        _store_slot(ws_ptr, y2, rm2, rn2, M, N, pid_k)
-        if _take_ticket(ticket_ptr, SPLIT_K):
-            _sum_slots(out_ptr, ws_ptr, y, rm, rn, M, N, stride_om, SPLIT_K)
-            _sum_slots(out_ptr, ws_ptr, y2, rm2, rn2, M, N, stride_om, SPLIT_K)
-            _release_ticket(ticket_ptr)
+        store_rows_split_pair(out_ptr, ws_ptr, ticket_ptr, y, rm, rn, y2, rm2, rn2, 0, M, N, stride_om, pid_k, SPLIT_K)
 
     @gluon.jit
     def store_rows_split(out_ptr, ws_ptr, ticket_ptr, y, rm, rn, first, M, N, stride_om, pid_k,

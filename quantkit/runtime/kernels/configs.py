@@ -186,7 +186,9 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
 # sweeps). A/B against that rule (docs/bench/lqq_rule_ab.py, ABBA, token counts outside the fit,
 # docs/logs/session18/lqq_rule_ab_costfit_h100.json): 1.074x at the 51 points where the launch changed, 0.95x at
 # worst (2048×4096 M = 352), slower than fp16 at 7 of the A/B's 61 points instead of 11; "two_warpgroups" stays 1.75:
-# at 1.5 (the fit's best, by 0.2 %) 18944×3584 M = 260-288 ran 0.89-0.90x. Up to M = 64 only launches of MIN_PROGRAMS
+# at 1.5 (the fit's best, by 0.2 %) 18944×3584 M = 260-288 ran 0.89-0.90x. A second A/B on six other shapes
+# (lqq_rule_ab_costfit_other_h100.json: 4096×11008, 12288×4096, 22016×4096, 512×3584, 5120×5120, 1536×8960): 1.105x
+# at 39 changed points, 0.93x at worst (22016×4096 M = 192), slower than fp16 at 6 instead of 14. Up to M = 64 only launches of MIN_PROGRAMS
 # programs or more count (else the Triton kernel): at M = 32-64 the Gluon kernel now runs where the Triton kernel
 # used to on layers below MIN_PROGRAMS × 64 = 5760 rows (1.05-1.20x in the A/B, 0.97x on 3584/4096-row layers at
 # M = 32). A split's tiles are split_plan's: all but the last keep MIN_SPLIT_TILES (K = 3584 splits 4 as 4+4+4+2, measured

@@ -19,7 +19,8 @@ import json
 import math
 
 from quantkit.runtime.kernels import configs
-from quantkit.runtime.kernels.configs import LQQ_WGMMA_TILES, lqq_cost_model_options, lqq_uses_cost_model, lqq_wgmma_cost
+from quantkit.runtime.kernels.configs import (LQQ_WGMMA_TILES, lqq_cost_model_options, lqq_uses_cost_model,
+                                             lqq_wgmma_cost)
 
 GRID = {"share": (0.4, 0.5, 0.6, 0.7, 0.8), "tokens": (0.05, 0.1, 0.15, 0.2), "exact_rounds": (0.2, 0.4, 0.6),
         "fixed_tiles": (1, 2, 3, 4), "split_tiles": (0, 0.5, 1, 2, 3, 4), "slot_tiles": (0, 0.25, 0.5, 1),
@@ -30,7 +31,8 @@ def column(tile: int, split: int, warpgroups: int) -> tuple[str, str]:
     """The sweep's columns for a launch at three stages: lqq_ws's (the rule's kernel for unsplit 128-token tiles) and
     lqq_wgmma's."""
     bm, tail = LQQ_WGMMA_TILES[tile]
-    name = (f"gluon_{bm}_3_{split}" if not tail else f"gluon_{bm}+{tail}_3_{split}") + ("_wg2" if warpgroups == 2 else "")
+    name = f"gluon_{bm}_3_{split}" if not tail else f"gluon_{bm}+{tail}_3_{split}"
+    name += "_wg2" if warpgroups == 2 else ""
     return "ws_" + name, name
 
 

@@ -175,24 +175,24 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
 # From M = 32 (to 768, where neither the large-M model nor a measured exception below takes the point,
 # lqq_uses_cost_model) the rule scores every (token tile, K split, warpgroups) with a small cost model
 # (lqq_wgmma_cost): rounds of programs (ceil of programs / (SMs × resident programs), blended with the exact fraction
-# by "exact_rounds") × resident programs ^ "share" (programs sharing an SM slow each other, less than linearly) ×
-# (1 + "tokens" × tokens / 32) (a tile's products next to its dequantization) × (K tiles per split + "fixed_tiles",
-# + "split_tiles" + "slot_tiles" × split when split: the prologue and epilogue, and the split-K slots the tile's last
+# by "exact_rounds") × resident programs ^ "share" (programs sharing an SM slow each other, less than linearly) × (1 +
+# "tokens" × tokens / 32) (a tile's products next to its dequantization) × (K tiles per split + "fixed_tiles", +
+# "split_tiles" + "slot_tiles" × split when split: the prologue and epilogue, and the split-K slots the tile's last
 # program adds) × "two_warpgroups" for a two-warpgroup program. Session 18 made the split-K slots cheap (a coalesced
 # layout, docs/BENCHMARKS.md) and refitted the model (docs/bench/lqq_cost_fit.py over docs/logs/session18/
 # split_refit_*_h100.json: 120 points, 13 shapes, M = 33-512, every tile at K split 1, 2 and 4, two warpgroups on the
-# wide layers): splits of 4 (LQQ_WGMMA_SPLITS), the split terms 4 → 0 + 1 × split, share 0.6 → 0.5, exact_rounds 0.4
-# → 0.2; its picks' geometric-mean time / fastest 1.027 where session 17's rule ran 1.064 (measured in the same
-# sweeps). A/B against that rule (docs/bench/lqq_rule_ab.py, ABBA, token counts outside the fit,
-# docs/logs/session18/lqq_rule_ab_costfit_h100.json): 1.074x at the 51 points where the launch changed, 0.95x at
-# worst (2048×4096 M = 352), slower than fp16 at 7 of the A/B's 61 points instead of 11; "two_warpgroups" stays 1.75:
-# at 1.5 (the fit's best, by 0.2 %) 18944×3584 M = 260-288 ran 0.89-0.90x. A second A/B on six other shapes
-# (lqq_rule_ab_costfit_other_h100.json: 4096×11008, 12288×4096, 22016×4096, 512×3584, 5120×5120, 1536×8960): 1.105x
-# at 39 changed points, 0.93x at worst (22016×4096 M = 192), slower than fp16 at 6 instead of 14. Up to M = 64 only launches of MIN_PROGRAMS
-# programs or more count (else the Triton kernel): at M = 32-64 the Gluon kernel now runs where the Triton kernel
-# used to on layers below MIN_PROGRAMS × 64 = 5760 rows (1.05-1.20x in the A/B, 0.97x on 3584/4096-row layers at
-# M = 32). A split's tiles are split_plan's: all but the last keep MIN_SPLIT_TILES (K = 3584 splits 4 as 4+4+4+2, measured
-# fastest at M <= 64 on the 3584-column shapes).
+# wide layers): splits of 4 (LQQ_WGMMA_SPLITS), the split terms 4 → 0 + 1 × split, share 0.6 → 0.5, exact_rounds 0.4 →
+# 0.2; its picks' geometric-mean time / fastest 1.027 where session 17's rule ran 1.064 (measured in the same sweeps).
+# A/B against that rule (docs/bench/lqq_rule_ab.py, ABBA, token counts outside the fit,
+# docs/logs/session18/lqq_rule_ab_costfit_h100.json): 1.074x at the 51 points where the launch changed, 0.95x at worst
+# (2048×4096 M = 352), slower than fp16 at 7 of the A/B's 61 points instead of 11; "two_warpgroups" stays 1.75: at 1.5
+# (the fit's best, by 0.2 %) 18944×3584 M = 260-288 ran 0.89-0.90x. A second A/B on six other shapes
+# (lqq_rule_ab_costfit_other_h100.json: 4096×11008, 12288×4096, 22016×4096, 512×3584, 5120×5120, 1536×8960): 1.105x at
+# 39 changed points, 0.93x at worst (22016×4096 M = 192), slower than fp16 at 6 instead of 14. Up to M = 64 only
+# launches of MIN_PROGRAMS programs or more count (else the Triton kernel): at M = 32-64 the Gluon kernel now runs
+# where the Triton kernel used to on layers below MIN_PROGRAMS × 64 = 5760 rows (1.05-1.20x in the A/B, 0.97x on
+# 3584/4096-row layers at M = 32). A split's tiles are split_plan's: all but the last keep MIN_SPLIT_TILES (K = 3584
+# splits 4 as 4+4+4+2, measured fastest at M <= 64 on the 3584-column shapes).
 # Before session 18 (session 10's fit, docs/bench/lqq_wgmma_sweep.py --tails --all-tiles, docs/logs/
 # lqq_tiles_wrapped_h100.json: every tile at 18 token counts from 96 to 768 on six Llama-3-8B shapes, after the
 # ragged-tile fix of commit c6d9e77; share 0.6, tokens 0.1, rounds 0.4, K tiles + 2, + 4 when split 2). Its pick was the
@@ -462,8 +462,9 @@ def lqq_cost_model_options(m: int, n: int, k: int, sms: int = SMS_H100,
                            max_warpgroups: int = 2) -> list[tuple[int, int, int]]:
     """(tokens per program, K split, warpgroups) of every launch the LiquidQuant cost model scores for M tokens on an
     [N, K] weight (comments above): every token tile at each LQQ_WGMMA_SPLITS split where the unsplit launch has fewer
-    programs than SMs and every split of :func:`.launch.split_plan` but the last keeps MIN_SPLIT_TILES tiles; up to 64 tokens only launches of MIN_PROGRAMS programs
-    or more; two warpgroups on unsplit tiles where no one-warpgroup tile fits one wave."""
+    programs than SMs and every split of :func:`.launch.split_plan` but the last keeps MIN_SPLIT_TILES tiles; up to 64
+    tokens only launches of MIN_PROGRAMS programs or more; two warpgroups on unsplit tiles where no one-warpgroup tile
+    fits one wave."""
     row_tiles, k_tiles = -(-n // 64), -(-k // 256)
     options = []
     for tile in LQQ_WGMMA_TILES:

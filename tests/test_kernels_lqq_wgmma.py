@@ -202,6 +202,34 @@ def test_cost_model_prefers_fewer_token_tiles_and_fuller_waves():
     assert lqq_wgmma_cost(512, 14336, 4096, 128, 2) > lqq_wgmma_cost(512, 14336, 4096, 128, 1)
 
 
+def test_cost_model_region_and_its_split_terms():
+    """configs.lqq_uses_cost_model says where lqq_wgmma_launch takes the cost model's pick, and the split terms of
+    session 18 (each slot the tile's last program adds costs "slot_tiles") order the splits."""
+    from quantkit.runtime.kernels.configs import lqq_cost_model_launch, lqq_uses_cost_model
+
+    assert lqq_uses_cost_model(32, 4096, 4096) and lqq_uses_cost_model(128, 1024, 4096)
+    assert not lqq_uses_cost_model(31, 4096, 4096)  # decode sizes: GEMV / Triton
+    assert not lqq_uses_cost_model(512, 4096, 4096)  # the large-M model from 384 where 128-token programs fill the GPU
+    assert not lqq_uses_cost_model(448, 6144, 4096)  # a measured exception
+    assert not lqq_uses_cost_model(800, 1024, 4096)  # above 768
+    for n, k in LLAMA + [(4608, 3584), (512, 3584), (2048, 4096)]:
+        for m in range(32, 769, 11):
+            if lqq_uses_cost_model(m, n, k):
+                assert lqq_wgmma_launch(m, n, k) == lqq_cost_model_launch(m, n, k), (n, k, m)
+    # the split terms: K tiles / split + fixed + split_tiles + slot_tiles × split
+    c = dict(configs.LQQ_WGMMA_COST)
+    free = dict(c, slot_tiles=0, split_tiles=0)
+    ratio = lambda cost, split: (lqq_wgmma_cost(96, 1024, 4096, 32, split, cost=cost)  # noqa: E731
+                                 / lqq_wgmma_cost(96, 1024, 4096, 32, 1, cost=cost))
+    assert ratio(c, 4) > ratio(free, 4) and ratio(c, 2) > ratio(free, 2)
+    def work(split, cost):
+        return 16 / split + cost["fixed_tiles"] + cost["split_tiles"] + cost["slot_tiles"] * split
+
+    assert ratio(c, 4) / ratio(free, 4) == pytest.approx(work(4, c) / work(4, free))
+    # the k/v layer at 96 tokens splits 4 (8.2 µs vs 9.2 for session 17's split 2; split_refit_kv_h100.json)
+    assert lqq_wgmma_launch(96, 1024, 4096)[0][2] == 4
+
+
 def test_problem_names_what_the_kernel_cannot_take():
     _, _, meta = packed("w4a8-lqq", 64, 512, 128)
     codes, _ = _acts(40, 512, 0)

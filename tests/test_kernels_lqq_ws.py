@@ -77,51 +77,35 @@ def test_matmul_refuses_a_split_below_one():
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("n,k,m,stages,tail,wg,per_sm,split", [
+    (200, 512, 33, 3, 0, 1, 2, 1), (333, 1024, 130, 3, 0, 1, 2, 1), (65, 768, 1, 3, 0, 1, 1, 1),
+    (4096, 2048, 769, 3, 0, 1, 2, 1), (1000, 1280, 257, 2, 0, 1, 2, 1), (127, 4096, 640, 3, 0, 1, 1, 1),
+    # tails of 32/64 tokens: wholly or partly past M, one or two warpgroups
+    (200, 512, 33, 3, 32, 1, 1, 1), (1000, 1024, 300, 2, 64, 1, 2, 1), (333, 768, 161, 3, 32, 1, 1, 1),
+    (4096, 2048, 700, 3, 64, 2, 1, 1), (130, 2304, 1025, 3, 64, 2, 1, 1), (64, 256, 5, 2, 64, 2, 1, 1),
+    # the large-M model's 160-token tiles, two an SM at two stages (configs.LQQ_BIG_M_WS)
+    (1024, 1024, 2049, 2, 32, 1, 2, 1),
     # K splits: the k/v layer's launches, a split that does not divide the tiles (5 tiles in 2), a ragged last token
     # tile moved back over the tile before (its overlap rows stay out of the slots), tails, two warpgroups, a split
     # of one tile a program
     (1024, 4096, 769, 3, 0, 1, 2, 2), (1024, 4096, 128, 3, 0, 1, 2, 8), (333, 1280, 300, 3, 0, 1, 2, 2),
     (200, 1280, 300, 3, 32, 1, 1, 2), (1000, 2048, 161, 2, 64, 1, 2, 4), (4096, 2048, 700, 3, 64, 2, 1, 2),
     (64, 256, 5, 2, 0, 1, 2, 2), (130, 2304, 1025, 3, 32, 2, 1, 3), (1000, 2048, 161, 2, 64, 1, 2, 8)])
-def test_split_ws_kernel_equals_triton_at_the_same_split_call_after_call(n, k, m, stages, tail, wg, per_sm, split):
-    _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n + m + split)
-    codes, scales = _acts(m, k, seed=m + 1)
-    # the Triton kernel with the same K split sums the same fp32 partials in the same order
+def test_ws_kernel_equals_triton_at_the_same_split_call_after_call(n, k, m, stages, tail, wg, per_sm, split):
+    """Bit for bit the Triton kernel's result at the same K split (which sums the same fp32 partials in the same
+    order), call after call (a race would show as calls that differ), into a row-strided output, and in bf16."""
+    _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n + m + (split if split > 1 else 0))
+    codes, scales = _acts(m, k, seed=m + (1 if split > 1 else 0))
     tri = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, config=TileConfig(64, 128, split, 4, 3))
     for _ in range(4):
+        # a row-strided output (rows n + 8 apart), as QuantLinear's callers may pass
         out = torch.full((m, n + 8), float("nan"), dtype=torch.float16, device=DEVICE)[:, :n]
         got = lqq_ws_matmul(codes, scales, tensors, meta, 128, stages, tail, wg, per_sm, split, out=out)
         assert torch.equal(got, tri)
     assert rel_err(got, int8_reference(codes, scales, -1, "w4a8-lqq", tensors, meta)) < 1e-3
     bf = lqq_ws_matmul(codes, scales, tensors, meta, 128, stages, tail, wg, per_sm, split, out_dtype=torch.bfloat16)
-    assert torch.equal(bf, int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, out_dtype=torch.bfloat16,
-                                       config=TileConfig(64, 128, split, 4, 3)))
-
-
-@pytest.mark.gpu
-@hopper
-@pytest.mark.parametrize("n,k,m,stages,tail,wg,per_sm", [
-    (200, 512, 33, 3, 0, 1, 2), (333, 1024, 130, 3, 0, 1, 2), (65, 768, 1, 3, 0, 1, 1), (4096, 2048, 769, 3, 0, 1, 2),
-    (1000, 1280, 257, 2, 0, 1, 2), (127, 4096, 640, 3, 0, 1, 1),
-    # tails of 32/64 tokens: wholly or partly past M, one or two warpgroups
-    (200, 512, 33, 3, 32, 1, 1), (1000, 1024, 300, 2, 64, 1, 2), (333, 768, 161, 3, 32, 1, 1),
-    (4096, 2048, 700, 3, 64, 2, 1), (130, 2304, 1025, 3, 64, 2, 1), (64, 256, 5, 2, 64, 2, 1),
-    # the large-M model's 160-token tiles, two an SM at two stages (configs.LQQ_BIG_M_WS)
-    (1024, 1024, 2049, 2, 32, 1, 2)])
-def test_ws_kernel_equals_triton_bit_for_bit_call_after_call(n, k, m, stages, tail, wg, per_sm):
-    _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n + m)
-    codes, scales = _acts(m, k, seed=m)
-    tri = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, config=TileConfig(64, 128, 1, 4, 3))
-    for _ in range(4):
-        # a row-strided output (rows n + 8 apart), as QuantLinear's callers may pass
-        out = torch.full((m, n + 8), float("nan"), dtype=torch.float16, device=DEVICE)[:, :n]
-        got = lqq_ws_matmul(codes, scales, tensors, meta, 128, stages, tail, wg, per_sm, out=out)
-        assert torch.equal(got, tri)
-    assert rel_err(got, int8_reference(codes, scales, -1, "w4a8-lqq", tensors, meta)) < 1e-3
-    bf = lqq_ws_matmul(codes, scales, tensors, meta, 128, stages, tail, wg, per_sm, out_dtype=torch.bfloat16)
     assert bf.dtype == torch.bfloat16
     assert torch.equal(bf, int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, out_dtype=torch.bfloat16,
-                                       config=TileConfig(64, 128, 1, 4, 3)))
+                                       config=TileConfig(64, 128, split, 4, 3)))
 
 
 @pytest.mark.gpu

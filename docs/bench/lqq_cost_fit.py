@@ -19,8 +19,7 @@ import json
 import math
 
 from quantkit.runtime.kernels import configs
-from quantkit.runtime.kernels.configs import (LQQ_WGMMA_TILES, lqq_cost_model_options, lqq_uses_cost_model,
-                                             lqq_wgmma_cost)
+from quantkit.runtime.kernels.configs import LQQ_WGMMA_TILES, lqq_cost_model_launch, lqq_uses_cost_model
 
 GRID = {"share": (0.4, 0.5, 0.6, 0.7, 0.8), "tokens": (0.05, 0.1, 0.15, 0.2), "exact_rounds": (0.2, 0.4, 0.6),
         "fixed_tiles": (1, 2, 3, 4), "split_tiles": (0, 0.5, 1, 2, 3, 4), "slot_tiles": (0, 0.25, 0.5, 1),
@@ -46,10 +45,10 @@ def score(rows: list[dict], cost: dict) -> tuple[float, float, int, list]:
     logs, worst, skipped, picks = [], 1.0, 0, []
     for row in rows:
         m, n, k = row["m"], row["n"], row["k"]
-        options = lqq_cost_model_options(m, n, k)
-        if options:
-            tile, split, wg = min(options, key=lambda o: lqq_wgmma_cost(m, n, k, o[0], o[1], warpgroups=o[2],
-                                                                         cost=cost))
+        launch = lqq_cost_model_launch(m, n, k, cost=cost)
+        if launch is not None:
+            (bm, _, split, tail), wg = launch
+            tile = bm + tail
             t = timed(row, tile, split, wg)
         else:  # no launch with programs enough: the Triton kernel
             tile, split, wg, t = 0, 0, 0, row["triton"]

@@ -283,16 +283,18 @@ def test_launch_error_paths(monkeypatch):
     monkeypatch.setattr(cuda_common, "_PDL_OFF", {})
     monkeypatch.delenv(cuda_common.PDL_SWITCH, raising=False)
     result = {"err": 0}
-    ex_calls, plain_calls = [], []
+    ex_calls, plain_calls, shared = [], [], []
     monkeypatch.setattr(cuda_common, "_cu_launch_kernel_ex",
-                        lambda: lambda cfg, f, params, extra: ex_calls.append(f) or result["err"])
+                        lambda: lambda cfg, f, params, extra: ex_calls.append(f) or shared.append(
+                            cfg._obj.shared_bytes) or result["err"])
 
     class Fn:
         kernel = types.SimpleNamespace(ptr=1234)
         fail = False
 
-        def __call__(self, grid, block, args):
+        def __call__(self, grid, block, args, shared_mem=0):
             plain_calls.append(grid)
+            shared.append(shared_mem)
             if self.fail:
                 raise ValueError("bad launch arguments")
 
@@ -319,6 +321,13 @@ def test_launch_error_paths(monkeypatch):
     ex_calls.clear()
     cuda_common.launch(fn, True, 0, 0, (4, 1), (128,), args)   # off now: ordinary launches only
     assert ex_calls == [] and plain_calls[-1] == (4, 1)
+    # dynamic shared memory reaches both launch forms
+    shared.clear()
+    cuda_common.launch(fn, False, 0, 0, (4, 1), (128,), args, shared_mem=70000)
+    monkeypatch.setattr(cuda_common, "_PDL_OFF", {})
+    result["err"] = 0
+    cuda_common.launch(fn, True, 0, 0, (4, 1), (128,), args, shared_mem=90000)
+    assert shared == [70000, 90000]
 
 
 @pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU and CuPy")

@@ -124,6 +124,30 @@ def compiled(device_index: int, source: str, name: str):
         return mod.get_function(name)
 
 
+def device_problem(a_codes, others: list, capability: tuple[int, int], too_old: str) -> str | None:
+    """The device checks the CUDA kernels' ``*_problem`` functions share (None: all pass): the activation codes on a
+    CUDA device, every tensor of ``others`` on that device, a compute capability of at least ``capability`` (else
+    the reason ``too_old``), and CuPy seeing a GPU."""
+    import torch
+
+    if not a_codes.is_cuda:
+        return "activations are not on a CUDA device"
+    if any(t.device != a_codes.device for t in others):
+        return "tensors are not all on the activations' CUDA device"
+    if torch.cuda.get_device_capability(a_codes.device) < capability:
+        return too_old
+    if not cupy_available():
+        return "CuPy is not installed or sees no GPU"
+    return None
+
+
+def device_index(t) -> int:
+    """The CUDA device index of tensor ``t`` (the current device where its device has none)."""
+    import torch
+
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
 @functools.lru_cache(maxsize=None)
 def compile_problem(device_index: int, source: str, names: tuple[str, ...], what: str) -> str | None:
     """None when every instance in ``names`` compiles (cached) in the form :func:`launch_form` picks, else the
@@ -266,8 +290,32 @@ def launch_form(device_index: int, source: str, name: str) -> tuple[object, bool
     return compiled(device_index, source, name), False
 
 
-def launch(fn, pdl: bool, device_index: int, stream_handle: int, grid: tuple, block: tuple, args: tuple) -> None:
-    """Launch CuPy function ``fn`` (from :func:`launch_form`) on the torch stream ``stream_handle`` — with
+_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_SHARED_OPT_IN: set[tuple[int, int, int]] = set()  # (device, CUfunction, bytes) already allowed
+
+
+def allow_dynamic_shared(fn, device_index: int, nbytes: int) -> None:
+    """Let CuPy function ``fn`` launch with ``nbytes`` of dynamic shared memory on that device (above 48 KiB a
+    kernel must opt in, ``cuFuncSetAttribute``); once per function and size. RuntimeError if the driver refuses
+    (more than the device allows a block)."""
+    key = (device_index, int(fn.kernel.ptr), nbytes)
+    if nbytes <= 48 * 1024 or key in _SHARED_OPT_IN:
+        return
+    import cupy
+
+    with cupy.cuda.Device(device_index):
+        lib = ctypes.CDLL("libcuda.so.1")
+        err = lib.cuFuncSetAttribute(ctypes.c_void_p(int(fn.kernel.ptr)), _MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                     ctypes.c_int(nbytes))
+    if err != 0:
+        raise RuntimeError(f"cuFuncSetAttribute(max dynamic shared memory = {nbytes}) failed with CUresult {err}")
+    _SHARED_OPT_IN.add(key)
+
+
+def launch(fn, pdl: bool, device_index: int, stream_handle: int, grid: tuple, block: tuple, args: tuple,
+           shared_mem: int = 0) -> None:
+    """Launch CuPy function ``fn`` (from :func:`launch_form`) on the torch stream ``stream_handle`` with
+    ``shared_mem`` bytes of dynamic shared memory (above 48 KiB see :func:`allow_dynamic_shared`) — with
     programmatic dependent launch when ``pdl`` and :func:`pdl_supported` still holds (module docstring), else as
     CuPy launches it. When the driver refuses the attribute (invalid value / not supported) and the same kernel
     then launches the ordinary way, PDL is off for this device in this process, with a warning; any other driver
@@ -277,7 +325,7 @@ def launch(fn, pdl: bool, device_index: int, stream_handle: int, grid: tuple, bl
     g, b = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
     with cupy.cuda.Device(device_index), stream(device_index, stream_handle):
         if pdl and pdl_supported(device_index) and min(g) > 0 and min(b) > 0:
-            cfg = _LaunchConfig((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), 0, stream_handle,
+            cfg = _LaunchConfig((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), shared_mem, stream_handle,
                                 ctypes.pointer(_PDL_ATTR), 1)
             params, _values = kernel_params(args)
             err = _cu_launch_kernel_ex()(ctypes.byref(cfg), fn.kernel.ptr, params, None)  # CUfunction
@@ -285,9 +333,9 @@ def launch(fn, pdl: bool, device_index: int, stream_handle: int, grid: tuple, bl
                 return
             if err not in _REFUSALS:
                 raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {err}")
-            fn(grid, block, args)  # raises if the arguments, not the attribute, were the trouble
+            fn(grid, block, args, shared_mem=shared_mem)  # raises if the arguments, not the attribute, were the trouble
             _turn_pdl_off(device_index, f"the driver refused the launch attribute: {_REFUSALS[err]}")
             return
         # an ordinary launch runs after the previous kernel anyway: the QK_PDL form's wait returns at once, and a
         # PDL-launched kernel after it waits for it to complete, so either form may run here
-        fn(grid, block, args)
+        fn(grid, block, args, shared_mem=shared_mem)

@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import torch
 
-from quantkit.runtime.kernels.cuda_common import (PRELUDE, compile_problem, cupy_available, cxx_bool, group_shift,
-                                                    launch, launch_form)
+from quantkit.runtime.kernels.cuda_common import (PRELUDE, compile_problem, cxx_bool, device_index,
+                                                    device_problem, group_shift, launch, launch_form)
 from quantkit.runtime.kernels.cuda_gemv import TOKENS_PER_COLUMN
 from quantkit.runtime.kernels.launch import act_groups_in_halves, groups_in_halves
 
@@ -43,7 +43,8 @@ W8_MODE, ASYM4_MODE, LQQ_MODE = 0, 1, 2
 MODES = {"w8": W8_MODE, "w4a16": ASYM4_MODE, "w4a8-lqq": LQQ_MODE}
 A8_GEMV_MAX_M = 16  # two 8-token launch columns
 
-SOURCE = PRELUDE + r"""
+# the int8 mma and the byte gather of tile-planar words, shared with :mod:`.cuda_lqq_cluster`
+IMMA = r"""
 // c += A (a0..a3, int8 16x32) · B (b0, b1, int8 32x8), int32 accumulators; ATY "s8" or "u8"
 #define QK_IMMA(ATY)                                                                                          \
     asm volatile("mma.sync.aligned.m16n8k32.row.col.s32." ATY ".s8.s32 {%0, %1, %2, %3}, "                   \
@@ -59,7 +60,9 @@ __device__ __forceinline__ u32 gather4(uint4 v, int b) {
     const u32 sel = (u32)(b | ((4 + b) << 4));
     return __byte_perm(__byte_perm(v.x, v.y, sel), __byte_perm(v.z, v.w, sel), 0x5410);
 }
+"""
 
+SOURCE = PRELUDE + IMMA + r"""
 struct Part {  // one partition of the layer: weights, their scales, output columns
     const void* w;        // w8: int8 [n, w_row] ; asym4 / lqq: tile-planar 4-bit words, w_row bytes per row
     const void* params;   // w8: float32 scales [groups, n] ; asym4 / lqq: qparams words [groups, n]
@@ -325,16 +328,11 @@ def a8_gemv_problem(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_siz
     rows = [p[3] for p in parts if p[3] is not None]
     if not all(r.dtype == torch.int32 and r.is_contiguous() for r in rows):
         return "partition row maps are not contiguous int32"
-    if not a_codes.is_cuda:
-        return "activations are not on a CUDA device"
-    if any(t.device != a_codes.device for t in tensors + rows + [a_scales] + ([out] if out is not None else [])):
-        return "tensors are not all on the activations' CUDA device"
-    if torch.cuda.get_device_capability(a_codes.device) < (8, 0):
-        return "the GPU is older than compute capability 8.0"
-    if not cupy_available():
-        return "CuPy is not installed or sees no GPU"
-    dev = a_codes.device.index if a_codes.device.index is not None else torch.cuda.current_device()
-    return compile_problem(dev, SOURCE, (_instance(parts, m, out_dtype)[0],), "CUDA A8 GEMV")
+    problem = device_problem(a_codes, tensors + rows + [a_scales] + ([out] if out is not None else []), (8, 0),
+                             "the GPU is older than compute capability 8.0")
+    if problem:
+        return problem
+    return compile_problem(device_index(a_codes), SOURCE, (_instance(parts, m, out_dtype)[0],), "CUDA A8 GEMV")
 
 
 def _instance(parts: list, m: int, out_dtype: torch.dtype, warps: int | None = None,
@@ -458,7 +456,7 @@ def a8_gemv_cuda(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: 
     nb = [-(-int(meta["out_features"]) // 16) for _, _, meta, _ in parts]
     a_hpg = act_groups_in_halves(act_group_size, k)
     a_shift = group_shift(act_group_size, a_hpg)
-    dev = a_codes.device.index if a_codes.device.index is not None else torch.cuda.current_device()
+    dev = device_index(a_codes)
     fn, pdl = launch_form(dev, SOURCE, name)
     grid = (sum(nb), -(-m // (TOKENS_PER_COLUMN * token_sets)))
     args = (np.uint64(a_codes.data_ptr()), np.uint64(a_scales.data_ptr()), np.int32(m),

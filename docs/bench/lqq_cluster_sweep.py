@@ -1,0 +1,93 @@
+"""LiquidQuant W4A8 on the CUDA cluster kernel (quantkit/runtime/kernels/cuda_lqq_cluster.py) over its launches —
+tokens per CTA, cluster size (the K split), stages and warps — next to cuBLAS fp16 and the launch rule's own pick
+(what int8_matmul runs), on layers with few output tiles (session 19: the 1024×4096 k/v projection, slower than fp16
+at 144-480 tokens on every Gluon launch).
+
+    python docs/bench/lqq_cluster_sweep.py --shapes 1024x4096,512x3584 --ms 64,128,256,384 --out kv.json
+
+Every launch is first checked bit for bit against the unsplit Triton LiquidQuant kernel (at the first M of each
+shape). Columns ``cl_<tokens>_s<split>_st<stages>_w<warps>``; the rule's pick is ``rule``, and
+``rule_without_cluster`` the rule with the cluster kernel switched off (session 18's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+
+import torch
+
+from quantkit.bench.command import parse_shapes
+from quantkit.bench.problems import _packed, fp16_and_lqq_inputs
+from quantkit.bench.timing import time_rotating
+from quantkit.runtime.kernels.configs import TileConfig, lqq_wgmma_launch
+from quantkit.runtime.kernels.cuda_lqq_cluster import lqq_cluster_matmul
+from quantkit.runtime.kernels import int8_gemm
+from quantkit.runtime.kernels.int8_gemm import int8_matmul
+
+
+@contextlib.contextmanager
+def patched(module, name: str, value):
+    """``module.name`` replaced by ``value`` inside the block."""
+    old = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, old)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shapes", default="1024x4096")
+    p.add_argument("--ms", default="32,64,96,128,160,192,256,320,384,448,512,640,768,1024")
+    p.add_argument("--tokens", default="64,128")
+    p.add_argument("--splits", default="1,2,4,8")
+    p.add_argument("--stages", default="2,3,4")
+    p.add_argument("--token-warps", default="2,4")
+    p.add_argument("--out", default="lqq_cluster_sweep.json")
+    args = p.parse_args()
+    ints = lambda s: [int(v) for v in s.split(",")]  # noqa: E731
+    todo = list(itertools.product(ints(args.tokens), ints(args.splits), ints(args.stages), ints(args.token_warps)))
+    rows, checks = [], []
+    for n, k in parse_shapes(args.shapes):
+        t, meta = _packed("w4a8-lqq", torch.randn(n, k, device="cuda"))
+        for j, m in enumerate(ints(args.ms)):
+            fp16, inputs = fp16_and_lqq_inputs(t, m, n, k)
+            row = {"n": n, "k": k, "m": m, "fp16": fp16["ms"] * 1e3, "rule_launch": lqq_wgmma_launch(m, n, k)}
+            row["rule"] = time_rotating(lambda a, s, w: int8_matmul(a, s, -1, "w4a8-lqq", w, meta), inputs)["ms"] * 1e3
+            with patched(int8_gemm, "lqq_cluster_launch", lambda m, n, k: None):  # the rule as before session 19
+                row["rule_without_cluster"] = time_rotating(
+                    lambda a, s, w: int8_matmul(a, s, -1, "w4a8-lqq", w, meta), inputs)["ms"] * 1e3
+            if j == 0:
+                a, s, w = inputs[0]
+                tri = int8_matmul(a, s, -1, "w4a8-lqq", w, meta, config=TileConfig(64, 128, 1, 4, 3))
+            for tokens, split, stages, token_warps in todo:
+                name = f"cl_{tokens}_s{split}_st{stages}_w{2 * token_warps}"
+                fn = (lambda a, s, w, c=(tokens, split, stages, token_warps):  # noqa: E731
+                      lqq_cluster_matmul(a, s, w, meta, *c))
+                if j == 0:
+                    checks.append({"n": n, "k": k, "m": m, "launch": name,
+                                   "equal_triton": bool(torch.equal(fn(a, s, w), tri))})
+                    if not checks[-1]["equal_triton"]:
+                        print("MISMATCH", json.dumps(checks[-1]), flush=True)
+                row[name] = time_rotating(fn, inputs)["ms"] * 1e3
+            timed = {kk: v for kk, v in row.items() if kk.startswith("cl_")}
+            best = min(timed, key=timed.get)
+            row["best"], row["best_vs_fp16"] = best, row["fp16"] / timed[best]
+            row["rule_vs_fp16"] = row["fp16"] / row["rule"]
+            print(json.dumps({kk: row[kk] if not isinstance(row[kk], float) else round(row[kk], 2)
+                              for kk in ("n", "k", "m", "fp16", "rule", "rule_without_cluster", "best", "best_vs_fp16",
+                                         "rule_vs_fp16")}
+                             | {"best_us": round(timed[best], 2)}), flush=True)
+            rows.append(row)
+            with open(args.out, "w") as f:  # after every row, so a cut-off run keeps what it measured
+                json.dump({"device": torch.cuda.get_device_name(), "checks": checks, "rows": rows, "unit": "us"}, f,
+                          indent=1)
+    print("checks:", sum(c["equal_triton"] for c in checks), "of", len(checks), "bit-identical", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""The CUDA LiquidQuant cluster kernel (quantkit/runtime/kernels/cuda_lqq_cluster.py): what it refuses runs
+anywhere; its numbers run on a Hopper GPU with CuPy only, where they must equal the unsplit Triton LiquidQuant
+kernel bit for bit (the cluster adds exact int32 partial sums, so any split gives the unsplit bits), call after call
+(a missing cluster barrier would show as calls that differ)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (quantkit.runtime.kernels.jit)
+
+import pytest  # noqa: E402
+
+from quantkit.quant.act import quantize_activation_int  # noqa: E402
+from quantkit.runtime.kernels.configs import LQQ_CLUSTER_LAUNCH, TileConfig, lqq_cluster_launch  # noqa: E402
+from quantkit.runtime.kernels.cuda_common import cupy_available  # noqa: E402
+from quantkit.runtime.kernels.cuda_lqq_cluster import (CLUSTER_SPLITS, _cluster_split,  # noqa: E402
+                                                        cluster_shared_bytes, lqq_cluster_matmul, lqq_cluster_problem)
+from quantkit.runtime.kernels.int8_gemm import int8_matmul  # noqa: E402
+from quantkit.runtime.kernels.reference import int8_reference  # noqa: E402
+from tests.kernels_helpers import DEVICE, packed, record_launches, rel_err  # noqa: E402
+
+ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0) and cupy_available()
+hopper = pytest.mark.skipif(not ON_HOPPER, reason="needs a GPU of compute capability >= 9.0 and CuPy")
+
+
+def _acts(m: int, k: int, seed: int):
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed)) * 3
+    codes, scales = quantize_activation_int(x, 8, -1)
+    return codes.to(DEVICE), scales.float().to(DEVICE)
+
+
+def test_problem_names_what_the_kernel_cannot_take():
+    _, tensors, meta = packed("w4a8-lqq", 64, 512, 128)
+    codes, scales = _acts(8, 512, 0)
+    problem = lambda **kw: lqq_cluster_problem(  # noqa: E731
+        kw.get("codes", codes), kw.get("scales", scales), kw.get("group", -1), kw.get("layout", "w4a8-lqq"),
+        kw.get("tensors", tensors), kw.get("meta", meta), kw.get("dtype", torch.float16), kw.get("out"))
+    assert problem(layout="w8") == "layout w8 is not w4a8-lqq"
+    assert problem(group=128) == "activations are not per-token"
+    assert "not a multiple of 256" in problem(meta={**meta, "in_features": 384})
+    assert "fp16/bf16" in problem(dtype=torch.float32)
+    shifted = torch.zeros(8, 513, dtype=torch.int8, device=DEVICE)[:, 1:]  # rows start one byte off 16
+    assert "16-byte aligned" in problem(codes=shifted)
+    assert "float32 [M, 1]" in problem(scales=scales.double())
+    assert "out must be" in problem(out=torch.empty(8, 63, dtype=torch.float16, device=DEVICE))
+    assert "channel scales" in problem(tensors={**tensors, "channel_scales": tensors["channel_scales"].float()})
+    if not torch.cuda.is_available():
+        assert problem() == "activations are not on a CUDA device"
+
+
+def test_matmul_refuses_launches_it_has_no_instance_for():
+    _, tensors, meta = packed("w4a8-lqq", 64, 256, 128)
+    codes, scales = _acts(8, 256, 0)
+    for tokens, split, stages, token_warps in [(32, 4, 2, 2), (128, 3, 2, 2), (128, 16, 2, 2), (64, 2, 5, 2),
+                                               (64, 2, 1, 2), (64, 2, 2, 1), (128, 2, 2, 8)]:
+        with pytest.raises(ValueError, match="tokens must be one of"):
+            lqq_cluster_matmul(codes, scales, tensors, meta, tokens, split, stages, token_warps)
+
+
+def test_shared_memory_of_the_largest_launch_fits_a_hopper_block():
+    assert cluster_shared_bytes(64, 2) == 2 * (64 * 272 + 64 * 192 + 512)
+    assert cluster_shared_bytes(128, 4) <= 227 * 1024  # sm_90's opt-in limit per block
+
+
+def test_cluster_split_gives_every_cta_a_tile_and_has_an_instance():
+    assert _cluster_split(16, 8) == (2, 8)
+    assert _cluster_split(14, 8) == (4, 4)  # 7 splits of 2 have no instance: 4, 4, 4, 2
+    assert _cluster_split(5, 4) == (3, 2)  # split_plan's 3 (2, 2, 1) has no instance: 2 (3, 2)
+    for n_tiles in range(1, 40):
+        for split in CLUSTER_SPLITS:
+            per, got = _cluster_split(n_tiles, split)
+            assert got in CLUSTER_SPLITS and got <= split and (got - 1) * per < n_tiles <= got * per
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("n,k,m,tokens,split,stages,token_warps", [
+    (1024, 4096, 256, 128, 4, 2, 2), (1024, 4096, 192, 64, 8, 2, 4), (1024, 4096, 1, 64, 4, 3, 2),
+    (1024, 4096, 384, 128, 4, 4, 4),
+    (512, 3584, 300, 128, 2, 3, 2),   # 14 tiles in 2
+    (512, 3584, 130, 64, 8, 4, 2),    # 14 tiles asked in 8: 4 splits of 4, 4, 4, 2
+    (200, 512, 33, 64, 2, 2, 4), (333, 1280, 3, 128, 4, 3, 2),  # odd N (a part-filled last row block); 5 tiles
+    (72, 256, 129, 128, 1, 2, 4),     # one tile, no split; a ragged last token tile
+    (1000, 2048, 511, 128, 8, 3, 2)])
+def test_cluster_kernel_equals_unsplit_triton_call_after_call(n, k, m, tokens, split, stages, token_warps):
+    """Bit for bit the unsplit Triton kernel (the same exact int32 sum and epilogue), call after call, into a
+    row-strided output, in bf16 too; near the pure-torch reference."""
+    _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n + m)
+    codes, scales = _acts(m, k, seed=m + split)
+    assert lqq_cluster_problem(codes, scales, -1, "w4a8-lqq", tensors, meta, torch.float16,
+                               launch_cfg=(tokens, split, stages, token_warps)) is None
+    tri = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, config=TileConfig(64, 128, 1, 4, 3))
+    for _ in range(4):
+        out = torch.full((m, n + 8), float("nan"), dtype=torch.float16, device=DEVICE)[:, :n]
+        got = lqq_cluster_matmul(codes, scales, tensors, meta, tokens, split, stages, token_warps, out=out)
+        assert torch.equal(got, tri)
+    assert rel_err(got, int8_reference(codes, scales, -1, "w4a8-lqq", tensors, meta)) < 1e-3
+    bf = lqq_cluster_matmul(codes, scales, tensors, meta, tokens, split, stages, token_warps,
+                            out_dtype=torch.bfloat16)
+    assert bf.dtype == torch.bfloat16
+    assert torch.equal(bf, int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, out_dtype=torch.bfloat16,
+                                       config=TileConfig(64, 128, 1, 4, 3)))
+
+
+@pytest.mark.gpu
+@hopper
+def test_cluster_kernel_in_a_cuda_graph_replays_the_same_bits():
+    """Captured once and replayed on new activations (what the bench and decode graphs do): each replay equals an
+    eager call on the same inputs."""
+    _, tensors, meta = packed("w4a8-lqq", 1024, 4096, 128, seed=3)
+    codes, scales = _acts(256, 4096, seed=3)
+    out = torch.empty(256, 1024, dtype=torch.float16, device=DEVICE)
+    lqq_cluster_matmul(codes, scales, tensors, meta, 128, 4, 2, out=out)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        lqq_cluster_matmul(codes, scales, tensors, meta, 128, 4, 2, out=out)
+    for seed in (4, 5):
+        new_codes, new_scales = _acts(256, 4096, seed=seed)
+        codes.copy_(new_codes), scales.copy_(new_scales)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, lqq_cluster_matmul(codes, scales, tensors, meta, 128, 4, 2))
+
+
+def test_rule_takes_the_cluster_kernel_only_where_it_was_measured_faster():
+    assert lqq_cluster_launch(17, 512, 3584) == lqq_cluster_launch(64, 512, 4096) == LQQ_CLUSTER_LAUNCH
+    assert lqq_cluster_launch(56, 1024, 4096) == lqq_cluster_launch(64, 1000, 3584) == LQQ_CLUSTER_LAUNCH
+    for m, n, k in [(16, 512, 3584), (65, 512, 3584), (48, 1024, 4096), (65, 1024, 4096), (64, 1025, 4096),
+                    (64, 2048, 4096), (40, 512, 2048), (40, 512, 8192), (256, 1024, 4096)]:
+        assert lqq_cluster_launch(m, n, k) is None, (m, n, k)
+
+
+def test_int8_matmul_runs_the_cluster_kernel_where_the_rule_picks_it_else_falls_through(monkeypatch):
+    """int8_gemm._cluster_matmul without a GPU: the rule's launch reaches lqq_cluster_matmul when the kernel can run;
+    when it cannot (a problem), int8_matmul goes on to the other kernels and still returns the product."""
+    from quantkit.runtime.kernels import int8_gemm
+
+    _, tensors, meta = packed("w4a8-lqq", 64, 3584, 128, seed=2)
+    codes, scales = _acts(17, 3584, seed=2)
+    calls = []
+    monkeypatch.setattr(int8_gemm, "lqq_cluster_problem", lambda *a, **kw: None)
+    monkeypatch.setattr(int8_gemm, "lqq_cluster_matmul", lambda *a, **kw: calls.append(a[4:8]) or "cluster")
+    assert int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta) == "cluster"
+    assert calls == [LQQ_CLUSTER_LAUNCH]
+    monkeypatch.setattr(int8_gemm, "lqq_cluster_problem", lambda *a, **kw: "no CuPy")
+    got = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta)  # on a CPU the Triton kernel, interpreted
+    assert calls == [LQQ_CLUSTER_LAUNCH]
+    assert rel_err(got, int8_reference(codes, scales, -1, "w4a8-lqq", tensors, meta)) < 1e-3
+
+
+@pytest.mark.gpu
+@hopper
+def test_int8_matmul_runs_the_cluster_kernel_on_a_narrow_layer(monkeypatch):
+    from quantkit.runtime.kernels import int8_gemm
+
+    calls = record_launches(monkeypatch, int8_gemm, "lqq_cluster_matmul", 4, 8)
+    _, tensors, meta = packed("w4a8-lqq", 512, 3584, 128, seed=6)
+    codes, scales = _acts(40, 3584, seed=6)
+    out = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta)
+    assert calls == [LQQ_CLUSTER_LAUNCH]
+    assert torch.equal(out, int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta,
+                                        config=TileConfig(64, 128, 1, 4, 3)))

@@ -21,7 +21,8 @@ python3 -m pytest -q -p no:cacheprovider tests/test_kernels_w4a16.py tests/test_
     tests/test_quant_linear_kernels.py tests/test_kernels_a8_gemv.py tests/test_kernels_lqq_wgmma.py \
     tests/test_kernels_w8a8_wgmma.py tests/test_fused_siblings.py tests/test_sibling_inputs.py \
     tests/test_kernels_rms_norm.py tests/test_fused_norm.py tests/test_kernels_w4a16_wgmma.py \
-    tests/test_kernels_lqq_ws.py tests/test_kernels_w4a16_ws.py tests/test_gluon_sass.py 2>&1 | tail -15 \
+    tests/test_kernels_lqq_ws.py tests/test_kernels_w4a16_ws.py tests/test_gluon_sass.py tests/test_kernels_lqq_cluster.py \
+    2>&1 | tail -15 \
     | tee "$OUT/tests.txt"
 # the SASS of every Gluon kernel the tests compiled: no write to a register a running wgmma reads
 python3 docs/bench/sass_hazards.py > "$OUT/sass_hazards.txt" 2>&1; tail -1 "$OUT/sass_hazards.txt"

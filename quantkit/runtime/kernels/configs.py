@@ -523,6 +523,33 @@ def lqq_ws_launch(cfg: tuple[int, int, int, int], warpgroups: int) -> tuple[int,
         return bm, 3, 0, 1, LQQ_WGMMA_PER_SM[(128, 3)], 1
     return bm, stages, tail, 1, LQQ_WGMMA_PER_SM[(bm + tail, stages)], 1
 
+# LiquidQuant on layers of few rows at small M: the CUDA cluster kernel (:mod:`.cuda_lqq_cluster`, session 19), whose
+# K split adds its partial tiles inside a thread-block cluster instead of through global slots and a ticket. Its
+# mma.sync tiles are no faster than the Gluon kernels' wgmma ones (per 64×64×256 tile ~0.8 µs; at 144-512 tokens on
+# the 1024×4096 k/v layer its best launch ran 9.7-16.2 µs against the rule's 10.2-13.2, docs/logs/session19/
+# cluster_sweep_c_kv_h100.json), so it runs only where the Gluon rule has no good launch: one 64-token tile a
+# layer-row block, K split in 4 (16 or 14 tiles: 4 each, or 4+4+4+2), four stages, four warps. docs/bench/
+# lqq_cluster_sweep.py on an H100 (cluster_sweep_d_small_h100.json, against the session-18 rule in the same run):
+# 512×3584 (Qwen2-7B's k/v) at M = 17-64 5.9-7.0 µs against 7.9-8.3 (the Triton kernel: too few programs for the
+# Gluon model; cuBLAS fp16 6.5-7.3, so 0.81-0.92× became 1.00-1.21×); 1024-row layers at M = 56-64 6.5-7.1 against
+# 6.9-7.5 (and 6.7-6.8 against 7.7-7.8 in two earlier runs at M = 64); at M = 17-48 on the 1024-row layers and on
+# 2048×4096 it lost. Measured on K = 3584 and 4096 only.
+LQQ_CLUSTER_K = (3584, 4096)
+LQQ_CLUSTER_RANGES = ((512, 17, 64), (1024, 56, 64))  # (largest N, first M, last M), the first that holds N
+LQQ_CLUSTER_LAUNCH = (64, 4, 4, 2)  # tokens per CTA, K split (cluster size), stages, warps along the tokens
+
+
+def lqq_cluster_launch(m: int, n: int, k: int) -> tuple[int, int, int, int] | None:
+    """(tokens, split, stages, token warps) of :func:`.cuda_lqq_cluster.lqq_cluster_matmul` for M tokens on an
+    [N, K] LiquidQuant weight, or None where the other kernels run (comment above)."""
+    if not LQQ_CLUSTER_K[0] <= k <= LQQ_CLUSTER_K[1]:
+        return None
+    for max_n, first, last in LQQ_CLUSTER_RANGES:
+        if n <= max_n:
+            return LQQ_CLUSTER_LAUNCH if first <= m <= last else None
+    return None
+
+
 # MixLLM W8A8 at M = 17-32 and above 64: the Gluon TMA kernel (:mod:`.w8a8_wgmma`), 64 tokens × 128 weight rows
 # per program (64 rows when that leaves fewer than W8A8_WGMMA_MIN_PROGRAMS programs), 4 stages, one warpgroup.
 # Against the Triton W8A8 kernel in docs/bench/w8a8_wgmma_sweep.py on an H100 (docs/logs/w8a8_wgmma_h100.json and

@@ -29,9 +29,10 @@ import triton.language as tl
 
 from quantkit.formats.nibble_planes import padded_k
 from quantkit.runtime.kernels.configs import (MIXLLM_MIXED_OPERAND_MIN_M, MIXLLM_OPERAND_MIN_M, TileConfig,
-                                             gemm_config, lqq_wgmma_launch, lqq_ws_launch, mixed_second_bn,
-                                             w8a8_wgmma_config)
+                                             gemm_config, lqq_cluster_launch, lqq_wgmma_launch, lqq_ws_launch,
+                                             mixed_second_bn, w8a8_wgmma_config)
 from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda, a8_gemv_preferred, a8_gemv_problem
+from quantkit.runtime.kernels.cuda_lqq_cluster import lqq_cluster_matmul, lqq_cluster_problem
 from quantkit.runtime.kernels.dequant import group_scale_f32, planes_i8, side_by_side
 from quantkit.runtime.kernels.int8_operand import mixed_w8_operand, w8_operand
 from quantkit.runtime.kernels.jit import USE_ASM, check_device, kernel
@@ -232,6 +233,21 @@ def _check_act(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: in
         raise ValueError(f"activation scales must be float32 [M, G], got {a_scales.dtype} {tuple(a_scales.shape)}")
 
 
+def _cluster_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, layout: str, tensors: dict,
+                    meta: dict, out: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor | None:
+    """Y from the CUDA LiquidQuant cluster kernel where its rule picks it (:func:`.configs.lqq_cluster_launch`) and it
+    can run (:func:`.cuda_lqq_cluster.lqq_cluster_problem`, which also warns once if it does not compile), else
+    None."""
+    if layout != "w4a8-lqq":
+        return None
+    launch = lqq_cluster_launch(a_codes.shape[0], int(meta["out_features"]), int(meta["in_features"]))
+    if launch is None or lqq_cluster_problem(a_codes, a_scales, act_group_size, layout, tensors, meta, out_dtype, out,
+                                             launch) is not None:
+        return None
+    tokens, split, stages, token_warps = launch
+    return lqq_cluster_matmul(a_codes, a_scales, tensors, meta, tokens, split, stages, token_warps, out, out_dtype)
+
+
 def _gluon_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, layout: str, tensors: dict,
                   meta: dict, out: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor | None:
     """Y from the Gluon kernel that the launch rules pick for this product on Hopper — LiquidQuant: the wgmma kernel
@@ -281,8 +297,9 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
     ``w4a16`` (MixLLM W4A8) or ``w4a8-lqq`` weight; ``out`` an optional [M, N] result tensor; ``use_asm`` False
     forces the plain-Triton dequantization. With no ``config`` at decode sizes (:func:`.cuda_gemv_a8.
     a8_gemv_preferred`) the weight runs the CUDA A8 GEMV instead when it can
-    (:func:`.cuda_gemv_a8.a8_gemv_problem`), and on Hopper above decode sizes the Gluon kernels run where their
-    launch rules pick them (:func:`_gluon_matmul`). A ``config`` or a ``use_asm`` value keeps the Triton kernel.
+    (:func:`.cuda_gemv_a8.a8_gemv_problem`), and on Hopper above decode sizes the CUDA LiquidQuant cluster kernel
+    (:func:`_cluster_matmul`) or else the Gluon kernels run where their launch rules pick them
+    (:func:`_gluon_matmul`). A ``config`` or a ``use_asm`` value keeps the Triton kernel.
     Reference: :func:`.reference.int8_reference`."""
     k = int(meta["in_features"])
     _check_act(a_codes, a_scales, act_group_size, k)
@@ -293,7 +310,9 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
         return a8_gemv_cuda(a_codes, a_scales, act_group_size, [(layout, tensors, meta, None)],
                             int(meta["out_features"]), out_dtype, out)
     if config is None and use_asm is None:
-        y = _gluon_matmul(a_codes, a_scales, act_group_size, layout, tensors, meta, out, out_dtype)
+        y = _cluster_matmul(a_codes, a_scales, act_group_size, layout, tensors, meta, out, out_dtype)
+        if y is None:
+            y = _gluon_matmul(a_codes, a_scales, act_group_size, layout, tensors, meta, out, out_dtype)
         if y is not None:
             return y
     n_tiles = padded_k(k) // 256

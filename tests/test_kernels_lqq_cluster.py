@@ -48,6 +48,15 @@ def test_problem_names_what_the_kernel_cannot_take():
     assert "float32 [M, 1]" in problem(scales=scales.double())
     assert "out must be" in problem(out=torch.empty(8, 63, dtype=torch.float16, device=DEVICE))
     assert "channel scales" in problem(tensors={**tensors, "channel_scales": tensors["channel_scales"].float()})
+    assert "channel scales" in problem(tensors={**tensors, "channel_scales": tensors["channel_scales"][:32]})
+    assert "group size 64" in problem(meta={**meta, "group_size": 64})
+    assert "qweight [N, K/8]" in problem(tensors={**tensors, "qweight": tensors["qweight"][:, :32]})
+    assert "qparams [groups, N]" in problem(tensors={**tensors, "qparams": tensors["qparams"][:, :32]})
+    assert "float32 [M, 1]" in problem(scales=scales.expand(8, 2))
+    assert "no tokens" in problem(codes=codes[:0], scales=scales[:0])
+    assert "out must be" in problem(out=torch.empty(8, 64, dtype=torch.float16, device=DEVICE).t().contiguous().t())
+    assert "tokens must be one of" in lqq_cluster_problem(codes, scales, -1, "w4a8-lqq", tensors, meta,
+                                                          torch.float16, launch_cfg=(32, 4, 2, 2))
     if not torch.cuda.is_available():
         assert problem() == "activations are not on a CUDA device"
 
@@ -95,9 +104,11 @@ def test_cluster_kernel_equals_unsplit_triton_call_after_call(n, k, m, tokens, s
                                launch_cfg=(tokens, split, stages, token_warps)) is None
     tri = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, config=TileConfig(64, 128, 1, 4, 3))
     for _ in range(4):
-        out = torch.full((m, n + 8), float("nan"), dtype=torch.float16, device=DEVICE)[:, :n]
-        got = lqq_cluster_matmul(codes, scales, tensors, meta, tokens, split, stages, token_warps, out=out)
+        # a row-strided output inside a NaN buffer one row and 8 columns larger: nothing is written outside [M, N]
+        buf = torch.full((m + 1, n + 8), float("nan"), dtype=torch.float16, device=DEVICE)
+        got = lqq_cluster_matmul(codes, scales, tensors, meta, tokens, split, stages, token_warps, out=buf[:m, :n])
         assert torch.equal(got, tri)
+        assert buf[:, n:].isnan().all() and buf[m].isnan().all()
     assert rel_err(got, int8_reference(codes, scales, -1, "w4a8-lqq", tensors, meta)) < 1e-3
     bf = lqq_cluster_matmul(codes, scales, tensors, meta, tokens, split, stages, token_warps,
                             out_dtype=torch.bfloat16)
@@ -130,7 +141,7 @@ def test_rule_takes_the_cluster_kernel_only_where_it_was_measured_faster():
     assert lqq_cluster_launch(17, 512, 3584) == lqq_cluster_launch(64, 512, 4096) == LQQ_CLUSTER_LAUNCH
     assert lqq_cluster_launch(56, 1024, 4096) == lqq_cluster_launch(64, 1000, 3584) == LQQ_CLUSTER_LAUNCH
     for m, n, k in [(16, 512, 3584), (65, 512, 3584), (48, 1024, 4096), (65, 1024, 4096), (64, 1025, 4096),
-                    (64, 2048, 4096), (40, 512, 2048), (40, 512, 8192), (256, 1024, 4096)]:
+                    (64, 2048, 4096), (40, 512, 2048), (40, 512, 8192), (40, 512, 3840), (256, 1024, 4096)]:
         assert lqq_cluster_launch(m, n, k) is None, (m, n, k)
 
 

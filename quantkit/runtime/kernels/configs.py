@@ -534,7 +534,7 @@ def lqq_ws_launch(cfg: tuple[int, int, int, int], warpgroups: int) -> tuple[int,
 # Gluon model; cuBLAS fp16 6.5-7.3, so 0.81-0.92× became 1.00-1.21×); 1024-row layers at M = 56-64 6.5-7.1 against
 # 6.9-7.5 (and 6.7-6.8 against 7.7-7.8 in two earlier runs at M = 64); at M = 17-48 on the 1024-row layers and on
 # 2048×4096 it lost. Measured on K = 3584 and 4096 only.
-LQQ_CLUSTER_K = (3584, 4096)
+LQQ_CLUSTER_K = (3584, 4096)  # the K measured: these two only
 LQQ_CLUSTER_RANGES = ((512, 17, 64), (1024, 56, 64))  # (largest N, first M, last M), the first that holds N
 LQQ_CLUSTER_LAUNCH = (64, 4, 4, 2)  # tokens per CTA, K split (cluster size), stages, warps along the tokens
 
@@ -542,7 +542,7 @@ LQQ_CLUSTER_LAUNCH = (64, 4, 4, 2)  # tokens per CTA, K split (cluster size), st
 def lqq_cluster_launch(m: int, n: int, k: int) -> tuple[int, int, int, int] | None:
     """(tokens, split, stages, token warps) of :func:`.cuda_lqq_cluster.lqq_cluster_matmul` for M tokens on an
     [N, K] LiquidQuant weight, or None where the other kernels run (comment above)."""
-    if not LQQ_CLUSTER_K[0] <= k <= LQQ_CLUSTER_K[1]:
+    if k not in LQQ_CLUSTER_K:
         return None
     for max_n, first, last in LQQ_CLUSTER_RANGES:
         if n <= max_n:

@@ -124,17 +124,19 @@ def compiled(device_index: int, source: str, name: str):
         return mod.get_function(name)
 
 
-def device_problem(a_codes, others: list, capability: tuple[int, int], too_old: str) -> str | None:
+def device_problem(a_codes, others: list, capability: tuple[int, int], too_old: str,
+                   exact: bool = False) -> str | None:
     """The device checks the CUDA kernels' ``*_problem`` functions share (None: all pass): the activation codes on a
-    CUDA device, every tensor of ``others`` on that device, a compute capability of at least ``capability`` (else
-    the reason ``too_old``), and CuPy seeing a GPU."""
+    CUDA device, every tensor of ``others`` on that device, a compute capability of at least ``capability`` (with
+    ``exact``: that one; else the reason ``too_old``), and CuPy seeing a GPU."""
     import torch
 
     if not a_codes.is_cuda:
         return "activations are not on a CUDA device"
     if any(t.device != a_codes.device for t in others):
         return "tensors are not all on the activations' CUDA device"
-    if torch.cuda.get_device_capability(a_codes.device) < capability:
+    have = torch.cuda.get_device_capability(a_codes.device)
+    if have < capability or (exact and have != capability):
         return too_old
     if not cupy_available():
         return "CuPy is not installed or sees no GPU"

@@ -306,25 +306,38 @@ def lqq_cluster_problem(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group
         return f"layout {layout} is not w4a8-lqq"
     if act_group_size != -1:
         return "activations are not per-token"
-    k = int(meta["in_features"])
-    if k % 256 or a_codes.dim() != 2 or a_codes.shape[1] != k:
-        return f"K = {k} is not a multiple of 256 or not the codes' width"
+    try:
+        _check_launch(*launch_cfg)
+    except ValueError as e:
+        return str(e)
+    k, n = int(meta["in_features"]), int(meta["out_features"])
+    gs = int(meta["group_size"])
+    if gs != -1 and (gs <= 0 or gs % 128):
+        return f"weight group size {gs} is neither -1 nor a multiple of 128"
+    if k % 256 or a_codes.dim() != 2 or a_codes.shape[1] != k or a_codes.shape[0] < 1:
+        return f"K = {k} is not a multiple of 256 or not the codes' width, or there are no tokens"
     if out_dtype not in (torch.float16, torch.bfloat16):
         return f"output dtype {out_dtype} is not fp16/bf16"
     if a_codes.dtype != torch.int8 or a_codes.stride(1) != 1 or a_codes.data_ptr() % 16 or a_codes.stride(0) % 16:
         return "activation codes are not int8 rows, 16-byte aligned, with unit column stride"
-    if a_scales.dtype != torch.float32 or a_scales.dim() != 2 or a_scales.shape[0] != a_codes.shape[0]:
+    if a_scales.dtype != torch.float32 or tuple(a_scales.shape) != (a_codes.shape[0], 1):
         return "activation scales are not float32 [M, 1]"
-    if out is not None and (out.dtype != out_dtype or out.stride(1) != 1 or tuple(out.shape) != (
-            a_codes.shape[0], int(meta["out_features"]))):
+    if out is not None and (out.dtype != out_dtype or out.stride(1) != 1 or out.stride(0) < n
+                            or tuple(out.shape) != (a_codes.shape[0], n)):
         return "out must be [M, N] of the output dtype with unit column stride"
-    if tensors["channel_scales"].dtype != torch.float16:
-        return "LiquidQuant channel scales are not fp16"
-    packed = [tensors["qweight"], tensors["qparams"], tensors["channel_scales"]]
+    qweight, qparams, cs = tensors["qweight"], tensors["qparams"], tensors["channel_scales"]
+    if cs.dtype != torch.float16 or tuple(cs.shape) != (n,):
+        return "LiquidQuant channel scales are not fp16 [N]"
+    if (qweight.dtype != torch.int32 or tuple(qweight.shape) != (n, k // 8) or qparams.dtype != torch.int32
+            or qparams.dim() != 2 or qparams.shape[1] != n):
+        return "packed LiquidQuant tensors are not int32 qweight [N, K/8] and qparams [groups, N]"
+    packed = [qweight, qparams, cs]
     if not all(v.is_contiguous() and v.data_ptr() % 16 == 0 for v in packed):
         return "packed tensors are not contiguous and 16-byte aligned"
+    # exactly sm_90, as the Gluon kernels: the launches need up to 186 KiB of shared memory a block (consumer Blackwell
+    # gives 99 KiB), and the rule was measured on an H100 only
     problem = device_problem(a_codes, packed + [a_scales] + ([out] if out is not None else []), (9, 0),
-                             "thread-block clusters need compute capability 9.0")
+                             "the cluster kernel is built for Hopper (compute capability 9.0)", exact=True)
     if problem:
         return problem
     tokens, split, stages, token_warps = launch_cfg

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from quantkit.bench.command import parse_shapes
 from quantkit.bench.problems import _packed
 from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
+from quantkit.bench.sweep_log import save_sweep
 from quantkit.runtime.kernels.act_quant import quantize_activation_triton
 from quantkit.runtime.kernels.configs import (LQQ_WGMMA_TILES, TileConfig, gemm_config, lqq_wgmma_config,
                                              lqq_ws_launch,
@@ -167,9 +168,7 @@ def main() -> None:
             rows.append(row)
             del xs, qa, tt, inputs
             torch.cuda.empty_cache()
-            with open(args.out, "w") as f:  # after every row, so a cut-off run keeps what it measured
-                json.dump({"device": torch.cuda.get_device_name(), "checks": checks, "rows": rows, "unit": "us"}, f,
-                          indent=1)
+            save_sweep(args.out, rows, checks)  # after every row, so a cut-off run keeps what it measured
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import torch
 from quantkit.bench.command import parse_shapes
 from quantkit.bench.problems import _packed, fp16_and_lqq_inputs
 from quantkit.bench.timing import time_rotating
+from quantkit.bench.sweep_log import print_checks, save_sweep
 from quantkit.runtime.kernels.configs import TileConfig, lqq_wgmma_launch, lqq_ws_launch
 from quantkit.runtime.kernels.int8_gemm import int8_matmul
 from quantkit.runtime.kernels.launch import split_plan
@@ -84,10 +85,8 @@ def main() -> None:
             row["rule_vs_fp16"] = row["fp16"] / row["rule"]
             print(json.dumps({kk: (round(v, 2) if isinstance(v, float) else v) for kk, v in row.items()}), flush=True)
             rows.append(row)
-            with open(args.out, "w") as f:  # after every row, so a cut-off run keeps what it measured
-                json.dump({"device": torch.cuda.get_device_name(), "checks": checks, "rows": rows, "unit": "us"}, f,
-                          indent=1)
-    print("checks:", sum(c["equal_triton"] for c in checks), "of", len(checks), "bit-identical", flush=True)
+            save_sweep(args.out, rows, checks)  # after every row, so a cut-off run keeps what it measured
+    print_checks(checks)
 
 
 if __name__ == "__main__":

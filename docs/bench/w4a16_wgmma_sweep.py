@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from quantkit.bench.command import parse_ints, parse_shapes
 from quantkit.bench.problems import _packed
 from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
+from quantkit.bench.sweep_log import save_sweep
 from quantkit.runtime.kernels.reference import w4a16_reference
 from quantkit.runtime.kernels.w4a16 import w4a16_matmul
 from quantkit.runtime.kernels.w4a16_wgmma import w4a16_wgmma_matmul, w4a16_wgmma_problem
@@ -105,9 +106,7 @@ def main() -> None:
             rows.append(row)
             del xs, tt, inputs
             torch.cuda.empty_cache()
-        with open(args.out, "w") as f:  # after every shape, so a cut-off run keeps what it measured
-            json.dump({"device": torch.cuda.get_device_name(), "checks": checks, "rows": rows, "unit": "us"}, f,
-                      indent=1)
+        save_sweep(args.out, rows, checks)  # after every shape, so a cut-off run keeps what it measured
 
 
 if __name__ == "__main__":

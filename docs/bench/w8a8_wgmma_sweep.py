@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from quantkit.bench.command import parse_shapes
 from quantkit.bench.problems import _packed
 from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
+from quantkit.bench.sweep_log import save_sweep
 from quantkit.runtime.kernels.act_quant import quantize_activation_triton
 from quantkit.runtime.kernels.configs import gemm_config
 from quantkit.runtime.kernels.int8_gemm import int8_matmul
@@ -81,9 +82,7 @@ def main() -> None:
             rows.append(row)
             del xs, tt, inputs
             torch.cuda.empty_cache()
-            with open(args.out, "w") as f:  # after every row: a run cut short keeps what it measured
-                json.dump({"device": torch.cuda.get_device_name(), "checks": checks, "rows": rows, "unit": "us"}, f,
-                          indent=1)
+            save_sweep(args.out, rows, checks)  # after every row: a run cut short keeps what it measured
 
 
 if __name__ == "__main__":

@@ -50,8 +50,9 @@ import dataclasses
 
 import torch
 
-from quantkit.runtime.kernels.cuda_common import (PRELUDE, compile_problem, cupy_available, cxx_bool, group_shift,
-                                                    launch, launch_form)
+from quantkit.runtime.kernels.cuda_common import (PRELUDE, compile_problem, cxx_bool, device_index, device_problem,
+                                                    group_shift, launch, launch_form)
+from quantkit.runtime.kernels.cuda_common import cupy_available  # noqa: F401 — callers and tests import it from here
 from quantkit.runtime.kernels.launch import groups_in_halves
 
 TOKENS_PER_COLUMN = 8  # the mma's N side: tokens of one launch column
@@ -297,15 +298,11 @@ def cuda_gemv_problem(x: torch.Tensor, tensors: dict, meta: dict, out: torch.Ten
         return "out must have the activations' dtype and unit column stride"
     if not (qweight.is_contiguous() and qparams.is_contiguous() and qweight.data_ptr() % 16 == 0):
         return "packed tensors are not contiguous and 16-byte aligned"
-    if not x.is_cuda or qweight.device != x.device or qparams.device != x.device:
-        return "tensors are not all on one CUDA device"
-    if torch.cuda.get_device_capability(x.device) < (8, 0):
-        return "the GPU is older than compute capability 8.0"
-    if not cupy_available():
-        return "CuPy is not installed or sees no GPU"
+    problem = device_problem(x, [qweight, qparams], (8, 0), "the GPU is older than compute capability 8.0")
+    if problem:
+        return problem
     variant = default_variant(int(meta["out_features"]), int(meta["in_features"]), x.shape[0])
-    return compile_problem(x.device.index if x.device.index is not None else torch.cuda.current_device(), SOURCE,
-                           (variant.kernel_name(x.dtype == torch.bfloat16),), "CUDA GEMV")
+    return compile_problem(device_index(x), SOURCE, (variant.kernel_name(x.dtype == torch.bfloat16),), "CUDA GEMV")
 
 
 def cuda_gemv_supported(x: torch.Tensor, tensors: dict, meta: dict, out: torch.Tensor | None = None) -> bool:
@@ -370,7 +367,7 @@ def w4a16_gemv_cuda(x: torch.Tensor, tensors: dict, meta: dict, variant: GemvVar
         raise ValueError(f"x must be [M, {meta['in_features']}], got {tuple(x.shape)}")
     qweight, qparams = tensors["qweight"], tensors["qparams"]
     n_tiles, n_groups = qweight.shape[1] // 32, qparams.shape[0]
-    dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    dev = device_index(x)
     bf16 = x.dtype == torch.bfloat16
     variant = variant or default_variant(n, k, m)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out

@@ -1,0 +1,19 @@
+"""What the docs/bench sweep scripts share: their JSON log, rewritten after every row (so a run cut short keeps
+what it measured), and the one-line summary of their bit-exactness checks."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+
+def save_sweep(path: str, rows: list, checks: list) -> None:
+    """Write {device, checks, rows, unit "us"} to ``path`` (the current CUDA device's name)."""
+    with open(path, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "checks": checks, "rows": rows, "unit": "us"}, f, indent=1)
+
+
+def print_checks(checks: list) -> None:
+    """Print how many of ``checks`` (dicts with ``equal_triton``) were bit-identical."""
+    print("checks:", sum(c["equal_triton"] for c in checks), "of", len(checks), "bit-identical", flush=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import re
 import warnings
 
 PRELUDE = r"""
@@ -113,12 +114,56 @@ def cupy_available() -> bool:
         return False
 
 
+ARCH_LINE = re.compile(r"^// quantkit-arch: (sm_\w+)$", re.MULTILINE)  # a source that needs e.g. sm_90a (wgmma)
+
+
+class _ArchKernel:
+    """A kernel compiled for an architecture CuPy's RawModule does not target (``sm_90a``), with the two things
+    :func:`launch` uses of a CuPy RawKernel: ``kernel.ptr`` and the call."""
+
+    def __init__(self, function):
+        self.kernel = function
+
+    def __call__(self, grid, block, args, shared_mem: int = 0):
+        self.kernel(grid, block, args, shared_mem=shared_mem)
+
+
+def _compile_for_arch(source: str, name: str, arch: str):
+    """NVRTC straight through CuPy's bindings: RawModule adds its own ``-arch=sm_90``, and wgmma needs the
+    architecture-specific ``sm_90a`` target."""
+    import cupy
+    from cupy.cuda import function
+    from cupy_backends.cuda.libs import nvrtc
+
+    options = ["--std=c++17", f"-arch={arch}"]
+    cuda_path = cupy.cuda.get_cuda_path()  # the toolkit's headers (cuda_fp16.h), as RawModule passes them
+    if cuda_path and os.path.isdir(os.path.join(cuda_path, "include")):
+        options.append("-I" + os.path.join(cuda_path, "include"))
+    prog = nvrtc.createProgram(source, "quantkit.cu", (), ())
+    try:
+        nvrtc.addNameExpression(prog, name)
+        try:
+            nvrtc.compileProgram(prog, options)
+        except nvrtc.NVRTCError as e:
+            raise RuntimeError(f"NVRTC ({arch}): {nvrtc.getProgramLog(prog)[:2000]}") from e
+        lowered, cubin = nvrtc.getLoweredName(prog, name), nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    mod = function.Module()
+    mod.load(cubin)
+    return _ArchKernel(mod.get_function(lowered))
+
+
 @functools.lru_cache(maxsize=None)
 def compiled(device_index: int, source: str, name: str):
-    """The CuPy function of template instance ``name`` of ``source`` on that device (NVRTC, ~1 s on first use)."""
+    """The CuPy function of template instance ``name`` of ``source`` on that device (NVRTC, ~1 s on first use); a
+    source with a ``// quantkit-arch: sm_XX`` line compiles for that architecture (:func:`_compile_for_arch`)."""
     import cupy
 
+    arch = ARCH_LINE.search(source)
     with cupy.cuda.Device(device_index):
+        if arch:
+            return _compile_for_arch(source, name, arch.group(1))
         mod = cupy.RawModule(code=source, options=("--std=c++17",), name_expressions=[name])
         mod.compile()
         return mod.get_function(name)

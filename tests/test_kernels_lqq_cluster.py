@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from quantkit.quant.act import quantize_activation_int  # noqa: E402
-from quantkit.runtime.kernels.configs import LQQ_CLUSTER_LAUNCH, TileConfig, lqq_cluster_launch  # noqa: E402
+from quantkit.runtime.kernels.configs import LQQ_CLUSTER_TABLE, TileConfig, lqq_cluster_launch  # noqa: E402
 from quantkit.runtime.kernels.cuda_common import cupy_available  # noqa: E402
 from quantkit.runtime.kernels.cuda_lqq_cluster import (CLUSTER_SPLITS, _cluster_split,  # noqa: E402
                                                         cluster_shared_bytes, lqq_cluster_matmul, lqq_cluster_problem)
@@ -56,7 +56,7 @@ def test_problem_names_what_the_kernel_cannot_take():
     assert "no tokens" in problem(codes=codes[:0], scales=scales[:0])
     assert "out must be" in problem(out=torch.empty(8, 64, dtype=torch.float16, device=DEVICE).t().contiguous().t())
     assert "tokens must be one of" in lqq_cluster_problem(codes, scales, -1, "w4a8-lqq", tensors, meta,
-                                                          torch.float16, launch_cfg=(32, 4, 2, 2))
+                                                          torch.float16, launch_cfg=(32, 4, 2))
     if not torch.cuda.is_available():
         assert problem() == "activations are not on a CUDA device"
 
@@ -64,14 +64,14 @@ def test_problem_names_what_the_kernel_cannot_take():
 def test_matmul_refuses_launches_it_has_no_instance_for():
     _, tensors, meta = packed("w4a8-lqq", 64, 256, 128)
     codes, scales = _acts(8, 256, 0)
-    for tokens, split, stages, token_warps in [(32, 4, 2, 2), (128, 3, 2, 2), (128, 16, 2, 2), (64, 2, 5, 2),
-                                               (64, 2, 1, 2), (64, 2, 2, 1), (128, 2, 2, 8)]:
+    for tokens, split, stages in [(32, 4, 2), (128, 3, 2), (128, 16, 2), (64, 2, 5), (64, 2, 1)]:
         with pytest.raises(ValueError, match="tokens must be one of"):
-            lqq_cluster_matmul(codes, scales, tensors, meta, tokens, split, stages, token_warps)
+            lqq_cluster_matmul(codes, scales, tensors, meta, tokens, split, stages)
 
 
 def test_shared_memory_of_the_largest_launch_fits_a_hopper_block():
-    assert cluster_shared_bytes(64, 2) == 2 * (64 * 272 + 64 * 192 + 512)
+    # a stage of 64 tokens: 16384 + 12288 + 512 bytes, rounded up to 29 KiB; one more KiB to align the first
+    assert cluster_shared_bytes(64, 2) == 2 * 29 * 1024 + 1024
     assert cluster_shared_bytes(128, 4) <= 227 * 1024  # sm_90's opt-in limit per block
 
 
@@ -87,31 +87,30 @@ def test_cluster_split_gives_every_cta_a_tile_and_has_an_instance():
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("n,k,m,tokens,split,stages,token_warps", [
-    (1024, 4096, 256, 128, 4, 2, 2), (1024, 4096, 192, 64, 8, 2, 4), (1024, 4096, 1, 64, 4, 3, 2),
-    (1024, 4096, 384, 128, 4, 4, 4),
-    (512, 3584, 300, 128, 2, 3, 2),   # 14 tiles in 2
-    (512, 3584, 130, 64, 8, 4, 2),    # 14 tiles asked in 8: 4 splits of 4, 4, 4, 2
-    (200, 512, 33, 64, 2, 2, 4), (333, 1280, 3, 128, 4, 3, 2),  # odd N (a part-filled last row block); 5 tiles
-    (72, 256, 129, 128, 1, 2, 4),     # one tile, no split; a ragged last token tile
-    (1000, 2048, 511, 128, 8, 3, 2)])
-def test_cluster_kernel_equals_unsplit_triton_call_after_call(n, k, m, tokens, split, stages, token_warps):
+@pytest.mark.parametrize("n,k,m,tokens,split,stages", [
+    (1024, 4096, 256, 128, 4, 2), (1024, 4096, 192, 64, 8, 2), (1024, 4096, 1, 64, 4, 3),
+    (1024, 4096, 384, 128, 4, 4),
+    (512, 3584, 300, 128, 2, 3),   # 14 tiles in 2
+    (512, 3584, 130, 64, 8, 4),    # 14 tiles asked in 8: 4 splits of 4, 4, 4, 2
+    (200, 512, 33, 64, 2, 2), (333, 1280, 3, 128, 4, 3),  # odd N (a part-filled last row block); 5 tiles
+    (72, 256, 129, 128, 1, 2),     # one tile, no split; a ragged last token tile (zero-filled rows)
+    (1000, 2048, 511, 128, 8, 3), (2048, 4096, 200, 64, 2, 3)])
+def test_cluster_kernel_equals_unsplit_triton_call_after_call(n, k, m, tokens, split, stages):
     """Bit for bit the unsplit Triton kernel (the same exact int32 sum and epilogue), call after call, into a
     row-strided output, in bf16 too; near the pure-torch reference."""
     _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n + m)
     codes, scales = _acts(m, k, seed=m + split)
     assert lqq_cluster_problem(codes, scales, -1, "w4a8-lqq", tensors, meta, torch.float16,
-                               launch_cfg=(tokens, split, stages, token_warps)) is None
+                               launch_cfg=(tokens, split, stages)) is None
     tri = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, config=TileConfig(64, 128, 1, 4, 3))
     for _ in range(4):
         # a row-strided output inside a NaN buffer one row and 8 columns larger: nothing is written outside [M, N]
         buf = torch.full((m + 1, n + 8), float("nan"), dtype=torch.float16, device=DEVICE)
-        got = lqq_cluster_matmul(codes, scales, tensors, meta, tokens, split, stages, token_warps, out=buf[:m, :n])
+        got = lqq_cluster_matmul(codes, scales, tensors, meta, tokens, split, stages, out=buf[:m, :n])
         assert torch.equal(got, tri)
         assert buf[:, n:].isnan().all() and buf[m].isnan().all()
     assert rel_err(got, int8_reference(codes, scales, -1, "w4a8-lqq", tensors, meta)) < 1e-3
-    bf = lqq_cluster_matmul(codes, scales, tensors, meta, tokens, split, stages, token_warps,
-                            out_dtype=torch.bfloat16)
+    bf = lqq_cluster_matmul(codes, scales, tensors, meta, tokens, split, stages, out_dtype=torch.bfloat16)
     assert bf.dtype == torch.bfloat16
     assert torch.equal(bf, int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, out_dtype=torch.bfloat16,
                                        config=TileConfig(64, 128, 1, 4, 3)))
@@ -138,10 +137,15 @@ def test_cluster_kernel_in_a_cuda_graph_replays_the_same_bits():
 
 
 def test_rule_takes_the_cluster_kernel_only_where_it_was_measured_faster():
-    assert lqq_cluster_launch(17, 512, 3584) == lqq_cluster_launch(64, 512, 4096) == LQQ_CLUSTER_LAUNCH
-    assert lqq_cluster_launch(56, 1024, 4096) == lqq_cluster_launch(64, 1000, 3584) == LQQ_CLUSTER_LAUNCH
-    for m, n, k in [(16, 512, 3584), (65, 512, 3584), (48, 1024, 4096), (65, 1024, 4096), (64, 1025, 4096),
-                    (64, 2048, 4096), (40, 512, 2048), (40, 512, 8192), (40, 512, 3840), (256, 1024, 4096)]:
+    assert lqq_cluster_launch(17, 512, 3584) == lqq_cluster_launch(64, 512, 4096) == (64, 8, 3)
+    assert lqq_cluster_launch(56, 1024, 4096) == lqq_cluster_launch(64, 1000, 3584) == (64, 4, 4)
+    assert lqq_cluster_launch(384, 1024, 4096) == (128, 4, 2)
+    assert lqq_cluster_launch(256, 2048, 4096) == (64, 2, 3)
+    # every range of each class is taken from its first to its last token count, in order and without gaps
+    for ranges in LQQ_CLUSTER_TABLE.values():
+        assert ranges[0][0] == 17 and all(a[1] + 1 == b[0] for a, b in zip(ranges, ranges[1:]))
+    for m, n, k in [(16, 512, 3584), (641, 512, 3584), (513, 1024, 4096), (257, 2048, 4096), (64, 2049, 4096),
+                    (40, 512, 2048), (40, 512, 8192), (40, 512, 3840)]:
         assert lqq_cluster_launch(m, n, k) is None, (m, n, k)
 
 
@@ -154,12 +158,12 @@ def test_int8_matmul_runs_the_cluster_kernel_where_the_rule_picks_it_else_falls_
     codes, scales = _acts(17, 3584, seed=2)
     calls = []
     monkeypatch.setattr(int8_gemm, "lqq_cluster_problem", lambda *a, **kw: None)
-    monkeypatch.setattr(int8_gemm, "lqq_cluster_matmul", lambda *a, **kw: calls.append(a[4:8]) or "cluster")
+    monkeypatch.setattr(int8_gemm, "lqq_cluster_matmul", lambda *a, **kw: calls.append(a[4:7]) or "cluster")
     assert int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta) == "cluster"
-    assert calls == [LQQ_CLUSTER_LAUNCH]
+    assert calls == [lqq_cluster_launch(17, 64, 3584)]
     monkeypatch.setattr(int8_gemm, "lqq_cluster_problem", lambda *a, **kw: "no CuPy")
     got = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta)  # on a CPU the Triton kernel, interpreted
-    assert calls == [LQQ_CLUSTER_LAUNCH]
+    assert calls == [lqq_cluster_launch(17, 64, 3584)]
     assert rel_err(got, int8_reference(codes, scales, -1, "w4a8-lqq", tensors, meta)) < 1e-3
 
 
@@ -168,10 +172,10 @@ def test_int8_matmul_runs_the_cluster_kernel_where_the_rule_picks_it_else_falls_
 def test_int8_matmul_runs_the_cluster_kernel_on_a_narrow_layer(monkeypatch):
     from quantkit.runtime.kernels import int8_gemm
 
-    calls = record_launches(monkeypatch, int8_gemm, "lqq_cluster_matmul", 4, 8)
+    calls = record_launches(monkeypatch, int8_gemm, "lqq_cluster_matmul", 4, 7)
     _, tensors, meta = packed("w4a8-lqq", 512, 3584, 128, seed=6)
     codes, scales = _acts(40, 3584, seed=6)
     out = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta)
-    assert calls == [LQQ_CLUSTER_LAUNCH]
+    assert calls == [lqq_cluster_launch(40, 512, 3584)]
     assert torch.equal(out, int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta,
                                         config=TileConfig(64, 128, 1, 4, 3)))

@@ -1,12 +1,14 @@
 """LiquidQuant W4A8 on the CUDA cluster kernel (quantkit/runtime/kernels/cuda_lqq_cluster.py) over its launches —
-tokens per CTA, cluster size (the K split), stages and warps — next to cuBLAS fp16 and the launch rule's own pick
-(what int8_matmul runs), on layers with few output tiles (session 19: the 1024×4096 k/v projection, slower than fp16
-at 144-480 tokens on every Gluon launch).
+tokens per CTA, cluster size (the K split) and stages — next to cuBLAS fp16 and the launch rule's own pick (what
+int8_matmul runs), on layers with few output tiles (session 19: the 1024×4096 k/v projection, slower than fp16 at
+144-480 tokens on every Gluon launch). Session 19's logs of the kernel's first, mma.sync form
+(cluster_sweep_{a,b,c,d}_h100.json) came from an earlier version of this script, with ``cl_…_w<warps>`` columns.
 
     python docs/bench/lqq_cluster_sweep.py --shapes 1024x4096,512x3584 --ms 64,128,256,384 --out kv.json
 
 Every launch is first checked bit for bit against the unsplit Triton LiquidQuant kernel (at the first M of each
-shape). Columns ``cl_<tokens>_s<split>_st<stages>_w<warps>``; the rule's pick is ``rule``, and
+shape). Columns ``wg_<tokens>_s<split>_st<stages>`` (the split asked for: :func:`~quantkit.runtime.kernels.
+cuda_lqq_cluster._cluster_split` may lower it, e.g. 8 to 4 on 14 tiles); the rule's pick is ``rule``, and
 ``rule_without_cluster`` the rule with the cluster kernel switched off (session 18's).
 """
 
@@ -47,11 +49,10 @@ def main() -> None:
     p.add_argument("--tokens", default="64,128")
     p.add_argument("--splits", default="1,2,4,8")
     p.add_argument("--stages", default="2,3,4")
-    p.add_argument("--token-warps", default="2,4")
     p.add_argument("--out", default="lqq_cluster_sweep.json")
     args = p.parse_args()
     ints = lambda s: [int(v) for v in s.split(",")]  # noqa: E731
-    todo = list(itertools.product(ints(args.tokens), ints(args.splits), ints(args.stages), ints(args.token_warps)))
+    todo = list(itertools.product(ints(args.tokens), ints(args.splits), ints(args.stages)))
     rows, checks = [], []
     for n, k in parse_shapes(args.shapes):
         t, meta = _packed("w4a8-lqq", torch.randn(n, k, device="cuda"))
@@ -65,17 +66,16 @@ def main() -> None:
             if j == 0:
                 a, s, w = inputs[0]
                 tri = int8_matmul(a, s, -1, "w4a8-lqq", w, meta, config=TileConfig(64, 128, 1, 4, 3))
-            for tokens, split, stages, token_warps in todo:
-                name = f"cl_{tokens}_s{split}_st{stages}_w{2 * token_warps}"
-                fn = (lambda a, s, w, c=(tokens, split, stages, token_warps):  # noqa: E731
-                      lqq_cluster_matmul(a, s, w, meta, *c))
+            for tokens, split, stages in todo:
+                name = f"wg_{tokens}_s{split}_st{stages}"
+                fn = lambda a, s, w, c=(tokens, split, stages): lqq_cluster_matmul(a, s, w, meta, *c)  # noqa: E731
                 if j == 0:
                     checks.append({"n": n, "k": k, "m": m, "launch": name,
                                    "equal_triton": bool(torch.equal(fn(a, s, w), tri))})
                     if not checks[-1]["equal_triton"]:
                         print("MISMATCH", json.dumps(checks[-1]), flush=True)
                 row[name] = time_rotating(fn, inputs)["ms"] * 1e3
-            timed = {kk: v for kk, v in row.items() if kk.startswith("cl_")}
+            timed = {kk: v for kk, v in row.items() if kk.startswith("wg_")}
             best = min(timed, key=timed.get)
             row["best"], row["best_vs_fp16"] = best, row["fp16"] / timed[best]
             row["rule_vs_fp16"] = row["fp16"] / row["rule"]

@@ -523,30 +523,35 @@ def lqq_ws_launch(cfg: tuple[int, int, int, int], warpgroups: int) -> tuple[int,
         return bm, 3, 0, 1, LQQ_WGMMA_PER_SM[(128, 3)], 1
     return bm, stages, tail, 1, LQQ_WGMMA_PER_SM[(bm + tail, stages)], 1
 
-# LiquidQuant on layers of few rows at small M: the CUDA cluster kernel (:mod:`.cuda_lqq_cluster`, session 19), whose
-# K split adds its partial tiles inside a thread-block cluster instead of through global slots and a ticket. Its
-# mma.sync tiles are no faster than the Gluon kernels' wgmma ones (per 64×64×256 tile ~0.8 µs; at 144-512 tokens on
-# the 1024×4096 k/v layer its best launch ran 9.7-16.2 µs against the rule's 10.2-13.2, docs/logs/session19/
-# cluster_sweep_c_kv_h100.json), so it runs only where the Gluon rule has no good launch: one 64-token tile a
-# layer-row block, K split in 4 (16 or 14 tiles: 4 each, or 4+4+4+2), four stages, four warps. docs/bench/
-# lqq_cluster_sweep.py on an H100 (cluster_sweep_d_small_h100.json, against the session-18 rule in the same run):
-# 512×3584 (Qwen2-7B's k/v) at M = 17-64 5.9-7.0 µs against 7.9-8.3 (the Triton kernel: too few programs for the
-# Gluon model; cuBLAS fp16 6.5-7.3, so 0.81-0.92× became 1.00-1.21×); 1024-row layers at M = 56-64 6.5-7.1 against
-# 6.9-7.5 (and 6.7-6.8 against 7.7-7.8 in two earlier runs at M = 64); at M = 17-48 on the 1024-row layers and on
-# 2048×4096 it lost. Measured on K = 3584 and 4096 only.
+# LiquidQuant on layers of few rows: the CUDA cluster kernel (:mod:`.cuda_lqq_cluster`, session 19), whose K split adds
+# its partial tiles inside a thread-block cluster instead of through global slots and a ticket. docs/bench/
+# lqq_cluster_sweep.py --forms wgmma on an H100 (docs/logs/session19/cluster_wgmma_sweep_h100.json: 1024×4096,
+# 512×3584, 1024×3584, 2048×4096 × 23 token counts from 17 to 640, 18 launches each, every one bit-identical to the
+# unsplit Triton kernel): per class of layer (largest N) and range of M, the launch with the best geometric mean over
+# the points of the range (within 2.5 % of each point's best launch). Against the session-18 Gluon rule timed in the
+# same run, at the 78 points it covers: 1.01-1.55×, geometric mean 1.20×; against cuBLAS fp16 0.93-1.70×, slower at
+# 1024-row layers' M = 384 (0.93-0.97×; the best launch timed was too), 448 and 512 (0.996×) and 512×3584 at
+# M = 576-640 (0.935×, the Gluon rule 0.84×). Beyond these ranges the Gluon rule was faster (1024 rows at 576-640
+# tokens, 2048 rows from 288). Measured on K = 3584 and 4096 only.
 LQQ_CLUSTER_K = (3584, 4096)  # the K measured: these two only
-LQQ_CLUSTER_RANGES = ((512, 17, 64), (1024, 56, 64))  # (largest N, first M, last M), the first that holds N
-LQQ_CLUSTER_LAUNCH = (64, 4, 4, 2)  # tokens per CTA, K split (cluster size), stages, warps along the tokens
+# largest N → ((first M, last M, (tokens per CTA, K split, stages)), ...); the first class that holds N
+LQQ_CLUSTER_TABLE = {
+    512: ((17, 64, (64, 8, 3)), (65, 192, (64, 8, 4)), (193, 256, (128, 8, 4)), (257, 448, (64, 4, 3)),
+          (449, 512, (64, 2, 4)), (513, 640, (64, 8, 2))),
+    1024: ((17, 64, (64, 4, 4)), (65, 192, (64, 4, 3)), (193, 256, (64, 2, 4)), (257, 320, (64, 4, 2)),
+           (321, 384, (128, 4, 2)), (385, 512, (64, 2, 3))),
+    2048: ((17, 64, (64, 8, 2)), (65, 128, (64, 2, 4)), (129, 256, (64, 2, 3))),
+}
 
 
-def lqq_cluster_launch(m: int, n: int, k: int) -> tuple[int, int, int, int] | None:
-    """(tokens, split, stages, token warps) of :func:`.cuda_lqq_cluster.lqq_cluster_matmul` for M tokens on an
-    [N, K] LiquidQuant weight, or None where the other kernels run (comment above)."""
+def lqq_cluster_launch(m: int, n: int, k: int) -> tuple[int, int, int] | None:
+    """(tokens, K split, stages) of :func:`.cuda_lqq_cluster.lqq_cluster_matmul` for M tokens on an [N, K]
+    LiquidQuant weight, or None where the other kernels run (comment above)."""
     if k not in LQQ_CLUSTER_K:
         return None
-    for max_n, first, last in LQQ_CLUSTER_RANGES:
+    for max_n, ranges in LQQ_CLUSTER_TABLE.items():
         if n <= max_n:
-            return LQQ_CLUSTER_LAUNCH if first <= m <= last else None
+            return next((launch for first, last, launch in ranges if first <= m <= last), None)
     return None
 
 

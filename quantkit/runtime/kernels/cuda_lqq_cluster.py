@@ -1,5 +1,5 @@
-"""LiquidQuant W4A8 for layers with few output tiles: a K split reduced inside a thread-block cluster (CUDA C++,
-NVRTC via CuPy; Hopper).
+"""LiquidQuant W4A8 for layers with few output tiles: a K split reduced inside a thread-block cluster (CUDA C++ with
+wgmma, NVRTC via CuPy; Hopper).
 
 A layer of few weight rows (the 1024-row k/v projection of Llama-3-8B, Qwen2's 512-row one) gives the Gluon kernels
 too few output tiles to fill 132 SMs at a few hundred tokens, so they split K. Their split programs each store an
@@ -8,15 +8,19 @@ fp32 slot to global memory, fence, take an atomic ticket, and the tile's last pr
 session 18). Here the S programs that split one output tile's K are one cluster (``__cluster_dims__``), resident
 together, and they add their partial tiles through distributed shared memory instead:
 
-* a CTA (4 warps) owns 64 weight rows × BT tokens over 1/S of the 256-column tiles; warp w multiplies rows
-  32(w & 1) … +31 by tokens (w >> 1)·BT/2 … with ``mma.sync.m16n8k32`` on int8 (weights the A operand, tokens B);
+* a CTA (one warpgroup) owns 64 weight rows × BT tokens over 1/S of the 256-column tiles, the transposed product
+  Y^T = W·X^T (LiquidGEMM Sec. 5.4): ``wgmma.m64nBTk32`` with the dequantized weights as the register A operand
+  (each warp its own 16 rows) and the activation codes as the shared-memory B operand;
 * each tile's weight words, group words and activation codes arrive by ``cp.async`` in a STAGES-deep shared-memory
-  ring (the first weight tiles before the wait for the previous grid); a lane reads its words from there and
-  dequantizes them in registers, four int8 lanes per IMAD, as ((q·s + a) mod 256) XOR 0x80 (LiquidGEMM Eq. 11-12;
-  the same words, gather and arithmetic as the A8 GEMV, :mod:`.cuda_gemv_a8`). Rows are padded so that ``ldmatrix``
-  (activations, 272 bytes) and the 16-byte word loads (192 bytes) meet no bank conflicts. (Its first form loaded
-  the words straight into registers one tile ahead, as the GEMV does: ~1.6 µs a tile, the load latency — H100,
-  docs/logs/session19/cluster_sweep_a_h100.json);
+  ring (the first weight tiles before the wait for the previous grid). The codes sit in the 128-byte swizzle that
+  the B descriptor reads, so their copies are contiguous rows and free of bank conflicts; token rows past M are
+  zero-filled, not read;
+* a lane reads its words from the ring and dequantizes them in registers, four int8 lanes per IMAD, as
+  ((q·s + a) mod 256) XOR 0x80 (LiquidGEMM Eq. 11-12; the words, gather and arithmetic of the A8 GEMV,
+  :mod:`.cuda_gemv_a8`) — tile t + 1's while tile t's products run (LiquidGEMM Sec. 5's overlap of dequantization
+  and MMA). The wait that follows names tile t's A registers as operands so that nothing overwrites them early
+  (ptxas does not keep a register operand alive past the wgmma's issue; docs/BENCHMARKS.md, session 16), which
+  ``docs/bench/sass_hazards.py`` checks in the SASS;
 * per-token activation scales and one per-channel weight scale (LiquidGEMM Sec. 4) leave the K sum an exact int32,
   so the partial tiles add exactly in any order: each CTA writes its int32 tile into its own shared memory, a
   cluster barrier (release / acquire) publishes it, CTA r adds token rows r·BT/S … of all S tiles over
@@ -24,10 +28,16 @@ together, and they add their partial tiles through distributed shared memory ins
   kernels' epilogue on the same exact sum, so the result is bit for bit theirs unsplit;
 * a second cluster barrier keeps every CTA's shared memory alive until its peers have read it.
 
-Like the decode GEMVs it launches with programmatic dependent launch where the device takes it (its first weight
-tile loads before the wait, :mod:`.cuda_common`). Requires K a multiple of 256, per-token activations with 16-byte
-aligned rows, fp16 channel scales, compute capability 9.0 (clusters) and CuPy: :func:`lqq_cluster_problem` says
-what is missing. The format's pure-torch reference is :func:`quantkit.runtime.kernels.reference.int8_reference`.
+Session 19 first built the product on ``mma.sync`` (each warp 32 rows × half the tokens, activations through
+``ldmatrix``): no faster per tile than the Gluon wgmma kernels, so faster than the Gluon rule only at small M on
+narrow layers (docs/logs/session19/cluster_sweep_*_h100.json). This form replaced it: 1.1-1.5× the Gluon rule on
+the narrow layers it now runs (:func:`.configs.lqq_cluster_launch`). wgmma needs the ``sm_90a`` target, which
+:func:`.cuda_common.compiled` reads from the source's ``// quantkit-arch:`` line.
+
+Like the decode GEMVs it launches with programmatic dependent launch where the device takes it
+(:mod:`.cuda_common`). Requires K a multiple of 256, per-token activations with 16-byte aligned rows, fp16 channel
+scales, compute capability 9.0 exactly and CuPy: :func:`lqq_cluster_problem` says what is missing. The format's
+pure-torch reference is :func:`quantkit.runtime.kernels.reference.int8_reference`.
 """
 
 from __future__ import annotations
@@ -39,34 +49,41 @@ from quantkit.runtime.kernels.cuda_common import (PRELUDE, allow_dynamic_shared,
 from quantkit.runtime.kernels.cuda_gemv_a8 import IMMA
 from quantkit.runtime.kernels.launch import groups_in_halves, split_plan
 
-ROW_BYTES = 272  # one token row of an activation stage in shared memory: 256 codes + 16 bytes of padding
 W_ROW_BYTES = 192  # one weight row of a stage: a tile's 128 bytes of words + 64 of padding
+SWIZZLE_ATOM = 1024  # 8 rows of 128 bytes: the 128-byte swizzle's period, to which stages are aligned
 CLUSTER_SPLITS = (1, 2, 4, 8)  # CTAs of a cluster (8: the portable cluster size)
 CLUSTER_TOKENS = (64, 128)
 CLUSTER_STAGES = (2, 3, 4)
-CLUSTER_TOKEN_WARPS = (2, 4)  # warps along the tokens (a CTA has twice as many: two along its 64 rows)
 
-SOURCE = PRELUDE + IMMA + r"""
-// the A8 GEMV's int8 mma without `volatile`: it reads registers only, so the compiler may move it past the
-// shared-memory loads of the next plane and keep the tensor cores fed from one warp
-__device__ __forceinline__ void mma_s8(int* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
+def _wgmma_instance(n: int) -> str:
+    """C++ of ``wgmma_s8<n>``: d (the m64n``n`` int32 accumulators, n/2 registers a thread) += A (four registers of
+    int8 lanes) · B (a shared-memory descriptor)."""
+    acc = n // 2
+    regs = ", ".join(f"%{i}" for i in range(acc))
+    outs = ", ".join(f'"+r"(d[{i}])' for i in range(acc))
+    return (f"template <> __device__ __forceinline__ void wgmma_s8<{n}>(int* d, u32 a0, u32 a1, u32 a2, u32 a3,\n"
+            f"        unsigned long long desc) {{\n"
+            f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"\n'
+            f'        "wgmma.mma_async.sync.aligned.m64n{n}k32.s32.s8.s8 {{{regs}}}, "\n'
+            f'        "{{%{acc}, %{acc + 1}, %{acc + 2}, %{acc + 3}}}, %{acc + 4}, p;\\n}}"\n'
+            f"        : {outs}\n"
+            f'        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));\n}}\n')
+
+
+WGMMA = ("// d (m64nN int32 accumulators) += A (registers) · B (descriptor), N = 64 or 128\n"
+         "template <int N> __device__ __forceinline__ void wgmma_s8(int* d, u32 a0, u32 a1, u32 a2, u32 a3,\n"
+         "                                                         unsigned long long desc);\n"
+         + "".join(_wgmma_instance(n) for n in CLUSTER_TOKENS))
+
+# wgmma needs the architecture-specific target: cuda_common.compiled reads the first line
+SOURCE = "// quantkit-arch: sm_90a\n" + PRELUDE + IMMA + r"""
 __device__ __forceinline__ void cp_async16(u32 dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4(u32 addr, u32& d0, u32& d1, u32& d2, u32& d3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3) : "r"(addr));
 }
 
 // every CTA of the cluster past this point, and every shared-memory write before it visible to all of them
@@ -100,149 +117,15 @@ __device__ __forceinline__ u32 lds32(u32 addr) {
     return v;
 }
 
-// Y [M, N] for 64 weight rows × BT tokens per CTA, S CTAs of a cluster splitting K (module docstring). A ring stage
-// holds one 256-column tile: the BT token rows (ACT_ROW bytes each), the 64 weight rows' words (W_ROW bytes each)
-// and their two half-tiles' group words
-template <int S, int BT, int WT, int STAGES, bool BF16>
-__global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(64 * WT)
-lqq_cluster(const signed char* __restrict__ a, const float* __restrict__ sa, int M, long long stride_am,
-            long long stride_sm, const char* __restrict__ w, const u32* __restrict__ params,
-            const __half* __restrict__ cs, int N, int w_row, int hpg, int shift, int groups, void* __restrict__ out_,
-            long long stride_om, int n_tiles, int tiles_per_split) {
-    constexpr int ACT_ROW = 272;  // 256 codes + 16: the 8 rows of an ldmatrix phase land 4 banks apart
-    constexpr int W_ROW = 192;    // 128 bytes of words + 64: a 16-byte load phase's rows g, g + 1 in other bank halves
-    constexpr int W_OFF = BT * ACT_ROW, P_OFF = W_OFF + 64 * W_ROW;
-    constexpr int STAGE = P_OFF + 2 * 64 * 4;
-    constexpr int PART = ACT_ROW / 4;  // int32 per token row of the partial tile (64 rows + 4), in stage 0's codes
-    constexpr int NTH = 64 * WT;       // threads: WT warps along the tokens × 2 along the rows
-    constexpr int NF = BT / WT / 8;    // 8-token fragments per warp
-    extern __shared__ __align__(16) unsigned char smem[];
-    typedef typename OutType<BF16>::T T;
-    T* out = reinterpret_cast<T*>(out_);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    // clusters are S consecutive CTAs along x: rank = blockIdx.x % S
-    const int rank = blockIdx.x % S, row0 = (blockIdx.x / S) * 64, m0 = blockIdx.y * BT;
-    const int t_begin = rank * tiles_per_split, t_end = min(t_begin + tiles_per_split, n_tiles);
-    const u32 smem0 = (u32)__cvta_generic_to_shared(smem);
-
-    int acc[2][NF][4];
-#pragma unroll
-    for (int f = 0; f < 2; ++f)
-#pragma unroll
-        for (int j = 0; j < NF; ++j)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[f][j][i] = 0;
-
-    // tile t's weight words and group words into stage s (rows past N copy row N − 1, never stored)
-    auto issue_w = [&](int t, int s) {
-        if (t < t_end) {
-            const u32 base = smem0 + s * STAGE;
-#pragma unroll
-            for (int q = 0; q < 512 / NTH; ++q) {
-                const int idx = threadIdx.x + NTH * q, r = idx >> 3, ch = idx & 7;
-                cp_async16(base + W_OFF + r * W_ROW + 16 * ch,
-                           w + (long long)min(row0 + r, N - 1) * w_row + t * 128 + 16 * ch);
-            }
-            const int half = threadIdx.x >> 6, r = threadIdx.x & 63;
-            if (threadIdx.x < 128)
-                cp_async4(base + P_OFF + 4 * threadIdx.x,
-                          params + (long long)group_of(2 * t + half, shift, hpg, groups) * N + min(row0 + r, N - 1));
-        }
-    };
-    // tile t's BT token rows of 256 codes into stage s (tokens past M copy row M − 1, never stored)
-    auto issue_a = [&](int t, int s) {
-        if (t < t_end) {
-#pragma unroll
-            for (int q = 0; q < BT * 16 / NTH; ++q) {
-                const int idx = threadIdx.x + NTH * q, r = idx >> 4, ch = idx & 15;
-                cp_async16(smem0 + s * STAGE + r * ACT_ROW + 16 * ch,
-                           a + (long long)min(m0 + r, M - 1) * stride_am + t * 256 + 16 * ch);
-            }
-        }
-    };
-    pdl_trigger();
-    // the weights are no earlier kernel's output: their first tiles are on the way before the wait for the
-    // previous grid, which may have written the activation codes and scales. Group s holds tile s's codes (group 0
-    // also the first weights); every group is committed, empty past the K range, so the wait counts below hold
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) issue_w(t_begin + s, s);
-    pdl_wait();
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        issue_a(t_begin + s, s);
-        cp_commit();
-    }
-
-    const int tok0 = (warp >> 1) * (BT / WT);
-    // ldmatrix.x4: lanes 0-7 / 8-15 / 16-23 / 24-31 address tokens 0-7 bytes 0-15 / tokens 0-7 bytes 16-31 /
-    // tokens 8-15 bytes 0-15 / tokens 8-15 bytes 16-31 of a plane — b0, b1 of two 8-token fragments
-    const u32 lm_lane = (tok0 + (lane & 7) + 8 * (lane >> 4)) * ACT_ROW + 16 * ((lane >> 3) & 1);
-    const int wrow = 32 * (warp & 1) + g;  // + 16f + 8r: the lane's weight rows in the CTA's 64
-    for (int t = t_begin; t < t_end; ++t) {
-        const int i = t - t_begin;
-        cp_wait<STAGES - 2>();
-        __syncthreads();  // tile t landed for all; every warp is done with the stage refilled next
-        issue_w(t + STAGES - 1, (i + STAGES - 1) % STAGES);
-        issue_a(t + STAGES - 1, (i + STAGES - 1) % STAGES);
-        cp_commit();
-        const u32 st = smem0 + (i % STAGES) * STAGE;
-        uint4 words[2][2][2];  // [16-row fragment][row g / g + 8][first / second 64 bytes of the row's tile]
-#pragma unroll
-        for (int f = 0; f < 2; ++f)
-#pragma unroll
-            for (int r = 0; r < 2; ++r)
-#pragma unroll
-                for (int v = 0; v < 2; ++v)
-                    words[f][r][v] = lds128(st + W_OFF + (wrow + 16 * f + 8 * r) * W_ROW + 64 * v + 16 * c);
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            u32 s8[2][2], a4[2][2];
-#pragma unroll
-            for (int f = 0; f < 2; ++f)
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    const u32 p = lds32(st + P_OFF + 4 * (64 * half + wrow + 16 * f + 8 * r));
-                    s8[f][r] = p & 0xFFu;
-                    a4[f][r] = ((p >> 8) & 0xFFu) * 0x01010101u;
-                }
-#pragma unroll
-            for (int b = 0; b < 4; ++b) {
-                const int plane = b + 4 * half;  // activation columns 32·plane … +31 of the tile
-                u32 q[2][2][2];
-#pragma unroll
-                for (int f = 0; f < 2; ++f)
-#pragma unroll
-                    for (int r = 0; r < 2; ++r)
-#pragma unroll
-                        for (int v = 0; v < 2; ++v) {  // (q·s + a) XOR 0x80 on four int8 lanes (LiquidGEMM Eq. 11-12)
-                            const u32 bytes = gather4(words[f][r][v], b);
-                            q[f][r][v] = (((half == 0 ? bytes : bytes >> 4) & 0x0F0F0F0Fu) * s8[f][r] + a4[f][r])
-                                         ^ 0x80808080u;
-                        }
-                u32 bf[NF][2];  // the plane's B fragments, all loaded before its products
-#pragma unroll
-                for (int j = 0; j < NF; j += 2)
-                    ldmatrix_x4(st + lm_lane + j * 8 * ACT_ROW + plane * 32, bf[j][0], bf[j][1], bf[j + 1][0],
-                                bf[j + 1][1]);
-#pragma unroll
-                for (int j = 0; j < NF; ++j)
-#pragma unroll
-                    for (int f = 0; f < 2; ++f)
-                        mma_s8(acc[f][j], q[f][0][0], q[f][1][0], q[f][0][1], q[f][1][1], bf[j][0], bf[j][1]);
-            }
-        }
-    }
-    cp_wait<0>();
-    __syncthreads();  // every stage read and every copy landed: stage 0's codes become this CTA's partial tile
-    int* part = reinterpret_cast<int*>(smem);
-#pragma unroll
-    for (int f = 0; f < 2; ++f)
-#pragma unroll
-        for (int j = 0; j < NF; ++j)
-#pragma unroll
-            for (int i = 0; i < 4; ++i)  // the mma C fragment: row g + 8(i >> 1), token 2c + (i & 1)
-                part[(tok0 + 8 * j + 2 * c + (i & 1)) * PART + 32 * (warp & 1) + 16 * f + 8 * (i >> 1) + g] =
-                    acc[f][j][i];
+// After each CTA wrote its int32 partial tile [BT tokens][PART] at the start of its shared memory: the cluster
+// barrier publishes them; CTA `rank` adds token rows rank·BT/S … of all S (distributed shared memory) and stores
+// them as (sum · token scale) · channel scale; the second barrier keeps every CTA's shared memory alive until its
+// peers have read it
+template <int S, int BT, int NTH, typename T>
+__device__ __forceinline__ void cluster_add_store(u32 smem0, int rank, int row0, int m0, int M, int N, const float* sa,
+                                                  long long stride_sm, const __half* cs, T* out,
+                                                  long long stride_om) {
+    constexpr int PART = 68;  // int32 per token row: 64 weight rows + 4 (conflict-free stores)
     cluster_sync();
     constexpr int TOKS = BT / S;  // token rows this CTA adds up and stores, 4 weight rows per thread and step
     for (int idx = threadIdx.x; idx < TOKS * 16; idx += NTH) {
@@ -269,34 +152,220 @@ lqq_cluster(const signed char* __restrict__ a, const float* __restrict__ sa, int
     }
     cluster_sync();  // no CTA exits while a peer may still read its shared memory
 }
+
+// tile t's 64 weight rows' words (W_ROW bytes a row, at w_dst) and their two half-tiles' group words (at p_dst) into
+// shared memory by cp.async; rows past N copy row N − 1 (never stored)
+template <int NTH>
+__device__ __forceinline__ void issue_weights(u32 w_dst, u32 p_dst, const char* w, const u32* params, int row0, int N,
+                                              int w_row, int t, int shift, int hpg, int groups) {
+    constexpr int W_ROW = 192;  // 128 bytes of words + 64: a 16-byte load phase's rows g, g + 1 in other bank halves
+#pragma unroll
+    for (int q = 0; q < 512 / NTH; ++q) {
+        const int idx = threadIdx.x + NTH * q, r = idx >> 3, ch = idx & 7;
+        cp_async16(w_dst + r * W_ROW + 16 * ch, w + (long long)min(row0 + r, N - 1) * w_row + t * 128 + 16 * ch);
+    }
+    if (threadIdx.x < 128) {
+        const int half = threadIdx.x >> 6, r = threadIdx.x & 63;
+        cp_async4(p_dst + 4 * threadIdx.x,
+                  params + (long long)group_of(2 * t + half, shift, hpg, groups) * N + min(row0 + r, N - 1));
+    }
+}
+
+// the Hopper shared-memory matrix descriptor of a K-major operand in the 128-byte swizzle: start address (16-byte
+// units), leading offset 1 (unused by this layout), 1024 bytes between 8-row groups, layout type 1 (128B swizzle).
+// A k32 slice inside the 128-byte row starts 32 bytes further; the hardware applies the XOR to the address
+__device__ __forceinline__ unsigned long long smem_desc_sw128(u32 addr) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32)
+           | (1ull << 62);
+}
+
+// 16 bytes from src, or 16 zero bytes when !valid (nothing read)
+__device__ __forceinline__ void cp_async16_zfill(u32 dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+// wait for every product of the warpgroup, with the A registers they read as operands: the compiler keeps them
+// unchanged up to here (ptxas does not keep a register operand alive past the wgmma's issue)
+__device__ __forceinline__ void wgmma_wait0_keep(u32 (*q)[4]) {
+    asm volatile("wgmma.wait_group.sync.aligned 0;"
+                 : "+r"(q[0][0]), "+r"(q[0][1]), "+r"(q[0][2]), "+r"(q[0][3]), "+r"(q[1][0]), "+r"(q[1][1]),
+                   "+r"(q[1][2]), "+r"(q[1][3]), "+r"(q[2][0]), "+r"(q[2][1]), "+r"(q[2][2]), "+r"(q[2][3]),
+                   "+r"(q[3][0]), "+r"(q[3][1]), "+r"(q[3][2]), "+r"(q[3][3]), "+r"(q[4][0]), "+r"(q[4][1]),
+                   "+r"(q[4][2]), "+r"(q[4][3]), "+r"(q[5][0]), "+r"(q[5][1]), "+r"(q[5][2]), "+r"(q[5][3]),
+                   "+r"(q[6][0]), "+r"(q[6][1]), "+r"(q[6][2]), "+r"(q[6][3]), "+r"(q[7][0]), "+r"(q[7][1]),
+                   "+r"(q[7][2]), "+r"(q[7][3])
+                 :: "memory");
+}
+
+// the accumulators as operands of an empty statement: no access to them moves across it
+template <int N>
+__device__ __forceinline__ void fence_acc(int* acc) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(acc[i]) :: "memory");
+}
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+""" + WGMMA + r"""
+// Y [M, N] for 64 weight rows × BT tokens per CTA (one warpgroup), S CTAs of a cluster splitting K (module
+// docstring): wgmma m64nBTk32, A — the dequantized weights, a warp's own 16 rows — from registers, B — the
+// activation codes — from shared memory through a descriptor. Activation stages hold the tile as two halves of
+// 128 codes (planes 0-3, 4-7), each BT rows of 128 bytes whose 16-byte chunks are XOR-swizzled by the row (the
+// 128-byte swizzle): a row's copies and reads are contiguous in memory and free of bank conflicts. Token rows past
+// M are zero-filled, not read.
+template <int S, int BT, int STAGES, bool BF16>
+__global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(128)
+lqq_cluster(const signed char* __restrict__ a, const float* __restrict__ sa, int M, long long stride_am,
+               long long stride_sm, const char* __restrict__ w, const u32* __restrict__ params,
+               const __half* __restrict__ cs, int N, int w_row, int hpg, int shift, int groups,
+               void* __restrict__ out_, long long stride_om, int n_tiles, int tiles_per_split) {
+    constexpr int W_ROW = 192, W_OFF = BT * 256, P_OFF = W_OFF + 64 * W_ROW;
+    // >= BT × 272 (stage 0 later holds the partial tile), a multiple of the 1024-byte swizzle atom
+    constexpr int STAGE = (P_OFF + 2 * 64 * 4 + 1023) / 1024 * 1024;
+    constexpr int PART = 68;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    typedef typename OutType<BF16>::T T;
+    T* out = reinterpret_cast<T*>(out_);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int rank = blockIdx.x % S, row0 = (blockIdx.x / S) * 64, m0 = blockIdx.y * BT;
+    const int t_begin = rank * tiles_per_split, t_end = min(t_begin + tiles_per_split, n_tiles);
+    // the ring starts at a 1024-byte boundary: the 128-byte swizzle repeats every 8 rows of 128 bytes
+    const u32 raw0 = (u32)__cvta_generic_to_shared(smem_raw), smem0 = (raw0 + 1023) & ~1023u;
+    unsigned char* smem = smem_raw + (smem0 - raw0);
+
+    int acc[BT / 2];
+#pragma unroll
+    for (int i = 0; i < BT / 2; ++i) acc[i] = 0;
+
+    auto issue_w = [&](int t, int s) {
+        if (t < t_end)
+            issue_weights<128>(smem0 + s * STAGE + W_OFF, smem0 + s * STAGE + P_OFF, w, params, row0, N, w_row, t,
+                               shift, hpg, groups);
+    };
+    auto issue_a = [&](int t, int s) {
+        if (t < t_end) {
+#pragma unroll
+            for (int q = 0; q < BT / 8; ++q) {  // 16 threads a token row: chunk ch of its 256 codes
+                const int idx = threadIdx.x + 128 * q, r = idx >> 4, ch = idx & 15, c8 = ch & 7;
+                cp_async16_zfill(smem0 + s * STAGE + (ch >> 3) * BT * 128 + r * 128 + ((c8 ^ (r & 7)) << 4),
+                                 a + (long long)min(m0 + r, M - 1) * stride_am + t * 256 + 16 * ch, m0 + r < M);
+            }
+        }
+    };
+    pdl_trigger();
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) issue_w(t_begin + s, s);
+    pdl_wait();
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+        issue_a(t_begin + s, s);
+        cp_commit();
+    }
+
+    const int wrow = 16 * warp + g;  // + 8r: the lane's weight rows in the CTA's 64
+    // the A fragments of the tile in stage st: plane p's rows g / g + 8 × K 4c … / 16 + 4c …, dequantized four
+    // int8 lanes at a time as (q·s + a) XOR 0x80 (LiquidGEMM Eq. 11-12)
+    auto dequant = [&](u32 st, u32 (*q)[4]) {
+        uint4 words[2][2];  // [row g / g + 8][first / second 64 bytes of the row's tile]
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int v = 0; v < 2; ++v) words[r][v] = lds128(st + W_OFF + (wrow + 8 * r) * W_ROW + 64 * v + 16 * c);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            u32 s8[2], a4[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const u32 p = lds32(st + P_OFF + 4 * (64 * half + wrow + 8 * r));
+                s8[r] = p & 0xFFu;
+                a4[r] = ((p >> 8) & 0xFFu) * 0x01010101u;
+            }
+#pragma unroll
+            for (int b = 0; b < 4; ++b)
+#pragma unroll
+                for (int r = 0; r < 2; ++r)
+#pragma unroll
+                    for (int v = 0; v < 2; ++v) {
+                        const u32 bytes = gather4(words[r][v], b);
+                        q[b + 4 * half][r + 2 * v] =
+                            (((half == 0 ? bytes : bytes >> 4) & 0x0F0F0F0Fu) * s8[r] + a4[r]) ^ 0x80808080u;
+                    }
+        }
+    };
+    // the ring holds STAGES tiles: the prologue filled it, a stage is refilled once its products are done. Tile
+    // t + 1 is dequantized while tile t's products run; the wait that follows names tile t's A registers as
+    // operands, so the compiler keeps them intact until the tensor cores have read them
+    u32 q[8][4], qn[8][4];
+    if (t_begin < t_end) {
+        cp_wait<STAGES - 1>();
+        fence_async_shared();  // this thread's landed copies, visible to the tensor cores' (async proxy) reads
+        __syncthreads();       // and everyone's
+        dequant(smem0, q);
+    }
+    for (int t = t_begin; t < t_end; ++t) {
+        const int i = t - t_begin;
+        const u32 st = smem0 + (i % STAGES) * STAGE;
+        wgmma_fence();
+#pragma unroll
+        for (int p = 0; p < 8; ++p)
+            wgmma_s8<BT>(acc, q[p][0], q[p][1], q[p][2], q[p][3],
+                         smem_desc_sw128(st + (p >> 2) * BT * 128 + 32 * (p & 3)));
+        wgmma_commit();
+        if (t + 1 < t_end) {
+            cp_wait<STAGES - 2>();  // tile t + 1's group
+            fence_async_shared();
+            __syncthreads();
+            dequant(smem0 + ((i + 1) % STAGES) * STAGE, qn);
+        }
+        wgmma_wait0_keep(q);
+        fence_acc<BT / 2>(acc);
+        // tile t's stage is free (the warpgroup's products are complete): refill it with tile t + STAGES
+        issue_w(t + STAGES, i % STAGES);
+        issue_a(t + STAGES, i % STAGES);
+        cp_commit();
+#pragma unroll
+        for (int p = 0; p < 8; ++p)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) q[p][e] = qn[p][e];
+    }
+    cp_wait<0>();
+    __syncthreads();
+    int* part = reinterpret_cast<int*>(smem);
+#pragma unroll
+    for (int j = 0; j < BT / 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)  // the wgmma D fragment: row g + 8(i >> 1), token 8j + 2c + (i & 1)
+            part[(8 * j + 2 * c + (i & 1)) * PART + 16 * warp + 8 * (i >> 1) + g] = acc[4 * j + i];
+    cluster_add_store<S, BT, 128>(smem0, rank, row0, m0, M, N, sa, stride_sm, cs, out, stride_om);
+}
 """
 
 
-def cluster_kernel_name(split: int, tokens: int, token_warps: int, stages: int, bf16: bool) -> str:
-    """The template instance of SOURCE for a cluster of ``split`` CTAs, ``tokens`` per CTA over ``token_warps`` × 2
-    warps, ``stages``."""
-    return f"lqq_cluster<{split}, {tokens}, {token_warps}, {stages}, {cxx_bool(bf16)}>"
+def cluster_kernel_name(split: int, tokens: int, stages: int, bf16: bool) -> str:
+    """The template instance of SOURCE for a cluster of ``split`` CTAs, ``tokens`` per CTA and ``stages``."""
+    return f"lqq_cluster<{split}, {tokens}, {stages}, {cxx_bool(bf16)}>"
 
 
 def cluster_shared_bytes(tokens: int, stages: int) -> int:
-    """Dynamic shared memory of a CTA: ``stages`` ring stages, each a tile's ``tokens`` padded activation rows, 64
-    padded weight rows and their 2 × 64 group words."""
-    return stages * (tokens * ROW_BYTES + 64 * W_ROW_BYTES + 2 * 64 * 4)
+    """Dynamic shared memory of a CTA: ``stages`` ring stages — a tile's ``tokens`` rows of 256 swizzled codes, 64
+    padded weight rows and their 2 × 64 group words — each rounded up to SWIZZLE_ATOM, and one more atom to align
+    the first."""
+    stage = tokens * 256 + 64 * W_ROW_BYTES + 2 * 64 * 4
+    return stages * (-(-stage // SWIZZLE_ATOM) * SWIZZLE_ATOM) + SWIZZLE_ATOM
 
 
-def _check_launch(tokens: int, split: int, stages: int, token_warps: int) -> None:
-    if (tokens not in CLUSTER_TOKENS or split not in CLUSTER_SPLITS or stages not in CLUSTER_STAGES
-            or token_warps not in CLUSTER_TOKEN_WARPS):
-        raise ValueError(f"tokens must be one of {CLUSTER_TOKENS}, split one of {CLUSTER_SPLITS}, stages one of "
-                         f"{CLUSTER_STAGES} and token_warps one of {CLUSTER_TOKEN_WARPS}; got {tokens}, {split}, "
-                         f"{stages}, {token_warps}")
+def _check_launch(tokens: int, split: int, stages: int) -> None:
+    if tokens not in CLUSTER_TOKENS or split not in CLUSTER_SPLITS or stages not in CLUSTER_STAGES:
+        raise ValueError(f"tokens must be one of {CLUSTER_TOKENS}, split one of {CLUSTER_SPLITS} and stages one of "
+                         f"{CLUSTER_STAGES}; got {tokens}, {split}, {stages}")
 
 
 def lqq_cluster_problem(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, layout: str,
                         tensors: dict, meta: dict, out_dtype: torch.dtype, out: torch.Tensor | None = None,
-                        launch_cfg: tuple[int, int, int, int] = (128, 4, 2, 2)) -> str | None:
-    """Why :func:`lqq_cluster_matmul` cannot run these arguments with ``launch_cfg`` = (tokens, split, stages,
-    token_warps)
+                        launch_cfg: tuple[int, int, int] = (64, 4, 3)) -> str | None:
+    """Why :func:`lqq_cluster_matmul` cannot run these arguments with ``launch_cfg`` = (tokens, split, stages)
     (None: it can): a ``w4a8-lqq`` weight of K a multiple of 256, per-token activation codes (int8, rows 16-byte
     aligned, unit column stride) and float32 scales, an fp16/bf16 output (``out``, if given, of that dtype with unit
     column stride), contiguous 16-byte aligned packed tensors with fp16 channel scales, all on one CUDA device of
@@ -340,9 +409,9 @@ def lqq_cluster_problem(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group
                              "the cluster kernel is built for Hopper (compute capability 9.0)", exact=True)
     if problem:
         return problem
-    tokens, split, stages, token_warps = launch_cfg
-    name = cluster_kernel_name(_cluster_split(int(meta["in_features"]) // 256, split)[1], tokens, token_warps,
-                               stages, out_dtype == torch.bfloat16)
+    tokens, split, stages = launch_cfg
+    name = cluster_kernel_name(_cluster_split(int(meta["in_features"]) // 256, split)[1], tokens, stages,
+                               out_dtype == torch.bfloat16)
     return compile_problem(device_index(a_codes), SOURCE, (name,),
                            "CUDA LiquidQuant cluster kernel")
 
@@ -358,16 +427,15 @@ def _cluster_split(n_tiles: int, split: int) -> tuple[int, int]:
 
 
 def lqq_cluster_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, meta: dict, tokens: int = 128,
-                       split: int = 4, stages: int = 2, token_warps: int = 2, out: torch.Tensor | None = None,
+                       split: int = 4, stages: int = 3, out: torch.Tensor | None = None,
                        out_dtype: torch.dtype = torch.float16) -> torch.Tensor:
     """Y [M, N] (``out_dtype``, or ``out``'s) = dequant(A)·Ŵᵀ for int8 codes [M, K] with per-token float32 scales
-    [M, 1] and a ``w4a8-lqq`` weight (module docstring): ``tokens`` (64 or 128) per CTA and 64 weight rows, over
-    ``token_warps`` (2 or 4) × 2 warps; K split over a cluster of ``split`` CTAs (1, 2, 4 or 8, lowered by
-    :func:`_cluster_split`); ``stages`` (2-4) tiles in flight. Bit for bit the unsplit Triton / Gluon LiquidQuant
-    result. The caller checks :func:`lqq_cluster_problem`."""
+    [M, 1] and a ``w4a8-lqq`` weight (module docstring): ``tokens`` (64 or 128) per CTA and 64 weight rows; K split
+    over a cluster of ``split`` CTAs (1, 2, 4 or 8, lowered by :func:`_cluster_split`); ``stages`` (2-4) tiles in the
+    ring. Bit for bit the unsplit Triton / Gluon LiquidQuant result. The caller checks :func:`lqq_cluster_problem`."""
     import numpy as np
 
-    _check_launch(tokens, split, stages, token_warps)
+    _check_launch(tokens, split, stages)
     m, k = a_codes.shape
     n = int(meta["out_features"])
     qweight, qparams, cs = tensors["qweight"], tensors["qparams"], tensors["channel_scales"]
@@ -375,8 +443,7 @@ def lqq_cluster_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: d
     per, split = _cluster_split(n_tiles, split)
     out = torch.empty(m, n, dtype=out_dtype, device=a_codes.device) if out is None else out
     dev = device_index(a_codes)
-    fn, pdl = launch_form(dev, SOURCE, cluster_kernel_name(split, tokens, token_warps, stages,
-                                                           out.dtype == torch.bfloat16))
+    fn, pdl = launch_form(dev, SOURCE, cluster_kernel_name(split, tokens, stages, out.dtype == torch.bfloat16))
     shared = cluster_shared_bytes(tokens, stages)
     allow_dynamic_shared(fn, dev, shared)
     hpg = groups_in_halves(meta, n_tiles)
@@ -386,8 +453,7 @@ def lqq_cluster_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: d
             np.int32(hpg), np.int32(group_shift(int(meta["group_size"]), hpg)), np.int32(qparams.shape[0]),
             np.uint64(out.data_ptr()), np.int64(out.stride(0)), np.int32(n_tiles), np.int32(per))
     grid = (-(-n // 64) * split, -(-m // tokens))
-    launch(fn, pdl, dev, torch.cuda.current_stream(a_codes.device).cuda_stream, grid, (64 * token_warps,), args,
-           shared)
+    launch(fn, pdl, dev, torch.cuda.current_stream(a_codes.device).cuda_stream, grid, (128,), args, shared)
     return out
 
 

@@ -143,8 +143,9 @@ def test_rule_takes_the_cluster_kernel_only_where_it_was_measured_faster():
     assert lqq_cluster_launch(256, 2048, 4096) == (64, 2, 3)
     # every range of each class is taken from its first to its last token count, in order and without gaps
     for ranges in LQQ_CLUSTER_TABLE.values():
-        assert ranges[0][0] == 17 and all(a[1] + 1 == b[0] for a, b in zip(ranges, ranges[1:]))
-    for m, n, k in [(16, 512, 3584), (641, 512, 3584), (513, 1024, 4096), (257, 2048, 4096), (64, 2049, 4096),
+        assert ranges[0][0] == 9 and all(a[1] + 1 == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert lqq_cluster_launch(9, 2048, 3584) == (64, 8, 2)
+    for m, n, k in [(8, 512, 3584), (641, 512, 3584), (513, 1024, 4096), (257, 2048, 4096), (64, 2049, 4096),
                     (40, 512, 2048), (40, 512, 8192), (40, 512, 3840)]:
         assert lqq_cluster_launch(m, n, k) is None, (m, n, k)
 

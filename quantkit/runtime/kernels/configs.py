@@ -532,18 +532,22 @@ def lqq_ws_launch(cfg: tuple[int, int, int, int], warpgroups: int) -> tuple[int,
 # same run, at the 78 points it covers: 1.01-1.55×, geometric mean 1.20×; against cuBLAS fp16 0.93-1.70×, slower at
 # 1024-row layers' M = 384 (0.93-0.97×; the best launch timed was too), 448 and 512 (0.996×) and 512×3584 at
 # M = 576-640 (0.935×, the Gluon rule 0.84×). Beyond these ranges the Gluon rule was faster (1024 rows at 576-640
-# tokens, 2048 rows from 288). Measured on K = 3584 and 4096 only.
+# tokens, 2048 rows from 288). The first ranges start at 9 tokens, ahead of the A8 GEMV (int8_gemm.int8_matmul tries
+# this kernel first): at M = 9-16 the 17-64 launches ran 5.1-5.7 µs on the 512- and 1024-row layers against the
+# GEMV's 6.4-7.7 and 7.2-7.3 on 2048×4096 against 7.4-7.6 (cluster_wgmma_small_m_h100.json); at M <= 8 the GEMV's
+# 2.7-4.5 µs stays. Measured on K = 3584 and 4096 only.
 LQQ_CLUSTER_K = (3584, 4096)  # the K measured: these two only
 # largest N → ((first M, last M, (tokens per CTA, K split, stages)), ...); the first class that holds N
 LQQ_CLUSTER_TABLE = {
-    512: ((17, 64, (64, 8, 3)), (65, 192, (64, 8, 4)), (193, 256, (128, 8, 4)), (257, 448, (64, 4, 3)),
+    512: ((9, 64, (64, 8, 3)), (65, 192, (64, 8, 4)), (193, 256, (128, 8, 4)), (257, 448, (64, 4, 3)),
           (449, 512, (64, 2, 4)), (513, 640, (64, 8, 2))),
-    1024: ((17, 64, (64, 4, 4)), (65, 192, (64, 4, 3)), (193, 256, (64, 2, 4)), (257, 320, (64, 4, 2)),
+    1024: ((9, 64, (64, 4, 4)), (65, 192, (64, 4, 3)), (193, 256, (64, 2, 4)), (257, 320, (64, 4, 2)),
            (321, 384, (128, 4, 2)), (385, 512, (64, 2, 3))),
-    2048: ((17, 64, (64, 8, 2)), (65, 128, (64, 2, 4)), (129, 256, (64, 2, 3))),
+    2048: ((9, 64, (64, 8, 2)), (65, 128, (64, 2, 4)), (129, 256, (64, 2, 3))),
 }
 
 
+@functools.lru_cache(maxsize=4096)  # on every LiquidQuant call, decode steps included
 def lqq_cluster_launch(m: int, n: int, k: int) -> tuple[int, int, int] | None:
     """(tokens, K split, stages) of :func:`.cuda_lqq_cluster.lqq_cluster_matmul` for M tokens on an [N, K]
     LiquidQuant weight, or None where the other kernels run (comment above)."""

@@ -297,22 +297,25 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
     ``w4a16`` (MixLLM W4A8) or ``w4a8-lqq`` weight; ``out`` an optional [M, N] result tensor; ``use_asm`` False
     forces the plain-Triton dequantization. With no ``config`` at decode sizes (:func:`.cuda_gemv_a8.
     a8_gemv_preferred`) the weight runs the CUDA A8 GEMV instead when it can
-    (:func:`.cuda_gemv_a8.a8_gemv_problem`), and on Hopper above decode sizes the CUDA LiquidQuant cluster kernel
-    (:func:`_cluster_matmul`) or else the Gluon kernels run where their launch rules pick them
-    (:func:`_gluon_matmul`). A ``config`` or a ``use_asm`` value keeps the Triton kernel.
+    (:func:`.cuda_gemv_a8.a8_gemv_problem`), and on Hopper above decode sizes the Gluon kernels run where their
+    launch rules pick them (:func:`_gluon_matmul`) — but first, from 9 tokens on LiquidQuant layers of few rows, the
+    CUDA cluster kernel where its rule picks it (:func:`_cluster_matmul`). A ``config`` or a ``use_asm`` value keeps
+    the Triton kernel.
     Reference: :func:`.reference.int8_reference`."""
     k = int(meta["in_features"])
     _check_act(a_codes, a_scales, act_group_size, k)
     m = a_codes.shape[0]
+    if config is None and use_asm is None:  # from 9 tokens on layers of few rows, ahead of the A8 GEMV
+        y = _cluster_matmul(a_codes, a_scales, act_group_size, layout, tensors, meta, out, out_dtype)
+        if y is not None:
+            return y
     if (config is None and use_asm is None and a8_gemv_preferred(m, int(meta["out_features"]), k, layouts=(layout,))
             and a8_gemv_problem(a_codes, a_scales, act_group_size, [(layout, tensors, meta, None)], out_dtype,
                                 out) is None):
         return a8_gemv_cuda(a_codes, a_scales, act_group_size, [(layout, tensors, meta, None)],
                             int(meta["out_features"]), out_dtype, out)
     if config is None and use_asm is None:
-        y = _cluster_matmul(a_codes, a_scales, act_group_size, layout, tensors, meta, out, out_dtype)
-        if y is None:
-            y = _gluon_matmul(a_codes, a_scales, act_group_size, layout, tensors, meta, out, out_dtype)
+        y = _gluon_matmul(a_codes, a_scales, act_group_size, layout, tensors, meta, out, out_dtype)
         if y is not None:
             return y
     n_tiles = padded_k(k) // 256

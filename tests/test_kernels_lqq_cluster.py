@@ -180,3 +180,47 @@ def test_int8_matmul_runs_the_cluster_kernel_on_a_narrow_layer(monkeypatch):
     assert calls == [lqq_cluster_launch(40, 512, 3584)]
     assert torch.equal(out, int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta,
                                         config=TileConfig(64, 128, 1, 4, 3)))
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("group", [-1, 256, 384])  # one group a row (shift 31), a power of two, a division
+def test_cluster_kernel_on_other_weight_groups(group):
+    _, tensors, meta = packed("w4a8-lqq", 200, 1536, group, seed=7)
+    codes, scales = _acts(70, 1536, seed=7)
+    tri = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, config=TileConfig(64, 128, 1, 4, 3))
+    assert torch.equal(lqq_cluster_matmul(codes, scales, tensors, meta, 64, 4, 3), tri)
+
+
+def _nvcc_and_cuobjdump() -> bool:
+    import shutil
+
+    from quantkit.bench.sass import cuobjdumps
+
+    return shutil.which("nvcc") is not None and bool(cuobjdumps())
+
+
+@pytest.mark.skipif(not _nvcc_and_cuobjdump(), reason="needs nvcc and cuobjdump (no GPU)")
+def test_no_register_a_operand_is_overwritten_while_its_wgmma_runs(tmp_path):
+    """The SASS of every instance the rule launches (with and without programmatic dependent launch, fp16 and bf16
+    outputs), built by nvcc for sm_90a: ptxas does not keep a register A operand alive past its wgmma's issue, so a
+    write to one before the wait would race (quantkit.bench.sass). (The cubins the NVRTC of CuPy's wheel builds at
+    run time could not be disassembled by the H100 machine's cuobjdump, so this checks the toolkit's ptxas.)"""
+    import subprocess
+
+    from quantkit.bench.sass import hazards, instructions, register_products
+    from quantkit.runtime.kernels.cuda_common import PDL_DEFINE
+    from quantkit.runtime.kernels.cuda_lqq_cluster import SOURCE, cluster_kernel_name
+
+    args = ("const signed char*, const float*, int, long long, long long, const char*, const u32*, const __half*, "
+            "int, int, int, int, int, void*, long long, int, int")
+    launches = {launch for ranges in LQQ_CLUSTER_TABLE.values() for _, _, launch in ranges}
+    for tokens, split, stages in sorted(launches):
+        for s in sorted({split, 4}):  # 14 tiles lower a split of 8 to 4
+            for bf16, source in ((False, SOURCE), (True, PDL_DEFINE + SOURCE)):  # each output and form once
+                name = cluster_kernel_name(s, tokens, stages, bf16)
+                (tmp_path / "k.cu").write_text(f"{source}\ntemplate __global__ void {name}({args});\n")
+                subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-std=c++17", "-o", str(tmp_path / "k.cubin"),
+                                str(tmp_path / "k.cu")], check=True, capture_output=True)
+                assert register_products(instructions(str(tmp_path / "k.cubin"))) >= 8, name  # the 8 planes
+                assert hazards(str(tmp_path / "k.cubin")) == [], name

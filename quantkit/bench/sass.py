@@ -30,19 +30,39 @@ NO_REGISTER_OUTPUT = ("ISETP", "FSETP", "DSETP", "HSETP2", "PSETP", "PLOP3", "R2
 STATES_PER_INSTRUCTION = 16  # distinct in-flight states walked through one instruction before it is left alone
 
 
-def cuobjdump() -> str | None:
-    """The cuobjdump Triton ships (it matches the ptxas that built the cubins), else the one on PATH, else None."""
+def cuobjdumps() -> list[str]:
+    """Every cuobjdump found: the one Triton ships (it matches the ptxas that built Triton's cubins), then the one on
+    PATH and the CUDA toolkit's (which may read cubins of a newer NVRTC than Triton's)."""
+    found = []
     spec = importlib.util.find_spec("triton")
     if spec is not None and spec.origin:
         bundled = os.path.join(os.path.dirname(spec.origin), "backends", "nvidia", "bin", "cuobjdump")
         if os.path.exists(bundled):
-            return bundled
-    return shutil.which("cuobjdump")
+            found.append(bundled)
+    for tool in (shutil.which("cuobjdump"), os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin",
+                                                           "cuobjdump")):
+        if tool and os.path.exists(tool) and tool not in found:
+            found.append(tool)
+    return found
+
+
+def cuobjdump() -> str | None:
+    """The first of :func:`cuobjdumps`, else None."""
+    tools = cuobjdumps()
+    return tools[0] if tools else None
 
 
 def instructions(cubin: str) -> list[tuple[int, str]]:
-    """(address, instruction text) of every SASS instruction in the cubin file ``cubin``."""
-    out = subprocess.run([cuobjdump(), "-sass", cubin], capture_output=True, text=True, check=True).stdout
+    """(address, instruction text) of every SASS instruction in the cubin file ``cubin``, from the first cuobjdump
+    of :func:`cuobjdumps` that reads it (CalledProcessError from the last if none does)."""
+    tools = cuobjdumps()
+    if not tools:
+        raise FileNotFoundError("no cuobjdump (Triton's, on PATH or in the CUDA toolkit)")
+    for i, tool in enumerate(tools):
+        run = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, check=i == len(tools) - 1)
+        if run.returncode == 0:
+            out = run.stdout
+            break
     return [(int(m.group(1), 16), m.group(2).strip()) for m in
             (re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line) for line in out.splitlines()) if m]
 

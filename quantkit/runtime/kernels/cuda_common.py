@@ -121,11 +121,30 @@ class _ArchKernel:
     """A kernel compiled for an architecture CuPy's RawModule does not target (``sm_90a``), with the two things
     :func:`launch` uses of a CuPy RawKernel: ``kernel.ptr`` and the call."""
 
-    def __init__(self, function):
+    def __init__(self, function, cubin: bytes):
         self.kernel = function
+        self.cubin = cubin  # what ran: the tests scan its SASS (quantkit.bench.sass)
 
     def __call__(self, grid, block, args, shared_mem: int = 0):
         self.kernel(grid, block, args, shared_mem=shared_mem)
+
+
+def _cuda_header_dirs(cupy) -> list[str]:
+    """Where cuda_fp16.h may be: the CUDA runtime headers as cuda.pathfinder finds them (pip wheels; what CuPy's own
+    compiler uses where it has it), then the toolkit of ``cupy.cuda.get_cuda_path()``."""
+    dirs = []
+    try:
+        from cuda.pathfinder import find_nvidia_header_directory
+
+        found = find_nvidia_header_directory("cudart")
+        if found:
+            dirs.append(found)
+    except Exception:  # noqa: BLE001 — no cuda.pathfinder (older CuPy): the toolkit path below
+        pass
+    cuda_path = cupy.cuda.get_cuda_path()
+    if cuda_path and os.path.isdir(os.path.join(cuda_path, "include")):
+        dirs.append(os.path.join(cuda_path, "include"))
+    return dirs
 
 
 def _compile_for_arch(source: str, name: str, arch: str):
@@ -135,10 +154,7 @@ def _compile_for_arch(source: str, name: str, arch: str):
     from cupy.cuda import function
     from cupy_backends.cuda.libs import nvrtc
 
-    options = ["--std=c++17", f"-arch={arch}"]
-    cuda_path = cupy.cuda.get_cuda_path()  # the toolkit's headers (cuda_fp16.h), as RawModule passes them
-    if cuda_path and os.path.isdir(os.path.join(cuda_path, "include")):
-        options.append("-I" + os.path.join(cuda_path, "include"))
+    options = ["--std=c++17", f"-arch={arch}"] + [f"-I{d}" for d in _cuda_header_dirs(cupy)]
     prog = nvrtc.createProgram(source, "quantkit.cu", (), ())
     try:
         nvrtc.addNameExpression(prog, name)
@@ -151,7 +167,7 @@ def _compile_for_arch(source: str, name: str, arch: str):
         nvrtc.destroyProgram(prog)
     mod = function.Module()
     mod.load(cubin)
-    return _ArchKernel(mod.get_function(lowered))
+    return _ArchKernel(mod.get_function(lowered), cubin)
 
 
 @functools.lru_cache(maxsize=None)

@@ -325,10 +325,12 @@ lqq_cluster(const signed char* __restrict__ a, const float* __restrict__ sa, int
         issue_w(t + STAGES, i % STAGES);
         issue_a(t + STAGES, i % STAGES);
         cp_commit();
+        if (t + 1 < t_end) {
 #pragma unroll
-        for (int p = 0; p < 8; ++p)
+            for (int p = 0; p < 8; ++p)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) q[p][e] = qn[p][e];
+                for (int e = 0; e < 4; ++e) q[p][e] = qn[p][e];
+        }
     }
     cp_wait<0>();
     __syncthreads();

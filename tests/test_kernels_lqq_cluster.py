@@ -64,15 +64,27 @@ def test_problem_names_what_the_kernel_cannot_take():
 def test_matmul_refuses_launches_it_has_no_instance_for():
     _, tensors, meta = packed("w4a8-lqq", 64, 256, 128)
     codes, scales = _acts(8, 256, 0)
-    for tokens, split, stages in [(32, 4, 2), (128, 3, 2), (128, 16, 2), (64, 2, 5), (64, 2, 1)]:
+    for launch in [(32, 4, 2), (128, 3, 2), (128, 16, 2), (64, 2, 5), (64, 2, 1), (64, 2, 3, 3), (64, 2, 3, 0),
+                   (64, 2, 3, 2, 96)]:
         with pytest.raises(ValueError, match="tokens must be one of"):
-            lqq_cluster_matmul(codes, scales, tensors, meta, tokens, split, stages)
+            lqq_cluster_matmul(codes, scales, tensors, meta, *launch)
+    for launch, why in [((64, 2, 2, 2), "at least 3 stages"), ((64, 2, 3, 1, 128), "need depth 2"),
+                        ((128, 2, 4, 2, 128), "234496 bytes of shared memory")]:
+        with pytest.raises(ValueError, match=why):
+            lqq_cluster_matmul(codes, scales, tensors, meta, *launch)
+        assert why in lqq_cluster_problem(codes, scales, -1, "w4a8-lqq", tensors, meta, torch.float16,
+                                          launch_cfg=launch)
 
 
 def test_shared_memory_of_the_largest_launch_fits_a_hopper_block():
     # a stage of 64 tokens: 16384 + 12288 + 512 bytes, rounded up to 29 KiB; one more KiB to align the first
     assert cluster_shared_bytes(64, 2) == 2 * 29 * 1024 + 1024
     assert cluster_shared_bytes(128, 4) <= 227 * 1024  # sm_90's opt-in limit per block
+    assert cluster_shared_bytes(128, 3, 128) == 3 * 57 * 1024 + 1024  # 32768 + 24576 + 1024 bytes a stage
+    # the partial tile [tokens][rows + 4] of int32 that the ring holds at the end (the kernel's static_assert)
+    for tokens in (64, 128):
+        for rows, stages in ((64, 2), (128, 3)):
+            assert cluster_shared_bytes(tokens, stages, rows) - 1024 >= tokens * (rows + 4) * 4
 
 
 def test_cluster_split_gives_every_cta_a_tile_and_has_an_instance():
@@ -87,30 +99,42 @@ def test_cluster_split_gives_every_cta_a_tile_and_has_an_instance():
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("n,k,m,tokens,split,stages", [
-    (1024, 4096, 256, 128, 4, 2), (1024, 4096, 192, 64, 8, 2), (1024, 4096, 1, 64, 4, 3),
-    (1024, 4096, 384, 128, 4, 4),
-    (512, 3584, 300, 128, 2, 3),   # 14 tiles in 2
-    (512, 3584, 130, 64, 8, 4),    # 14 tiles asked in 8: 4 splits of 4, 4, 4, 2
-    (200, 512, 33, 64, 2, 2), (333, 1280, 3, 128, 4, 3),  # odd N (a part-filled last row block); 5 tiles
-    (72, 256, 129, 128, 1, 2),     # one tile, no split; a ragged last token tile (zero-filled rows)
-    (1000, 2048, 511, 128, 8, 3), (2048, 4096, 200, 64, 2, 3)])
-def test_cluster_kernel_equals_unsplit_triton_call_after_call(n, k, m, tokens, split, stages):
+@pytest.mark.parametrize("n,k,m,tokens,split,stages,depth,rows", [
+    (1024, 4096, 256, 128, 4, 2, 1, 64), (1024, 4096, 192, 64, 8, 2, 1, 64), (1024, 4096, 1, 64, 4, 3, 1, 64),
+    (1024, 4096, 384, 128, 4, 4, 1, 64),
+    (512, 3584, 300, 128, 2, 3, 1, 64),   # 14 tiles in 2
+    (512, 3584, 130, 64, 8, 4, 1, 64),    # 14 tiles asked in 8: 4 splits of 4, 4, 4, 2
+    (200, 512, 33, 64, 2, 2, 1, 64),  # odd N (a part-filled last row block)
+    (333, 1280, 3, 128, 4, 3, 1, 64),  # odd N; 5 tiles
+    (72, 256, 129, 128, 1, 2, 1, 64),     # one tile, no split; a ragged last token tile (zero-filled rows)
+    (1000, 2048, 511, 128, 8, 3, 1, 64), (2048, 4096, 200, 64, 2, 3, 1, 64),
+    # two tiles' products in flight: 1, 2, 3, 4, 5, 7, 8 and 16 tiles a CTA (the loop's three register sets, every
+    # remainder of its unrolling), 3 and 4 stages
+    (1024, 4096, 700, 128, 1, 3, 2, 64), (1024, 4096, 513, 64, 2, 3, 2, 64), (1000, 2048, 300, 128, 2, 4, 2, 64),
+    (333, 1280, 65, 64, 1, 3, 2, 64), (512, 3584, 200, 64, 4, 4, 2, 64), (72, 256, 129, 128, 1, 3, 2, 64),
+    (200, 512, 33, 64, 1, 3, 2, 64), (256, 3072, 100, 64, 4, 3, 2, 64), (2048, 4096, 769, 128, 4, 3, 2, 64),
+    (512, 3584, 900, 128, 2, 4, 2, 64),
+    # two warpgroups (128 weight rows) sharing each stage: odd N ending inside the second warpgroup's rows, too
+    (1024, 4096, 769, 128, 2, 3, 2, 128), (1024, 4096, 513, 64, 2, 4, 2, 128), (333, 1280, 65, 64, 1, 3, 2, 128),
+    (200, 512, 33, 128, 1, 3, 2, 128), (2048, 4096, 300, 64, 4, 3, 2, 128), (512, 3584, 900, 128, 2, 3, 2, 128),
+    (72, 256, 129, 128, 1, 3, 2, 128)])  # the second warpgroup's rows all past N
+def test_cluster_kernel_equals_unsplit_triton_call_after_call(n, k, m, tokens, split, stages, depth, rows):
     """Bit for bit the unsplit Triton kernel (the same exact int32 sum and epilogue), call after call, into a
     row-strided output, in bf16 too; near the pure-torch reference."""
     _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n + m)
     codes, scales = _acts(m, k, seed=m + split)
     assert lqq_cluster_problem(codes, scales, -1, "w4a8-lqq", tensors, meta, torch.float16,
-                               launch_cfg=(tokens, split, stages)) is None
+                               launch_cfg=(tokens, split, stages, depth, rows)) is None
     tri = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, config=TileConfig(64, 128, 1, 4, 3))
     for _ in range(4):
         # a row-strided output inside a NaN buffer one row and 8 columns larger: nothing is written outside [M, N]
         buf = torch.full((m + 1, n + 8), float("nan"), dtype=torch.float16, device=DEVICE)
-        got = lqq_cluster_matmul(codes, scales, tensors, meta, tokens, split, stages, out=buf[:m, :n])
+        got = lqq_cluster_matmul(codes, scales, tensors, meta, tokens, split, stages, depth, rows, out=buf[:m, :n])
         assert torch.equal(got, tri)
         assert buf[:, n:].isnan().all() and buf[m].isnan().all()
     assert rel_err(got, int8_reference(codes, scales, -1, "w4a8-lqq", tensors, meta)) < 1e-3
-    bf = lqq_cluster_matmul(codes, scales, tensors, meta, tokens, split, stages, out_dtype=torch.bfloat16)
+    bf = lqq_cluster_matmul(codes, scales, tensors, meta, tokens, split, stages, depth, rows,
+                            out_dtype=torch.bfloat16)
     assert bf.dtype == torch.bfloat16
     assert torch.equal(bf, int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, out_dtype=torch.bfloat16,
                                        config=TileConfig(64, 128, 1, 4, 3)))
@@ -137,16 +161,25 @@ def test_cluster_kernel_in_a_cuda_graph_replays_the_same_bits():
 
 
 def test_rule_takes_the_cluster_kernel_only_where_it_was_measured_faster():
-    assert lqq_cluster_launch(17, 512, 3584) == lqq_cluster_launch(64, 512, 4096) == (64, 8, 3)
-    assert lqq_cluster_launch(56, 1024, 4096) == lqq_cluster_launch(64, 1000, 3584) == (64, 4, 4)
-    assert lqq_cluster_launch(384, 1024, 4096) == (128, 4, 2)
-    assert lqq_cluster_launch(256, 2048, 4096) == (64, 2, 3)
-    # every range of each class is taken from its first to its last token count, in order and without gaps
-    for ranges in LQQ_CLUSTER_TABLE.values():
-        assert ranges[0][0] == 9 and all(a[1] + 1 == b[0] for a, b in zip(ranges, ranges[1:]))
-    assert lqq_cluster_launch(9, 2048, 3584) == (64, 8, 2)
-    for m, n, k in [(8, 512, 3584), (641, 512, 3584), (513, 1024, 4096), (257, 2048, 4096), (64, 2049, 4096),
-                    (40, 512, 2048), (40, 512, 8192), (40, 512, 3840)]:
+    assert lqq_cluster_launch(17, 512, 3584) == lqq_cluster_launch(64, 512, 4096) == (64, 8, 3, 1, 64)
+    assert lqq_cluster_launch(56, 1024, 4096) == lqq_cluster_launch(64, 1000, 3584) == (64, 4, 4, 1, 64)
+    assert lqq_cluster_launch(384, 1024, 4096) == (128, 4, 3, 2, 128)
+    assert lqq_cluster_launch(256, 2048, 4096) == (64, 2, 3, 2, 64)
+    assert lqq_cluster_launch(769, 512, 3584) == (128, 4, 3, 2, 128)
+    assert lqq_cluster_launch(960, 512, 3584) == (64, 2, 3, 2, 64)  # 32 clusters of 4 would not all fit at once
+    assert lqq_cluster_launch(40, 4096, 4096) == (64, 2, 4, 2, 64)
+    assert lqq_cluster_launch(17, 4608, 3584) == lqq_cluster_launch(64, 6144, 4096) == (64, 2, 3, 2, 64)
+    # every range of each class is taken from its first to its last token count, in order; the classes up to 2048
+    # rows from 9 tokens (ahead of the A8 GEMV), the wider ones from 17; the one gap is M = 32 on the widest
+    for max_n, ranges in LQQ_CLUSTER_TABLE.items():
+        assert ranges[0][0] == (9 if max_n <= 2048 else 17)
+        assert all(a[0] <= a[1] < b[0] for a, b in zip(ranges, ranges[1:]))
+        gaps = [m for a, b in zip(ranges, ranges[1:]) for m in range(a[1] + 1, b[0])]
+        assert gaps == ([32] if max_n == 6144 else [])
+    assert lqq_cluster_launch(9, 2048, 3584) == (64, 8, 2, 1, 64)
+    for m, n, k in [(8, 512, 3584), (1025, 512, 3584), (513, 1024, 4096), (257, 2048, 4096), (16, 2049, 4096),
+                    (129, 4096, 4096), (65, 6144, 4096), (32, 4608, 3584), (17, 6145, 4096), (17, 14336, 4096),
+                    (40, 512, 2048), (40, 512, 8192), (40, 512, 3840), (40, 4096, 14336)]:
         assert lqq_cluster_launch(m, n, k) is None, (m, n, k)
 
 
@@ -159,7 +192,7 @@ def test_int8_matmul_runs_the_cluster_kernel_where_the_rule_picks_it_else_falls_
     codes, scales = _acts(17, 3584, seed=2)
     calls = []
     monkeypatch.setattr(int8_gemm, "lqq_cluster_problem", lambda *a, **kw: None)
-    monkeypatch.setattr(int8_gemm, "lqq_cluster_matmul", lambda *a, **kw: calls.append(a[4:7]) or "cluster")
+    monkeypatch.setattr(int8_gemm, "lqq_cluster_matmul", lambda *a, **kw: calls.append(a[4:9]) or "cluster")
     assert int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta) == "cluster"
     assert calls == [lqq_cluster_launch(17, 64, 3584)]
     monkeypatch.setattr(int8_gemm, "lqq_cluster_problem", lambda *a, **kw: "no CuPy")
@@ -173,7 +206,7 @@ def test_int8_matmul_runs_the_cluster_kernel_where_the_rule_picks_it_else_falls_
 def test_int8_matmul_runs_the_cluster_kernel_on_a_narrow_layer(monkeypatch):
     from quantkit.runtime.kernels import int8_gemm
 
-    calls = record_launches(monkeypatch, int8_gemm, "lqq_cluster_matmul", 4, 7)
+    calls = record_launches(monkeypatch, int8_gemm, "lqq_cluster_matmul", 4, 9)
     _, tensors, meta = packed("w4a8-lqq", 512, 3584, 128, seed=6)
     codes, scales = _acts(40, 3584, seed=6)
     out = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta)
@@ -215,12 +248,13 @@ def test_no_register_a_operand_is_overwritten_while_its_wgmma_runs(tmp_path):
     args = ("const signed char*, const float*, int, long long, long long, const char*, const u32*, const __half*, "
             "int, int, int, int, int, void*, long long, int, int")
     launches = {launch for ranges in LQQ_CLUSTER_TABLE.values() for _, _, launch in ranges}
-    for tokens, split, stages in sorted(launches):
+    for tokens, split, stages, depth, rows in sorted(launches):
         for s in sorted({split, 4}):  # 14 tiles lower a split of 8 to 4
             for bf16, source in ((False, SOURCE), (True, PDL_DEFINE + SOURCE)):  # each output and form once
-                name = cluster_kernel_name(s, tokens, stages, bf16)
+                name = cluster_kernel_name(s, tokens, stages, bf16, depth, rows)
                 (tmp_path / "k.cu").write_text(f"{source}\ntemplate __global__ void {name}({args});\n")
                 subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-std=c++17", "-o", str(tmp_path / "k.cubin"),
                                 str(tmp_path / "k.cu")], check=True, capture_output=True)
-                assert register_products(instructions(str(tmp_path / "k.cubin"))) >= 8, name  # the 8 planes
+                # the 8 planes of a tile (depth 2: the first tile's, then three register sets' in the loop)
+                assert register_products(instructions(str(tmp_path / "k.cubin"))) == 8 * (1 + 3 * (depth - 1)), name
                 assert hazards(str(tmp_path / "k.cubin")) == [], name

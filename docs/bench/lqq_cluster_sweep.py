@@ -7,8 +7,10 @@ int8_matmul runs), on layers with few output tiles (session 19: the 1024×4096 k
     python docs/bench/lqq_cluster_sweep.py --shapes 1024x4096,512x3584 --ms 64,128,256,384 --out kv.json
 
 Every launch is first checked bit for bit against the unsplit Triton LiquidQuant kernel (at the first M of each
-shape). Columns ``wg_<tokens>_s<split>_st<stages>`` (the split asked for: :func:`~quantkit.runtime.kernels.
-cuda_lqq_cluster._cluster_split` may lower it, e.g. 8 to 4 on 14 tiles); the rule's pick is ``rule``, and
+shape). Columns ``wg_<tokens>_s<split>_st<stages>``, with ``_d2`` where two tiles' products are in flight and
+``_r128`` where the CTA has two warpgroups' 128 weight rows (both session 20). The split is the one asked for:
+:func:`~quantkit.runtime.kernels.cuda_lqq_cluster._cluster_split` may lower it, e.g. 8 to 4 on 14 tiles. The rule's
+pick is ``rule`` (its cluster launch ``cluster_launch``, None where it runs another kernel), and
 ``rule_without_cluster`` the rule with the cluster kernel switched off (session 18's).
 """
 
@@ -25,8 +27,8 @@ from quantkit.bench.command import parse_shapes
 from quantkit.bench.problems import _packed, fp16_and_lqq_inputs
 from quantkit.bench.timing import time_rotating
 from quantkit.bench.sweep_log import print_checks, save_sweep
-from quantkit.runtime.kernels.configs import TileConfig, lqq_wgmma_launch
-from quantkit.runtime.kernels.cuda_lqq_cluster import lqq_cluster_matmul
+from quantkit.runtime.kernels.configs import TileConfig, lqq_cluster_launch, lqq_wgmma_launch
+from quantkit.runtime.kernels.cuda_lqq_cluster import _check_launch, lqq_cluster_matmul
 from quantkit.runtime.kernels import int8_gemm
 from quantkit.runtime.kernels.int8_gemm import int8_matmul
 
@@ -42,6 +44,15 @@ def patched(module, name: str, value):
         setattr(module, name, old)
 
 
+def _valid(launch: tuple) -> bool:
+    """Whether the kernel has an instance for (tokens, split, stages, depth, rows)."""
+    try:
+        _check_launch(*launch)
+    except ValueError:
+        return False
+    return True
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="1024x4096")
@@ -49,16 +60,20 @@ def main() -> None:
     p.add_argument("--tokens", default="64,128")
     p.add_argument("--splits", default="1,2,4,8")
     p.add_argument("--stages", default="2,3,4")
+    p.add_argument("--depths", default="1,2", help="tiles whose products are in flight (the kernel's two loops)")
+    p.add_argument("--rows", default="64,128", help="weight rows per CTA (one warpgroup per 64)")
     p.add_argument("--out", default="lqq_cluster_sweep.json")
     args = p.parse_args()
     ints = lambda s: [int(v) for v in s.split(",")]  # noqa: E731
-    todo = list(itertools.product(ints(args.tokens), ints(args.splits), ints(args.stages)))
+    todo = [c for c in itertools.product(ints(args.tokens), ints(args.splits), ints(args.stages), ints(args.depths),
+                                         ints(args.rows)) if _valid(c)]
     rows, checks = [], []
     for n, k in parse_shapes(args.shapes):
         t, meta = _packed("w4a8-lqq", torch.randn(n, k, device="cuda"))
         for j, m in enumerate(ints(args.ms)):
             fp16, inputs = fp16_and_lqq_inputs(t, m, n, k)
-            row = {"n": n, "k": k, "m": m, "fp16": fp16["ms"] * 1e3, "rule_launch": lqq_wgmma_launch(m, n, k)}
+            row = {"n": n, "k": k, "m": m, "fp16": fp16["ms"] * 1e3, "rule_launch": lqq_wgmma_launch(m, n, k),
+                   "cluster_launch": lqq_cluster_launch(m, n, k)}
             row["rule"] = time_rotating(lambda a, s, w: int8_matmul(a, s, -1, "w4a8-lqq", w, meta), inputs)["ms"] * 1e3
             with patched(int8_gemm, "lqq_cluster_launch", lambda m, n, k: None):  # the rule as before session 19
                 row["rule_without_cluster"] = time_rotating(
@@ -66,9 +81,11 @@ def main() -> None:
             if j == 0:
                 a, s, w = inputs[0]
                 tri = int8_matmul(a, s, -1, "w4a8-lqq", w, meta, config=TileConfig(64, 128, 1, 4, 3))
-            for tokens, split, stages in todo:
-                name = f"wg_{tokens}_s{split}_st{stages}"
-                fn = lambda a, s, w, c=(tokens, split, stages): lqq_cluster_matmul(a, s, w, meta, *c)  # noqa: E731
+            for launch in todo:
+                tokens, split, stages, depth, weight_rows = launch
+                name = (f"wg_{tokens}_s{split}_st{stages}" + ("_d2" if depth == 2 else "")
+                        + f"_r{weight_rows}" * (weight_rows > 64))
+                fn = lambda a, s, w, c=launch: lqq_cluster_matmul(a, s, w, meta, *c)  # noqa: E731
                 if j == 0:
                     checks.append({"n": n, "k": k, "m": m, "launch": name,
                                    "equal_triton": bool(torch.equal(fn(a, s, w), tri))})

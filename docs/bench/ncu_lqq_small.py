@@ -8,7 +8,9 @@ own duration and what the timed CUDA graph adds.
 
 A case is ``method:NxK:M[:args]``: ``fp16``; ``rule`` (int8_matmul's own pick); ``triton`` (the Triton kernel's
 default tile); ``ws`` with args ``split[,tail[,stages[,warpgroups[,per_sm]]]]`` (:func:`.lqq_ws.lqq_ws_matmul`, 128
-tokens a program); ``wgmma`` with args ``bm,stages,split,tail,warpgroups`` (:func:`.lqq_wgmma.lqq_wgmma_matmul`).
+tokens a program); ``wgmma`` with args ``bm,stages,split,tail,warpgroups`` (:func:`.lqq_wgmma.lqq_wgmma_matmul`);
+``cluster`` with args ``tokens,split,stages[,depth[,rows]]`` (:func:`.cuda_lqq_cluster.lqq_cluster_matmul`). Cases
+with such arguments are separated by ``;`` (``--cases "cluster:1024x4096:769:128,2,3,2,128;rule:1024x4096:769"``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch.nn.functional as F
 from quantkit.bench.problems import _packed
 from quantkit.runtime.kernels.act_quant import quantize_activation_triton
 from quantkit.runtime.kernels.configs import gemm_config
+from quantkit.runtime.kernels.cuda_lqq_cluster import lqq_cluster_matmul
 from quantkit.runtime.kernels.int8_gemm import int8_matmul
 from quantkit.runtime.kernels.lqq_wgmma import lqq_wgmma_matmul
 from quantkit.runtime.kernels.lqq_ws import lqq_ws_matmul
@@ -50,14 +53,16 @@ def call_of(case: str):
         return lambda: lqq_ws_matmul(a, s, t, meta, 128, stages, tail, wg, per_sm, split)
     if method == "wgmma":
         return lambda: lqq_wgmma_matmul(a, s, t, meta, *args)
+    if method == "cluster":
+        return lambda: lqq_cluster_matmul(a, s, t, meta, *args)
     raise SystemExit(f"unknown method in case {case!r}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cases", required=True, help="comma-separated cases (module docstring)")
+    ap.add_argument("--cases", required=True, help="cases separated by ';' (or ',' when none has arguments)")
     args = ap.parse_args()
-    profile([(case, call_of(case)) for case in args.cases.split(",")])
+    profile([(case, call_of(case)) for case in args.cases.split(";" if ";" in args.cases else ",")])
 
 
 if __name__ == "__main__":

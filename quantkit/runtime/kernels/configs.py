@@ -525,31 +525,45 @@ def lqq_ws_launch(cfg: tuple[int, int, int, int], warpgroups: int) -> tuple[int,
 
 # LiquidQuant on layers of few rows: the CUDA cluster kernel (:mod:`.cuda_lqq_cluster`, session 19), whose K split adds
 # its partial tiles inside a thread-block cluster instead of through global slots and a ticket. docs/bench/
-# lqq_cluster_sweep.py --forms wgmma on an H100 (docs/logs/session19/cluster_wgmma_sweep_h100.json: 1024×4096,
-# 512×3584, 1024×3584, 2048×4096 × 23 token counts from 17 to 640, 18 launches each, every one bit-identical to the
-# unsplit Triton kernel): per class of layer (largest N) and range of M, the launch with the best geometric mean over
-# the points of the range (within 2.5 % of each point's best launch). Against the session-18 Gluon rule timed in the
-# same run, at the 78 points it covers: 1.01-1.55×, geometric mean 1.20×; against cuBLAS fp16 0.93-1.70×, slower at
-# 1024-row layers' M = 384 (0.93-0.97×; the best launch timed was too), 448 and 512 (0.996×) and 512×3584 at
-# M = 576-640 (0.935×, the Gluon rule 0.84×). Beyond these ranges the Gluon rule was faster (1024 rows at 576-640
-# tokens, 2048 rows from 288). The first ranges start at 9 tokens, ahead of the A8 GEMV (int8_gemm.int8_matmul tries
-# this kernel first): at M = 9-16 the 17-64 launches ran 5.1-5.7 µs on the 512- and 1024-row layers against the
-# GEMV's 6.4-7.7 and 7.2-7.3 on 2048×4096 against 7.4-7.6 (cluster_wgmma_small_m_h100.json); at M <= 8 the GEMV's
-# 2.7-4.5 µs stays. Measured on K = 3584 and 4096 only.
+# lqq_cluster_sweep.py on an H100, every launch bit-identical to the unsplit Triton kernel; per class of layer (largest
+# N) and range of M, the launch with the best geometric mean over the points of the range (within 2.5 % of each
+# point's best launch), where it beat the rule without it.
+# * Session 19 (docs/logs/session19/cluster_wgmma_sweep_h100.json: 1024×4096, 512×3584, 1024×3584, 2048×4096 × 23
+#   token counts from 17 to 640, one tile's products in flight, 64 rows a CTA): against the session-18 Gluon rule at
+#   the 78 points it covered 1.01-1.55×, geometric mean 1.20×. The first ranges start at 9 tokens, ahead of the A8
+#   GEMV (int8_gemm.int8_matmul tries this kernel first): at M = 9-16 the 17-64 launches ran 5.1-5.7 µs on the 512-
+#   and 1024-row layers against the GEMV's 6.4-7.7, and 7.2-7.3 on 2048×4096 against 7.4-7.6
+#   (cluster_wgmma_small_m_h100.json); at M <= 8 the GEMV's 2.7-4.5 µs stays.
+# * Session 20 (docs/logs/session20/cluster_sweep_{narrow,wide_small_m}_h100.json): two tiles' products in flight
+#   (depth 2) and two warpgroups' 128 rows a CTA. Against the session-19 table where the launch changed: 1.03-1.07×
+#   (512×3584 M = 256-384, 1024×4096 M = 128-512, 2048×4096 M = 17-256), 1.11-1.12× on 512×3584 at 704-896 (two
+#   warpgroups; was the Gluon rule's), and two new classes at M = 17-128 where the Gluon / Triton launches ran:
+#   4096×4096 1.06-1.20×, 6144×4096 1.01-1.18×, 4608×3584 0.99-1.08× (one launch for both K, 6144×4096's best). At
+#   M = 9-16 on those the GEMV stays (the kernel 0.95-1.06× it); on the wider layers (14336 rows and more, or
+#   K = 14336) the other kernels were faster at every M measured (up to 192), and from 576 tokens on 1024-row
+#   layers, 288 on 2048-row ones. Checked through int8_matmul afterwards (cluster_rule_check_h100.json, 168
+#   points): 1.03-1.62× the rule without this kernel where it runs, except 6144×4096 and 4608×3584 at M = 32
+#   (0.95-0.99×, now left to the Gluon rule) and 512×3584 at M = 960 (0.62×: 8 token tiles × 4 row blocks × 4
+#   make 32 clusters of 4 single-CTA SMs, more than run at once, so the two-warpgroup range ends at 896).
+#   Measured on K = 3584 and 4096 only.
 LQQ_CLUSTER_K = (3584, 4096)  # the K measured: these two only
-# largest N → ((first M, last M, (tokens per CTA, K split, stages)), ...); the first class that holds N
+# largest N → ((first M, last M, (tokens per CTA, K split, stages, depth, rows)), ...); the first class that holds N
 LQQ_CLUSTER_TABLE = {
-    512: ((9, 64, (64, 8, 3)), (65, 192, (64, 8, 4)), (193, 256, (128, 8, 4)), (257, 448, (64, 4, 3)),
-          (449, 512, (64, 2, 4)), (513, 640, (64, 8, 2))),
-    1024: ((9, 64, (64, 4, 4)), (65, 192, (64, 4, 3)), (193, 256, (64, 2, 4)), (257, 320, (64, 4, 2)),
-           (321, 384, (128, 4, 2)), (385, 512, (64, 2, 3))),
-    2048: ((9, 64, (64, 8, 2)), (65, 128, (64, 2, 4)), (129, 256, (64, 2, 3))),
+    512: ((9, 64, (64, 8, 3, 1, 64)), (65, 192, (64, 8, 4, 1, 64)), (193, 448, (64, 4, 3, 2, 64)),
+          (449, 512, (64, 2, 4, 1, 64)), (513, 640, (64, 8, 2, 1, 64)), (641, 896, (128, 4, 3, 2, 128)),
+          (897, 1024, (64, 2, 3, 2, 64))),
+    1024: ((9, 64, (64, 4, 4, 1, 64)), (65, 192, (64, 4, 3, 2, 64)), (193, 256, (64, 2, 4, 1, 64)),
+           (257, 320, (64, 4, 2, 1, 64)), (321, 384, (128, 4, 3, 2, 128)), (385, 512, (64, 2, 3, 2, 64))),
+    2048: ((9, 16, (64, 8, 2, 1, 64)), (17, 64, (64, 4, 4, 2, 128)), (65, 128, (64, 2, 4, 2, 64)),
+           (129, 256, (64, 2, 3, 2, 64))),
+    4096: ((17, 64, (64, 2, 4, 2, 64)), (65, 128, (64, 2, 3, 2, 64))),
+    6144: ((17, 31, (64, 2, 3, 2, 64)), (33, 64, (64, 2, 3, 2, 64))),  # at 32 the Gluon rule's full tile won
 }
 
 
 @functools.lru_cache(maxsize=4096)  # on every LiquidQuant call, decode steps included
-def lqq_cluster_launch(m: int, n: int, k: int) -> tuple[int, int, int] | None:
-    """(tokens, K split, stages) of :func:`.cuda_lqq_cluster.lqq_cluster_matmul` for M tokens on an [N, K]
+def lqq_cluster_launch(m: int, n: int, k: int) -> tuple[int, int, int, int, int] | None:
+    """(tokens, K split, stages, depth, rows) of :func:`.cuda_lqq_cluster.lqq_cluster_matmul` for M tokens on an [N, K]
     LiquidQuant weight, or None where the other kernels run (comment above)."""
     if k not in LQQ_CLUSTER_K:
         return None

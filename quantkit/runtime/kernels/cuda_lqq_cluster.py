@@ -8,9 +8,10 @@ fp32 slot to global memory, fence, take an atomic ticket, and the tile's last pr
 session 18). Here the S programs that split one output tile's K are one cluster (``__cluster_dims__``), resident
 together, and they add their partial tiles through distributed shared memory instead:
 
-* a CTA (one warpgroup) owns 64 weight rows × BT tokens over 1/S of the 256-column tiles, the transposed product
-  Y^T = W·X^T (LiquidGEMM Sec. 5.4): ``wgmma.m64nBTk32`` with the dequantized weights as the register A operand
-  (each warp its own 16 rows) and the activation codes as the shared-memory B operand;
+* a CTA (one or two warpgroups) owns 64 or 128 weight rows × BT tokens over 1/S of the 256-column tiles, the
+  transposed product Y^T = W·X^T (LiquidGEMM Sec. 5.4): ``wgmma.m64nBTk32`` with the dequantized weights as the
+  register A operand (each warp its own 16 rows) and the activation codes as the shared-memory B operand, which two
+  warpgroups share;
 * each tile's weight words, group words and activation codes arrive by ``cp.async`` in a STAGES-deep shared-memory
   ring (the first weight tiles before the wait for the previous grid). The codes sit in the 128-byte swizzle that
   the B descriptor reads, so their copies are contiguous rows and free of bank conflicts; token rows past M are
@@ -18,9 +19,11 @@ together, and they add their partial tiles through distributed shared memory ins
 * a lane reads its words from the ring and dequantizes them in registers, four int8 lanes per IMAD, as
   ((q·s + a) mod 256) XOR 0x80 (LiquidGEMM Eq. 11-12; the words, gather and arithmetic of the A8 GEMV,
   :mod:`.cuda_gemv_a8`) — tile t + 1's while tile t's products run (LiquidGEMM Sec. 5's overlap of dequantization
-  and MMA). The wait that follows names tile t's A registers as operands so that nothing overwrites them early
-  (ptxas does not keep a register operand alive past the wgmma's issue; docs/BENCHMARKS.md, session 16), which
-  ``docs/bench/sass_hazards.py`` checks in the SASS;
+  and MMA). With depth 1 tile t's products complete before tile t + 1's are issued; with depth 2 (session 20) they
+  are issued first and the wait is for tile t − 1's, so the tensor cores always have a tile queued, three sets of
+  A registers rotating. Each wait names the A registers of the products it completes as operands so that nothing
+  overwrites them early (ptxas does not keep a register operand alive past the wgmma's issue; docs/BENCHMARKS.md,
+  session 16), which ``quantkit.bench.sass`` checks in the SASS of every launch the rule makes;
 * per-token activation scales and one per-channel weight scale (LiquidGEMM Sec. 4) leave the K sum an exact int32,
   so the partial tiles add exactly in any order: each CTA writes its int32 tile into its own shared memory, a
   cluster barrier (release / acquire) publishes it, CTA r adds token rows r·BT/S … of all S tiles over
@@ -31,7 +34,11 @@ together, and they add their partial tiles through distributed shared memory ins
 Session 19 first built the product on ``mma.sync`` (each warp 32 rows × half the tokens, activations through
 ``ldmatrix``): no faster per tile than the Gluon wgmma kernels, so faster than the Gluon rule only at small M on
 narrow layers (docs/logs/session19/cluster_sweep_*_h100.json). This form replaced it: 1.1-1.5× the Gluon rule on
-the narrow layers it now runs (:func:`.configs.lqq_cluster_launch`). wgmma needs the ``sm_90a`` target, which
+the narrow layers it now runs (:func:`.configs.lqq_cluster_launch`), and since session 20 on 4096-6144-row layers
+at 17-128 tokens. It does not reach the Gluon kernels' rate at larger M: Nsight Compute has it issuing on 22-31 %
+of cycles with the tensor pipe below that (ALU 21 %) and L2 at 25-31 % — a warp issues ~440 instructions per tile
+step (the dequantization, ~14 cp.async with their addresses, the waits) with two warps per scheduler to hide their
+latency (docs/logs/session20/ncu_cluster_h100.txt). wgmma needs the ``sm_90a`` target, which
 :func:`.cuda_common.compiled` reads from the source's ``// quantkit-arch:`` line.
 
 Like the decode GEMVs it launches with programmatic dependent launch where the device takes it
@@ -54,6 +61,9 @@ SWIZZLE_ATOM = 1024  # 8 rows of 128 bytes: the 128-byte swizzle's period, to wh
 CLUSTER_SPLITS = (1, 2, 4, 8)  # CTAs of a cluster (8: the portable cluster size)
 CLUSTER_TOKENS = (64, 128)
 CLUSTER_STAGES = (2, 3, 4)
+CLUSTER_DEPTHS = (1, 2)  # tiles whose products are in flight (the kernel's two tile loops)
+CLUSTER_ROWS = (64, 128)  # weight rows of a CTA: one warpgroup per 64
+MAX_SHARED_BYTES = 227 * 1024  # sm_90's opt-in dynamic shared memory per block
 
 
 def _wgmma_instance(n: int) -> str:
@@ -117,19 +127,20 @@ __device__ __forceinline__ u32 lds32(u32 addr) {
     return v;
 }
 
-// After each CTA wrote its int32 partial tile [BT tokens][PART] at the start of its shared memory: the cluster
+// After each CTA wrote its int32 partial tile [BT tokens][ROWS + 4] at the start of its shared memory: the cluster
 // barrier publishes them; CTA `rank` adds token rows rank·BT/S … of all S (distributed shared memory) and stores
 // them as (sum · token scale) · channel scale; the second barrier keeps every CTA's shared memory alive until its
 // peers have read it
-template <int S, int BT, int NTH, typename T>
+template <int S, int BT, int NTH, int ROWS, typename T>
 __device__ __forceinline__ void cluster_add_store(u32 smem0, int rank, int row0, int m0, int M, int N, const float* sa,
                                                   long long stride_sm, const __half* cs, T* out,
                                                   long long stride_om) {
-    constexpr int PART = 68;  // int32 per token row: 64 weight rows + 4 (conflict-free stores)
+    constexpr int PART = ROWS + 4;  // int32 per token row: the weight rows + 4 (conflict-free stores)
+    constexpr int QUADS = ROWS / 4;  // 4 weight rows per thread and step
     cluster_sync();
-    constexpr int TOKS = BT / S;  // token rows this CTA adds up and stores, 4 weight rows per thread and step
-    for (int idx = threadIdx.x; idx < TOKS * 16; idx += NTH) {
-        const int tl = rank * TOKS + (idx >> 4), rq = 4 * (idx & 15);
+    constexpr int TOKS = BT / S;  // token rows this CTA adds up and stores
+    for (int idx = threadIdx.x; idx < TOKS * QUADS; idx += NTH) {
+        const int tl = rank * TOKS + idx / QUADS, rq = 4 * (idx % QUADS);
         const u32 addr = smem0 + (u32)(tl * PART + rq) * 4u;
         int4 sum = ld_cluster_v4(addr, 0);
 #pragma unroll
@@ -153,19 +164,19 @@ __device__ __forceinline__ void cluster_add_store(u32 smem0, int rank, int row0,
     cluster_sync();  // no CTA exits while a peer may still read its shared memory
 }
 
-// tile t's 64 weight rows' words (W_ROW bytes a row, at w_dst) and their two half-tiles' group words (at p_dst) into
-// shared memory by cp.async; rows past N copy row N − 1 (never stored)
-template <int NTH>
+// tile t's ROWS weight rows' words (W_ROW bytes a row, at w_dst) and their two half-tiles' group words (at p_dst,
+// half-tile-major) into shared memory by cp.async; rows past N copy row N − 1 (never stored)
+template <int NTH, int ROWS>
 __device__ __forceinline__ void issue_weights(u32 w_dst, u32 p_dst, const char* w, const u32* params, int row0, int N,
                                               int w_row, int t, int shift, int hpg, int groups) {
     constexpr int W_ROW = 192;  // 128 bytes of words + 64: a 16-byte load phase's rows g, g + 1 in other bank halves
 #pragma unroll
-    for (int q = 0; q < 512 / NTH; ++q) {
+    for (int q = 0; q < ROWS * 8 / NTH; ++q) {
         const int idx = threadIdx.x + NTH * q, r = idx >> 3, ch = idx & 7;
         cp_async16(w_dst + r * W_ROW + 16 * ch, w + (long long)min(row0 + r, N - 1) * w_row + t * 128 + 16 * ch);
     }
-    if (threadIdx.x < 128) {
-        const int half = threadIdx.x >> 6, r = threadIdx.x & 63;
+    if (threadIdx.x < 2 * ROWS) {
+        const int half = threadIdx.x / ROWS, r = threadIdx.x % ROWS;
         cp_async4(p_dst + 4 * threadIdx.x,
                   params + (long long)group_of(2 * t + half, shift, hpg, groups) * N + min(row0 + r, N - 1));
     }
@@ -187,17 +198,26 @@ __device__ __forceinline__ void cp_async16_zfill(u32 dst, const void* src, bool 
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-// wait for every product of the warpgroup, with the A registers they read as operands: the compiler keeps them
-// unchanged up to here (ptxas does not keep a register operand alive past the wgmma's issue)
-__device__ __forceinline__ void wgmma_wait0_keep(u32 (*q)[4]) {
-    asm volatile("wgmma.wait_group.sync.aligned 0;"
+// wait until at most PENDING groups of the warpgroup's products are left (the newest), with the A registers of the
+// products it completes as operands: the compiler keeps them unchanged up to here (ptxas does not keep a register
+// operand alive past the wgmma's issue)
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait_keep(u32 (*q)[4]) {
+    asm volatile("wgmma.wait_group.sync.aligned %32;"
                  : "+r"(q[0][0]), "+r"(q[0][1]), "+r"(q[0][2]), "+r"(q[0][3]), "+r"(q[1][0]), "+r"(q[1][1]),
                    "+r"(q[1][2]), "+r"(q[1][3]), "+r"(q[2][0]), "+r"(q[2][1]), "+r"(q[2][2]), "+r"(q[2][3]),
                    "+r"(q[3][0]), "+r"(q[3][1]), "+r"(q[3][2]), "+r"(q[3][3]), "+r"(q[4][0]), "+r"(q[4][1]),
                    "+r"(q[4][2]), "+r"(q[4][3]), "+r"(q[5][0]), "+r"(q[5][1]), "+r"(q[5][2]), "+r"(q[5][3]),
                    "+r"(q[6][0]), "+r"(q[6][1]), "+r"(q[6][2]), "+r"(q[6][3]), "+r"(q[7][0]), "+r"(q[7][1]),
                    "+r"(q[7][2]), "+r"(q[7][3])
-                 :: "memory");
+                 : "n"(PENDING) : "memory");
+}
+
+// a tile's A registers as operands of an empty statement placed after a wait: kept until then
+__device__ __forceinline__ void keep_regs(u32 (*q)[4]) {
+#pragma unroll
+    for (int p = 0; p < 8; ++p)
+        asm volatile("" : "+r"(q[p][0]), "+r"(q[p][1]), "+r"(q[p][2]), "+r"(q[p][3]) :: "memory");
 }
 
 // the accumulators as operands of an empty statement: no access to them moves across it
@@ -209,27 +229,32 @@ __device__ __forceinline__ void fence_acc(int* acc) {
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 """ + WGMMA + r"""
-// Y [M, N] for 64 weight rows × BT tokens per CTA (one warpgroup), S CTAs of a cluster splitting K (module
-// docstring): wgmma m64nBTk32, A — the dequantized weights, a warp's own 16 rows — from registers, B — the
-// activation codes — from shared memory through a descriptor. Activation stages hold the tile as two halves of
-// 128 codes (planes 0-3, 4-7), each BT rows of 128 bytes whose 16-byte chunks are XOR-swizzled by the row (the
-// 128-byte swizzle): a row's copies and reads are contiguous in memory and free of bank conflicts. Token rows past
-// M are zero-filled, not read.
-template <int S, int BT, int STAGES, bool BF16>
-__global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(128)
+// Y [M, N] for 64·WG weight rows × BT tokens per CTA (WG warpgroups, 64 rows each), S CTAs of a cluster splitting K
+// (module docstring): wgmma m64nBTk32, A — the dequantized weights, a warp's own 16 rows — from registers, B — the
+// activation codes, shared by the warpgroups — from shared memory through a descriptor. Activation stages hold the
+// tile as two halves of 128 codes (planes 0-3, 4-7), each BT rows of 128 bytes whose 16-byte chunks are
+// XOR-swizzled by the row (the 128-byte swizzle): a row's copies and reads are contiguous in memory and free of bank
+// conflicts. Token rows past M are zero-filled, not read. DEPTH: tiles whose products are in flight (1: each tile's
+// products complete before the next tile's issue; 2: see the loop).
+template <int S, int BT, int STAGES, bool BF16, int DEPTH, int WG>
+__global__ void __cluster_dims__(S, 1, 1) __launch_bounds__(128 * WG)
 lqq_cluster(const signed char* __restrict__ a, const float* __restrict__ sa, int M, long long stride_am,
                long long stride_sm, const char* __restrict__ w, const u32* __restrict__ params,
                const __half* __restrict__ cs, int N, int w_row, int hpg, int shift, int groups,
                void* __restrict__ out_, long long stride_om, int n_tiles, int tiles_per_split) {
-    constexpr int W_ROW = 192, W_OFF = BT * 256, P_OFF = W_OFF + 64 * W_ROW;
-    // >= BT × 272 (stage 0 later holds the partial tile), a multiple of the 1024-byte swizzle atom
-    constexpr int STAGE = (P_OFF + 2 * 64 * 4 + 1023) / 1024 * 1024;
-    constexpr int PART = 68;
+    constexpr int NTH = 128 * WG, ROWS = 64 * WG;
+    constexpr int W_ROW = 192, W_OFF = BT * 256, P_OFF = W_OFF + ROWS * W_ROW;
+    constexpr int STAGE = (P_OFF + 2 * ROWS * 4 + 1023) / 1024 * 1024;  // a multiple of the 1024-byte swizzle atom
+    constexpr int PART = ROWS + 4;
+    static_assert(STAGES * STAGE >= BT * PART * 4, "the ring holds the partial tile at the end");
+    static_assert(WG == 1 || DEPTH == 2, "warpgroups that share a stage refill it after a barrier (DEPTH 2)");
+    static_assert(DEPTH == 1 || STAGES >= 3, "DEPTH 2 refills a tile's stage one tile late");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     typedef typename OutType<BF16>::T T;
     T* out = reinterpret_cast<T*>(out_);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    const int rank = blockIdx.x % S, row0 = (blockIdx.x / S) * 64, m0 = blockIdx.y * BT;
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
+              c = lane & 3;
+    const int rank = blockIdx.x % S, row0 = (blockIdx.x / S) * ROWS, m0 = blockIdx.y * BT;
     const int t_begin = rank * tiles_per_split, t_end = min(t_begin + tiles_per_split, n_tiles);
     // the ring starts at a 1024-byte boundary: the 128-byte swizzle repeats every 8 rows of 128 bytes
     const u32 raw0 = (u32)__cvta_generic_to_shared(smem_raw), smem0 = (raw0 + 1023) & ~1023u;
@@ -241,14 +266,14 @@ lqq_cluster(const signed char* __restrict__ a, const float* __restrict__ sa, int
 
     auto issue_w = [&](int t, int s) {
         if (t < t_end)
-            issue_weights<128>(smem0 + s * STAGE + W_OFF, smem0 + s * STAGE + P_OFF, w, params, row0, N, w_row, t,
-                               shift, hpg, groups);
+            issue_weights<NTH, ROWS>(smem0 + s * STAGE + W_OFF, smem0 + s * STAGE + P_OFF, w, params, row0, N, w_row,
+                                     t, shift, hpg, groups);
     };
     auto issue_a = [&](int t, int s) {
         if (t < t_end) {
 #pragma unroll
-            for (int q = 0; q < BT / 8; ++q) {  // 16 threads a token row: chunk ch of its 256 codes
-                const int idx = threadIdx.x + 128 * q, r = idx >> 4, ch = idx & 15, c8 = ch & 7;
+            for (int q = 0; q < BT * 16 / NTH; ++q) {  // 16 threads a token row: chunk ch of its 256 codes
+                const int idx = threadIdx.x + NTH * q, r = idx >> 4, ch = idx & 15, c8 = ch & 7;
                 cp_async16_zfill(smem0 + s * STAGE + (ch >> 3) * BT * 128 + r * 128 + ((c8 ^ (r & 7)) << 4),
                                  a + (long long)min(m0 + r, M - 1) * stride_am + t * 256 + 16 * ch, m0 + r < M);
             }
@@ -264,7 +289,7 @@ lqq_cluster(const signed char* __restrict__ a, const float* __restrict__ sa, int
         cp_commit();
     }
 
-    const int wrow = 16 * warp + g;  // + 8r: the lane's weight rows in the CTA's 64
+    const int wrow = 64 * wg + 16 * warp + g;  // + 8r: the lane's weight rows in the CTA's ROWS
     // the A fragments of the tile in stage st: plane p's rows g / g + 8 × K 4c … / 16 + 4c …, dequantized four
     // int8 lanes at a time as (q·s + a) XOR 0x80 (LiquidGEMM Eq. 11-12)
     auto dequant = [&](u32 st, u32 (*q)[4]) {
@@ -278,7 +303,7 @@ lqq_cluster(const signed char* __restrict__ a, const float* __restrict__ sa, int
             u32 s8[2], a4[2];
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                const u32 p = lds32(st + P_OFF + 4 * (64 * half + wrow + 8 * r));
+                const u32 p = lds32(st + P_OFF + 4 * (ROWS * half + wrow + 8 * r));
                 s8[r] = p & 0xFFu;
                 a4[r] = ((p >> 8) & 0xFFu) * 0x01010101u;
             }
@@ -294,80 +319,148 @@ lqq_cluster(const signed char* __restrict__ a, const float* __restrict__ sa, int
                     }
         }
     };
-    // the ring holds STAGES tiles: the prologue filled it, a stage is refilled once its products are done. Tile
-    // t + 1 is dequantized while tile t's products run; the wait that follows names tile t's A registers as
-    // operands, so the compiler keeps them intact until the tensor cores have read them
-    u32 q[8][4], qn[8][4];
-    if (t_begin < t_end) {
-        cp_wait<STAGES - 1>();
-        fence_async_shared();  // this thread's landed copies, visible to the tensor cores' (async proxy) reads
-        __syncthreads();       // and everyone's
-        dequant(smem0, q);
-    }
-    for (int t = t_begin; t < t_end; ++t) {
-        const int i = t - t_begin;
+    // this warpgroup's products of the tile in ring slot i: its 64 rows' A registers × the shared codes
+    auto issue_products = [&](int i, u32 (*cur)[4]) {
         const u32 st = smem0 + (i % STAGES) * STAGE;
         wgmma_fence();
 #pragma unroll
         for (int p = 0; p < 8; ++p)
-            wgmma_s8<BT>(acc, q[p][0], q[p][1], q[p][2], q[p][3],
+            wgmma_s8<BT>(acc, cur[p][0], cur[p][1], cur[p][2], cur[p][3],
                          smem_desc_sw128(st + (p >> 2) * BT * 128 + 32 * (p & 3)));
         wgmma_commit();
-        if (t + 1 < t_end) {
-            cp_wait<STAGES - 2>();  // tile t + 1's group
+        fence_acc<BT / 2>(acc);
+    };
+    if (DEPTH == 1) {
+        // the ring holds STAGES tiles: the prologue filled it, a stage is refilled once its products are done.
+        // Tile t + 1 is dequantized while tile t's products run; the wait that follows names tile t's A registers
+        // as operands, so the compiler keeps them intact until the tensor cores have read them
+        u32 q[8][4], qn[8][4];
+        if (t_begin < t_end) {
+            cp_wait<STAGES - 1>();
+            fence_async_shared();  // this thread's landed copies, visible to the tensor cores' (async proxy) reads
+            __syncthreads();       // and everyone's
+            dequant(smem0, q);
+        }
+        for (int t = t_begin; t < t_end; ++t) {
+            const int i = t - t_begin;
+            issue_products(i, q);
+            if (t + 1 < t_end) {
+                cp_wait<STAGES - 2>();  // tile t + 1's group
+                fence_async_shared();
+                __syncthreads();
+                dequant(smem0 + ((i + 1) % STAGES) * STAGE, qn);
+            }
+            wgmma_wait_keep<0>(q);
+            fence_acc<BT / 2>(acc);
+            // tile t's stage is free (the warpgroup's products are complete): refill it with tile t + STAGES
+            issue_w(t + STAGES, i % STAGES);
+            issue_a(t + STAGES, i % STAGES);
+            cp_commit();
+            if (t + 1 < t_end) {
+#pragma unroll
+                for (int p = 0; p < 8; ++p)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) q[p][e] = qn[p][e];
+            }
+        }
+    } else {
+        // two tiles' products in flight: tile t's are issued before the wait for tile t − 1's, so the tensor cores
+        // run on while the warpgroups refill t − 1's stage and dequantize tile t + 1. One barrier a tile: after it
+        // every warpgroup's products of t − 1 are complete (its stage may be refilled) and every copy of t + 1 has
+        // landed (it may be read). Tile j's copies are cp.async group j (the prologue's STAGES, then one a step
+        // from the second tile), so at tile t's wait STAGES + t − t_begin − 1 groups exist and t + 1's is done when
+        // at most STAGES − 3 are pending. The A registers of three tiles rotate (t in flight, t − 1 until its wait,
+        // t + 1 being written), the loop unrolled by three so that each set is named statically, and each wait
+        // names the set whose products it completes. The first tile is peeled off so that every step waits: a wait
+        // skipped on some iteration would leave a path along which a set in flight is rewritten
+        u32 qa[8][4], qb[8][4], qc[8][4];
+        auto step = [&](int t, u32 (*cur)[4], u32 (*nxt)[4], u32 (*prv)[4]) {
+            const int i = t - t_begin;
+            issue_products(i, cur);
+            wgmma_wait_keep<1>(prv);
+            fence_acc<BT / 2>(acc);
+            if (t + 1 < t_end) {
+                cp_wait<STAGES - 3>();
+                fence_async_shared();
+                __syncthreads();
+                issue_w(t - 1 + STAGES, (i - 1) % STAGES);
+                issue_a(t - 1 + STAGES, (i - 1) % STAGES);
+                cp_commit();  // empty past the last tile: the counts stay fixed
+                dequant(smem0 + ((i + 1) % STAGES) * STAGE, nxt);
+            }
+        };
+        if (t_begin < t_end) {
+            cp_wait<STAGES - 1>();
             fence_async_shared();
             __syncthreads();
-            dequant(smem0 + ((i + 1) % STAGES) * STAGE, qn);
+            dequant(smem0, qa);
+            issue_products(0, qa);
+            if (t_begin + 1 < t_end) {
+                cp_wait<STAGES - 2>();
+                fence_async_shared();
+                __syncthreads();
+                dequant(smem0 + STAGE, qb);
+            }
         }
-        wgmma_wait0_keep(q);
+        for (int t = t_begin + 1; t < t_end; t += 3) {
+            step(t, qb, qc, qa);
+            if (t + 1 < t_end) step(t + 1, qc, qa, qb);
+            if (t + 2 < t_end) step(t + 2, qa, qb, qc);
+        }
+        wgmma_wait_keep<0>(qa);  // the last tile's products (whichever set holds its A registers)
+        keep_regs(qb);
+        keep_regs(qc);
         fence_acc<BT / 2>(acc);
-        // tile t's stage is free (the warpgroup's products are complete): refill it with tile t + STAGES
-        issue_w(t + STAGES, i % STAGES);
-        issue_a(t + STAGES, i % STAGES);
-        cp_commit();
-        if (t + 1 < t_end) {
-#pragma unroll
-            for (int p = 0; p < 8; ++p)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) q[p][e] = qn[p][e];
-        }
     }
     cp_wait<0>();
-    __syncthreads();
+    __syncthreads();  // every warpgroup's products complete: the ring's start takes the partial tile
     int* part = reinterpret_cast<int*>(smem);
 #pragma unroll
     for (int j = 0; j < BT / 8; ++j)
 #pragma unroll
         for (int i = 0; i < 4; ++i)  // the wgmma D fragment: row g + 8(i >> 1), token 8j + 2c + (i & 1)
-            part[(8 * j + 2 * c + (i & 1)) * PART + 16 * warp + 8 * (i >> 1) + g] = acc[4 * j + i];
-    cluster_add_store<S, BT, 128>(smem0, rank, row0, m0, M, N, sa, stride_sm, cs, out, stride_om);
+            part[(8 * j + 2 * c + (i & 1)) * PART + 64 * wg + 16 * warp + 8 * (i >> 1) + g] = acc[4 * j + i];
+    cluster_add_store<S, BT, NTH, ROWS>(smem0, rank, row0, m0, M, N, sa, stride_sm, cs, out, stride_om);
 }
 """
 
 
-def cluster_kernel_name(split: int, tokens: int, stages: int, bf16: bool) -> str:
-    """The template instance of SOURCE for a cluster of ``split`` CTAs, ``tokens`` per CTA and ``stages``."""
-    return f"lqq_cluster<{split}, {tokens}, {stages}, {cxx_bool(bf16)}>"
+def cluster_kernel_name(split: int, tokens: int, stages: int, bf16: bool, depth: int = 1, rows: int = 64) -> str:
+    """The template instance of SOURCE for a cluster of ``split`` CTAs, ``tokens`` per CTA, ``stages``, ``depth``
+    tiles' products in flight and ``rows`` weight rows per CTA (64 per warpgroup)."""
+    return f"lqq_cluster<{split}, {tokens}, {stages}, {cxx_bool(bf16)}, {depth}, {rows // 64}>"
 
 
-def cluster_shared_bytes(tokens: int, stages: int) -> int:
-    """Dynamic shared memory of a CTA: ``stages`` ring stages — a tile's ``tokens`` rows of 256 swizzled codes, 64
-    padded weight rows and their 2 × 64 group words — each rounded up to SWIZZLE_ATOM, and one more atom to align
-    the first."""
-    stage = tokens * 256 + 64 * W_ROW_BYTES + 2 * 64 * 4
+def cluster_shared_bytes(tokens: int, stages: int, rows: int = 64) -> int:
+    """Dynamic shared memory of a CTA: ``stages`` ring stages — a tile's ``tokens`` rows of 256 swizzled codes,
+    ``rows`` padded weight rows and their 2 × ``rows`` group words — each rounded up to SWIZZLE_ATOM, and one more
+    atom to align the first."""
+    stage = tokens * 256 + rows * W_ROW_BYTES + 2 * rows * 4
     return stages * (-(-stage // SWIZZLE_ATOM) * SWIZZLE_ATOM) + SWIZZLE_ATOM
 
 
-def _check_launch(tokens: int, split: int, stages: int) -> None:
-    if tokens not in CLUSTER_TOKENS or split not in CLUSTER_SPLITS or stages not in CLUSTER_STAGES:
-        raise ValueError(f"tokens must be one of {CLUSTER_TOKENS}, split one of {CLUSTER_SPLITS} and stages one of "
-                         f"{CLUSTER_STAGES}; got {tokens}, {split}, {stages}")
+def _check_launch(tokens: int, split: int, stages: int, depth: int = 1, rows: int = 64) -> None:
+    if (tokens not in CLUSTER_TOKENS or split not in CLUSTER_SPLITS or stages not in CLUSTER_STAGES
+            or depth not in CLUSTER_DEPTHS or rows not in CLUSTER_ROWS):
+        raise ValueError(f"tokens must be one of {CLUSTER_TOKENS}, split one of {CLUSTER_SPLITS}, stages one of "
+                         f"{CLUSTER_STAGES}, depth one of {CLUSTER_DEPTHS} and rows one of {CLUSTER_ROWS}; got "
+                         f"{tokens}, {split}, {stages}, {depth}, {rows}")
+    # the kernel's static_asserts, and what a Hopper block can hold
+    if depth == 2 and stages < 3:
+        raise ValueError(f"depth 2 needs at least 3 stages (a tile's stage is refilled a tile late); got {stages}")
+    if rows > 64 and depth == 1:
+        raise ValueError(f"{rows} rows (warpgroups sharing each stage) need depth 2")
+    if cluster_shared_bytes(tokens, stages, rows) > MAX_SHARED_BYTES:
+        raise ValueError(f"{stages} stages of {tokens} tokens and {rows} rows need "
+                         f"{cluster_shared_bytes(tokens, stages, rows)} bytes of shared memory, over the "
+                         f"{MAX_SHARED_BYTES} of a Hopper block")
 
 
 def lqq_cluster_problem(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, layout: str,
                         tensors: dict, meta: dict, out_dtype: torch.dtype, out: torch.Tensor | None = None,
-                        launch_cfg: tuple[int, int, int] = (64, 4, 3)) -> str | None:
-    """Why :func:`lqq_cluster_matmul` cannot run these arguments with ``launch_cfg`` = (tokens, split, stages)
+                        launch_cfg: tuple = (64, 4, 3, 1, 64)) -> str | None:
+    """Why :func:`lqq_cluster_matmul` cannot run these arguments with ``launch_cfg`` = (tokens, split, stages[,
+    depth[, rows]])
     (None: it can): a ``w4a8-lqq`` weight of K a multiple of 256, per-token activation codes (int8, rows 16-byte
     aligned, unit column stride) and float32 scales, an fp16/bf16 output (``out``, if given, of that dtype with unit
     column stride), contiguous 16-byte aligned packed tensors with fp16 channel scales, all on one CUDA device of
@@ -411,9 +504,9 @@ def lqq_cluster_problem(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group
                              "the cluster kernel is built for Hopper (compute capability 9.0)", exact=True)
     if problem:
         return problem
-    tokens, split, stages = launch_cfg
+    tokens, split, stages, depth, rows = tuple(launch_cfg) + (1, 64)[len(launch_cfg) - 3:]  # the defaults
     name = cluster_kernel_name(_cluster_split(int(meta["in_features"]) // 256, split)[1], tokens, stages,
-                               out_dtype == torch.bfloat16)
+                               out_dtype == torch.bfloat16, depth, rows)
     return compile_problem(device_index(a_codes), SOURCE, (name,),
                            "CUDA LiquidQuant cluster kernel")
 
@@ -429,15 +522,18 @@ def _cluster_split(n_tiles: int, split: int) -> tuple[int, int]:
 
 
 def lqq_cluster_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, meta: dict, tokens: int = 128,
-                       split: int = 4, stages: int = 3, out: torch.Tensor | None = None,
+                       split: int = 4, stages: int = 3, depth: int = 1, rows: int = 64,
+                       out: torch.Tensor | None = None,
                        out_dtype: torch.dtype = torch.float16) -> torch.Tensor:
     """Y [M, N] (``out_dtype``, or ``out``'s) = dequant(A)·Ŵᵀ for int8 codes [M, K] with per-token float32 scales
-    [M, 1] and a ``w4a8-lqq`` weight (module docstring): ``tokens`` (64 or 128) per CTA and 64 weight rows; K split
-    over a cluster of ``split`` CTAs (1, 2, 4 or 8, lowered by :func:`_cluster_split`); ``stages`` (2-4) tiles in the
-    ring. Bit for bit the unsplit Triton / Gluon LiquidQuant result. The caller checks :func:`lqq_cluster_problem`."""
+    [M, 1] and a ``w4a8-lqq`` weight (module docstring): ``tokens`` (64 or 128) and ``rows`` (64 or 128: one or two
+    warpgroups) per CTA; K split over a cluster of ``split`` CTAs (1, 2, 4 or 8, lowered by :func:`_cluster_split`);
+    ``stages`` (2-4) tiles in the ring; ``depth`` (1 or 2) tiles' products in flight. Bit for bit the unsplit
+    Triton / Gluon LiquidQuant result.
+    The caller checks :func:`lqq_cluster_problem`."""
     import numpy as np
 
-    _check_launch(tokens, split, stages)
+    _check_launch(tokens, split, stages, depth, rows)
     m, k = a_codes.shape
     n = int(meta["out_features"])
     qweight, qparams, cs = tensors["qweight"], tensors["qparams"], tensors["channel_scales"]
@@ -445,8 +541,9 @@ def lqq_cluster_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: d
     per, split = _cluster_split(n_tiles, split)
     out = torch.empty(m, n, dtype=out_dtype, device=a_codes.device) if out is None else out
     dev = device_index(a_codes)
-    fn, pdl = launch_form(dev, SOURCE, cluster_kernel_name(split, tokens, stages, out.dtype == torch.bfloat16))
-    shared = cluster_shared_bytes(tokens, stages)
+    fn, pdl = launch_form(dev, SOURCE,
+                          cluster_kernel_name(split, tokens, stages, out.dtype == torch.bfloat16, depth, rows))
+    shared = cluster_shared_bytes(tokens, stages, rows)
     allow_dynamic_shared(fn, dev, shared)
     hpg = groups_in_halves(meta, n_tiles)
     args = (np.uint64(a_codes.data_ptr()), np.uint64(a_scales.data_ptr()), np.int32(m), np.int64(a_codes.stride(0)),
@@ -454,8 +551,9 @@ def lqq_cluster_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: d
             np.uint64(cs.data_ptr()), np.int32(n), np.int32(qweight.shape[1] * qweight.element_size()),
             np.int32(hpg), np.int32(group_shift(int(meta["group_size"]), hpg)), np.int32(qparams.shape[0]),
             np.uint64(out.data_ptr()), np.int64(out.stride(0)), np.int32(n_tiles), np.int32(per))
-    grid = (-(-n // 64) * split, -(-m // tokens))
-    launch(fn, pdl, dev, torch.cuda.current_stream(a_codes.device).cuda_stream, grid, (128,), args, shared)
+    grid = (-(-n // rows) * split, -(-m // tokens))
+    launch(fn, pdl, dev, torch.cuda.current_stream(a_codes.device).cuda_stream, grid, (128 * rows // 64,), args,
+           shared)
     return out
 
 

@@ -244,8 +244,7 @@ def _cluster_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_siz
     if launch is None or lqq_cluster_problem(a_codes, a_scales, act_group_size, layout, tensors, meta, out_dtype, out,
                                              launch) is not None:
         return None
-    tokens, split, stages = launch
-    return lqq_cluster_matmul(a_codes, a_scales, tensors, meta, tokens, split, stages, out, out_dtype)
+    return lqq_cluster_matmul(a_codes, a_scales, tensors, meta, *launch, out=out, out_dtype=out_dtype)
 
 
 def _gluon_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, layout: str, tensors: dict,

@@ -460,12 +460,11 @@ def lqq_cluster_problem(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group
                         tensors: dict, meta: dict, out_dtype: torch.dtype, out: torch.Tensor | None = None,
                         launch_cfg: tuple = (64, 4, 3, 1, 64)) -> str | None:
     """Why :func:`lqq_cluster_matmul` cannot run these arguments with ``launch_cfg`` = (tokens, split, stages[,
-    depth[, rows]])
-    (None: it can): a ``w4a8-lqq`` weight of K a multiple of 256, per-token activation codes (int8, rows 16-byte
+    depth[, rows]]) (None: it can): a ``w4a8-lqq`` weight of K a multiple of 256, per-token activation codes (int8, rows 16-byte
     aligned, unit column stride) and float32 scales, an fp16/bf16 output (``out``, if given, of that dtype with unit
     column stride), contiguous 16-byte aligned packed tensors with fp16 channel scales, all on one CUDA device of
-    compute capability >= 9.0 (thread-block clusters), and CuPy whose NVRTC compiles the instance. Cheap checks
-    first (testable on a CPU)."""
+    compute capability 9.0 exactly (thread-block clusters, wgmma, the table measured on an H100), and CuPy whose NVRTC
+    compiles the instance. Cheap checks first (testable on a CPU)."""
     if layout != "w4a8-lqq":
         return f"layout {layout} is not w4a8-lqq"
     if act_group_size != -1:

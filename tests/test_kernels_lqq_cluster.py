@@ -177,9 +177,12 @@ def test_rule_takes_the_cluster_kernel_only_where_it_was_measured_faster():
         gaps = [m for a, b in zip(ranges, ranges[1:]) for m in range(a[1] + 1, b[0])]
         assert gaps == ([32] if max_n == 6144 else [])
     assert lqq_cluster_launch(9, 2048, 3584) == (64, 8, 2, 1, 64)
+    assert lqq_cluster_launch(384, 1024, 5120) == lqq_cluster_launch(384, 1024, 4096)  # K = 5120 up to 384 tokens
+    assert lqq_cluster_launch(385, 1024, 5120) is None and lqq_cluster_launch(385, 1024, 4096) is not None
+    assert lqq_cluster_launch(17, 5120, 5120) is None and lqq_cluster_launch(17, 5120, 4096) is not None
     for m, n, k in [(8, 512, 3584), (1025, 512, 3584), (513, 1024, 4096), (257, 2048, 4096), (16, 2049, 4096),
                     (129, 4096, 4096), (65, 6144, 4096), (32, 4608, 3584), (17, 6145, 4096), (17, 14336, 4096),
-                    (40, 512, 2048), (40, 512, 8192), (40, 512, 3840), (40, 4096, 14336)]:
+                    (40, 512, 2048), (40, 512, 8192), (40, 1024, 8192), (40, 512, 3840), (40, 4096, 14336)]:
         assert lqq_cluster_launch(m, n, k) is None, (m, n, k)
 
 

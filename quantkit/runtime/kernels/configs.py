@@ -545,8 +545,14 @@ def lqq_ws_launch(cfg: tuple[int, int, int, int], warpgroups: int) -> tuple[int,
 #   points): 1.03-1.62× the rule without this kernel where it runs, except 6144×4096 and 4608×3584 at M = 32
 #   (0.95-0.99×, now left to the Gluon rule) and 512×3584 at M = 960 (0.62×: 8 token tiles × 4 row blocks × 4
 #   make 32 clusters of 4 single-CTA SMs, more than run at once, so the two-warpgroup range ends at 896).
-#   Measured on K = 3584 and 4096 only.
-LQQ_CLUSTER_K = (3584, 4096)  # the K measured: these two only
+# * The same table on other K (docs/logs/session20/cluster_sweep_other_k_h100.json: 1024×5120 and 512×5120, the
+#   k/v projections of Qwen2.5-14B-like models, 5120×5120, 1024×8192): on the 512- and 1024-row layers of K = 5120 at
+#   M <= 384 1.11-1.45× the rule without it; above that 1024×5120 M = 448 ran 0.82× and 512×5120 M = 1024 0.99×, and
+#   on 5120×5120 (the 6144-row class) 1.00-1.02×, so K = 5120 takes the classes up to 2048 rows to M = 384. Checked
+#   through int8_matmul (cluster_rule_check_k5120_h100.json): 1.12-1.35× there. K = 8192 (1024×8192) was
+#   0.89-1.23×, slower at 5 of its 13 covered points: not taken.
+# K → None (all of the table) or (the largest N, the last M) it applies to; the K measured, these only
+LQQ_CLUSTER_K = {3584: None, 4096: None, 5120: (2048, 384)}
 # largest N → ((first M, last M, (tokens per CTA, K split, stages, depth, rows)), ...); the first class that holds N
 LQQ_CLUSTER_TABLE = {
     512: ((9, 64, (64, 8, 3, 1, 64)), (65, 192, (64, 8, 4, 1, 64)), (193, 448, (64, 4, 3, 2, 64)),
@@ -566,6 +572,8 @@ def lqq_cluster_launch(m: int, n: int, k: int) -> tuple[int, int, int, int, int]
     """(tokens, K split, stages, depth, rows) of :func:`.cuda_lqq_cluster.lqq_cluster_matmul` for M tokens on an [N, K]
     LiquidQuant weight, or None where the other kernels run (comment above)."""
     if k not in LQQ_CLUSTER_K:
+        return None
+    if LQQ_CLUSTER_K[k] is not None and (n > LQQ_CLUSTER_K[k][0] or m > LQQ_CLUSTER_K[k][1]):
         return None
     for max_n, ranges in LQQ_CLUSTER_TABLE.items():
         if n <= max_n:

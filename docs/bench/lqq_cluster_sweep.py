@@ -26,7 +26,7 @@ import torch
 from quantkit.bench.command import parse_shapes
 from quantkit.bench.problems import _packed, fp16_and_lqq_inputs
 from quantkit.bench.timing import time_rotating
-from quantkit.bench.sweep_log import print_checks, save_sweep
+from quantkit.bench.sweep_log import print_checks, record_check, save_sweep
 from quantkit.runtime.kernels.configs import TileConfig, lqq_cluster_launch, lqq_wgmma_launch
 from quantkit.runtime.kernels.cuda_lqq_cluster import _check_launch, lqq_cluster_matmul
 from quantkit.runtime.kernels import int8_gemm
@@ -87,10 +87,7 @@ def main() -> None:
                         + f"_r{weight_rows}" * (weight_rows > 64))
                 fn = lambda a, s, w, c=launch: lqq_cluster_matmul(a, s, w, meta, *c)  # noqa: E731
                 if j == 0:
-                    checks.append({"n": n, "k": k, "m": m, "launch": name,
-                                   "equal_triton": bool(torch.equal(fn(a, s, w), tri))})
-                    if not checks[-1]["equal_triton"]:
-                        print("MISMATCH", json.dumps(checks[-1]), flush=True)
+                    record_check(checks, {"n": n, "k": k, "m": m, "launch": name}, fn(a, s, w), tri)
                 row[name] = time_rotating(fn, inputs)["ms"] * 1e3
             timed = {kk: v for kk, v in row.items() if kk.startswith("wg_")}
             best = min(timed, key=timed.get)

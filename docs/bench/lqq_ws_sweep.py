@@ -22,7 +22,7 @@ import torch
 from quantkit.bench.command import parse_shapes
 from quantkit.bench.problems import _packed, fp16_and_lqq_inputs
 from quantkit.bench.timing import time_rotating
-from quantkit.bench.sweep_log import print_checks, save_sweep
+from quantkit.bench.sweep_log import print_checks, record_check, save_sweep
 from quantkit.runtime.kernels.configs import TileConfig, lqq_wgmma_launch, lqq_ws_launch
 from quantkit.runtime.kernels.int8_gemm import int8_matmul
 from quantkit.runtime.kernels.launch import split_plan
@@ -73,10 +73,7 @@ def main() -> None:
                 if j == 0:
                     a, s, w = inputs[0]
                     tri = int8_matmul(a, s, -1, "w4a8-lqq", w, meta, config=TileConfig(64, 128, split, 4, 3))
-                    checks.append({"n": n, "k": k, "m": m, "launch": name(tail, split),
-                                   "equal_triton": bool(torch.equal(fn(a, s, w), tri))})
-                    if not checks[-1]["equal_triton"]:
-                        print("MISMATCH", json.dumps(checks[-1]), flush=True)
+                    record_check(checks, {"n": n, "k": k, "m": m, "launch": name(tail, split)}, fn(a, s, w), tri)
                 row[name(tail, split)] = time_rotating(fn, inputs)["ms"] * 1e3
             timed = {kk: v for kk, v in row.items() if kk.startswith("ws_")}
             if timed:

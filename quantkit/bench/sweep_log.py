@@ -14,6 +14,13 @@ def save_sweep(path: str, rows: list, checks: list) -> None:
         json.dump({"device": torch.cuda.get_device_name(), "checks": checks, "rows": rows, "unit": "us"}, f, indent=1)
 
 
+def record_check(checks: list, entry: dict, got: torch.Tensor, want: torch.Tensor) -> None:
+    """Append ``entry`` with ``equal_triton`` (``got`` bit for bit ``want``) to ``checks``; print it if not equal."""
+    checks.append({**entry, "equal_triton": bool(torch.equal(got, want))})
+    if not checks[-1]["equal_triton"]:
+        print("MISMATCH", json.dumps(checks[-1]), flush=True)
+
+
 def print_checks(checks: list) -> None:
     """Print how many of ``checks`` (dicts with ``equal_triton``) were bit-identical."""
     print("checks:", sum(c["equal_triton"] for c in checks), "of", len(checks), "bit-identical", flush=True)

@@ -19,6 +19,7 @@ refuses to compile below sm_90 (:func:`launch_form`), so an attribute launch nev
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -133,14 +134,12 @@ def _cuda_header_dirs(cupy) -> list[str]:
     """Where cuda_fp16.h may be: the CUDA runtime headers as cuda.pathfinder finds them (pip wheels; what CuPy's own
     compiler uses where it has it), then the toolkit of ``cupy.cuda.get_cuda_path()``."""
     dirs = []
-    try:
+    with contextlib.suppress(Exception):  # no cuda.pathfinder (older CuPy), or it fails: the toolkit path below
         from cuda.pathfinder import find_nvidia_header_directory
 
         found = find_nvidia_header_directory("cudart")
         if found:
             dirs.append(found)
-    except Exception:  # noqa: BLE001 — no cuda.pathfinder (older CuPy): the toolkit path below
-        pass
     cuda_path = cupy.cuda.get_cuda_path()
     if cuda_path and os.path.isdir(os.path.join(cuda_path, "include")):
         dirs.append(os.path.join(cuda_path, "include"))

@@ -49,10 +49,10 @@ def _mixed_parts(n: int, k: int, seed: int):
 def test_rule_takes_w8a8_at_17_to_32_and_above_64_tokens_with_fewer_rows_per_program_on_small_launches():
     assert w8a8_wgmma_config(16, 14336, 4096) is None and w8a8_wgmma_config(48, 14336, 4096) is None
     assert w8a8_wgmma_config(64, 14336, 4096) is None
-    assert w8a8_wgmma_config(17, 14336, 4096) == (64, 64, 4, 4) and w8a8_wgmma_config(32, 28672, 4096)[1] == 128
-    assert w8a8_wgmma_config(65, 14336, 4096) == (64, 128, 4, 4)
-    assert w8a8_wgmma_config(256, 4096, 4096) == (64, 64, 4, 4)  # 4 × 32 = 128 programs of 128 rows
-    assert w8a8_wgmma_config(512, 4096, 4096) == (64, 128, 4, 4)
+    assert w8a8_wgmma_config(17, 14336, 4096) == (64, 64, 4, 4, False) and w8a8_wgmma_config(32, 28672, 4096)[1] == 128
+    assert w8a8_wgmma_config(65, 14336, 4096) == (64, 128, 4, 4, False)
+    assert w8a8_wgmma_config(256, 4096, 4096) == (64, 64, 4, 4, False)  # 4 × 32 = 128 programs of 128 rows
+    assert w8a8_wgmma_config(512, 4096, 4096) == (64, 128, 4, 4, False)
 
 
 @pytest.mark.parametrize("n,k", [(33, 200), (70, 512), (5, 1000)])
@@ -125,7 +125,12 @@ def test_int8_matmul_falls_back_to_triton_where_the_gluon_paths_cannot_run():
 @pytest.mark.parametrize("n,k,m,act_group,tile,dtype", [
     (200, 512, 33, 128, (64, 128, 4, 4), torch.float16), (1000, 1024, 130, 128, (64, 64, 4, 4), torch.bfloat16),
     (64, 256, 1, 128, (64, 64, 3, 4), torch.float16), (127, 1280, 257, -1, (128, 128, 4, 8), torch.float16),
-    (129, 400, 70, 128, (64, 128, 4, 4), torch.bfloat16)])
+    (129, 400, 70, 128, (64, 128, 4, 4), torch.bfloat16),
+    # the pipelined loop: odd and even block counts, one block, more stages than blocks, a ragged last tile
+    (200, 384, 33, 128, (64, 64, 4, 4, True), torch.float16), (129, 128, 70, 128, (64, 64, 3, 4, True), torch.float16),
+    (1000, 1024, 130, 128, (128, 64, 4, 8, True), torch.bfloat16),
+    (127, 1280, 257, -1, (64, 64, 6, 4, True), torch.float16), (70, 640, 1, 128, (64, 128, 4, 4, True), torch.float16),
+    (256, 2048, 200, 128, (64, 64, 4, 4, True), torch.float16)])
 def test_gluon_w8a8_equals_triton_and_the_reference(n, k, m, act_group, tile, dtype):
     _, tensors, meta = packed("w8", n, k, 128, seed=n + m)
     codes, scales = _acts(m, k, act_group, seed=m)
@@ -141,7 +146,7 @@ def test_gluon_w8a8_equals_triton_and_the_reference(n, k, m, act_group, tile, dt
 @pytest.mark.gpu
 @hopper
 def test_int8_matmul_runs_the_w8a8_kernel_where_the_rule_picks_it(monkeypatch):
-    calls = record_launches(monkeypatch, int8_gemm, "w8a8_wgmma_matmul", 5, 9)
+    calls = record_launches(monkeypatch, int8_gemm, "w8a8_wgmma_matmul", 5, 10)
     _, tensors, meta = packed("w8", 4096, 512, 128, seed=1)
     codes, scales = _acts(256, 512, 128, 1)
     out = int8_matmul(codes, scales, 128, "w8", tensors, meta)

@@ -14,15 +14,23 @@ import argparse
 import torch
 
 from quantkit.bench.problems import _packed, build_problem
+from quantkit.runtime.kernels.act_quant import quantize_activation_triton
 from quantkit.runtime.kernels.w4a16_wgmma import w4a16_wgmma_matmul
+from quantkit.runtime.kernels.w8a8_wgmma import w8a8_wgmma_matmul
 
-# (label, method, N, K, M); method "gluon-w4a16:<bm>,<stages>,<split>,<wg>" calls that launch directly
+# (label, method, N, K, M); method "gluon-w4a16:<bm>,<stages>,<split>,<wg>" or "gluon-w8a8:<bm>,<bn>,<stages>,<warps>"
+# calls that launch directly (the W8A8 one on activation groups of 128)
 CASES = [("fp16 14336x4096 M=256", "fp16", 14336, 4096, 256),
          ("w4a16 rule 14336x4096 M=256", "w4a16", 14336, 4096, 256),
          ("fp16 4096x4096 M=2048", "fp16", 4096, 4096, 2048),
          ("gluon w4a16 128x128 4096x4096 M=2048", "gluon-w4a16:128,3,1,2", 4096, 4096, 2048),
          ("fp16 4096x4096 M=1024", "fp16", 4096, 4096, 1024),
-         ("w4a8-lqq rule 4096x4096 M=1024", "w4a8-lqq", 4096, 4096, 1024)]
+         ("w4a8-lqq rule 4096x4096 M=1024", "w4a8-lqq", 4096, 4096, 1024),
+         ("fp16 4096x4096 M=4096", "fp16", 4096, 4096, 4096),
+         ("w8a8 rule 4096x4096 M=4096", "w8a8", 4096, 4096, 4096),
+         ("gluon w8a8 128x128 4096x4096 M=4096", "gluon-w8a8:128,128,4,8", 4096, 4096, 4096),
+         ("w8a8 rule 14336x4096 M=1024", "w8a8", 14336, 4096, 1024),
+         ("fp16 14336x4096 M=1024", "fp16", 14336, 4096, 1024)]
 
 
 def call_of(method: str, n: int, k: int, m: int):
@@ -32,6 +40,11 @@ def call_of(method: str, n: int, k: int, m: int):
         t, meta = _packed("w4a16", torch.randn(n, k, device="cuda"))
         x = torch.randn(m, k, device="cuda", dtype=torch.float16)
         return lambda: w4a16_wgmma_matmul(x, t, meta, *cfg)
+    if method.startswith("gluon-w8a8:"):
+        cfg = tuple(int(v) for v in method.split(":")[1].split(","))
+        t, meta = _packed("w8", torch.randn(n, k, device="cuda"))
+        a, s = quantize_activation_triton(torch.randn(m, k, device="cuda", dtype=torch.float16), 8, 128)
+        return lambda: w8a8_wgmma_matmul(a, s, 128, t, meta, *cfg)
     p = build_problem(method, m, n, k)
     return lambda: p.fn(*p.inputs[0])
 

@@ -23,23 +23,31 @@ from quantkit.runtime.kernels.int8_gemm import int8_matmul
 from quantkit.runtime.kernels.reference import int8_reference
 from quantkit.runtime.kernels.w8a8_wgmma import w8a8_wgmma_matmul
 
-# (BM, BN, stages, warps): the tiles of docs/logs/w8a8_wgmma_h100.json. (docs/logs/w8a8_wgmma_paired_h100.json came from
-# a variant of the kernel that paired K blocks and from register caps; both slower, neither kept in the code.)
-VARIANTS = [(128, 128, 4, 8), (128, 128, 3, 8), (128, 64, 4, 8), (64, 128, 4, 4), (64, 64, 4, 4)]
+# (BM, BN, stages, warps, pipelined): the tiles of docs/logs/w8a8_wgmma_h100.json, and since session 21 the pipelined
+# loop (two int32 accumulators in turn; "_pipe" in the column names). (docs/logs/w8a8_wgmma_paired_h100.json came from
+# an earlier variant of the kernel that paired K blocks and from register caps; both slower, neither kept in the code.)
+VARIANTS = [(128, 128, 4, 8, False), (128, 128, 3, 8, False), (128, 64, 4, 8, False), (64, 128, 4, 4, False),
+            (64, 64, 4, 4, False), (64, 64, 4, 4, True), (64, 64, 6, 4, True), (128, 64, 4, 8, True),
+            (64, 128, 4, 4, True)]
+
+
+def variant_name(bm: int, bn: int, st: int, nw: int, pipe: bool) -> str:
+    """The column of a variant in the sweep's rows."""
+    return f"gluon_{bm}_{bn}_{st}_{nw}" + ("_pipe" if pipe else "")
 
 
 def check(dev: str) -> list[dict]:
     out = []
     for (n, k), m, ag in [((200, 512), 33, 128), ((1000, 1024), 130, 128), ((64, 256), 1, 128), ((127, 1280), 257, -1),
-                          ((4096, 4096), 300, 128)]:
+                          ((4096, 4096), 300, 128), ((70, 640), 65, 128)]:
         t, meta = _packed("w8", torch.randn(n, k, device=dev))
         a, s = quantize_activation_triton(torch.randn(m, k, device=dev, dtype=torch.float16), 8, ag)
         tri = int8_matmul(a, s, ag, "w8", t, meta, config=gemm_config(m, n, k, "w8"))  # the Triton kernel
         ref = int8_reference(a, s, ag, "w8", t, meta).float()
-        for bm, bn, st, nw in VARIANTS:
-            got = w8a8_wgmma_matmul(a, s, ag, t, meta, bm, bn, st, nw)
+        for bm, bn, st, nw, pipe in VARIANTS:
+            got = w8a8_wgmma_matmul(a, s, ag, t, meta, bm, bn, st, nw, pipe)
             rel = ((got.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-9)).item()
-            out.append({"n": n, "k": k, "m": m, "act_group": ag, "variant": [bm, bn, st, nw],
+            out.append({"n": n, "k": k, "m": m, "act_group": ag, "variant": variant_name(bm, bn, st, nw, pipe),
                         "equal_triton": bool(torch.equal(got, tri)), "rel_vs_reference": rel})
             if not out[-1]["equal_triton"] or rel > 1e-3:
                 print("check", json.dumps(out[-1]), flush=True)
@@ -72,9 +80,10 @@ def main() -> None:
             row["triton"] = time_rotating(lambda a, s, w: int8_matmul(a, s, 128, "w8", w, meta,
                                                                       config=gemm_config(m, n, k, "w8")),
                                           inputs, reps=20)["ms"] * 1e3
-            for bm, bn, st, nw in VARIANTS:
-                row[f"gluon_{bm}_{bn}_{st}_{nw}"] = time_rotating(
-                    lambda a, s, w: w8a8_wgmma_matmul(a, s, 128, w, meta, bm, bn, st, nw), inputs, reps=20)["ms"] * 1e3
+            for bm, bn, st, nw, pipe in VARIANTS:
+                row[variant_name(bm, bn, st, nw, pipe)] = time_rotating(
+                    lambda a, s, w: w8a8_wgmma_matmul(a, s, 128, w, meta, bm, bn, st, nw, pipe), inputs,
+                    reps=20)["ms"] * 1e3
             best = min((v, kk) for kk, v in row.items() if kk.startswith("gluon_"))
             row["best_gluon"], row["best_gluon_vs_fp16"] = best[1], row["fp16"] / best[0]
             row["triton_vs_fp16"] = row["fp16"] / row["triton"]

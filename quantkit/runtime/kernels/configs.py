@@ -595,13 +595,13 @@ W8A8_WGMMA_MIN_M = 65
 W8A8_WGMMA_MIN_PROGRAMS = 200
 
 
-def w8a8_wgmma_config(m: int, n: int, k: int) -> tuple[int, int, int, int] | None:
-    """(tokens per program, weight rows per program, stages, warps) of the Gluon W8A8 kernel for M tokens on an
-    [N, K] weight, or None where the Triton kernel runs (comment above)."""
+def w8a8_wgmma_config(m: int, n: int, k: int) -> tuple[int, int, int, int, bool] | None:
+    """(tokens per program, weight rows per program, stages, warps, pipelined loop) of the Gluon W8A8 kernel for M
+    tokens on an [N, K] weight, or None where the Triton kernel runs (comment above)."""
     if m < W8A8_WGMMA_MIN_M and not W8A8_WGMMA_SMALL_M[0] <= m <= W8A8_WGMMA_SMALL_M[1]:
         return None
     bn = 128 if -(-m // 64) * -(-n // 128) >= W8A8_WGMMA_MIN_PROGRAMS else 64
-    return 64, bn, 4, 4
+    return 64, bn, 4, 4, False
 
 
 # MixLLM W4A8 and mixed W4.4A8 prefill: from this many tokens the layer's int8 operand q − z is written once per

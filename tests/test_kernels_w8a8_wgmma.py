@@ -126,10 +126,11 @@ def test_int8_matmul_falls_back_to_triton_where_the_gluon_paths_cannot_run():
     (200, 512, 33, 128, (64, 128, 4, 4), torch.float16), (1000, 1024, 130, 128, (64, 64, 4, 4), torch.bfloat16),
     (64, 256, 1, 128, (64, 64, 3, 4), torch.float16), (127, 1280, 257, -1, (128, 128, 4, 8), torch.float16),
     (129, 400, 70, 128, (64, 128, 4, 4), torch.bfloat16),
-    # the pipelined loop: odd and even block counts, one block, more stages than blocks, a ragged last tile
+    # scales loaded a block ahead: odd and even block counts, one block, more stages than blocks, a ragged last tile
     (200, 384, 33, 128, (64, 64, 4, 4, True), torch.float16), (129, 128, 70, 128, (64, 64, 3, 4, True), torch.float16),
     (1000, 1024, 130, 128, (128, 64, 4, 8, True), torch.bfloat16),
     (127, 1280, 257, -1, (64, 64, 6, 4, True), torch.float16), (70, 640, 1, 128, (64, 128, 4, 4, True), torch.float16),
+    (300, 896, 129, 128, (128, 128, 4, 8, True), torch.float16),
     (256, 2048, 200, 128, (64, 64, 4, 4, True), torch.float16)])
 def test_gluon_w8a8_equals_triton_and_the_reference(n, k, m, act_group, tile, dtype):
     _, tensors, meta = packed("w8", n, k, 128, seed=n + m)

@@ -18,8 +18,8 @@ from quantkit.runtime.kernels.act_quant import quantize_activation_triton
 from quantkit.runtime.kernels.w4a16_wgmma import w4a16_wgmma_matmul
 from quantkit.runtime.kernels.w8a8_wgmma import w8a8_wgmma_matmul
 
-# (label, method, N, K, M); method "gluon-w4a16:<bm>,<stages>,<split>,<wg>" or "gluon-w8a8:<bm>,<bn>,<stages>,<warps>"
-# calls that launch directly (the W8A8 one on activation groups of 128)
+# (label, method, N, K, M); method "gluon-w4a16:<bm>,<stages>,<split>,<wg>" or
+# "gluon-w8a8:<bm>,<bn>,<stages>,<warps>[,<scales ahead>]" calls that launch directly (the W8A8 one on activation groups of 128)
 CASES = [("fp16 14336x4096 M=256", "fp16", 14336, 4096, 256),
          ("w4a16 rule 14336x4096 M=256", "w4a16", 14336, 4096, 256),
          ("fp16 4096x4096 M=2048", "fp16", 4096, 4096, 2048),
@@ -30,7 +30,8 @@ CASES = [("fp16 14336x4096 M=256", "fp16", 14336, 4096, 256),
          ("w8a8 rule 4096x4096 M=4096", "w8a8", 4096, 4096, 4096),
          ("gluon w8a8 128x128 4096x4096 M=4096", "gluon-w8a8:128,128,4,8", 4096, 4096, 4096),
          ("w8a8 rule 14336x4096 M=1024", "w8a8", 14336, 4096, 1024),
-         ("fp16 14336x4096 M=1024", "fp16", 14336, 4096, 1024)]
+         ("fp16 14336x4096 M=1024", "fp16", 14336, 4096, 1024),
+         ("gluon w8a8 64x128 scales ahead 4096x4096 M=4096", "gluon-w8a8:64,128,4,4,1", 4096, 4096, 4096)]
 
 
 def call_of(method: str, n: int, k: int, m: int):

@@ -23,17 +23,17 @@ from quantkit.runtime.kernels.int8_gemm import int8_matmul
 from quantkit.runtime.kernels.reference import int8_reference
 from quantkit.runtime.kernels.w8a8_wgmma import w8a8_wgmma_matmul
 
-# (BM, BN, stages, warps, pipelined): the tiles of docs/logs/w8a8_wgmma_h100.json, and since session 21 the pipelined
-# loop (two int32 accumulators in turn; "_pipe" in the column names). (docs/logs/w8a8_wgmma_paired_h100.json came from
-# an earlier variant of the kernel that paired K blocks and from register caps; both slower, neither kept in the code.)
-VARIANTS = [(128, 128, 4, 8, False), (128, 128, 3, 8, False), (128, 64, 4, 8, False), (64, 128, 4, 4, False),
-            (64, 64, 4, 4, False), (64, 64, 4, 4, True), (64, 64, 6, 4, True), (128, 64, 4, 8, True),
-            (64, 128, 4, 4, True)]
+# (BM, BN, stages, warps, scales a block ahead): the tiles of docs/logs/w8a8_wgmma_h100.json, and since session 21 the
+# group scales loaded one K block ahead ("_ahead" in the column names). (docs/logs/session21/w8a8_pipe_h100.json timed
+# a pipelined loop at 54a8601, two int32 accumulators in turn, "_pipe"; docs/logs/w8a8_wgmma_paired_h100.json an
+# earlier variant that paired K blocks, and register caps; all slower or no faster, none kept in the code.)
+VARIANTS = [(128, 128, 4, 8, False), (128, 128, 4, 8, True), (128, 64, 4, 8, False), (64, 128, 4, 4, False),
+            (64, 128, 4, 4, True), (64, 64, 4, 4, False), (64, 64, 4, 4, True)]
 
 
-def variant_name(bm: int, bn: int, st: int, nw: int, pipe: bool) -> str:
+def variant_name(bm: int, bn: int, st: int, nw: int, ahead: bool) -> str:
     """The column of a variant in the sweep's rows."""
-    return f"gluon_{bm}_{bn}_{st}_{nw}" + ("_pipe" if pipe else "")
+    return f"gluon_{bm}_{bn}_{st}_{nw}" + ("_ahead" if ahead else "")
 
 
 def check(dev: str) -> list[dict]:
@@ -44,10 +44,10 @@ def check(dev: str) -> list[dict]:
         a, s = quantize_activation_triton(torch.randn(m, k, device=dev, dtype=torch.float16), 8, ag)
         tri = int8_matmul(a, s, ag, "w8", t, meta, config=gemm_config(m, n, k, "w8"))  # the Triton kernel
         ref = int8_reference(a, s, ag, "w8", t, meta).float()
-        for bm, bn, st, nw, pipe in VARIANTS:
-            got = w8a8_wgmma_matmul(a, s, ag, t, meta, bm, bn, st, nw, pipe)
+        for bm, bn, st, nw, ahead in VARIANTS:
+            got = w8a8_wgmma_matmul(a, s, ag, t, meta, bm, bn, st, nw, ahead)
             rel = ((got.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-9)).item()
-            out.append({"n": n, "k": k, "m": m, "act_group": ag, "variant": variant_name(bm, bn, st, nw, pipe),
+            out.append({"n": n, "k": k, "m": m, "act_group": ag, "variant": variant_name(bm, bn, st, nw, ahead),
                         "equal_triton": bool(torch.equal(got, tri)), "rel_vs_reference": rel})
             if not out[-1]["equal_triton"] or rel > 1e-3:
                 print("check", json.dumps(out[-1]), flush=True)
@@ -80,9 +80,9 @@ def main() -> None:
             row["triton"] = time_rotating(lambda a, s, w: int8_matmul(a, s, 128, "w8", w, meta,
                                                                       config=gemm_config(m, n, k, "w8")),
                                           inputs, reps=20)["ms"] * 1e3
-            for bm, bn, st, nw, pipe in VARIANTS:
-                row[variant_name(bm, bn, st, nw, pipe)] = time_rotating(
-                    lambda a, s, w: w8a8_wgmma_matmul(a, s, 128, w, meta, bm, bn, st, nw, pipe), inputs,
+            for bm, bn, st, nw, ahead in VARIANTS:
+                row[variant_name(bm, bn, st, nw, ahead)] = time_rotating(
+                    lambda a, s, w: w8a8_wgmma_matmul(a, s, 128, w, meta, bm, bn, st, nw, ahead), inputs,
                     reps=20)["ms"] * 1e3
             best = min((v, kk) for kk, v in row.items() if kk.startswith("gluon_"))
             row["best_gluon"], row["best_gluon_vs_fp16"] = best[1], row["fp16"] / best[0]

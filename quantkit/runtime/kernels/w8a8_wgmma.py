@@ -79,22 +79,9 @@ if HAVE_GLUON:
         return (part + I2F_BIAS_INT).to(gl.float32, bitcast=True) - I2F_BIAS_FLOAT
 
     @gluon.jit
-    def _finish_block(x_desc, w_desc, xs, ws, bars, sa_ptr, sw_ptr, acc, part, kb, pending: gl.constexpr, rm_in, rn,
-                      off_m, off_n, N, n_blocks, stride_sm, act_hpg, act_groups, hpg, groups, STAGES: gl.constexpr,
-                      EVEN_N: gl.constexpr):
-        """Pipelined loop: wait until K block kb's products in ``part`` are done (``pending`` newer groups may run
-        on), refill its ring slot with block kb + STAGES and scale the block into ``acc``."""
-        sa, sw = _block_scales(sa_ptr, sw_ptr, kb, rm_in, rn, N, stride_sm, act_hpg, act_groups, hpg, groups, EVEN_N)
-        part = warpgroup_mma_wait(num_outstanding=pending, deps=(part, ))
-        if kb + STAGES < n_blocks:
-            _load_block(x_desc, w_desc, xs, ws, bars, kb + STAGES, off_m, off_n, STAGES)
-        acc += _i2f(part) * (sw[None, :] * sa[:, None])
-        return acc, part
-
-    @gluon.jit
     def _w8a8_wgmma_kernel(x_desc, w_desc, sa_ptr, sw_ptr, out_ptr, M, N, K, stride_sm, stride_om, act_hpg,
                            act_groups, hpg, groups, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                           GROUP_M: gl.constexpr, EVEN_N: gl.constexpr, PIPE: gl.constexpr,
+                           GROUP_M: gl.constexpr, EVEN_N: gl.constexpr, AHEAD: gl.constexpr,
                            num_warps: gl.constexpr):
         # grouped program order: GROUP_M token tiles share each weight tile while it is in L2
         pid = gl.program_id(0)
@@ -116,8 +103,7 @@ if HAVE_GLUON:
         bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(bars.index(i), count=1)
-        # the pipelined loop refills a slot only once its block's products are done, so it starts with all full
-        for kb0 in gl.static_range(STAGES if PIPE else STAGES - 1):
+        for kb0 in gl.static_range(STAGES - 1):
             if kb0 < n_blocks:
                 _load_block(x_desc, w_desc, xs, ws, bars, kb0, off_m, off_n, STAGES)
 
@@ -126,45 +112,27 @@ if HAVE_GLUON:
         rm_in = gl.minimum(rm, M - 1)
         acc = gl.zeros([BM, BN], gl.float32, acc_l)
         part = gl.zeros([BM, BN], gl.int32, acc_l)
-        if PIPE:
-            # two int32 accumulators in turn: block kb's products run while block kb - 1 is scaled in (unrolled
-            # by two so that each accumulator stays in its own registers)
-            other = gl.zeros([BM, BN], gl.int32, acc_l)
-            part = _mma_block(xs, ws, bars, 0, part, STAGES)
-            for kb in range(1, n_blocks - 1, 2):
-                other = _mma_block(xs, ws, bars, kb, other, STAGES)
-                acc, part = _finish_block(x_desc, w_desc, xs, ws, bars, sa_ptr, sw_ptr, acc, part, kb - 1, 1, rm_in,
-                                          rn, off_m, off_n, N, n_blocks, stride_sm, act_hpg, act_groups, hpg,
-                                          groups, STAGES, EVEN_N)
-                part = _mma_block(xs, ws, bars, kb + 1, part, STAGES)
-                acc, other = _finish_block(x_desc, w_desc, xs, ws, bars, sa_ptr, sw_ptr, acc, other, kb, 1, rm_in,
-                                           rn, off_m, off_n, N, n_blocks, stride_sm, act_hpg, act_groups, hpg,
-                                           groups, STAGES, EVEN_N)
-            # the last one or two blocks (fresh names: a branch may not change a variable's type, and ``part`` is
-            # still in flight here)
-            if n_blocks % 2 == 0:
-                last = _mma_block(xs, ws, bars, n_blocks - 1, other, STAGES)
-                acc, _ = _finish_block(x_desc, w_desc, xs, ws, bars, sa_ptr, sw_ptr, acc, part, n_blocks - 2, 1,
-                                       rm_in, rn, off_m, off_n, N, n_blocks, stride_sm, act_hpg, act_groups, hpg,
-                                       groups, STAGES, EVEN_N)
-                acc, _ = _finish_block(x_desc, w_desc, xs, ws, bars, sa_ptr, sw_ptr, acc, last, n_blocks - 1, 0,
-                                       rm_in, rn, off_m, off_n, N, n_blocks, stride_sm, act_hpg, act_groups, hpg,
-                                       groups, STAGES, EVEN_N)
+        if AHEAD:
+            sa, sw = _block_scales(sa_ptr, sw_ptr, 0, rm_in, rn, N, stride_sm, act_hpg, act_groups, hpg, groups,
+                                   EVEN_N)
+        for kb in range(n_blocks):
+            # block kb + STAGES - 1 into the slot block kb - 1 left (its products were waited for)
+            if kb + STAGES - 1 < n_blocks:
+                _load_block(x_desc, w_desc, xs, ws, bars, kb + STAGES - 1, off_m, off_n, STAGES)
+            part = _mma_block(xs, ws, bars, kb, part, STAGES)
+            if AHEAD:
+                # the next block's scales load while this block's products run and it is scaled: a whole
+                # iteration to arrive (the last iteration reloads its own)
+                sa_next, sw_next = _block_scales(sa_ptr, sw_ptr, gl.minimum(kb + 1, n_blocks - 1), rm_in, rn, N,
+                                                 stride_sm, act_hpg, act_groups, hpg, groups, EVEN_N)
             else:
-                acc, _ = _finish_block(x_desc, w_desc, xs, ws, bars, sa_ptr, sw_ptr, acc, part, n_blocks - 1, 0,
-                                       rm_in, rn, off_m, off_n, N, n_blocks, stride_sm, act_hpg, act_groups, hpg,
-                                       groups, STAGES, EVEN_N)
-        else:
-            for kb in range(n_blocks):
-                # block kb + STAGES - 1 into the slot block kb - 1 left (its products were waited for)
-                if kb + STAGES - 1 < n_blocks:
-                    _load_block(x_desc, w_desc, xs, ws, bars, kb + STAGES - 1, off_m, off_n, STAGES)
-                part = _mma_block(xs, ws, bars, kb, part, STAGES)
                 # the block's scales load while its products run
                 sa, sw = _block_scales(sa_ptr, sw_ptr, kb, rm_in, rn, N, stride_sm, act_hpg, act_groups, hpg,
                                        groups, EVEN_N)
-                part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
-                acc += _i2f(part) * (sw[None, :] * sa[:, None])
+            part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
+            acc += _i2f(part) * (sw[None, :] * sa[:, None])
+            if AHEAD:
+                sa, sw = sa_next, sw_next
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(i))
         mask = (rm < M)[:, None] & (rn < N)[None, :]
@@ -186,7 +154,8 @@ def w8a8_wgmma_problem(a_codes: torch.Tensor, act_group_size: int, layout: str, 
 
 def w8a8_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, tensors: dict,
                       meta: dict, bm: int = 64, bn: int = 128, stages: int = 4, num_warps: int = 4,
-                      pipe: bool = False, out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16) -> torch.Tensor:
+                      ahead: bool = False,
+                      out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16) -> torch.Tensor:
     """Y [M, N] = dequant(A)·Ŵᵀ for int8 codes [M, K] with float32 scales [M, G] and a ``w8`` weight (module
     docstring); ``bm`` tokens × ``bn`` weight rows per program, ``stages`` K blocks in flight, ``num_warps`` 4 or
     8 (one or two warpgroups along the tokens; ``bm`` a multiple of 16·num_warps). The caller checks
@@ -208,5 +177,5 @@ def w8a8_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
     _w8a8_wgmma_kernel[grid](x_desc, w_desc, a_scales, scales, out, m, n, k, a_scales.stride(0), out.stride(0),
                              act_groups_in_halves(act_group_size, k), a_scales.shape[1],
                              groups_in_halves(meta, n_tiles), scales.shape[0], BM=bm, BN=bn, STAGES=stages,
-                             GROUP_M=8, EVEN_N=n % bn == 0, PIPE=pipe, num_warps=num_warps)
+                             GROUP_M=8, EVEN_N=n % bn == 0, AHEAD=ahead, num_warps=num_warps)
     return out

@@ -49,10 +49,10 @@ def _mixed_parts(n: int, k: int, seed: int):
 def test_rule_takes_w8a8_at_17_to_32_and_above_64_tokens_with_fewer_rows_per_program_on_small_launches():
     assert w8a8_wgmma_config(16, 14336, 4096) is None and w8a8_wgmma_config(48, 14336, 4096) is None
     assert w8a8_wgmma_config(64, 14336, 4096) is None
-    assert w8a8_wgmma_config(17, 14336, 4096) == (64, 64, 4, 4, False) and w8a8_wgmma_config(32, 28672, 4096)[1] == 128
-    assert w8a8_wgmma_config(65, 14336, 4096) == (64, 128, 4, 4, False)
-    assert w8a8_wgmma_config(256, 4096, 4096) == (64, 64, 4, 4, False)  # 4 × 32 = 128 programs of 128 rows
-    assert w8a8_wgmma_config(512, 4096, 4096) == (64, 128, 4, 4, False)
+    assert w8a8_wgmma_config(17, 14336, 4096) == (64, 64, 4, 4, True) and w8a8_wgmma_config(32, 28672, 4096)[1] == 128
+    assert w8a8_wgmma_config(65, 14336, 4096) == (64, 128, 4, 4, True)
+    assert w8a8_wgmma_config(256, 4096, 4096) == (64, 64, 4, 4, True)  # 4 × 32 = 128 programs of 128 rows
+    assert w8a8_wgmma_config(512, 4096, 4096) == (64, 128, 4, 4, True)
 
 
 @pytest.mark.parametrize("n,k", [(33, 200), (70, 512), (5, 1000)])
@@ -103,7 +103,7 @@ def test_mixed_operand_refuses_partitions_that_do_not_cover_the_layer():
 
 @pytest.mark.skipif(ON_HOPPER, reason="checks the fallback where the Gluon kernels cannot run")
 def test_int8_matmul_falls_back_to_triton_where_the_gluon_paths_cannot_run():
-    # sizes where the rules would pick the TMA kernel (w8 above 64 tokens) or the int8 operand (from 1024 tokens)
+    # sizes where the rules would pick the TMA kernel (w8 above 64 tokens) or the int8 operand (MIXLLM_OPERAND_MIN_M on)
     m8, mo, k = 70, MIXLLM_OPERAND_MIN_M, 256
     codes, scales = _acts(m8, k, 128, seed=2)
     _, tensors, meta = packed("w8", 30, k, 128, seed=2)

@@ -590,18 +590,27 @@ def lqq_cluster_launch(m: int, n: int, k: int) -> tuple[int, int, int, int, int]
 # faster on three or four of the five (by up to 1.15×), so that range keeps it. Of the other tiles measured,
 # 128×128 (two warpgroups) was 1.2× slower, and pairing K blocks so one block's epilogue overlaps the next one's
 # products was slower at M >= 1024 (docs/logs/w8a8_wgmma_paired_h100.json).
+# Since session 21 every launch loads the next K block's group scales during the current one (W8A8_SCALES_AHEAD):
+# ncu put the kernel's warps mostly on long-scoreboard stalls, the scale loads issued after the products and read
+# right after them (docs/logs/session21/ncu_w8a8_stalls_h200.txt, an H200, and ncu_w8a8_ahead_stalls_h100.txt: 1.5
+# of ~4 cycles per issued instruction; 0.4 with them a block ahead). docs/bench/w8a8_wgmma_sweep.py on an H100
+# (docs/logs/session21/w8a8_ahead_h100.json, the five shapes × M = 128-4096, bit-identical): 64×128 tiles 1.105×
+# faster (geometric mean; 0.97-1.21×, slower at two of 30 points), 0.73-0.98× fp16 at M >= 256 (was 0.66-0.82×).
+# Two int32 accumulators in turn (block kb's products while block kb - 1 is scaled) were no faster
+# (w8a8_pipe_h100.json, 64×64 tiles; 64×128 spilled).
+W8A8_SCALES_AHEAD = True
 W8A8_WGMMA_SMALL_M = (17, 32)
 W8A8_WGMMA_MIN_M = 65
 W8A8_WGMMA_MIN_PROGRAMS = 200
 
 
 def w8a8_wgmma_config(m: int, n: int, k: int) -> tuple[int, int, int, int, bool] | None:
-    """(tokens per program, weight rows per program, stages, warps, pipelined loop) of the Gluon W8A8 kernel for M
-    tokens on an [N, K] weight, or None where the Triton kernel runs (comment above)."""
+    """(tokens per program, weight rows per program, stages, warps, scales a block ahead) of the Gluon W8A8 kernel for
+    M tokens on an [N, K] weight, or None where the Triton kernel runs (comment above)."""
     if m < W8A8_WGMMA_MIN_M and not W8A8_WGMMA_SMALL_M[0] <= m <= W8A8_WGMMA_SMALL_M[1]:
         return None
     bn = 128 if -(-m // 64) * -(-n // 128) >= W8A8_WGMMA_MIN_PROGRAMS else 64
-    return 64, bn, 4, 4, False
+    return 64, bn, 4, 4, W8A8_SCALES_AHEAD
 
 
 # MixLLM W4A8 and mixed W4.4A8 prefill: from this many tokens the layer's int8 operand q − z is written once per
@@ -610,10 +619,15 @@ def w8a8_wgmma_config(m: int, n: int, k: int) -> tuple[int, int, int, int, bool]
 # (docs/logs/int8_operand_mixed_fused_h100.json, five Llama-3-8B shapes): W4A8 1.19-1.30× the Triton kernel at
 # M = 1024 and 1.28-1.38× at 2048, mixed 1.13-1.28× and 1.25-1.34× (the operand moves N·Kp·1.5 bytes: 14336×4096
 # M = 1024 274 µs in all, 234 for the product alone); at M = 512 W4A8 won by 1.08-1.17× but mixed lost on
-# 6144×4096 (0.87×), so both switch at 1024 and a mixed layer stays within 1.04× of W4A8 there. (Gathering the
-# mixed operand with indexed copies instead cost 38-70 µs more: docs/logs/int8_operand_mixed_h100.json.)
-MIXLLM_OPERAND_MIN_M = 1024
-MIXLLM_MIXED_OPERAND_MIN_M = 1024
+# 6144×4096 (0.87×), so both switched at 1024 and a mixed layer stayed within 1.04× of W4A8 there. (Gathering the
+# mixed operand with indexed copies instead cost 38-70 µs more: docs/logs/int8_operand_mixed_h100.json.) Since
+# session 21 (the W8A8 kernel's scales a block ahead, 1.1×) both switch at 512
+# (docs/logs/session21/int8_operand_ahead_h100.json, same shapes, M = 256-1024, bit-exact): W4A8 1.11-1.26× the
+# Triton kernel at M = 512 and 1.18-1.39× at 768; mixed 0.97-1.33× at 512 (the 0.97× on 6144×4096) and 1.02-1.41×
+# at 768; at 256 0.72-1.13×, so that stays Triton. Switching only W4A8 at 512 would have left mixed layers at
+# 1.17-1.37× W4A8's time there; together, 1.00-1.05×.
+MIXLLM_OPERAND_MIN_M = 512
+MIXLLM_MIXED_OPERAND_MIN_M = 512
 
 
 # One-launch mixed W4.4A8 at M <= 16 with 128-row (or larger) tiles: the 8-bit partition's programs get half

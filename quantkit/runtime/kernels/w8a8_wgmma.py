@@ -12,7 +12,9 @@ one asynchronous wgmma into a fresh int32 accumulator, and its epilogue is the f
 ((sum + 0x4b400000) as fp32 − 1.5·2^23, exact while |sum| < 2^22) times activation scale × weight scale. Within
 a warpgroup each block's epilogue waits for its products; the tiles the launch rule picks are one warpgroup of
 64 tokens, two programs per SM, so one program's products run while the other scales its block (the per-block
-promotion of DeepGEMM on Hopper, without its strict ping-pong scheduling).
+promotion of DeepGEMM on Hopper, without its strict ping-pong scheduling). With ``ahead`` (the rule's launches since
+session 21) a block's group scales are loaded one block early: loaded after its products were issued, they had not
+arrived when the products had (ncu: long-scoreboard stalls the largest share), 1.1× (docs/BENCHMARKS.md).
 
 Same sums in the same order as the Triton kernel (block by block from zero, product of the two scales), so the
 result is bit-identical to :func:`.int8_gemm.int8_matmul` for a ``w8`` weight. Requires K and the row strides to
@@ -158,8 +160,8 @@ def w8a8_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
                       out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16) -> torch.Tensor:
     """Y [M, N] = dequant(A)·Ŵᵀ for int8 codes [M, K] with float32 scales [M, G] and a ``w8`` weight (module
     docstring); ``bm`` tokens × ``bn`` weight rows per program, ``stages`` K blocks in flight, ``num_warps`` 4 or
-    8 (one or two warpgroups along the tokens; ``bm`` a multiple of 16·num_warps). The caller checks
-    :func:`w8a8_wgmma_problem`."""
+    8 (one or two warpgroups along the tokens; ``bm`` a multiple of 16·num_warps), ``ahead``: each block's scales
+    loaded during the block before. The caller checks :func:`w8a8_wgmma_problem`."""
     if bm % (16 * num_warps) or bn not in (64, 128):
         raise ValueError(f"tile {bm}x{bn} with {num_warps} warps: BM must be a multiple of 16·warps, BN 64 or 128")
     m, k = a_codes.shape

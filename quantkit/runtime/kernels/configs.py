@@ -595,7 +595,8 @@ def lqq_cluster_launch(m: int, n: int, k: int) -> tuple[int, int, int, int, int]
 # right after them (docs/logs/session21/ncu_w8a8_stalls_h200.txt, an H200, and ncu_w8a8_ahead_stalls_h100.txt: 1.5
 # of ~4 cycles per issued instruction; 0.4 with them a block ahead). docs/bench/w8a8_wgmma_sweep.py on an H100
 # (docs/logs/session21/w8a8_ahead_h100.json, the five shapes × M = 128-4096, bit-identical): 64×128 tiles 1.105×
-# faster (geometric mean; 0.97-1.21×, slower at two of 30 points), 0.73-0.98× fp16 at M >= 256 (was 0.66-0.82×).
+# faster (geometric mean; 0.97-1.21×, slower at two of 30 points), 0.63-0.94× the sweep's fp16 at M >= 256 (was
+# 0.57-0.95×).
 # Two int32 accumulators in turn (block kb's products while block kb - 1 is scaled) were no faster
 # (w8a8_pipe_h100.json, 64×64 tiles; 64×128 spilled).
 W8A8_SCALES_AHEAD = True

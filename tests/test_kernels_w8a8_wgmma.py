@@ -22,7 +22,6 @@ from quantkit.runtime.kernels.int8_gemm import int8_matmul, mixed_int8_matmul  #
 from quantkit.runtime.kernels.int8_operand import mixed_w8_operand, w8_operand  # noqa: E402
 from quantkit.runtime.kernels.reference import int8_reference, int8_weight  # noqa: E402
 from quantkit.runtime.kernels.w8a8_wgmma import w8a8_wgmma_matmul, w8a8_wgmma_problem  # noqa: E402
-from quantkit.runtime.kernels.w8a8_ws import w8a8_ws_matmul  # noqa: E402
 from quantkit.runtime.kernels.wgmma_common import HAVE_GLUON  # noqa: E402
 from tests.kernels_helpers import DEVICE, packed, record_launches, rel_err  # noqa: E402
 
@@ -143,35 +142,6 @@ def test_gluon_w8a8_equals_triton_and_the_reference(n, k, m, act_group, tile, dt
     assert torch.equal(got, tri)
     tol = 1e-3 if dtype == torch.float16 else 4e-3  # the output's rounding: bf16 keeps 8 significant bits
     assert rel_err(got, int8_reference(codes, scales, act_group, "w8", tensors, meta)) < tol
-
-
-@pytest.mark.gpu
-@hopper
-@pytest.mark.parametrize("n,k,m,act_group,launch,dtype", [
-    (200, 512, 33, 128, (128, 4, 1, 2), torch.float16), (1000, 1024, 130, 128, (64, 3, 1, 2), torch.bfloat16),
-    (64, 256, 1, 128, (128, 4, 2, 1), torch.float16), (127, 1280, 257, -1, (128, 4, 2, 1), torch.float16),
-    (129, 400, 70, 128, (128, 2, 1, 2), torch.bfloat16), (70, 640, 5, 128, (64, 6, 1, 1), torch.float16),
-    (300, 128, 129, 128, (128, 4, 1, 2), torch.float16)])
-def test_warp_specialized_w8a8_equals_triton_and_the_reference(n, k, m, act_group, launch, dtype):
-    """(bn, stages, warpgroups, programs an SM): odd N, one K block, more stages than blocks, per-token
-    activations, M = 1 and ragged token tiles."""
-    _, tensors, meta = packed("w8", n, k, 128, seed=n + m + 1)
-    codes, scales = _acts(m, k, act_group, seed=m + 1)
-    out = torch.full((m, n + 8), float("nan"), dtype=dtype, device=DEVICE)[:, :n]
-    got = w8a8_ws_matmul(codes, scales, act_group, tensors, meta, *launch, out=out)
-    tri = int8_matmul(codes, scales, act_group, "w8", tensors, meta, out_dtype=dtype,
-                      config=TileConfig(64, 64, 1, 4, 3))
-    assert torch.equal(got, tri)
-    tol = 1e-3 if dtype == torch.float16 else 4e-3
-    assert rel_err(got, int8_reference(codes, scales, act_group, "w8", tensors, meta)) < tol
-
-
-def test_warp_specialized_w8a8_refuses_launches_it_has_no_form_for():
-    _, tensors, meta = packed("w8", 64, 256, 128, seed=0)
-    codes, scales = _acts(4, 256, 128, seed=0)
-    for bad in [dict(bn=96), dict(warpgroups=3), dict(stages=7), dict(per_sm=3)]:
-        with pytest.raises(ValueError, match="bn must be 64 or 128"):
-            w8a8_ws_matmul(codes, scales, 128, tensors, meta, **bad)
 
 
 @pytest.mark.gpu

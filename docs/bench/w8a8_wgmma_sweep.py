@@ -22,7 +22,6 @@ from quantkit.runtime.kernels.configs import gemm_config
 from quantkit.runtime.kernels.int8_gemm import int8_matmul
 from quantkit.runtime.kernels.reference import int8_reference
 from quantkit.runtime.kernels.w8a8_wgmma import w8a8_wgmma_matmul
-from quantkit.runtime.kernels.w8a8_ws import w8a8_ws_matmul
 
 # (BM, BN, stages, warps, scales a block ahead): the tiles of docs/logs/w8a8_wgmma_h100.json, and since session 21 the
 # group scales loaded one K block ahead ("_ahead" in the column names). (docs/logs/session21/w8a8_pipe_h100.json timed
@@ -30,26 +29,17 @@ from quantkit.runtime.kernels.w8a8_ws import w8a8_ws_matmul
 # earlier variant that paired K blocks, and register caps; all slower or no faster, none kept in the code.)
 VARIANTS = [(128, 128, 4, 8, False), (128, 128, 4, 8, True), (128, 64, 4, 8, False), (64, 128, 4, 4, False),
             (64, 128, 4, 4, True), (64, 64, 4, 4, False), (64, 64, 4, 4, True)]
-# (BN, stages, warpgroups, programs an SM) of the warp-specialized kernel (quantkit/runtime/kernels/w8a8_ws.py,
-# session 21), columns "ws_<bn>_<stages>_<wg>_<per_sm>"
-WS_VARIANTS = [(128, 4, 1, 2), (128, 3, 1, 2), (128, 4, 2, 1), (64, 4, 1, 2)]
+# (docs/logs/session21/w8a8_ws_h100.json's "ws_<bn>_<stages>_<wg>_<per_sm>" columns timed a warp-specialized form,
+# a producer warp bringing both operands over TMA, at 31db575: no faster, 0.996x; not kept in the code.)
 
 
 def variant_name(bm: int, bn: int, st: int, nw: int, ahead: bool) -> str:
     """The column of a variant in the sweep's rows."""
     return f"gluon_{bm}_{bn}_{st}_{nw}" + ("_ahead" if ahead else "")
 
-
-def ws_name(bn: int, st: int, wg: int, per_sm: int) -> str:
-    """The column of a warp-specialized variant in the sweep's rows."""
-    return f"ws_{bn}_{st}_{wg}_{per_sm}"
-
-
 def runs(meta: dict) -> dict:
     """Column → call (codes, scales, act group, weight tensors) of every variant timed."""
-    calls = {variant_name(*v): (lambda a, s, g, w, v=v: w8a8_wgmma_matmul(a, s, g, w, meta, *v)) for v in VARIANTS}
-    calls.update({ws_name(*v): (lambda a, s, g, w, v=v: w8a8_ws_matmul(a, s, g, w, meta, *v)) for v in WS_VARIANTS})
-    return calls
+    return {variant_name(*v): (lambda a, s, g, w, v=v: w8a8_wgmma_matmul(a, s, g, w, meta, *v)) for v in VARIANTS}
 
 
 def check(dev: str) -> list[dict]:
@@ -98,7 +88,7 @@ def main() -> None:
                                           inputs, reps=20)["ms"] * 1e3
             for name, call in runs(meta).items():
                 row[name] = time_rotating(lambda a, s, w: call(a, s, 128, w), inputs, reps=20)["ms"] * 1e3
-            best = min((v, kk) for kk, v in row.items() if kk.startswith(("gluon_", "ws_")))
+            best = min((v, kk) for kk, v in row.items() if kk.startswith("gluon_"))
             row["best_gluon"], row["best_gluon_vs_fp16"] = best[1], row["fp16"] / best[0]
             row["triton_vs_fp16"] = row["fp16"] / row["triton"]
             print(json.dumps({kk: (round(v, 2) if isinstance(v, float) else v) for kk, v in row.items()}), flush=True)

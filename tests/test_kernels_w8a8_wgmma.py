@@ -49,10 +49,20 @@ def _mixed_parts(n: int, k: int, seed: int):
 def test_rule_takes_w8a8_at_17_to_32_and_above_64_tokens_with_fewer_rows_per_program_on_small_launches():
     assert w8a8_wgmma_config(16, 14336, 4096) is None and w8a8_wgmma_config(48, 14336, 4096) is None
     assert w8a8_wgmma_config(64, 14336, 4096) is None
-    assert w8a8_wgmma_config(17, 14336, 4096) == (64, 64, 4, 4, True) and w8a8_wgmma_config(32, 28672, 4096)[1] == 128
-    assert w8a8_wgmma_config(65, 14336, 4096) == (64, 128, 4, 4, True)
-    assert w8a8_wgmma_config(256, 4096, 4096) == (64, 64, 4, 4, True)  # 4 × 32 = 128 programs of 128 rows
-    assert w8a8_wgmma_config(512, 4096, 4096) == (64, 128, 4, 4, True)
+    assert w8a8_wgmma_config(17, 14336, 4096) == (64, 64, 4, 4, True, 1) and w8a8_wgmma_config(32, 28672, 4096)[1] == 128
+    assert w8a8_wgmma_config(65, 14336, 4096) == (64, 128, 4, 4, True, 1)
+    assert w8a8_wgmma_config(256, 4096, 4096) == (64, 64, 4, 4, True, 1)  # 4 × 32 = 128 programs of 128 rows
+    assert w8a8_wgmma_config(512, 4096, 4096) == (64, 128, 4, 4, True, 1)
+
+
+def test_rule_splits_k_on_launches_of_few_programs_and_takes_33_to_64_tokens_on_narrow_layers():
+    split = {m: w8a8_wgmma_config(m, 4096, 4096)[-1] for m in (17, 48, 64, 65, 192, 193)}
+    assert split == {17: 4, 48: 4, 64: 4, 65: 2, 192: 2, 193: 1}  # 64, 128, 192, 256 programs of 64 rows
+    assert w8a8_wgmma_config(32, 6144, 4096)[-1] == 4 and w8a8_wgmma_config(128, 6144, 4096)[-1] == 2
+    assert w8a8_wgmma_config(32, 14336, 4096)[-1] == 1  # 224 programs: split 2 would pass W8A8_SPLIT_PROGRAMS
+    assert w8a8_wgmma_config(32, 4096, 3584)[-1] == 2  # 14 tiles of 256 columns: 4 splits would leave 3 a split
+    assert w8a8_wgmma_config(32, 4096, 512)[-1] == 1
+    assert w8a8_wgmma_config(48, 4096, 4096) is not None and w8a8_wgmma_config(48, 4224, 4096) is None
 
 
 @pytest.mark.parametrize("n,k", [(33, 200), (70, 512), (5, 1000)])
@@ -146,15 +156,39 @@ def test_gluon_w8a8_equals_triton_and_the_reference(n, k, m, act_group, tile, dt
 
 @pytest.mark.gpu
 @hopper
+@pytest.mark.parametrize("n,k,m,act_group,tile,split", [
+    (200, 1280, 33, 128, (64, 64, 4, 4, True), 2), (129, 400, 1, 128, (64, 128, 4, 4, True), 2),
+    (4096, 4096, 20, 128, (64, 64, 4, 4, True), 4), (127, 1280, 64, -1, (64, 128, 3, 4, False), 3),
+    (70, 3072, 17, 128, (64, 64, 4, 4, True), 4)])
+def test_gluon_w8a8_k_split_equals_triton_split_the_same_way(n, k, m, act_group, tile, split):
+    """Each split's blocks from zero, the slots added in split order: the Triton kernel's sums at the same split
+    (uneven splits, one tile a split, M = 1, per-token activations; a second call reuses the zeroed tickets)."""
+    _, tensors, meta = packed("w8", n, k, 128, seed=n + m + split)
+    codes, scales = _acts(m, k, act_group, seed=m + split)
+    tri = int8_matmul(codes, scales, act_group, "w8", tensors, meta, config=TileConfig(64, 64, split, 4, 3))
+    for _ in range(2):
+        got = w8a8_wgmma_matmul(codes, scales, act_group, tensors, meta, *tile, split)
+        assert torch.equal(got, tri)
+    assert rel_err(got, int8_reference(codes, scales, act_group, "w8", tensors, meta)) < 1e-3
+
+
+@pytest.mark.gpu
+@hopper
 def test_int8_matmul_runs_the_w8a8_kernel_where_the_rule_picks_it(monkeypatch):
-    calls = record_launches(monkeypatch, int8_gemm, "w8a8_wgmma_matmul", 5, 10)
+    calls = record_launches(monkeypatch, int8_gemm, "w8a8_wgmma_matmul", 5, 11)
     _, tensors, meta = packed("w8", 4096, 512, 128, seed=1)
     codes, scales = _acts(256, 512, 128, 1)
     out = int8_matmul(codes, scales, 128, "w8", tensors, meta)
     assert calls == [w8a8_wgmma_config(256, 4096, 512)]
     assert rel_err(out, int8_reference(codes, scales, 128, "w8", tensors, meta)) < 1e-3
-    int8_matmul(codes[:64], scales[:64], 128, "w8", tensors, meta)  # 64 tokens: the Triton kernel
-    int8_matmul(codes[:8], scales[:8], 128, "w8", tensors, meta)  # decode: the A8 GEMV
+    # 64 tokens on a 4096-row layer: this kernel (W8A8_WGMMA_MID_M); on wider layers the Triton kernel; decode: the
+    # A8 GEMV
+    int8_matmul(codes[:64], scales[:64], 128, "w8", tensors, meta)
+    assert calls[1] == w8a8_wgmma_config(64, 4096, 512)
+    del calls[1]
+    _, wide, wide_meta = packed("w8", 4224, 512, 128, seed=2)
+    int8_matmul(codes[:64], scales[:64], 128, "w8", wide, wide_meta)
+    int8_matmul(codes[:8], scales[:8], 128, "w8", tensors, meta)
     assert len(calls) == 1
 
 

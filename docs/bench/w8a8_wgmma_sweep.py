@@ -27,22 +27,20 @@ from quantkit.runtime.kernels.w8a8_wgmma import w8a8_wgmma_matmul
 # group scales loaded one K block ahead ("_ahead" in the column names). (docs/logs/session21/w8a8_pipe_h100.json timed
 # a pipelined loop at 54a8601, two int32 accumulators in turn, "_pipe"; docs/logs/w8a8_wgmma_paired_h100.json an
 # earlier variant that paired K blocks, and register caps; all slower or no faster, none kept in the code.)
-VARIANTS = [(128, 128, 4, 8, False), (128, 128, 4, 8, True), (128, 64, 4, 8, False), (64, 128, 4, 4, False),
-            (64, 128, 4, 4, True), (64, 64, 4, 4, False), (64, 64, 4, 4, True)]
-# (docs/logs/session21/w8a8_ws_h100.json's "ws_<bn>_<stages>_<wg>_<per_sm>" columns timed a warp-specialized form,
-# a producer warp bringing both operands over TMA, at 31db575: no faster, 0.996x; not kept in the code.)
-
-
-def variant_name(bm: int, bn: int, st: int, nw: int, ahead: bool) -> str:
+VARIANTS = [(128, 128, 4, 8, False, 1), (128, 128, 4, 8, True, 1), (128, 64, 4, 8, False, 1),
+            (64, 128, 4, 4, False, 1), (64, 128, 4, 4, True, 1), (64, 64, 4, 4, False, 1), (64, 64, 4, 4, True, 1)]
+# (... , K split): since session 21 the kernel splits K too ("_s<split>" in the column names), for the small-M sweep:
+#   --variants "64,64,4,4,1,1;64,64,4,4,1,2;64,64,4,4,1,4;64,128,4,4,1,1;64,128,4,4,1,2;64,128,4,4,1,4"
+def variant_name(bm: int, bn: int, st: int, nw: int, ahead: bool, split: int = 1) -> str:
     """The column of a variant in the sweep's rows."""
-    return f"gluon_{bm}_{bn}_{st}_{nw}" + ("_ahead" if ahead else "")
+    return f"gluon_{bm}_{bn}_{st}_{nw}" + ("_ahead" if ahead else "") + (f"_s{split}" if split > 1 else "")
 
-def runs(meta: dict) -> dict:
+def runs(meta: dict, variants: list) -> dict:
     """Column → call (codes, scales, act group, weight tensors) of every variant timed."""
-    return {variant_name(*v): (lambda a, s, g, w, v=v: w8a8_wgmma_matmul(a, s, g, w, meta, *v)) for v in VARIANTS}
+    return {variant_name(*v): (lambda a, s, g, w, v=v: w8a8_wgmma_matmul(a, s, g, w, meta, *v)) for v in variants}
 
 
-def check(dev: str) -> list[dict]:
+def check(dev: str, variants: list) -> list[dict]:
     out = []
     for (n, k), m, ag in [((200, 512), 33, 128), ((1000, 1024), 130, 128), ((64, 256), 1, 128), ((127, 1280), 257, -1),
                           ((4096, 4096), 300, 128), ((70, 640), 65, 128)]:
@@ -50,7 +48,7 @@ def check(dev: str) -> list[dict]:
         a, s = quantize_activation_triton(torch.randn(m, k, device=dev, dtype=torch.float16), 8, ag)
         tri = int8_matmul(a, s, ag, "w8", t, meta, config=gemm_config(m, n, k, "w8"))  # the Triton kernel
         ref = int8_reference(a, s, ag, "w8", t, meta).float()
-        for name, call in runs(meta).items():
+        for name, call in runs(meta, variants).items():
             got = call(a, s, ag, t)
             rel = ((got.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-9)).item()
             out.append({"n": n, "k": k, "m": m, "act_group": ag, "variant": name,
@@ -67,9 +65,13 @@ def main() -> None:
     p.add_argument("--out", default="w8a8_wgmma.json")
     p.add_argument("--shapes", default="14336x4096,4096x4096,6144x4096,28672x4096,4096x14336")
     p.add_argument("--ms", default="32,64,128,256,512,1024,2048,4096")
+    p.add_argument("--variants", default="", help="';'-separated bm,bn,stages,warps,ahead,split (default VARIANTS)")
     args = p.parse_args()
+    variants = VARIANTS if not args.variants else [
+        tuple(int(x) for x in v.split(",")[:4]) + (bool(int(v.split(",")[4])), int(v.split(",")[5]))
+        for v in args.variants.split(";")]
     dev = "cuda"
-    checks = check(dev)
+    checks = check(dev, variants)
     rows = []
     for n, k in parse_shapes(args.shapes):
         t, meta = _packed("w8", torch.randn(n, k, device=dev))
@@ -86,7 +88,10 @@ def main() -> None:
             row["triton"] = time_rotating(lambda a, s, w: int8_matmul(a, s, 128, "w8", w, meta,
                                                                       config=gemm_config(m, n, k, "w8")),
                                           inputs, reps=20)["ms"] * 1e3
-            for name, call in runs(meta).items():
+            # the launch rule as int8_matmul applies it (the A8 GEMV up to 16 tokens, this kernel or Triton above)
+            row["rule"] = time_rotating(lambda a, s, w: int8_matmul(a, s, 128, "w8", w, meta), inputs,
+                                        reps=20)["ms"] * 1e3
+            for name, call in runs(meta, variants).items():
                 row[name] = time_rotating(lambda a, s, w: call(a, s, 128, w), inputs, reps=20)["ms"] * 1e3
             best = min((v, kk) for kk, v in row.items() if kk.startswith("gluon_"))
             row["best_gluon"], row["best_gluon_vs_fp16"] = best[1], row["fp16"] / best[0]

@@ -599,19 +599,39 @@ def lqq_cluster_launch(m: int, n: int, k: int) -> tuple[int, int, int, int, int]
 # 0.57-0.95×).
 # Two int32 accumulators in turn (block kb's products while block kb - 1 is scaled) were no faster
 # (w8a8_pipe_h100.json, 64×64 tiles; 64×128 spilled).
+# Session 21 also gave the kernel a K split (whole 256-column tiles a split, fp32 slots added in split order, the same
+# bits as the Triton kernel split the same way): docs/bench/w8a8_wgmma_sweep.py --variants with splits 1, 2, 4 on
+# 64- and 128-row tiles (docs/logs/session21/w8a8_split_h100.json, five shapes × M = 17-256). Launches of P programs
+# split by the largest of 4 and 2 that keeps P · split <= W8A8_SPLIT_PROGRAMS (and MIN_SPLIT_TILES tiles a split):
+# 4096×4096 M = 17-32 14.3-14.9 µs against 21.5 (the unsplit rule; fp16 14.1-14.3), M = 96-192 1.12-1.22×; 6144×4096
+# M = 17-32 1.23-1.31×, 96-128 1.06×; 4096×14336 M = 17-32 2.1-2.2×, 96-192 1.4-1.6×. Splits lost where the launch
+# already had ~224 programs or more (14336×4096, 28672×4096, 4096×4096 at M = 256), which the bound keeps unsplit.
+# At M = 33-64 the split kernel beat the Triton kernel on 4096×4096 (1.10-1.13×) and 4096×14336 (1.6×) but not on
+# 6144×4096 (0.91-0.97×) or 14336×4096 (0.95×): layers of up to W8A8_WGMMA_MID_MAX_N rows take it there.
+# Checked afterwards on six shapes the sweep had not seen (w8a8_split_rule_h100.json: 1024×4096, 2048×4096,
+# 4096×11008, 3584×3584, 4608×3584, 3584×18944 × M = 17-512): 0.99-2.45× the rule before it, geometric mean 1.32×;
+# 1.4-2.0× on the 1024- and 2048-row layers up to M = 128, 1.8-2.45× on 3584×18944 up to M = 64.
 W8A8_SCALES_AHEAD = True
 W8A8_WGMMA_SMALL_M = (17, 32)
+W8A8_WGMMA_MID_M = (33, 64)
+W8A8_WGMMA_MID_MAX_N = 4096
 W8A8_WGMMA_MIN_M = 65
 W8A8_WGMMA_MIN_PROGRAMS = 200
+W8A8_SPLIT_PROGRAMS = 400
 
 
-def w8a8_wgmma_config(m: int, n: int, k: int) -> tuple[int, int, int, int, bool] | None:
-    """(tokens per program, weight rows per program, stages, warps, scales a block ahead) of the Gluon W8A8 kernel for
-    M tokens on an [N, K] weight, or None where the Triton kernel runs (comment above)."""
-    if m < W8A8_WGMMA_MIN_M and not W8A8_WGMMA_SMALL_M[0] <= m <= W8A8_WGMMA_SMALL_M[1]:
+def w8a8_wgmma_config(m: int, n: int, k: int) -> tuple[int, int, int, int, bool, int] | None:
+    """(tokens per program, weight rows per program, stages, warps, scales a block ahead, K split) of the Gluon W8A8
+    kernel for M tokens on an [N, K] weight, or None where the Triton kernel runs (comment above)."""
+    small = W8A8_WGMMA_SMALL_M[0] <= m <= W8A8_WGMMA_SMALL_M[1]
+    mid = W8A8_WGMMA_MID_M[0] <= m <= W8A8_WGMMA_MID_M[1] and n <= W8A8_WGMMA_MID_MAX_N
+    if m < W8A8_WGMMA_MIN_M and not (small or mid):
         return None
     bn = 128 if -(-m // 64) * -(-n // 128) >= W8A8_WGMMA_MIN_PROGRAMS else 64
-    return 64, bn, 4, 4, W8A8_SCALES_AHEAD
+    programs = -(-m // 64) * -(-n // bn)
+    n_tiles = -(-k // 256)
+    split = next((s for s in (4, 2) if programs * s <= W8A8_SPLIT_PROGRAMS and n_tiles // s >= MIN_SPLIT_TILES), 1)
+    return 64, bn, 4, 4, W8A8_SCALES_AHEAD, split
 
 
 # MixLLM W4A8 and mixed W4.4A8 prefill: from this many tokens the layer's int8 operand q − z is written once per

@@ -27,7 +27,8 @@ from __future__ import annotations
 import torch
 
 from quantkit.runtime.kernels.jit import check_device
-from quantkit.runtime.kernels.launch import act_groups_in_halves, groups_in_halves
+from quantkit.runtime.kernels.launch import act_groups_in_halves, groups_in_halves, split_plan
+from quantkit.runtime.kernels.splitk import split_workspace
 from quantkit.runtime.kernels.wgmma_common import HAVE_GLUON, hopper_problem
 
 KERNEL = "w8a8_wgmma"  # its name for hopper_problem / launch_or_decline
@@ -35,7 +36,8 @@ KERNEL = "w8a8_wgmma"  # its name for hopper_problem / launch_or_decline
 if HAVE_GLUON:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from quantkit.runtime.kernels.wgmma_common import gl, gluon, mbarrier, tma_load, warpgroup_mma, warpgroup_mma_wait
+    from quantkit.runtime.kernels.wgmma_common import (cta_barrier, gl, gluon, mbarrier, tma_load, warpgroup_mma,
+                                                       warpgroup_mma_wait)
 
     I2F_BIAS_INT = gl.constexpr(0x4B400000)  # bit pattern of 12582912.0 = 1.5·2^23 (MixLLM Sec. 3.3, Fig. 4)
     I2F_BIAS_FLOAT = gl.constexpr(12582912.0)
@@ -46,19 +48,43 @@ if HAVE_GLUON:
         return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BN, 32])
 
     @gluon.jit
-    def _load_block(x_desc, w_desc, xs, ws, bars, kb, off_m, off_n, STAGES: gl.constexpr):
-        """Start the TMA of K block kb of the activations and weights into ring slot kb % STAGES."""
-        s = kb % STAGES
+    def _load_block(x_desc, w_desc, xs, ws, bars, i, kb, off_m, off_n, STAGES: gl.constexpr):
+        """Start the TMA of K block kb, the program's i-th, of the activations and weights into ring slot
+        i % STAGES."""
+        s = i % STAGES
         mbarrier.expect(bars.index(s), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
         tma_load(x_desc, [off_m, kb * 128], bars.index(s), xs.index(s))
         tma_load(w_desc, [off_n, kb * 128], bars.index(s), ws.index(s))
 
     @gluon.jit
-    def _mma_block(xs, ws, bars, kb, part, STAGES: gl.constexpr):
-        """Wait for K block kb's operands and start its products into a fresh int32 accumulator."""
-        slot = kb % STAGES
-        mbarrier.wait(bars.index(slot), (kb // STAGES) & 1)
+    def _mma_block(xs, ws, bars, i, part, STAGES: gl.constexpr):
+        """Wait for the program's i-th K block's operands and start its products into a fresh int32
+        accumulator."""
+        slot = i % STAGES
+        mbarrier.wait(bars.index(slot), (i // STAGES) & 1)
         return warpgroup_mma(xs.index(slot), ws.index(slot).permute((1, 0)), part, use_acc=False, is_async=True)
+
+    @gluon.jit
+    def _store_split(out_ptr, ws_ptr, ticket_ptr, acc, rm, rn, M, N, stride_om, SPLIT_K: gl.constexpr):
+        """A K-split program's fp32 tile into its slot of the workspace (slots M·N apart, rows N apart); the tile's
+        last program adds the slots in split order from zero and stores the sum (:mod:`.splitk`'s scheme)."""
+        mask = (rm < M)[:, None] & (rn < N)[None, :]
+        offs = rm[:, None] * N + rn[None, :]
+        gl.store(ws_ptr + gl.program_id(1) * (M * N) + offs, acc, mask=mask)
+        cta_barrier()  # every warp's slot stores precede the ticket's release
+        ticket = ticket_ptr + gl.program_id(0)
+        if gl.atomic_add(ticket, 1) == SPLIT_K - 1:
+            total = gl.zeros_like(acc)
+            # .cg: from L2, not from a line this SM may hold from an earlier call
+            if SPLIT_K <= 2:
+                for k in gl.static_range(SPLIT_K):
+                    total += gl.load(ws_ptr + k * (M * N) + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            else:  # unrolled, every slot's loads would be hoisted together and spill
+                for k in range(SPLIT_K):
+                    total += gl.load(ws_ptr + k * (M * N) + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            gl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], total.to(out_ptr.dtype.element_ty),
+                     mask=mask)
+            gl.atomic_xchg(ticket, 0)
 
     @gluon.jit
     def _block_scales(sa_ptr, sw_ptr, kb, rm_in, rn, N, stride_sm, act_hpg, act_groups, hpg, groups,
@@ -81,10 +107,10 @@ if HAVE_GLUON:
         return (part + I2F_BIAS_INT).to(gl.float32, bitcast=True) - I2F_BIAS_FLOAT
 
     @gluon.jit
-    def _w8a8_wgmma_kernel(x_desc, w_desc, sa_ptr, sw_ptr, out_ptr, M, N, K, stride_sm, stride_om, act_hpg,
-                           act_groups, hpg, groups, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                           GROUP_M: gl.constexpr, EVEN_N: gl.constexpr, AHEAD: gl.constexpr,
-                           num_warps: gl.constexpr):
+    def _w8a8_wgmma_kernel(x_desc, w_desc, sa_ptr, sw_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, K, stride_sm,
+                           stride_om, act_hpg, act_groups, hpg, groups, blocks_per_split, BM: gl.constexpr,
+                           BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, EVEN_N: gl.constexpr,
+                           AHEAD: gl.constexpr, SPLIT_K: gl.constexpr, num_warps: gl.constexpr):
         # grouped program order: GROUP_M token tiles share each weight tile while it is in L2
         pid = gl.program_id(0)
         num_m = gl.cdiv(M, BM)
@@ -96,8 +122,12 @@ if HAVE_GLUON:
         pid_n = (pid % in_group) // size_m
         off_m = pid_m * BM
         off_n = pid_n * BN
+        # a K-split launch: program axis 1 takes blocks kb_begin … kb_end − 1 (whole 256-column tiles,
+        # launch.split_plan: no split is empty)
         n_blocks = gl.cdiv(K, 128)
-        gl.assume(n_blocks > 0)
+        kb_begin = gl.program_id(1) * blocks_per_split
+        kb_end = gl.minimum(kb_begin + blocks_per_split, n_blocks)
+        gl.assume(kb_end > kb_begin)
 
         acc_l: gl.constexpr = _acc_layout(BM, BN, num_warps)
         xs = gl.allocate_shared_memory(gl.int8, [STAGES, BM, 128], x_desc.layout)
@@ -105,9 +135,9 @@ if HAVE_GLUON:
         bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(bars.index(i), count=1)
-        for kb0 in gl.static_range(STAGES - 1):
-            if kb0 < n_blocks:
-                _load_block(x_desc, w_desc, xs, ws, bars, kb0, off_m, off_n, STAGES)
+        for i0 in gl.static_range(STAGES - 1):
+            if kb_begin + i0 < kb_end:
+                _load_block(x_desc, w_desc, xs, ws, bars, i0, kb_begin + i0, off_m, off_n, STAGES)
 
         rm = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, acc_l))
         rn = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_l))
@@ -115,17 +145,18 @@ if HAVE_GLUON:
         acc = gl.zeros([BM, BN], gl.float32, acc_l)
         part = gl.zeros([BM, BN], gl.int32, acc_l)
         if AHEAD:
-            sa, sw = _block_scales(sa_ptr, sw_ptr, 0, rm_in, rn, N, stride_sm, act_hpg, act_groups, hpg, groups,
-                                   EVEN_N)
-        for kb in range(n_blocks):
+            sa, sw = _block_scales(sa_ptr, sw_ptr, kb_begin, rm_in, rn, N, stride_sm, act_hpg, act_groups, hpg,
+                                   groups, EVEN_N)
+        for kb in range(kb_begin, kb_end):
+            rel = kb - kb_begin
             # block kb + STAGES - 1 into the slot block kb - 1 left (its products were waited for)
-            if kb + STAGES - 1 < n_blocks:
-                _load_block(x_desc, w_desc, xs, ws, bars, kb + STAGES - 1, off_m, off_n, STAGES)
-            part = _mma_block(xs, ws, bars, kb, part, STAGES)
+            if kb + STAGES - 1 < kb_end:
+                _load_block(x_desc, w_desc, xs, ws, bars, rel + STAGES - 1, kb + STAGES - 1, off_m, off_n, STAGES)
+            part = _mma_block(xs, ws, bars, rel, part, STAGES)
             if AHEAD:
                 # the next block's scales load while this block's products run and it is scaled: a whole
                 # iteration to arrive (the last iteration reloads its own)
-                sa_next, sw_next = _block_scales(sa_ptr, sw_ptr, gl.minimum(kb + 1, n_blocks - 1), rm_in, rn, N,
+                sa_next, sw_next = _block_scales(sa_ptr, sw_ptr, gl.minimum(kb + 1, kb_end - 1), rm_in, rn, N,
                                                  stride_sm, act_hpg, act_groups, hpg, groups, EVEN_N)
             else:
                 # the block's scales load while its products run
@@ -137,8 +168,11 @@ if HAVE_GLUON:
                 sa, sw = sa_next, sw_next
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(i))
-        mask = (rm < M)[:, None] & (rn < N)[None, :]
-        gl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+        if SPLIT_K == 1:
+            mask = (rm < M)[:, None] & (rn < N)[None, :]
+            gl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+        else:
+            _store_split(out_ptr, ws_ptr, ticket_ptr, acc, rm, rn, M, N, stride_om, SPLIT_K)
 
 
 def w8a8_wgmma_problem(a_codes: torch.Tensor, act_group_size: int, layout: str, meta: dict,
@@ -156,12 +190,12 @@ def w8a8_wgmma_problem(a_codes: torch.Tensor, act_group_size: int, layout: str, 
 
 def w8a8_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, tensors: dict,
                       meta: dict, bm: int = 64, bn: int = 128, stages: int = 4, num_warps: int = 4,
-                      ahead: bool = False,
-                      out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16) -> torch.Tensor:
+                      ahead: bool = False, split_k: int = 1, out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16) -> torch.Tensor:
     """Y [M, N] = dequant(A)·Ŵᵀ for int8 codes [M, K] with float32 scales [M, G] and a ``w8`` weight (module
     docstring); ``bm`` tokens × ``bn`` weight rows per program, ``stages`` K blocks in flight, ``num_warps`` 4 or
     8 (one or two warpgroups along the tokens; ``bm`` a multiple of 16·num_warps), ``ahead``: each block's scales
-    loaded during the block before. The caller checks :func:`w8a8_wgmma_problem`."""
+    loaded during the block before; ``split_k`` programs along K (whole 256-column tiles each, fp32 slots added in
+    split order, :mod:`.splitk`). The caller checks :func:`w8a8_wgmma_problem`."""
     if bm % (16 * num_warps) or bn not in (64, 128):
         raise ValueError(f"tile {bm}x{bn} with {num_warps} warps: BM must be a multiple of 16·warps, BN 64 or 128")
     m, k = a_codes.shape
@@ -175,9 +209,12 @@ def w8a8_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
     # the weight's columns past K are zero padding (nibble_planes.padded_k): the descriptor stops at K
     w_desc = TensorDescriptor(qweight, [n, k], [qweight.stride(0), 1], [bn, 128], w_layout)
     n_tiles = qweight.shape[1] // 256
-    grid = (-(-m // bm) * -(-n // bn),)
-    _w8a8_wgmma_kernel[grid](x_desc, w_desc, a_scales, scales, out, m, n, k, a_scales.stride(0), out.stride(0),
-                             act_groups_in_halves(act_group_size, k), a_scales.shape[1],
-                             groups_in_halves(meta, n_tiles), scales.shape[0], BM=bm, BN=bn, STAGES=stages,
-                             GROUP_M=8, EVEN_N=n % bn == 0, AHEAD=ahead, num_warps=num_warps)
+    tiles_per_split, split = split_plan(n_tiles, split_k)
+    grid = (-(-m // bm) * -(-n // bn), split)
+    ws, tickets = split_workspace(a_codes.device, m * n, split, grid[0])
+    _w8a8_wgmma_kernel[grid](x_desc, w_desc, a_scales, scales, out, ws, tickets, m, n, k, a_scales.stride(0),
+                             out.stride(0), act_groups_in_halves(act_group_size, k), a_scales.shape[1],
+                             groups_in_halves(meta, n_tiles), scales.shape[0], 2 * tiles_per_split, BM=bm, BN=bn,
+                             STAGES=stages, GROUP_M=8, EVEN_N=n % bn == 0, AHEAD=ahead, SPLIT_K=split,
+                             num_warps=num_warps)
     return out

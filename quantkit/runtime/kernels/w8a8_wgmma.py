@@ -15,6 +15,9 @@ a warpgroup each block's epilogue waits for its products; the tiles the launch r
 promotion of DeepGEMM on Hopper, without its strict ping-pong scheduling). With ``ahead`` (the rule's launches since
 session 21) a block's group scales are loaded one block early: loaded after its products were issued, they had not
 arrived when the products had (ncu: long-scoreboard stalls the largest share), 1.1× (docs/BENCHMARKS.md).
+Launches of few programs split K (session 21): each split's program takes whole 256-column tiles, stores its fp32
+tile in a slot of :mod:`.splitk`'s workspace, and the tile's last program adds the slots in split order — the
+Triton kernel's scheme, so the same bits at the same split.
 
 Same sums in the same order as the Triton kernel (block by block from zero, product of the two scales), so the
 result is bit-identical to :func:`.int8_gemm.int8_matmul` for a ``w8`` weight. Requires K and the row strides to

@@ -46,7 +46,7 @@ def _mixed_parts(n: int, k: int, seed: int):
     return parts
 
 
-def test_rule_takes_w8a8_at_17_to_32_and_above_64_tokens_with_fewer_rows_per_program_on_small_launches():
+def test_rule_takes_w8a8_from_17_tokens_with_fewer_rows_per_program_on_small_launches():
     assert w8a8_wgmma_config(16, 14336, 4096) is None and w8a8_wgmma_config(48, 14336, 4096) is None
     assert w8a8_wgmma_config(64, 14336, 4096) is None
     assert w8a8_wgmma_config(17, 14336, 4096) == (64, 64, 4, 4, True, 1) and w8a8_wgmma_config(32, 28672, 4096)[1] == 128
@@ -60,7 +60,7 @@ def test_rule_splits_k_on_launches_of_few_programs_and_takes_33_to_64_tokens_on_
     assert split == {17: 4, 48: 4, 64: 4, 65: 2, 192: 2, 193: 1}  # 64, 128, 192, 256 programs of 64 rows
     assert w8a8_wgmma_config(32, 6144, 4096)[-1] == 4 and w8a8_wgmma_config(128, 6144, 4096)[-1] == 2
     assert w8a8_wgmma_config(32, 14336, 4096)[-1] == 1  # 224 programs: split 2 would pass W8A8_SPLIT_PROGRAMS
-    assert w8a8_wgmma_config(32, 4096, 3584)[-1] == 2  # 14 tiles of 256 columns: 4 splits would leave 3 a split
+    assert w8a8_wgmma_config(32, 4096, 3584)[-1] == 2  # 14 tiles of 256 columns: 14 // 4 < MIN_SPLIT_TILES
     assert w8a8_wgmma_config(32, 4096, 512)[-1] == 1
     assert w8a8_wgmma_config(48, 4096, 4096) is not None and w8a8_wgmma_config(48, 4224, 4096) is None
 
@@ -159,10 +159,12 @@ def test_gluon_w8a8_equals_triton_and_the_reference(n, k, m, act_group, tile, dt
 @pytest.mark.parametrize("n,k,m,act_group,tile,split", [
     (200, 1280, 33, 128, (64, 64, 4, 4, True), 2), (129, 400, 1, 128, (64, 128, 4, 4, True), 2),
     (4096, 4096, 20, 128, (64, 64, 4, 4, True), 4), (127, 1280, 64, -1, (64, 128, 3, 4, False), 3),
-    (70, 3072, 17, 128, (64, 64, 4, 4, True), 4)])
+    (70, 3072, 17, 128, (64, 64, 4, 4, True), 4), (96, 896, 9, 128, (64, 64, 3, 4, True), 4),
+    (300, 2048, 130, 128, (128, 128, 4, 8, True), 2)])
 def test_gluon_w8a8_k_split_equals_triton_split_the_same_way(n, k, m, act_group, tile, split):
     """Each split's blocks from zero, the slots added in split order: the Triton kernel's sums at the same split
-    (uneven splits, one tile a split, M = 1, per-token activations; a second call reuses the zeroed tickets)."""
+    (uneven splits, one tile a split, a last split of one 128-column block, two warpgroups, M = 1, per-token
+    activations; a second call reuses the zeroed tickets)."""
     _, tensors, meta = packed("w8", n, k, 128, seed=n + m + split)
     codes, scales = _acts(m, k, act_group, seed=m + split)
     tri = int8_matmul(codes, scales, act_group, "w8", tensors, meta, config=TileConfig(64, 64, split, 4, 3))

@@ -18,7 +18,7 @@ from quantkit.bench.problems import _packed
 from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
 from quantkit.bench.sweep_log import save_sweep
 from quantkit.runtime.kernels.act_quant import quantize_activation_triton
-from quantkit.runtime.kernels.configs import gemm_config
+from quantkit.runtime.kernels.configs import TileConfig, gemm_config
 from quantkit.runtime.kernels.int8_gemm import int8_matmul
 from quantkit.runtime.kernels.reference import int8_reference
 from quantkit.runtime.kernels.w8a8_wgmma import w8a8_wgmma_matmul
@@ -46,9 +46,11 @@ def check(dev: str, variants: list) -> list[dict]:
                           ((4096, 4096), 300, 128), ((70, 640), 65, 128)]:
         t, meta = _packed("w8", torch.randn(n, k, device=dev))
         a, s = quantize_activation_triton(torch.randn(m, k, device=dev, dtype=torch.float16), 8, ag)
-        tri = int8_matmul(a, s, ag, "w8", t, meta, config=gemm_config(m, n, k, "w8"))  # the Triton kernel
         ref = int8_reference(a, s, ag, "w8", t, meta).float()
-        for name, call in runs(meta, variants).items():
+        for (name, call), variant in zip(runs(meta, variants).items(), variants):
+            # the Triton kernel split the same way: the same sums only then (session 21's first split sweep,
+            # docs/logs/session21/w8a8_split_h100.json, compared the split variants with the unsplit kernel)
+            tri = int8_matmul(a, s, ag, "w8", t, meta, config=TileConfig(64, 64, variant[5], 4, 3))
             got = call(a, s, ag, t)
             rel = ((got.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-9)).item()
             out.append({"n": n, "k": k, "m": m, "act_group": ag, "variant": name,

@@ -581,13 +581,14 @@ def lqq_cluster_launch(m: int, n: int, k: int) -> tuple[int, int, int, int, int]
     return None
 
 
-# MixLLM W8A8 at M = 17-32 and above 64: the Gluon TMA kernel (:mod:`.w8a8_wgmma`), 64 tokens × 128 weight rows
+# MixLLM W8A8 at M = 17-32, above 64 and (since session 21, below) at 33-64 on layers of up to
+# W8A8_WGMMA_MID_MAX_N rows: the Gluon TMA kernel (:mod:`.w8a8_wgmma`), 64 tokens × 128 weight rows
 # per program (64 rows when that leaves fewer than W8A8_WGMMA_MIN_PROGRAMS programs), 4 stages, one warpgroup.
 # Against the Triton W8A8 kernel in docs/bench/w8a8_wgmma_sweep.py on an H100 (docs/logs/w8a8_wgmma_h100.json and
 # w8a8_wgmma_small_m_h100.json, five Llama-3-8B shapes × M = 17-4096), with these tiles: 1.2-1.6× faster at
 # M >= 256, 2.7-3.8× at M = 128 (where the Triton rule's 256-token tile is half empty), 0.54-1.14× cuBLAS fp16;
 # at M = 17-32 1.08-2.4× faster on four shapes and 0.97-1.13× on 4096×14336, but at M = 48-64 the Triton kernel was
-# faster on three or four of the five (by up to 1.15×), so that range keeps it. Of the other tiles measured,
+# faster on three or four of the five (by up to 1.15×), so that range kept it until session 21. Of the other tiles measured,
 # 128×128 (two warpgroups) was 1.2× slower, and pairing K blocks so one block's epilogue overlaps the next one's
 # products was slower at M >= 1024 (docs/logs/w8a8_wgmma_paired_h100.json).
 # Since session 21 every launch loads the next K block's group scales during the current one (W8A8_SCALES_AHEAD):
@@ -602,7 +603,9 @@ def lqq_cluster_launch(m: int, n: int, k: int) -> tuple[int, int, int, int, int]
 # Session 21 also gave the kernel a K split (whole 256-column tiles a split, fp32 slots added in split order, the same
 # bits as the Triton kernel split the same way): docs/bench/w8a8_wgmma_sweep.py --variants with splits 1, 2, 4 on
 # 64- and 128-row tiles (docs/logs/session21/w8a8_split_h100.json, five shapes × M = 17-256). Launches of P programs
-# split by the largest of 4 and 2 that keeps P · split <= W8A8_SPLIT_PROGRAMS (and MIN_SPLIT_TILES tiles a split):
+# split by the largest of 4 and 2 that keeps P · split <= W8A8_SPLIT_PROGRAMS and K's 256-column tiles / split,
+# rounded down, at MIN_SPLIT_TILES or more (launch.split_plan then gives the last split what is left, e.g. 4, 4, 4, 2
+# of 14 tiles at a split of 4 — which this bound refuses):
 # 4096×4096 M = 17-32 14.3-14.9 µs against 21.5 (the unsplit rule; fp16 14.1-14.3), M = 96-192 1.12-1.22×; 6144×4096
 # M = 17-32 1.23-1.31×, 96-128 1.06×; 4096×14336 M = 17-32 2.1-2.2×, 96-192 1.4-1.6×. Splits lost where the launch
 # already had ~224 programs or more (14336×4096, 28672×4096, 4096×4096 at M = 256), which the bound keeps unsplit.

@@ -355,7 +355,7 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
     Sec. 3.4's other form, measured up to 3.5× slower and never more than 1 % faster: docs/logs/
     mixed_launch_h100.json.) With none of these three, from :data:`.configs.MIXLLM_MIXED_OPERAND_MIN_M` tokens on
     a Hopper GPU both partitions' int8 operands are written in output-row order and the W8A8 TMA kernel multiplies
-    them in one launch (:mod:`.int8_operand`; the same bits)."""
+    them in one launch (:mod:`.int8_operand`; the Triton kernel's bits at the same K split)."""
     if len(parts) != 2:
         raise ValueError(f"the one-launch mixed kernel takes 2 partitions, got {len(parts)}")
     k = int(parts[0][2]["in_features"])

@@ -20,7 +20,8 @@ tile in a slot of :mod:`.splitk`'s workspace, and the tile's last program adds t
 Triton kernel's scheme, so the same bits at the same split.
 
 Same sums in the same order as the Triton kernel (block by block from zero, product of the two scales), so the
-result is bit-identical to :func:`.int8_gemm.int8_matmul` for a ``w8`` weight. Requires K and the row strides to
+result is bit-identical to :func:`.int8_gemm.int8_matmul` for a ``w8`` weight at the same K split (the two launch
+rules may split differently: then the fp32 sums differ in their last bits). Requires K and the row strides to
 be multiples of 16 bytes (TMA) and groups that are multiples of 128 columns (or per-token activations):
 :func:`w8a8_wgmma_problem`. Reference: :func:`.reference.int8_reference`.
 """
@@ -212,7 +213,8 @@ def w8a8_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
     # the weight's columns past K are zero padding (nibble_planes.padded_k): the descriptor stops at K
     w_desc = TensorDescriptor(qweight, [n, k], [qweight.stride(0), 1], [bn, 128], w_layout)
     n_tiles = qweight.shape[1] // 256
-    tiles_per_split, split = split_plan(n_tiles, split_k)
+    # K's own tiles: a weight stored wider than padded_k(K) must not shorten the last split's block range
+    tiles_per_split, split = split_plan(-(-k // 256), split_k)
     grid = (-(-m // bm) * -(-n // bn), split)
     ws, tickets = split_workspace(a_codes.device, m * n, split, grid[0])
     _w8a8_wgmma_kernel[grid](x_desc, w_desc, a_scales, scales, out, ws, tickets, m, n, k, a_scales.stride(0),

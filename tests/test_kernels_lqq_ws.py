@@ -110,6 +110,30 @@ def test_ws_kernel_equals_triton_at_the_same_split_call_after_call(n, k, m, stag
 
 @pytest.mark.gpu
 @hopper
+@pytest.mark.parametrize("n,k,m,stages,tail,wg,per_sm,split", [
+    (200, 512, 33, 3, 0, 1, 1, 1), (4096, 2048, 769, 3, 0, 1, 1, 1), (1000, 1280, 257, 2, 0, 1, 2, 1),
+    (127, 4096, 640, 3, 0, 2, 1, 1), (333, 768, 161, 3, 32, 1, 1, 1), (4096, 2048, 700, 3, 64, 2, 1, 1),
+    (64, 256, 5, 2, 64, 2, 1, 1), (1024, 4096, 769, 3, 0, 1, 1, 2), (1000, 2048, 161, 2, 64, 1, 2, 4),
+    (130, 2304, 1025, 3, 32, 2, 1, 3), (1024, 256, 300, 3, 0, 1, 1, 1)])
+def test_ws_kernel_with_shared_memory_planes_equals_triton_call_after_call(n, k, m, stages, tail, wg, per_sm, split):
+    """``a_smem``: the planes go through shared memory and a tile's products overlap the next tile's
+    dequantization — the same sums in the same order, so the Triton kernel's bits at the same split, call after call
+    (one-tile K ranges, tails, two warpgroups, splits)."""
+    _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n + m + 7 * split)
+    codes, scales = _acts(m, k, seed=m + 3)
+    tri = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, config=TileConfig(64, 128, split, 4, 3))
+    for _ in range(4):
+        out = torch.full((m, n + 8), float("nan"), dtype=torch.float16, device=DEVICE)[:, :n]
+        got = lqq_ws_matmul(codes, scales, tensors, meta, 128, stages, tail, wg, per_sm, split, out=out, a_smem=True)
+        assert torch.equal(got, tri)
+    bf = lqq_ws_matmul(codes, scales, tensors, meta, 128, stages, tail, wg, per_sm, split, out_dtype=torch.bfloat16,
+                       a_smem=True)
+    assert torch.equal(bf, int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, out_dtype=torch.bfloat16,
+                                       config=TileConfig(64, 128, split, 4, 3)))
+
+
+@pytest.mark.gpu
+@hopper
 def test_int8_matmul_runs_the_ws_kernel_where_the_rule_gives_it_a_launch(monkeypatch):
     calls = record_launches(monkeypatch, int8_gemm, "lqq_ws_matmul", 4, 10)
     _, tensors, meta = packed("w4a8-lqq", 4096, 1024, 128, seed=1)

@@ -48,9 +48,10 @@ if HAVE_GLUON:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from quantkit.runtime.kernels.lqq_wgmma import apply_scales, multiply_tile, planes_wgmma
-    from quantkit.runtime.kernels.wgmma_common import (a_layout, cta_barrier, gl, gluon, load_words, mbarrier,
-                                                       mma_layout, ring_barriers, store_rows, store_rows_split,
-                                                       store_rows_split_pair, tma_load, weight_rows)
+    from quantkit.runtime.kernels.wgmma_common import (a_layout, cta_barrier, fence_async_shared, gl, gluon,
+                                                       load_words, mbarrier, mma_layout, ring_barriers, store_rows,
+                                                       store_rows_split, store_rows_split_pair, tma_load,
+                                                       warpgroup_mma, warpgroup_mma_wait, weight_rows)
 
     PRODUCER_REGS_C = gl.constexpr(PRODUCER_REGS)  # Triton kernels read only constexpr globals
 
@@ -74,11 +75,37 @@ if HAVE_GLUON:
                 tma_load(xt_desc, [row0 + BM, 256 * t + 128], bar, xt.index(2 * s + 1))
 
     @gluon.jit
+    def _store_planes(planes, wa, base):
+        """The 8 int8 planes [64·WG, 32] of a tile into slices ``base`` and ``base`` + 1 of ``wa`` [.., 64·WG, 128]
+        (plane p: columns 32p … 32p + 31, as :func:`.lqq_wgmma.multiply_tile` reads the activations), made visible
+        to the tensor cores (a generic-proxy write before an async-proxy read)."""
+        for p in gl.static_range(8):
+            wa.index(base + p // 4).slice(32 * (p % 4), 32, dim=1).store(planes[p])
+        fence_async_shared()
+
+    @gluon.jit
+    def _issue_tile_smem(wa, wbase, xs, xt, base, acc, acc_t, BT: gl.constexpr):
+        """The 8 (16 with a tail) k32 products of a tile whose dequantized planes sit in ``wa`` slices ``wbase``,
+        ``wbase`` + 1 against activation slices ``base``, ``base`` + 1 of ``xs`` (and ``xt``), issued
+        asynchronously and not waited for: both operands are in shared memory, so nothing a later instruction
+        writes to a register can reach them (the register-operand race of docs/BENCHMARKS.md session 16)."""
+        for p in gl.static_range(8):
+            wp = wa.index(wbase + p // 4).slice(32 * (p % 4), 32, dim=1)
+            xb = xs.index(base + p // 4).slice(32 * (p % 4), 32, dim=1).permute((1, 0))
+            acc = warpgroup_mma(wp, xb, acc, is_async=True)
+            if BT > 0:
+                xtb = xt.index(base + p // 4).slice(32 * (p % 4), 32, dim=1).permute((1, 0))
+                acc_t = warpgroup_mma(wp, xtb, acc_t, is_async=True)
+        return acc, acc_t
+
+    @gluon.jit
     def _consumers(xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm,
-                   stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first, BM: gl.constexpr,
-                   BT: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, SPLIT_K: gl.constexpr):
+                   stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first, wa, BM: gl.constexpr,
+                   BT: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, SPLIT_K: gl.constexpr,
+                   A_SMEM: gl.constexpr):
         """Dequantize, multiply and store the program's [64·WG, BM (+ BT)] output tile over its K range, directly or
-        through split-K slot pid_k (module docstring)."""
+        through split-K slot pid_k (module docstring); with A_SMEM the planes go through shared memory ``wa`` and
+        a tile's products run while the next tile is dequantized."""
         ROWS: gl.constexpr = 64 * WG
         mma: gl.constexpr = mma_layout(BM, WG)
         a_l: gl.constexpr = a_layout(BM, WG)
@@ -88,19 +115,49 @@ if HAVE_GLUON:
             mma_t: gl.constexpr = mma_layout(BT, WG)
             acc_t = gl.zeros([ROWS, BT], gl.int32, mma_t)
         words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t_begin, t_end, hpg, groups, N, rn_in)
-        for t in range(t_begin, t_end):
-            i = t - t_begin
-            s = i % STAGES
-            planes = planes_wgmma(words, p_lo & 0xFF, (p_lo >> 8) & 0xFF, p_hi & 0xFF, (p_hi >> 8) & 0xFF)
-            words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t + 1, t_end, hpg, groups, N, rn_in)
-            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            if BT > 0:  # the tail tile multiplies the same planes: one dequantization for BM + BT tokens
-                acc, acc_t = multiply_tile(planes, xs, xt, 2 * s, acc, acc_t, BT, WG)
+        if A_SMEM:
+            # tile i's planes go to wa slot i % 2 while tile i − 1's products (reading slot (i − 1) % 2) still run;
+            # slot i % 2 was last read by tile i − 2's products, waited for in iteration i − 1
+            PRODUCTS: gl.constexpr = 8 if BT == 0 else 16
+            for t in range(t_begin, t_end):
+                i = t - t_begin
+                s = i % STAGES
+                planes = planes_wgmma(words, p_lo & 0xFF, (p_lo >> 8) & 0xFF, p_hi & 0xFF, (p_hi >> 8) & 0xFF)
+                _store_planes(planes, wa, 2 * (i % 2))
+                cta_barrier()  # every warp's planes stored before any warpgroup's products read them
+                # the next tile's words after the proxy fence: ptxas makes it a MEMBAR, which would wait for them
+                words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t + 1, t_end, hpg, groups, N, rn_in)
+                mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+                if BT > 0:
+                    acc, acc_t = _issue_tile_smem(wa, 2 * (i % 2), xs, xt, 2 * s, acc, acc_t, BT)
+                    acc, acc_t = warpgroup_mma_wait(num_outstanding=PRODUCTS, deps=(acc, acc_t))
+                else:
+                    acc, _ = _issue_tile_smem(wa, 2 * (i % 2), xs, xs, 2 * s, acc, acc, BT)
+                    acc = warpgroup_mma_wait(num_outstanding=PRODUCTS, deps=(acc, ))
+                # tile i − 1's products are complete (with two warpgroups, each its own: meet first): release its
+                # activation slot
+                if WG > 1:
+                    cta_barrier()
+                if i > 0:
+                    mbarrier.arrive(empty.index((i - 1) % STAGES), count=1)
+            if BT > 0:
+                acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_t))
             else:
-                acc, _ = multiply_tile(planes, xs, xs, 2 * s, acc, acc, BT, WG)
-            if WG > 1:  # each warpgroup waited for its own products: meet before this tile's slot is released
-                cta_barrier()
-            mbarrier.arrive(empty.index(s), count=1)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        else:
+            for t in range(t_begin, t_end):
+                i = t - t_begin
+                s = i % STAGES
+                planes = planes_wgmma(words, p_lo & 0xFF, (p_lo >> 8) & 0xFF, p_hi & 0xFF, (p_hi >> 8) & 0xFF)
+                words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t + 1, t_end, hpg, groups, N, rn_in)
+                mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+                if BT > 0:  # the tail tile multiplies the same planes: one dequantization for BM + BT tokens
+                    acc, acc_t = multiply_tile(planes, xs, xt, 2 * s, acc, acc_t, BT, WG)
+                else:
+                    acc, _ = multiply_tile(planes, xs, xs, 2 * s, acc, acc, BT, WG)
+                if WG > 1:  # each warpgroup waited for its own products: meet before this tile's slot is released
+                    cta_barrier()
+                mbarrier.arrive(empty.index(s), count=1)
         rm = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
         rn_o = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
         if BT > 0:
@@ -124,7 +181,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _lqq_ws_kernel(x_desc, xt_desc, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm,
                        stride_om, w_row, n_tiles, tiles_per_split, hpg, groups, BM: gl.constexpr, BT: gl.constexpr,
-                       STAGES: gl.constexpr, WG: gl.constexpr, SPLIT_K: gl.constexpr):
+                       STAGES: gl.constexpr, WG: gl.constexpr, SPLIT_K: gl.constexpr, A_SMEM: gl.constexpr = False):
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(2)
         t_begin = pid_k * tiles_per_split
@@ -136,6 +193,10 @@ if HAVE_GLUON:
         row0 = gl.maximum(gl.minimum(first, M - (BM + BT)), 0)
         gl.assume(t_end > t_begin)  # the launch gives every split a tile (launch.split_plan)
         xs = gl.allocate_shared_memory(gl.int8, [2 * STAGES, BM, 128], x_desc.layout)
+        if A_SMEM:  # two tiles' dequantized planes, [64·WG, 256] each as two 128-column slices
+            wa = gl.allocate_shared_memory(gl.int8, [4, 64 * WG, 128], x_desc.layout)
+        else:
+            wa = xs
         if BT > 0:
             xt = gl.allocate_shared_memory(gl.int8, [2 * STAGES, BT, 128], xt_desc.layout)
         else:
@@ -143,15 +204,16 @@ if HAVE_GLUON:
         ready, empty = ring_barriers(STAGES)
         gl.warp_specialize([
             (_consumers, (xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N,
-                          stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first, BM, BT,
-                          STAGES, WG, SPLIT_K)),
+                          stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first, wa, BM,
+                          BT, STAGES, WG, SPLIT_K, A_SMEM)),
             (_producer, (x_desc, xt_desc, xs, xt, ready, empty, row0, t_begin, t_end, BM, BT, STAGES)),
         ], [1], [PRODUCER_REGS_C])
 
 
 def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, meta: dict, bm: int = 128,
                   stages: int = 3, tail: int = 0, warpgroups: int = 1, per_sm: int = 1, split_k: int = 1,
-                  out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16) -> torch.Tensor:
+                  out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16,
+                  a_smem: bool = False) -> torch.Tensor:
     """Y [M, N] (``out_dtype``, or ``out``'s) = dequant(A)·Ŵᵀ for int8 codes [M, K] with per-token float32 scales
     [M, 1] and a ``w4a8-lqq`` weight, as :func:`.lqq_wgmma.lqq_wgmma_matmul` (same bits at the same K split), with a
     producer warp bringing the activations over TMA (module docstring); 128 tokens per program plus ``tail`` (0, 32,
@@ -173,7 +235,7 @@ def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, 
     ws, tickets = split_workspace(a_codes.device, m * n, split, grid[0] * grid[1])
     _lqq_ws_kernel[grid](x_desc, xt_desc, a_scales, qweight, qparams, cs, out, ws, tickets, m, n, a_scales.stride(0),
                          out.stride(0), qweight.shape[1], n_tiles, tiles_per_split, groups_in_halves(meta, n_tiles),
-                         qparams.shape[0], BM=bm, BT=tail, STAGES=stages, WG=warpgroups, SPLIT_K=split,
+                         qparams.shape[0], BM=bm, BT=tail, STAGES=stages, WG=warpgroups, SPLIT_K=split, A_SMEM=a_smem,
                          num_warps=4 * warpgroups, maxnreg=ws_maxnreg(warpgroups, per_sm))
     return out
 

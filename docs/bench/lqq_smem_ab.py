@@ -1,0 +1,98 @@
+"""The warp-specialized LiquidQuant kernel with its dequantized planes in shared memory (``a_smem``: wgmma reads
+both operands from shared memory, so a tile's products run while the next tile is dequantized) against the same
+launch with register planes (which must wait for its own products first), cuBLAS fp16 and the launch rule's pick
+(what int8_matmul runs), same GPU, same process.
+
+Per point every launch is checked bit for bit against the Triton LiquidQuant kernel at the same K split, warmed up,
+then timed ``--reps`` times per side in ABBA order (median). Launches are ``tail:wg:stages:per_sm:split``; each is
+timed with register planes (``reg_…``) and shared-memory planes (``smem_…``).
+
+    python docs/bench/lqq_smem_ab.py --shapes 1024x4096 --ms 513,769,1024 --out smem_ab.json   # on an H100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+
+from quantkit.bench.command import parse_shapes
+from quantkit.bench.problems import _packed, fp16_and_lqq_inputs
+from quantkit.bench.timing import time_rotating
+from quantkit.runtime.kernels.configs import TileConfig, lqq_wgmma_launch
+from quantkit.runtime.kernels.int8_gemm import int8_matmul
+from quantkit.runtime.kernels.launch import split_plan
+from quantkit.runtime.kernels.lqq_ws import lqq_ws_matmul
+
+DEFAULT_LAUNCHES = "0:1:3:2:1;0:1:3:1:1;0:1:2:2:1;0:2:3:1:1;64:1:3:1:1;64:2:3:1:1;32:1:3:1:1;0:1:3:1:2;0:1:2:2:2"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shapes", default="1024x4096,4096x4096,6144x4096,14336x4096,4096x14336")
+    p.add_argument("--ms", default="513,769,1024,2048,4096")
+    p.add_argument("--launches", default=DEFAULT_LAUNCHES, help="'tail:wg:stages:per_sm:split;...'")
+    p.add_argument("--sides", default="reg,smem", help="which planes to time: reg, smem or both")
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--out", default="lqq_smem_ab.json")
+    args = p.parse_args()
+    launches = [tuple(int(v) for v in s.split(":")) for s in args.launches.split(";") if s]
+    sides = args.sides.split(",")
+    rows = []
+    for n, k in parse_shapes(args.shapes):
+        t, meta = _packed("w4a8-lqq", torch.randn(n, k, device="cuda"))
+        for m in [int(v) for v in args.ms.split(",")]:
+            fp16, inputs = fp16_and_lqq_inputs(t, m, n, k)
+            calls = {"rule": lambda a, s, w: int8_matmul(a, s, -1, "w4a8-lqq", w, meta)}
+            checks, triton = {}, {}
+            a0, s0, w0 = inputs[0]
+            for tail, wg, stages, per_sm, split in launches:
+                split = split_plan(k // 256, split)[1]
+                if split not in triton:
+                    triton[split] = int8_matmul(a0, s0, -1, "w4a8-lqq", w0, meta,
+                                                config=TileConfig(64, 128, split, 4, 3))
+                for side in sides:
+                    name = f"{side}_{tail}:{wg}:{stages}:{per_sm}:{split}"
+                    fn = (lambda c, sm: lambda a, s, w: lqq_ws_matmul(a, s, w, meta, 128, c[2], c[0], c[1], c[3],
+                                                                     c[4], a_smem=sm))((tail, wg, stages, per_sm,
+                                                                                       split), side == "smem")
+                    try:
+                        same = all(torch.equal(fn(a0, s0, w0), triton[split]) for _ in range(3))
+                    except Exception as e:  # noqa: BLE001 — a launch that does not build is reported, not fatal
+                        last = str(e).strip().splitlines()[-1][:160] if str(e).strip() else ""
+                        checks[name] = f"{type(e).__name__}: {last}"
+                        continue
+                    checks[name] = "bit-identical" if same else "DIFFERS"
+                    calls[name] = fn
+            names = list(calls)
+            for fn in calls.values():
+                time_rotating(fn, inputs, reps=5)
+            times: dict[str, list[float]] = {side: [] for side in names}
+            for rep in range(args.reps):
+                for side in names if rep % 2 == 0 else names[::-1]:
+                    times[side].append(time_rotating(calls[side], inputs)["ms"] * 1e3)
+            row = {"n": n, "k": k, "m": m, "rule_launch": lqq_wgmma_launch(m, n, k), "fp16": fp16["ms"] * 1e3,
+                   "check": checks}
+            row.update({side: statistics.median(v) for side, v in times.items()})
+            timed = {kk: row[kk] for kk in names if kk != "rule"}
+            if timed:
+                best = min(timed, key=timed.get)
+                row["best"], row["best_vs_fp16"], row["best_vs_rule"] = best, row["fp16"] / timed[best], \
+                    row["rule"] / timed[best]
+            row["rule_vs_fp16"] = row["fp16"] / row["rule"]
+            print(json.dumps({kk: (round(v, 3) if isinstance(v, float) else v) for kk, v in row.items()
+                              if kk != "check"}), flush=True)
+            bad = {kk: v for kk, v in checks.items() if v != "bit-identical"}
+            if bad:
+                print("  checks:", json.dumps(bad), flush=True)
+            rows.append(row)
+            del inputs
+            torch.cuda.empty_cache()
+            with open(args.out, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "rows": rows, "unit": "us"}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -108,26 +108,34 @@ def test_ws_kernel_equals_triton_at_the_same_split_call_after_call(n, k, m, stag
                                        config=TileConfig(64, 128, split, 4, 3)))
 
 
+def test_k_pair_refuses_launches_it_was_not_built_for():
+    """A K-pair launch takes 128 tokens without a tail, 2 or 4 stages (one warpgroup per ring slot) and one
+    warpgroup of rows: anything else is a ValueError naming what it takes, before any GPU work."""
+    for kw in [dict(stages=3), dict(tail=32), dict(warpgroups=2), dict(per_sm=2)]:
+        with pytest.raises(ValueError, match="K-pair"):
+            lqq_ws_matmul(torch.zeros(4, 256, dtype=torch.int8), torch.ones(4, 1), {}, {}, k_pair=True,
+                          **{"stages": 4, **kw})
+
+
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("n,k,m,stages,tail,wg,per_sm,split", [
-    (200, 512, 33, 3, 0, 1, 1, 1), (4096, 2048, 769, 3, 0, 1, 1, 1), (1000, 1280, 257, 2, 0, 1, 2, 1),
-    (127, 4096, 640, 3, 0, 2, 1, 1), (333, 768, 161, 3, 32, 1, 1, 1), (4096, 2048, 700, 3, 64, 2, 1, 1),
-    (64, 256, 5, 2, 64, 2, 1, 1), (1024, 4096, 769, 3, 0, 1, 1, 2), (1000, 2048, 161, 2, 64, 1, 2, 4),
-    (130, 2304, 1025, 3, 32, 2, 1, 3), (1024, 256, 300, 3, 0, 1, 1, 1)])
-def test_ws_kernel_with_shared_memory_planes_equals_triton_call_after_call(n, k, m, stages, tail, wg, per_sm, split):
-    """``a_smem``: the planes go through shared memory and a tile's products overlap the next tile's
-    dequantization — the same sums in the same order, so the Triton kernel's bits at the same split, call after call
-    (one-tile K ranges, tails, two warpgroups, splits)."""
-    _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n + m + 7 * split)
-    codes, scales = _acts(m, k, seed=m + 3)
+@pytest.mark.parametrize("n,k,m,stages,split", [
+    (1024, 4096, 769, 4, 1), (1024, 4096, 513, 2, 1), (200, 512, 33, 4, 1), (333, 1280, 300, 4, 1),
+    (127, 768, 130, 2, 1), (64, 256, 5, 4, 1), (1024, 4096, 769, 4, 2), (333, 1280, 300, 2, 2),
+    (1000, 2048, 161, 4, 3), (4096, 2048, 1025, 4, 1)])
+def test_k_pair_launch_equals_triton_at_the_same_split_call_after_call(n, k, m, stages, split):
+    """Two warpgroups over alternate K tiles, their int32 sums added in shared memory: exact integers, so the
+    Triton kernel's bits at the same split, call after call — odd and even tile counts, a program of one tile (the
+    second warpgroup has none), ragged token tiles, splits, bf16."""
+    _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n + m + 11 * split)
+    codes, scales = _acts(m, k, seed=m + 5)
     tri = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, config=TileConfig(64, 128, split, 4, 3))
     for _ in range(4):
         out = torch.full((m, n + 8), float("nan"), dtype=torch.float16, device=DEVICE)[:, :n]
-        got = lqq_ws_matmul(codes, scales, tensors, meta, 128, stages, tail, wg, per_sm, split, out=out, a_smem=True)
+        got = lqq_ws_matmul(codes, scales, tensors, meta, 128, stages, 0, 1, 1, split, out=out, k_pair=True)
         assert torch.equal(got, tri)
-    bf = lqq_ws_matmul(codes, scales, tensors, meta, 128, stages, tail, wg, per_sm, split, out_dtype=torch.bfloat16,
-                       a_smem=True)
+    bf = lqq_ws_matmul(codes, scales, tensors, meta, 128, stages, 0, 1, 1, split, out_dtype=torch.bfloat16,
+                       k_pair=True)
     assert torch.equal(bf, int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, out_dtype=torch.bfloat16,
                                        config=TileConfig(64, 128, split, 4, 3)))
 

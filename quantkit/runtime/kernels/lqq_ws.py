@@ -43,17 +43,18 @@ from quantkit.runtime.kernels.splitk import split_workspace
 from quantkit.runtime.kernels.wgmma_common import BN, HAVE_GLUON, PRODUCER_REGS, ws_maxnreg
 
 KERNEL = "lqq_ws"
+K_PAIR_HALF_REGS = 232  # setmaxnreg of a K-pair launch's second consumer warpgroup (the first gets the rest)
 
 if HAVE_GLUON:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from quantkit.runtime.kernels.lqq_wgmma import apply_scales, multiply_tile, planes_wgmma
-    from quantkit.runtime.kernels.wgmma_common import (a_layout, cta_barrier, fence_async_shared, gl, gluon,
-                                                       load_words, mbarrier, mma_layout, ring_barriers, store_rows,
-                                                       store_rows_split, store_rows_split_pair, tma_load,
-                                                       warpgroup_mma, warpgroup_mma_wait, weight_rows)
+    from quantkit.runtime.kernels.wgmma_common import (a_layout, cta_barrier, gl, gluon, load_words, mbarrier,
+                                                       mma_layout, ring_barriers, store_rows, store_rows_split,
+                                                       store_rows_split_pair, tma_load, weight_rows)
 
     PRODUCER_REGS_C = gl.constexpr(PRODUCER_REGS)  # Triton kernels read only constexpr globals
+    RED_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
 
     @gluon.jit
     def _producer(x_desc, xt_desc, xs, xt, ready, empty, row0, t_begin, t_end, BM: gl.constexpr, BT: gl.constexpr,
@@ -75,89 +76,15 @@ if HAVE_GLUON:
                 tma_load(xt_desc, [row0 + BM, 256 * t + 128], bar, xt.index(2 * s + 1))
 
     @gluon.jit
-    def _store_planes(planes, wa, base):
-        """The 8 int8 planes [64·WG, 32] of a tile into slices ``base`` and ``base`` + 1 of ``wa`` [.., 64·WG, 128]
-        (plane p: columns 32p … 32p + 31, as :func:`.lqq_wgmma.multiply_tile` reads the activations), made visible
-        to the tensor cores (a generic-proxy write before an async-proxy read)."""
-        for p in gl.static_range(8):
-            wa.index(base + p // 4).slice(32 * (p % 4), 32, dim=1).store(planes[p])
-        fence_async_shared()
-
-    @gluon.jit
-    def _issue_tile_smem(wa, wbase, xs, xt, base, acc, acc_t, BT: gl.constexpr):
-        """The 8 (16 with a tail) k32 products of a tile whose dequantized planes sit in ``wa`` slices ``wbase``,
-        ``wbase`` + 1 against activation slices ``base``, ``base`` + 1 of ``xs`` (and ``xt``), issued
-        asynchronously and not waited for: both operands are in shared memory, so nothing a later instruction
-        writes to a register can reach them (the register-operand race of docs/BENCHMARKS.md session 16)."""
-        for p in gl.static_range(8):
-            wp = wa.index(wbase + p // 4).slice(32 * (p % 4), 32, dim=1)
-            xb = xs.index(base + p // 4).slice(32 * (p % 4), 32, dim=1).permute((1, 0))
-            acc = warpgroup_mma(wp, xb, acc, is_async=True)
-            if BT > 0:
-                xtb = xt.index(base + p // 4).slice(32 * (p % 4), 32, dim=1).permute((1, 0))
-                acc_t = warpgroup_mma(wp, xtb, acc_t, is_async=True)
-        return acc, acc_t
-
-    @gluon.jit
-    def _consumers(xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm,
-                   stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first, wa, BM: gl.constexpr,
-                   BT: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, SPLIT_K: gl.constexpr,
-                   A_SMEM: gl.constexpr):
-        """Dequantize, multiply and store the program's [64·WG, BM (+ BT)] output tile over its K range, directly or
-        through split-K slot pid_k (module docstring); with A_SMEM the planes go through shared memory ``wa`` and
-        a tile's products run while the next tile is dequantized."""
+    def _store_result(acc, acc_t, sa_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm, stride_om, pid_n,
+                      pid_k, row0, first, BM: gl.constexpr, BT: gl.constexpr, WG: gl.constexpr,
+                      SPLIT_K: gl.constexpr):
+        """The epilogue: (acc · token scale) · channel scale of the [64·WG, BM] tile (and its [64·WG, BT] tail
+        ``acc_t``), stored directly or through split-K slot pid_k (module docstring)."""
         ROWS: gl.constexpr = 64 * WG
         mma: gl.constexpr = mma_layout(BM, WG)
-        a_l: gl.constexpr = a_layout(BM, WG)
-        rn_in, w_ptrs = weight_rows(w_ptr, pid_n, ROWS, N, w_row, a_l)
-        acc = gl.zeros([ROWS, BM], gl.int32, mma)
         if BT > 0:
             mma_t: gl.constexpr = mma_layout(BT, WG)
-            acc_t = gl.zeros([ROWS, BT], gl.int32, mma_t)
-        words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t_begin, t_end, hpg, groups, N, rn_in)
-        if A_SMEM:
-            # tile i's planes go to wa slot i % 2 while tile i − 1's products (reading slot (i − 1) % 2) still run;
-            # slot i % 2 was last read by tile i − 2's products, waited for in iteration i − 1
-            PRODUCTS: gl.constexpr = 8 if BT == 0 else 16
-            for t in range(t_begin, t_end):
-                i = t - t_begin
-                s = i % STAGES
-                planes = planes_wgmma(words, p_lo & 0xFF, (p_lo >> 8) & 0xFF, p_hi & 0xFF, (p_hi >> 8) & 0xFF)
-                _store_planes(planes, wa, 2 * (i % 2))
-                cta_barrier()  # every warp's planes stored before any warpgroup's products read them
-                # the next tile's words after the proxy fence: ptxas makes it a MEMBAR, which would wait for them
-                words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t + 1, t_end, hpg, groups, N, rn_in)
-                mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-                if BT > 0:
-                    acc, acc_t = _issue_tile_smem(wa, 2 * (i % 2), xs, xt, 2 * s, acc, acc_t, BT)
-                    acc, acc_t = warpgroup_mma_wait(num_outstanding=PRODUCTS, deps=(acc, acc_t))
-                else:
-                    acc, _ = _issue_tile_smem(wa, 2 * (i % 2), xs, xs, 2 * s, acc, acc, BT)
-                    acc = warpgroup_mma_wait(num_outstanding=PRODUCTS, deps=(acc, ))
-                # tile i − 1's products are complete (with two warpgroups, each its own: meet first): release its
-                # activation slot
-                if WG > 1:
-                    cta_barrier()
-                if i > 0:
-                    mbarrier.arrive(empty.index((i - 1) % STAGES), count=1)
-            if BT > 0:
-                acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_t))
-            else:
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        else:
-            for t in range(t_begin, t_end):
-                i = t - t_begin
-                s = i % STAGES
-                planes = planes_wgmma(words, p_lo & 0xFF, (p_lo >> 8) & 0xFF, p_hi & 0xFF, (p_hi >> 8) & 0xFF)
-                words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t + 1, t_end, hpg, groups, N, rn_in)
-                mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-                if BT > 0:  # the tail tile multiplies the same planes: one dequantization for BM + BT tokens
-                    acc, acc_t = multiply_tile(planes, xs, xt, 2 * s, acc, acc_t, BT, WG)
-                else:
-                    acc, _ = multiply_tile(planes, xs, xs, 2 * s, acc, acc, BT, WG)
-                if WG > 1:  # each warpgroup waited for its own products: meet before this tile's slot is released
-                    cta_barrier()
-                mbarrier.arrive(empty.index(s), count=1)
         rm = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
         rn_o = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
         if BT > 0:
@@ -179,9 +106,98 @@ if HAVE_GLUON:
                                   first, M, N, stride_om, pid_k, SPLIT_K)
 
     @gluon.jit
+    def _consumers(xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm,
+                   stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first, BM: gl.constexpr,
+                   BT: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, SPLIT_K: gl.constexpr):
+        """Dequantize, multiply and store the program's [64·WG, BM (+ BT)] output tile over its K range, directly or
+        through split-K slot pid_k (module docstring)."""
+        ROWS: gl.constexpr = 64 * WG
+        mma: gl.constexpr = mma_layout(BM, WG)
+        a_l: gl.constexpr = a_layout(BM, WG)
+        rn_in, w_ptrs = weight_rows(w_ptr, pid_n, ROWS, N, w_row, a_l)
+        acc = gl.zeros([ROWS, BM], gl.int32, mma)
+        if BT > 0:
+            mma_t: gl.constexpr = mma_layout(BT, WG)
+            acc_t = gl.zeros([ROWS, BT], gl.int32, mma_t)
+        else:
+            acc_t = acc  # no tail: a placeholder _store_result does not read
+        words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t_begin, t_end, hpg, groups, N, rn_in)
+        for t in range(t_begin, t_end):
+            i = t - t_begin
+            s = i % STAGES
+            planes = planes_wgmma(words, p_lo & 0xFF, (p_lo >> 8) & 0xFF, p_hi & 0xFF, (p_hi >> 8) & 0xFF)
+            words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t + 1, t_end, hpg, groups, N, rn_in)
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            if BT > 0:  # the tail tile multiplies the same planes: one dequantization for BM + BT tokens
+                acc, acc_t = multiply_tile(planes, xs, xt, 2 * s, acc, acc_t, BT, WG)
+            else:
+                acc, _ = multiply_tile(planes, xs, xs, 2 * s, acc, acc, BT, WG)
+            if WG > 1:  # each warpgroup waited for its own products: meet before this tile's slot is released
+                cta_barrier()
+            mbarrier.arrive(empty.index(s), count=1)
+        _store_result(acc, acc_t, sa_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm, stride_om, pid_n,
+                      pid_k, row0, first, BM, BT, WG, SPLIT_K)
+
+    @gluon.jit
+    def _k_half(xs, ready, empty, red, red_bar, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N,
+                stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first, BM: gl.constexpr,
+                STAGES: gl.constexpr, SPLIT_K: gl.constexpr, HALF: gl.constexpr):
+        """One of the two consumer warpgroups of a K-pair launch: tiles t_begin + HALF, + 2, … of the program's K
+        range into its own int32 [64, BM] sum (ring slot i % STAGES holds the program's i-th tile; STAGES even, so
+        each slot serves one warpgroup and its mbarrier phases run in that warpgroup's order). HALF 1 leaves its sum
+        in shared memory ``red``; HALF 0 adds it — integer sums, exact in any order, so the same bits as one
+        warpgroup over the whole range — and stores the tile (module docstring)."""
+        mma: gl.constexpr = mma_layout(BM, 1)
+        rn_in, w_ptrs = weight_rows(w_ptr, pid_n, 64, N, w_row, a_layout(BM, 1))
+        acc = gl.zeros([64, BM], gl.int32, mma)
+        words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t_begin + HALF, t_end, hpg, groups, N, rn_in)
+        for t in range(t_begin + HALF, t_end, 2):
+            i = t - t_begin
+            s = i % STAGES
+            planes = planes_wgmma(words, p_lo & 0xFF, (p_lo >> 8) & 0xFF, p_hi & 0xFF, (p_hi >> 8) & 0xFF)
+            words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t + 2, t_end, hpg, groups, N, rn_in)
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            acc, _ = multiply_tile(planes, xs, xs, 2 * s, acc, acc, 0, 1)
+            mbarrier.arrive(empty.index(s), count=1)
+        if HALF == 1:
+            red.store(acc)
+            mbarrier.arrive(red_bar, count=1)  # after every thread's store (release at CTA scope)
+        else:
+            mbarrier.wait(red_bar, 0)
+            acc += red.load(mma)
+            _store_result(acc, acc, sa_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm, stride_om, pid_n,
+                          pid_k, row0, first, BM, 0, 1, SPLIT_K)
+
+    @gluon.jit
+    def _lqq_ws_kpair_kernel(x_desc, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm,
+                             stride_om, w_row, n_tiles, tiles_per_split, hpg, groups, BM: gl.constexpr,
+                             STAGES: gl.constexpr, SPLIT_K: gl.constexpr, HALF_REGS: gl.constexpr):
+        pid_n = gl.program_id(0)
+        pid_k = gl.program_id(2)
+        t_begin = pid_k * tiles_per_split
+        t_end = gl.minimum(t_begin + tiles_per_split, n_tiles)
+        first = gl.program_id(1) * BM  # a ragged last token tile moves back, as in _lqq_ws_kernel
+        row0 = gl.maximum(gl.minimum(first, M - BM), 0)
+        gl.static_assert(STAGES % 2 == 0, "a K-pair ring needs an even number of slots: one warpgroup per slot")
+        xs = gl.allocate_shared_memory(gl.int8, [2 * STAGES, BM, 128], x_desc.layout)
+        red = gl.allocate_shared_memory(gl.int32, [64, BM], RED_SMEM)
+        red_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(red_bar, count=1)
+        ready, empty = ring_barriers(STAGES)
+        gl.warp_specialize([
+            (_k_half, (xs, ready, empty, red, red_bar, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M,
+                       N, stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first, BM,
+                       STAGES, SPLIT_K, 0)),
+            (_k_half, (xs, ready, empty, red, red_bar, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M,
+                       N, stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first, BM,
+                       STAGES, SPLIT_K, 1)),
+            (_producer, (x_desc, x_desc, xs, xs, ready, empty, row0, t_begin, t_end, BM, 0, STAGES)),
+        ], [4, 1], [HALF_REGS, PRODUCER_REGS_C])
+
+    @gluon.jit
     def _lqq_ws_kernel(x_desc, xt_desc, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm,
                        stride_om, w_row, n_tiles, tiles_per_split, hpg, groups, BM: gl.constexpr, BT: gl.constexpr,
-                       STAGES: gl.constexpr, WG: gl.constexpr, SPLIT_K: gl.constexpr, A_SMEM: gl.constexpr = False):
+                       STAGES: gl.constexpr, WG: gl.constexpr, SPLIT_K: gl.constexpr):
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(2)
         t_begin = pid_k * tiles_per_split
@@ -193,10 +209,6 @@ if HAVE_GLUON:
         row0 = gl.maximum(gl.minimum(first, M - (BM + BT)), 0)
         gl.assume(t_end > t_begin)  # the launch gives every split a tile (launch.split_plan)
         xs = gl.allocate_shared_memory(gl.int8, [2 * STAGES, BM, 128], x_desc.layout)
-        if A_SMEM:  # two tiles' dequantized planes, [64·WG, 256] each as two 128-column slices
-            wa = gl.allocate_shared_memory(gl.int8, [4, 64 * WG, 128], x_desc.layout)
-        else:
-            wa = xs
         if BT > 0:
             xt = gl.allocate_shared_memory(gl.int8, [2 * STAGES, BT, 128], xt_desc.layout)
         else:
@@ -204,8 +216,8 @@ if HAVE_GLUON:
         ready, empty = ring_barriers(STAGES)
         gl.warp_specialize([
             (_consumers, (xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N,
-                          stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first, wa, BM,
-                          BT, STAGES, WG, SPLIT_K, A_SMEM)),
+                          stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first, BM, BT,
+                          STAGES, WG, SPLIT_K)),
             (_producer, (x_desc, xt_desc, xs, xt, ready, empty, row0, t_begin, t_end, BM, BT, STAGES)),
         ], [1], [PRODUCER_REGS_C])
 
@@ -213,13 +225,17 @@ if HAVE_GLUON:
 def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, meta: dict, bm: int = 128,
                   stages: int = 3, tail: int = 0, warpgroups: int = 1, per_sm: int = 1, split_k: int = 1,
                   out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16,
-                  a_smem: bool = False) -> torch.Tensor:
+                  k_pair: bool = False) -> torch.Tensor:
     """Y [M, N] (``out_dtype``, or ``out``'s) = dequant(A)·Ŵᵀ for int8 codes [M, K] with per-token float32 scales
     [M, 1] and a ``w4a8-lqq`` weight, as :func:`.lqq_wgmma.lqq_wgmma_matmul` (same bits at the same K split), with a
     producer warp bringing the activations over TMA (module docstring); 128 tokens per program plus ``tail`` (0, 32,
     64); ``per_sm`` programs meant to share an SM (sets the register budget, :func:`.wgmma_common.ws_maxnreg`);
-    ``split_k`` programs along K (fp32 slots summed in split order, :mod:`.splitk`). The caller checks
-    :func:`.lqq_wgmma.lqq_wgmma_problem`."""
+    ``split_k`` programs along K (fp32 slots summed in split order, :mod:`.splitk`). ``k_pair``: two consumer
+    warpgroups on the same 64 rows, each taking every other tile of the K range (module docstring; one warpgroup of
+    rows, no tail, 2 or 4 stages, one program an SM). The caller checks :func:`.lqq_wgmma.lqq_wgmma_problem`."""
+    if k_pair and (bm != 128 or tail or stages not in (2, 4) or warpgroups != 1 or per_sm != 1 or split_k < 1):
+        raise ValueError(f"a K-pair launch takes bm 128, no tail, 2 or 4 stages, one warpgroup of rows, one program "
+                         f"an SM and split_k >= 1; got {bm}, {tail}, {stages}, {warpgroups}, {per_sm}, {split_k}")
     if (bm != 128 or tail not in (0, 32, 64) or stages not in (2, 3, 4) or warpgroups not in (1, 2)
             or not 1 <= per_sm <= 3 - warpgroups or split_k < 1):
         raise ValueError(f"bm must be 128, tail 0, 32 or 64, stages 2-4, warpgroups 1-2, per_sm 1-2 with one "
@@ -233,9 +249,16 @@ def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, 
     xt_desc = TensorDescriptor(a_codes, [m, k], [a_codes.stride(0), 1], [max(tail, 8), 128], layout)
     grid = (-(-n // (BN * warpgroups)), -(-m // (bm + tail)), split)
     ws, tickets = split_workspace(a_codes.device, m * n, split, grid[0] * grid[1])
+    if k_pair:
+        _lqq_ws_kpair_kernel[grid](x_desc, a_scales, qweight, qparams, cs, out, ws, tickets, m, n, a_scales.stride(0),
+                                   out.stride(0), qweight.shape[1], n_tiles, tiles_per_split,
+                                   groups_in_halves(meta, n_tiles), qparams.shape[0], BM=bm, STAGES=stages,
+                                   SPLIT_K=split, HALF_REGS=K_PAIR_HALF_REGS, num_warps=4,
+                                   maxnreg=ws_maxnreg(2, 1))
+        return out
     _lqq_ws_kernel[grid](x_desc, xt_desc, a_scales, qweight, qparams, cs, out, ws, tickets, m, n, a_scales.stride(0),
                          out.stride(0), qweight.shape[1], n_tiles, tiles_per_split, groups_in_halves(meta, n_tiles),
-                         qparams.shape[0], BM=bm, BT=tail, STAGES=stages, WG=warpgroups, SPLIT_K=split, A_SMEM=a_smem,
+                         qparams.shape[0], BM=bm, BT=tail, STAGES=stages, WG=warpgroups, SPLIT_K=split,
                          num_warps=4 * warpgroups, maxnreg=ws_maxnreg(warpgroups, per_sm))
     return out
 

@@ -1,13 +1,13 @@
-"""The warp-specialized LiquidQuant kernel with its dequantized planes in shared memory (``a_smem``: wgmma reads
-both operands from shared memory, so a tile's products run while the next tile is dequantized) against the same
-launch with register planes (which must wait for its own products first), cuBLAS fp16 and the launch rule's pick
-(what int8_matmul runs), same GPU, same process.
+"""K-pair launches of the warp-specialized LiquidQuant kernel (``k_pair``: two consumer warpgroups on the same
+64 weight rows, each multiplying every other 256-column tile, their int32 sums added in shared memory) against
+the kernel's one-consumer launches, cuBLAS fp16 and the launch rule's pick (what int8_matmul runs), same GPU, same
+process.
 
-Per point every launch is checked bit for bit against the Triton LiquidQuant kernel at the same K split, warmed up,
-then timed ``--reps`` times per side in ABBA order (median). Launches are ``tail:wg:stages:per_sm:split``; each is
-timed with register planes (``reg_…``) and shared-memory planes (``smem_…``).
+Per point every launch is checked bit for bit (three calls) against the Triton LiquidQuant kernel at the same K
+split, warmed up, then timed ``--reps`` times per launch in ABBA order (median). Launches are
+``tail:wg:stages:per_sm:split:pair`` (pair 1: a K-pair launch).
 
-    python docs/bench/lqq_smem_ab.py --shapes 1024x4096 --ms 513,769,1024 --out smem_ab.json   # on an H100
+    python docs/bench/lqq_kpair_ab.py --shapes 1024x4096 --ms 513,769,1024 --out kpair_ab.json   # on an H100
 """
 
 from __future__ import annotations
@@ -26,20 +26,18 @@ from quantkit.runtime.kernels.int8_gemm import int8_matmul
 from quantkit.runtime.kernels.launch import split_plan
 from quantkit.runtime.kernels.lqq_ws import lqq_ws_matmul
 
-DEFAULT_LAUNCHES = "0:1:3:2:1;0:1:3:1:1;0:1:2:2:1;0:2:3:1:1;64:1:3:1:1;64:2:3:1:1;32:1:3:1:1;0:1:3:1:2;0:1:2:2:2"
+DEFAULT_LAUNCHES = "0:1:3:2:1:0;0:1:2:2:1:0;0:1:4:1:1:1;0:1:2:1:1:1;0:1:4:1:2:1;0:1:2:1:2:1"
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="1024x4096,4096x4096,6144x4096,14336x4096,4096x14336")
     p.add_argument("--ms", default="513,769,1024,2048,4096")
-    p.add_argument("--launches", default=DEFAULT_LAUNCHES, help="'tail:wg:stages:per_sm:split;...'")
-    p.add_argument("--sides", default="reg,smem", help="which planes to time: reg, smem or both")
+    p.add_argument("--launches", default=DEFAULT_LAUNCHES, help="'tail:wg:stages:per_sm:split:pair;...'")
     p.add_argument("--reps", type=int, default=2)
-    p.add_argument("--out", default="lqq_smem_ab.json")
+    p.add_argument("--out", default="lqq_kpair_ab.json")
     args = p.parse_args()
     launches = [tuple(int(v) for v in s.split(":")) for s in args.launches.split(";") if s]
-    sides = args.sides.split(",")
     rows = []
     for n, k in parse_shapes(args.shapes):
         t, meta = _packed("w4a8-lqq", torch.randn(n, k, device="cuda"))
@@ -48,24 +46,23 @@ def main() -> None:
             calls = {"rule": lambda a, s, w: int8_matmul(a, s, -1, "w4a8-lqq", w, meta)}
             checks, triton = {}, {}
             a0, s0, w0 = inputs[0]
-            for tail, wg, stages, per_sm, split in launches:
+            for tail, wg, stages, per_sm, split, pair in launches:
                 split = split_plan(k // 256, split)[1]
                 if split not in triton:
                     triton[split] = int8_matmul(a0, s0, -1, "w4a8-lqq", w0, meta,
                                                 config=TileConfig(64, 128, split, 4, 3))
-                for side in sides:
-                    name = f"{side}_{tail}:{wg}:{stages}:{per_sm}:{split}"
-                    fn = (lambda c, sm: lambda a, s, w: lqq_ws_matmul(a, s, w, meta, 128, c[2], c[0], c[1], c[3],
-                                                                     c[4], a_smem=sm))((tail, wg, stages, per_sm,
-                                                                                       split), side == "smem")
-                    try:
-                        same = all(torch.equal(fn(a0, s0, w0), triton[split]) for _ in range(3))
-                    except Exception as e:  # noqa: BLE001 — a launch that does not build is reported, not fatal
-                        last = str(e).strip().splitlines()[-1][:160] if str(e).strip() else ""
-                        checks[name] = f"{type(e).__name__}: {last}"
-                        continue
-                    checks[name] = "bit-identical" if same else "DIFFERS"
-                    calls[name] = fn
+                name = f"{'pair' if pair else 'ws'}_{tail}:{wg}:{stages}:{per_sm}:{split}"
+                fn = (lambda c: lambda a, s, w: lqq_ws_matmul(a, s, w, meta, 128, c[2], c[0], c[1], c[3], c[4],
+                                                              k_pair=bool(c[5])))((tail, wg, stages, per_sm, split,
+                                                                                   pair))
+                try:
+                    same = all(torch.equal(fn(a0, s0, w0), triton[split]) for _ in range(3))
+                except Exception as e:  # noqa: BLE001 — a launch that does not build is reported, not fatal
+                    last = str(e).strip().splitlines()[-1][:160] if str(e).strip() else ""
+                    checks[name] = f"{type(e).__name__}: {last}"
+                    continue
+                checks[name] = "bit-identical" if same else "DIFFERS"
+                calls[name] = fn
             names = list(calls)
             for fn in calls.values():
                 time_rotating(fn, inputs, reps=5)

@@ -108,39 +108,34 @@ def test_ws_kernel_equals_triton_at_the_same_split_call_after_call(n, k, m, stag
                                        config=TileConfig(64, 128, split, 4, 3)))
 
 
-def test_k_parts_refuse_launches_they_were_not_built_for():
-    """A K-parts launch takes 2 or 3 parts, 128 tokens without a tail, stages in multiples of the parts (one part
-    per ring slot) and one warpgroup of rows: anything else is a ValueError naming what it takes, before any GPU
-    work."""
-    for parts, kw in [(2, dict(stages=3)), (3, dict(stages=4)), (2, dict(tail=32)), (2, dict(warpgroups=2)),
-                      (3, dict(per_sm=2)), (4, dict()), (3, dict(stages=9))]:
-        with pytest.raises(ValueError, match="K-parts"):
-            lqq_ws_matmul(torch.zeros(4, 256, dtype=torch.int8), torch.ones(4, 1), {}, {}, k_parts=parts,
-                          **{"stages": 6 if parts == 3 else 4, **kw})
+def test_k_pair_refuses_launches_it_was_not_built_for():
+    """A K-pair launch takes 128 tokens without a tail, 2 or 4 stages (one warpgroup per ring slot) and one
+    warpgroup of rows: anything else is a ValueError naming what it takes, before any GPU work."""
+    for kw in [dict(stages=3), dict(tail=32), dict(warpgroups=2), dict(per_sm=2)]:
+        with pytest.raises(ValueError, match="K-pair"):
+            lqq_ws_matmul(torch.zeros(4, 256, dtype=torch.int8), torch.ones(4, 1), {}, {}, k_pair=True,
+                          **{"stages": 4, **kw})
 
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("n,k,m,stages,split,parts", [
-    (1024, 4096, 769, 4, 1, 2), (1024, 4096, 513, 2, 1, 2), (200, 512, 33, 4, 1, 2), (333, 1280, 300, 4, 1, 2),
-    (127, 768, 130, 2, 1, 2), (64, 256, 5, 4, 1, 2), (1024, 4096, 769, 4, 2, 2), (333, 1280, 300, 2, 2, 2),
-    (1000, 2048, 161, 4, 3, 2), (4096, 2048, 1025, 4, 1, 2),
-    # three parts: tile counts not a multiple of three, programs of one or two tiles (parts with none), splits
-    (1024, 4096, 769, 6, 1, 3), (1024, 4096, 513, 3, 1, 3), (333, 1280, 300, 6, 1, 3), (64, 256, 5, 6, 1, 3),
-    (200, 512, 33, 3, 1, 3), (1024, 4096, 640, 6, 2, 3), (1000, 2048, 161, 6, 3, 3), (127, 1792, 257, 6, 1, 3)])
-def test_k_parts_launch_equals_triton_at_the_same_split_call_after_call(n, k, m, stages, split, parts):
-    """Two or three warpgroups over alternate K tiles, their int32 sums added in shared memory: exact integers, so
-    the Triton kernel's bits at the same split, call after call — tile counts that the parts do not divide, a
-    program of one tile (parts with none), ragged token tiles, splits, bf16."""
-    _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n + m + 11 * split + parts)
+@pytest.mark.parametrize("n,k,m,stages,split", [
+    (1024, 4096, 769, 4, 1), (1024, 4096, 513, 2, 1), (200, 512, 33, 4, 1), (333, 1280, 300, 4, 1),
+    (127, 768, 130, 2, 1), (64, 256, 5, 4, 1), (1024, 4096, 769, 4, 2), (333, 1280, 300, 2, 2),
+    (1000, 2048, 161, 4, 3), (4096, 2048, 1025, 4, 1)])
+def test_k_pair_launch_equals_triton_at_the_same_split_call_after_call(n, k, m, stages, split):
+    """Two warpgroups over alternate K tiles, their int32 sums added in shared memory: exact integers, so the
+    Triton kernel's bits at the same split, call after call — odd and even tile counts, a program of one tile (the
+    second warpgroup has none), ragged token tiles, splits, bf16."""
+    _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n + m + 11 * split)
     codes, scales = _acts(m, k, seed=m + 5)
     tri = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, config=TileConfig(64, 128, split, 4, 3))
     for _ in range(4):
         out = torch.full((m, n + 8), float("nan"), dtype=torch.float16, device=DEVICE)[:, :n]
-        got = lqq_ws_matmul(codes, scales, tensors, meta, 128, stages, 0, 1, 1, split, out=out, k_parts=parts)
+        got = lqq_ws_matmul(codes, scales, tensors, meta, 128, stages, 0, 1, 1, split, out=out, k_pair=True)
         assert torch.equal(got, tri)
     bf = lqq_ws_matmul(codes, scales, tensors, meta, 128, stages, 0, 1, 1, split, out_dtype=torch.bfloat16,
-                       k_parts=parts)
+                       k_pair=True)
     assert torch.equal(bf, int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, out_dtype=torch.bfloat16,
                                        config=TileConfig(64, 128, split, 4, 3)))
 

@@ -43,9 +43,7 @@ from quantkit.runtime.kernels.splitk import split_workspace
 from quantkit.runtime.kernels.wgmma_common import BN, HAVE_GLUON, PRODUCER_REGS, ws_maxnreg
 
 KERNEL = "lqq_ws"
-# setmaxnreg of a K-parts launch's worker consumer warpgroups (the first consumer gets what the producer and they
-# leave): three consumers and the producer's warpgroup share the register file at 160 each
-K_PART_REGS = {2: 232, 3: 160}
+K_PAIR_HALF_REGS = 232  # setmaxnreg of a K-pair launch's second consumer warpgroup (the first gets the rest)
 
 if HAVE_GLUON:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -141,80 +139,60 @@ if HAVE_GLUON:
                       pid_k, row0, first, BM, BT, WG, SPLIT_K)
 
     @gluon.jit
-    def _k_part(xs, ready, empty, red, red_bars, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N,
+    def _k_half(xs, ready, empty, red, red_bar, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N,
                 stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first, BM: gl.constexpr,
-                STAGES: gl.constexpr, SPLIT_K: gl.constexpr, PART: gl.constexpr, PARTS: gl.constexpr):
-        """Consumer warpgroup PART of a K-parts launch: tiles t_begin + PART, + PARTS, … of the program's K range into
-        its own int32 [64, BM] sum (ring slot i % STAGES holds the program's i-th tile; STAGES a multiple of PARTS,
-        so each slot serves one warpgroup and its mbarrier phases run in that warpgroup's order). The sums meet in
-        shared memory ``red``, from the last part down: part PARTS − 1 stores its sum, each part below adds it to
-        its own and (but part 0) stores that in turn; part 0 stores the tile. Integer sums, exact in any order: the
-        same bits as one warpgroup over the whole range (module docstring)."""
+                STAGES: gl.constexpr, SPLIT_K: gl.constexpr, HALF: gl.constexpr):
+        """One of the two consumer warpgroups of a K-pair launch: tiles t_begin + HALF, + 2, … of the program's K
+        range into its own int32 [64, BM] sum (ring slot i % STAGES holds the program's i-th tile; STAGES even, so
+        each slot serves one warpgroup and its mbarrier phases run in that warpgroup's order). HALF 1 leaves its sum
+        in shared memory ``red``; HALF 0 adds it — integer sums, exact in any order, so the same bits as one
+        warpgroup over the whole range — and stores the tile (module docstring)."""
         mma: gl.constexpr = mma_layout(BM, 1)
         rn_in, w_ptrs = weight_rows(w_ptr, pid_n, 64, N, w_row, a_layout(BM, 1))
         acc = gl.zeros([64, BM], gl.int32, mma)
-        words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t_begin + PART, t_end, hpg, groups, N, rn_in)
-        for t in range(t_begin + PART, t_end, PARTS):
+        words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t_begin + HALF, t_end, hpg, groups, N, rn_in)
+        for t in range(t_begin + HALF, t_end, 2):
             i = t - t_begin
             s = i % STAGES
             planes = planes_wgmma(words, p_lo & 0xFF, (p_lo >> 8) & 0xFF, p_hi & 0xFF, (p_hi >> 8) & 0xFF)
-            words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t + PARTS, t_end, hpg, groups, N, rn_in)
+            words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t + 2, t_end, hpg, groups, N, rn_in)
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
             acc, _ = multiply_tile(planes, xs, xs, 2 * s, acc, acc, 0, 1)
             mbarrier.arrive(empty.index(s), count=1)
-        if PART < PARTS - 1:  # the parts above have left their sum in red
-            mbarrier.wait(red_bars.index(PART), 0)
-            acc += red.load(mma)
-        if PART > 0:
-            if PART < PARTS - 1:
-                cta_barrier()  # this warpgroup's loads of red before any of its stores
+        if HALF == 1:
             red.store(acc)
-            mbarrier.arrive(red_bars.index(PART - 1), count=1)  # after every thread's store (release at CTA scope)
+            mbarrier.arrive(red_bar, count=1)  # after every thread's store (release at CTA scope)
         else:
+            mbarrier.wait(red_bar, 0)
+            acc += red.load(mma)
             _store_result(acc, acc, sa_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm, stride_om, pid_n,
                           pid_k, row0, first, BM, 0, 1, SPLIT_K)
 
     @gluon.jit
-    def _lqq_ws_kparts_kernel(x_desc, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm,
-                              stride_om, w_row, n_tiles, tiles_per_split, hpg, groups, BM: gl.constexpr,
-                              STAGES: gl.constexpr, SPLIT_K: gl.constexpr, PARTS: gl.constexpr,
-                              PART_REGS: gl.constexpr):
+    def _lqq_ws_kpair_kernel(x_desc, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm,
+                             stride_om, w_row, n_tiles, tiles_per_split, hpg, groups, BM: gl.constexpr,
+                             STAGES: gl.constexpr, SPLIT_K: gl.constexpr, HALF_REGS: gl.constexpr):
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(2)
         t_begin = pid_k * tiles_per_split
         t_end = gl.minimum(t_begin + tiles_per_split, n_tiles)
         first = gl.program_id(1) * BM  # a ragged last token tile moves back, as in _lqq_ws_kernel
         row0 = gl.maximum(gl.minimum(first, M - BM), 0)
-        gl.static_assert(STAGES % PARTS == 0, "a K-parts ring needs slots in multiples of the parts: one part a slot")
+        gl.static_assert(STAGES % 2 == 0, "a K-pair ring needs an even number of slots: one warpgroup per slot")
         xs = gl.allocate_shared_memory(gl.int8, [2 * STAGES, BM, 128], x_desc.layout)
         red = gl.allocate_shared_memory(gl.int32, [64, BM], RED_SMEM)
-        red_bars = gl.allocate_shared_memory(gl.int64, [PARTS - 1, 1], mbarrier.MBarrierLayout())
-        for j in gl.static_range(PARTS - 1):
-            mbarrier.init(red_bars.index(j), count=1)
+        red_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(red_bar, count=1)
         ready, empty = ring_barriers(STAGES)
-        if PARTS == 2:
-            gl.warp_specialize([
-                (_k_part, (xs, ready, empty, red, red_bars, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr,
-                           M, N, stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first,
-                           BM, STAGES, SPLIT_K, 0, 2)),
-                (_k_part, (xs, ready, empty, red, red_bars, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr,
-                           M, N, stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first,
-                           BM, STAGES, SPLIT_K, 1, 2)),
-                (_producer, (x_desc, x_desc, xs, xs, ready, empty, row0, t_begin, t_end, BM, 0, STAGES)),
-            ], [4, 1], [PART_REGS, PRODUCER_REGS_C])
-        else:
-            gl.warp_specialize([
-                (_k_part, (xs, ready, empty, red, red_bars, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr,
-                           M, N, stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first,
-                           BM, STAGES, SPLIT_K, 0, 3)),
-                (_k_part, (xs, ready, empty, red, red_bars, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr,
-                           M, N, stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first,
-                           BM, STAGES, SPLIT_K, 1, 3)),
-                (_k_part, (xs, ready, empty, red, red_bars, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr,
-                           M, N, stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first,
-                           BM, STAGES, SPLIT_K, 2, 3)),
-                (_producer, (x_desc, x_desc, xs, xs, ready, empty, row0, t_begin, t_end, BM, 0, STAGES)),
-            ], [4, 4, 1], [PART_REGS, PART_REGS, PRODUCER_REGS_C])
+        gl.warp_specialize([
+            (_k_half, (xs, ready, empty, red, red_bar, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M,
+                       N, stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first, BM,
+                       STAGES, SPLIT_K, 0)),
+            (_k_half, (xs, ready, empty, red, red_bar, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M,
+                       N, stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first, BM,
+                       STAGES, SPLIT_K, 1)),
+            (_producer, (x_desc, x_desc, xs, xs, ready, empty, row0, t_begin, t_end, BM, 0, STAGES)),
+        ], [4, 1], [HALF_REGS, PRODUCER_REGS_C])
 
     @gluon.jit
     def _lqq_ws_kernel(x_desc, xt_desc, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm,
@@ -247,20 +225,18 @@ if HAVE_GLUON:
 def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, meta: dict, bm: int = 128,
                   stages: int = 3, tail: int = 0, warpgroups: int = 1, per_sm: int = 1, split_k: int = 1,
                   out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16,
-                  k_parts: int = 1) -> torch.Tensor:
+                  k_pair: bool = False) -> torch.Tensor:
     """Y [M, N] (``out_dtype``, or ``out``'s) = dequant(A)·Ŵᵀ for int8 codes [M, K] with per-token float32 scales
     [M, 1] and a ``w4a8-lqq`` weight, as :func:`.lqq_wgmma.lqq_wgmma_matmul` (same bits at the same K split), with a
     producer warp bringing the activations over TMA (module docstring); 128 tokens per program plus ``tail`` (0, 32,
     64); ``per_sm`` programs meant to share an SM (sets the register budget, :func:`.wgmma_common.ws_maxnreg`);
-    ``split_k`` programs along K (fp32 slots summed in split order, :mod:`.splitk`). ``k_parts`` 2 or 3:
-    that many consumer warpgroups on the same 64 rows, each taking every k_parts-th tile of the K range (module
-    docstring; one warpgroup of rows, no tail, stages a multiple of k_parts, one program an SM). The caller checks :func:`.lqq_wgmma.lqq_wgmma_problem`."""
-    if k_parts != 1 and (k_parts not in (2, 3) or bm != 128 or tail or stages % k_parts or not 2 <= stages <= 6
-                         or warpgroups != 1 or per_sm != 1 or split_k < 1):
-        raise ValueError(f"a K-parts launch takes 2 or 3 parts, bm 128, no tail, 2-6 stages in multiples of the parts, "
-                         f"one warpgroup of rows, one program an SM and split_k >= 1; got parts {k_parts}, {bm}, "
-                         f"{tail}, {stages}, {warpgroups}, {per_sm}, {split_k}")
-    if k_parts == 1 and (bm != 128 or tail not in (0, 32, 64) or stages not in (2, 3, 4) or warpgroups not in (1, 2)
+    ``split_k`` programs along K (fp32 slots summed in split order, :mod:`.splitk`). ``k_pair``: two consumer
+    warpgroups on the same 64 rows, each taking every other tile of the K range (module docstring; one warpgroup of
+    rows, no tail, 2 or 4 stages, one program an SM). The caller checks :func:`.lqq_wgmma.lqq_wgmma_problem`."""
+    if k_pair and (bm != 128 or tail or stages not in (2, 4) or warpgroups != 1 or per_sm != 1 or split_k < 1):
+        raise ValueError(f"a K-pair launch takes bm 128, no tail, 2 or 4 stages, one warpgroup of rows, one program "
+                         f"an SM and split_k >= 1; got {bm}, {tail}, {stages}, {warpgroups}, {per_sm}, {split_k}")
+    if (bm != 128 or tail not in (0, 32, 64) or stages not in (2, 3, 4) or warpgroups not in (1, 2)
             or not 1 <= per_sm <= 3 - warpgroups or split_k < 1):
         raise ValueError(f"bm must be 128, tail 0, 32 or 64, stages 2-4, warpgroups 1-2, per_sm 1-2 with one "
                          f"warpgroup (1 with two: the consumers need ~230 registers) and split_k >= 1; got {bm}, "
@@ -273,12 +249,12 @@ def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, 
     xt_desc = TensorDescriptor(a_codes, [m, k], [a_codes.stride(0), 1], [max(tail, 8), 128], layout)
     grid = (-(-n // (BN * warpgroups)), -(-m // (bm + tail)), split)
     ws, tickets = split_workspace(a_codes.device, m * n, split, grid[0] * grid[1])
-    if k_parts > 1:
-        _lqq_ws_kparts_kernel[grid](x_desc, a_scales, qweight, qparams, cs, out, ws, tickets, m, n, a_scales.stride(0),
-                                    out.stride(0), qweight.shape[1], n_tiles, tiles_per_split,
-                                    groups_in_halves(meta, n_tiles), qparams.shape[0], BM=bm, STAGES=stages,
-                                    SPLIT_K=split, PARTS=k_parts, PART_REGS=K_PART_REGS[k_parts], num_warps=4,
-                                    maxnreg=ws_maxnreg(k_parts, 1))
+    if k_pair:
+        _lqq_ws_kpair_kernel[grid](x_desc, a_scales, qweight, qparams, cs, out, ws, tickets, m, n, a_scales.stride(0),
+                                   out.stride(0), qweight.shape[1], n_tiles, tiles_per_split,
+                                   groups_in_halves(meta, n_tiles), qparams.shape[0], BM=bm, STAGES=stages,
+                                   SPLIT_K=split, HALF_REGS=K_PAIR_HALF_REGS, num_warps=4,
+                                   maxnreg=ws_maxnreg(2, 1))
         return out
     _lqq_ws_kernel[grid](x_desc, xt_desc, a_scales, qweight, qparams, cs, out, ws, tickets, m, n, a_scales.stride(0),
                          out.stride(0), qweight.shape[1], n_tiles, tiles_per_split, groups_in_halves(meta, n_tiles),

@@ -1,14 +1,13 @@
-"""K-parts launches of the warp-specialized LiquidQuant kernel (``k_parts``: two or three consumer warpgroups on
-the same 64 weight rows, each multiplying every k_parts-th 256-column tile, their int32 sums added in shared
-memory) against
+"""K-pair launches of the warp-specialized LiquidQuant kernel (``k_pair``: two consumer warpgroups on the same
+64 weight rows, each multiplying every other 256-column tile, their int32 sums added in shared memory) against
 the kernel's one-consumer launches, cuBLAS fp16 and the launch rule's pick (what int8_matmul runs), same GPU, same
 process.
 
 Per point every launch is checked bit for bit (three calls) against the Triton LiquidQuant kernel at the same K
 split, warmed up, then timed ``--reps`` times per launch in ABBA order (median). Launches are
-``tail:wg:stages:per_sm:split:parts`` (parts 2 or 3: a K-parts launch).
+``tail:wg:stages:per_sm:split:pair`` (pair 1: a K-pair launch).
 
-    python docs/bench/lqq_kparts_ab.py --shapes 1024x4096 --ms 513,769,1024 --out kparts_ab.json   # on an H100
+    python docs/bench/lqq_kpair_ab.py --shapes 1024x4096 --ms 513,769,1024 --out kpair_ab.json   # on an H100
 """
 
 from __future__ import annotations
@@ -27,16 +26,16 @@ from quantkit.runtime.kernels.int8_gemm import int8_matmul
 from quantkit.runtime.kernels.launch import split_plan
 from quantkit.runtime.kernels.lqq_ws import lqq_ws_matmul
 
-DEFAULT_LAUNCHES = "0:1:3:2:1:0;0:1:4:1:1:2;0:1:6:1:1:3;0:1:3:1:1:3"
+DEFAULT_LAUNCHES = "0:1:3:2:1:0;0:1:2:2:1:0;0:1:4:1:1:1;0:1:2:1:1:1;0:1:4:1:2:1;0:1:2:1:2:1"
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="1024x4096,4096x4096,6144x4096,14336x4096,4096x14336")
     p.add_argument("--ms", default="513,769,1024,2048,4096")
-    p.add_argument("--launches", default=DEFAULT_LAUNCHES, help="'tail:wg:stages:per_sm:split:parts;...'")
+    p.add_argument("--launches", default=DEFAULT_LAUNCHES, help="'tail:wg:stages:per_sm:split:pair;...'")
     p.add_argument("--reps", type=int, default=2)
-    p.add_argument("--out", default="lqq_kparts_ab.json")
+    p.add_argument("--out", default="lqq_kpair_ab.json")
     args = p.parse_args()
     launches = [tuple(int(v) for v in s.split(":")) for s in args.launches.split(";") if s]
     rows = []
@@ -47,15 +46,15 @@ def main() -> None:
             calls = {"rule": lambda a, s, w: int8_matmul(a, s, -1, "w4a8-lqq", w, meta)}
             checks, triton = {}, {}
             a0, s0, w0 = inputs[0]
-            for tail, wg, stages, per_sm, split, parts in launches:
+            for tail, wg, stages, per_sm, split, pair in launches:
                 split = split_plan(k // 256, split)[1]
                 if split not in triton:
                     triton[split] = int8_matmul(a0, s0, -1, "w4a8-lqq", w0, meta,
                                                 config=TileConfig(64, 128, split, 4, 3))
-                name = f"{'parts' + str(parts) if parts > 1 else 'ws'}_{tail}:{wg}:{stages}:{per_sm}:{split}"
+                name = f"{'pair' if pair else 'ws'}_{tail}:{wg}:{stages}:{per_sm}:{split}"
                 fn = (lambda c: lambda a, s, w: lqq_ws_matmul(a, s, w, meta, 128, c[2], c[0], c[1], c[3], c[4],
-                                                              k_parts=max(1, c[5])))((tail, wg, stages, per_sm, split,
-                                                                                   parts))
+                                                              k_pair=bool(c[5])))((tail, wg, stages, per_sm, split,
+                                                                                   pair))
                 try:
                     same = all(torch.equal(fn(a0, s0, w0), triton[split]) for _ in range(3))
                 except Exception as e:  # noqa: BLE001 — a launch that does not build is reported, not fatal

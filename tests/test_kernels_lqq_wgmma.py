@@ -372,6 +372,7 @@ def test_int8_matmul_runs_the_gluon_kernel_where_the_rule_picks_it(monkeypatch):
     codes, scales = _acts(256, 512, 1)
     cfg = lqq_wgmma_config(256, 4096, 512)
     monkeypatch.setattr(int8_gemm, "lqq_ws_launch", lambda *a: None)  # this kernel's own launches, not lqq_ws's
+    monkeypatch.setattr(configs, "LQQ_K_PAIR", False)  # (4096 rows at M = 256 would run a K-pair launch of lqq_ws)
     out = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta)
     assert calls == [cfg]
     tail_cfg = lqq_wgmma_config(160, 4096, 512)

@@ -195,3 +195,76 @@ def test_dispatch_falls_back_to_lqq_wgmma_where_the_ws_kernel_does_not_build_and
     assert y is not None and launched == ["ws builds", ("ws", ws_launch)]
     broken.add("lqq_ws")  # neither: the Triton kernel (None here)
     assert int8_gemm._gluon_matmul(codes, scales, -1, "w4a8-lqq", {}, meta, None, torch.float16) is None
+
+
+def test_k_pair_rule_takes_launches_of_one_program_an_sm_on_more_than_half_the_sms():
+    """configs.lqq_k_pair: 128-token programs (one per 64 rows and 128 tokens) on more than half the SMs and at most
+    all of them, from 128 tokens, K of two tiles or more — and nowhere once switched off."""
+    from quantkit.runtime.kernels.configs import SMS_H100, lqq_k_pair
+
+    assert all(lqq_k_pair(m, 1024, 4096) for m in (513, 769, 1024))  # the k/v layer: 80-128 programs
+    assert not lqq_k_pair(512, 1024, 4096) and not lqq_k_pair(1025, 1024, 4096)  # 64 and 144 programs
+    assert lqq_k_pair(128, 6144, 4096) and lqq_k_pair(256, 4096, 4096) and not lqq_k_pair(257, 4096, 4096)
+    assert not lqq_k_pair(127, 8448, 4096)  # below 128 tokens (132 programs)
+    assert not lqq_k_pair(769, 1024, 256)  # one K tile: nothing to pair
+    for n in (512, 1024, 1536, 2048, 4096, 6144, 14336):
+        for m in range(1, 4097, 37):
+            programs = -(-n // 64) * -(-m // 128)
+            assert lqq_k_pair(m, n, 4096) == (m >= 128 and SMS_H100 // 2 < programs <= SMS_H100), (n, m)
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(configs, "LQQ_K_PAIR", False)
+    try:
+        assert not lqq_k_pair(769, 1024, 4096)
+    finally:
+        monkeypatch.undo()
+
+
+def test_dispatch_runs_a_k_pair_launch_where_the_rule_says_and_falls_back_where_it_does_not_build(monkeypatch):
+    """int8_gemm._gluon_matmul: where configs.lqq_k_pair holds, the K-pair launch of lqq_ws runs (128 tokens,
+    LQQ_K_PAIR_STAGES stages); where it does not build, a warning names the fallback and the rule's own launch runs."""
+    from quantkit.runtime.kernels import wgmma_common
+
+    monkeypatch.setattr(wgmma_common, "_FAILED", {})
+    monkeypatch.setattr(wgmma_common, "_LAUNCHED", set())
+    monkeypatch.setattr(int8_gemm, "lqq_wgmma_problem", lambda *a, **kw: None)
+    monkeypatch.setattr(int8_gemm, "kernel_broken", lambda kernel: None)
+    launched = []
+    pair_builds = [True]
+
+    def ws(codes, scales, tensors, meta, *cfg, out=None, out_dtype=torch.float16, k_pair=False):
+        if k_pair and not pair_builds[0]:
+            raise RuntimeError("warp_specialize: a 4-warp worker partition is not in this Triton")
+        launched.append(("k_pair" if k_pair else "ws", cfg))
+        return torch.zeros(codes.shape[0], 1024, dtype=out_dtype)
+
+    monkeypatch.setattr(int8_gemm, "lqq_ws_matmul", ws)
+    meta = {"in_features": 4096, "out_features": 1024}
+    codes, scales = torch.zeros(769, 4096, dtype=torch.int8), torch.ones(769, 1)
+    assert int8_gemm._gluon_matmul(codes, scales, -1, "w4a8-lqq", {}, meta, None, torch.float16) is not None
+    assert launched == [("k_pair", (128, configs.LQQ_K_PAIR_STAGES))]
+    launched.clear()
+    pair_builds[0] = False  # a fresh process where the K-pair launch does not build
+    monkeypatch.setattr(wgmma_common, "_FAILED", {})
+    monkeypatch.setattr(wgmma_common, "_LAUNCHED", set())
+    with pytest.warns(RuntimeWarning, match="using the rule's one-warpgroup launch"):
+        assert int8_gemm._gluon_matmul(codes, scales, -1, "w4a8-lqq", {}, meta, None, torch.float16) is not None
+    assert launched == [("ws", lqq_ws_launch(*lqq_wgmma_launch(769, 1024, 4096)))]
+
+
+@pytest.mark.gpu
+@hopper
+def test_int8_matmul_runs_k_pair_launches_on_the_kv_layer_with_the_triton_kernels_bits(monkeypatch):
+    calls = []
+    wrapped = int8_gemm.lqq_ws_matmul
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("k_pair", False))
+        return wrapped(*args, **kwargs)
+
+    monkeypatch.setattr(int8_gemm, "lqq_ws_matmul", spy)
+    _, tensors, meta = packed("w4a8-lqq", 1024, 4096, 128, seed=3)
+    codes, scales = _acts(769, 4096, 3)
+    out = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta)
+    assert calls == [True]
+    assert torch.equal(out, int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, use_asm=True,
+                                        config=TileConfig(64, 128, 1, 4, 3)))

@@ -20,7 +20,8 @@ import torch
 
 from quantkit.bench.command import parse_shapes
 from quantkit.bench.problems import _packed, fp16_and_lqq_inputs
-from quantkit.bench.timing import time_rotating
+from quantkit.bench.sweep_log import log_row
+from quantkit.bench.timing import time_abba
 from quantkit.runtime.kernels.configs import TileConfig, lqq_wgmma_launch
 from quantkit.runtime.kernels.int8_gemm import int8_matmul
 from quantkit.runtime.kernels.launch import split_plan
@@ -63,32 +64,22 @@ def main() -> None:
                     continue
                 checks[name] = "bit-identical" if same else "DIFFERS"
                 calls[name] = fn
-            names = list(calls)
-            for fn in calls.values():
-                time_rotating(fn, inputs, reps=5)
-            times: dict[str, list[float]] = {side: [] for side in names}
-            for rep in range(args.reps):
-                for side in names if rep % 2 == 0 else names[::-1]:
-                    times[side].append(time_rotating(calls[side], inputs)["ms"] * 1e3)
+            times = time_abba(calls, inputs, args.reps)
             row = {"n": n, "k": k, "m": m, "rule_launch": lqq_wgmma_launch(m, n, k), "fp16": fp16["ms"] * 1e3,
                    "check": checks}
             row.update({side: statistics.median(v) for side, v in times.items()})
-            timed = {kk: row[kk] for kk in names if kk != "rule"}
+            timed = {kk: row[kk] for kk in calls if kk != "rule"}
             if timed:
                 best = min(timed, key=timed.get)
                 row["best"], row["best_vs_fp16"], row["best_vs_rule"] = best, row["fp16"] / timed[best], \
                     row["rule"] / timed[best]
             row["rule_vs_fp16"] = row["fp16"] / row["rule"]
-            print(json.dumps({kk: (round(v, 3) if isinstance(v, float) else v) for kk, v in row.items()
-                              if kk != "check"}), flush=True)
+            log_row(args.out, rows, row, quiet=("check",))
             bad = {kk: v for kk, v in checks.items() if v != "bit-identical"}
             if bad:
                 print("  checks:", json.dumps(bad), flush=True)
-            rows.append(row)
             del inputs
             torch.cuda.empty_cache()
-            with open(args.out, "w") as f:
-                json.dump({"device": torch.cuda.get_device_name(), "rows": rows, "unit": "us"}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -224,6 +224,14 @@ def _lqq_launches():
                             k // 128),
                    dict(BM=128, BT=tail, STAGES=stages, WG=wg, SPLIT_K=split, num_warps=4 * wg,
                         maxnreg=ws_maxnreg(wg, per_sm)))
+    # the K-pair launches (configs.lqq_k_pair; unsplit, and a split for the slot epilogue)
+    desc = TensorDescriptor(a, [m, k], [k, 1], [128, 128], layout)
+    for split in (1, 2):
+        yield (f"lqq_ws k_pair split={split}", lqq_ws._lqq_ws_kpair_kernel,
+               (desc, sa, w, p, cs, out, slots, tickets, m, n, 1, n, w.shape[1], k // 256, k // 256 // split, 1,
+                k // 128),
+               dict(BM=128, STAGES=4, SPLIT_K=split, HALF_REGS=lqq_ws.K_PAIR_HALF_REGS, num_warps=4,
+                    maxnreg=ws_maxnreg(2, 1)))
 
 
 def _w4a16_launches():

@@ -24,3 +24,12 @@ def record_check(checks: list, entry: dict, got: torch.Tensor, want: torch.Tenso
 def print_checks(checks: list) -> None:
     """Print how many of ``checks`` (dicts with ``equal_triton``) were bit-identical."""
     print("checks:", sum(c["equal_triton"] for c in checks), "of", len(checks), "bit-identical", flush=True)
+
+
+def log_row(path: str, rows: list, row: dict, quiet: tuple = ()) -> None:
+    """Print ``row`` (floats to 3 decimals, keys in ``quiet`` left out), append it to ``rows`` and rewrite ``path``
+    (:func:`save_sweep`, no separate checks: the A/B scripts keep theirs in each row)."""
+    print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k not in quiet}),
+          flush=True)
+    rows.append(row)
+    save_sweep(path, rows, [])

@@ -77,6 +77,20 @@ def time_rotating(fn: Callable, inputs: Sequence[tuple], warmup: int = 10, reps:
     return _summary(samples, use_graph)
 
 
+def time_abba(calls: dict[str, Callable], inputs: Sequence[tuple], reps: int) -> dict[str, list[float]]:
+    """Per name of ``calls``, ``reps`` timings in µs (:func:`time_rotating`'s median each) after an untimed warm-up
+    timing of every call, taken in ABBA order — the calls in order, then reversed, … — so that a machine's drift
+    hits every call alike and none always runs first (the A/B scripts under docs/bench)."""
+    for fn in calls.values():
+        time_rotating(fn, inputs, reps=5)
+    names = list(calls)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for rep in range(reps):
+        for name in names if rep % 2 == 0 else names[::-1]:
+            times[name].append(time_rotating(calls[name], inputs)["ms"] * 1e3)
+    return times
+
+
 def _summary(samples: list[float], graph: bool) -> dict:
     samples = sorted(samples)
     return {"ms": statistics.median(samples), "ms_p10": samples[len(samples) // 10],

@@ -523,6 +523,30 @@ def lqq_ws_launch(cfg: tuple[int, int, int, int], warpgroups: int) -> tuple[int,
         return bm, 3, 0, 1, LQQ_WGMMA_PER_SM[(128, 3)], 1
     return bm, stages, tail, 1, LQQ_WGMMA_PER_SM[(bm + tail, stages)], 1
 
+# K-pair launches of the warp-specialized LiquidQuant kernel (session 22, lqq_ws.lqq_ws_matmul(k_pair=True)): two
+# consumer warpgroups on one program's 64 rows × 128 tokens, each taking every other 256-column tile, their int32 sums
+# added in shared memory — one program an SM whose dequantization overlaps its own products. A one-warpgroup program
+# that alone holds its SM cannot overlap them (a warpgroup must wait for its own products before it writes registers
+# again: session 16), so launches of at most one program an SM ran ~1.15x slower than this. docs/bench/
+# lqq_kpair_ab.py on an H100 (docs/logs/session22/kpair_ab_*.json, kparts_ab_*.json; bit-identical): 1024x4096 at
+# M = 513-1024 (80-128 programs) 1.07-1.16x the rule, 1024x5120 at 513 / 769 1.18-1.19x, 4096x4096 at M = 129-256
+# (128 programs) 1.10-1.16x; with 64 programs or fewer it lost (2048x4096 M = 256: 12.2 µs against 11.8; 512x3584 and
+# the k/v layer below 512 tokens, where the cluster kernel runs: 0.53-0.95x), and wherever the one-warpgroup launches
+# had two programs an SM (4096x4096 at 513-769, 6144x4096 at 129-769: 0.76-0.95x). Hence: more than half the SMs and
+# at most one program each, from 128 tokens (a token tile past M makes TMA boxes reach past the activations, which
+# were slow: session 16), on layers of K tiles enough to pair.
+LQQ_K_PAIR = True
+LQQ_K_PAIR_STAGES = 4  # two ring slots a warpgroup (one each: 1.23-1.26x slower on the k/v layer, kpair_ab_kv)
+
+
+def lqq_k_pair(m: int, n: int, k: int, sms: int = SMS_H100) -> bool:
+    """Whether int8_matmul runs this LiquidQuant product as a K-pair launch of :mod:`.lqq_ws` (comment above) in
+    place of the Gluon launch :func:`lqq_wgmma_launch` picks: 128-token programs (one per 64 rows and 128 tokens)
+    filling more than half the SMs and at most all of them, M >= 128, K of two 256-column tiles or more."""
+    programs = -(-n // 64) * -(-m // 128)
+    return LQQ_K_PAIR and m >= 128 and k >= 512 and sms // 2 < programs <= sms
+
+
 # LiquidQuant on layers of few rows: the CUDA cluster kernel (:mod:`.cuda_lqq_cluster`, session 19), whose K split adds
 # its partial tiles inside a thread-block cluster instead of through global slots and a ticket. docs/bench/
 # lqq_cluster_sweep.py on an H100, every launch bit-identical to the unsplit Triton kernel; per class of layer (largest

@@ -28,9 +28,9 @@ import torch
 import triton.language as tl
 
 from quantkit.formats.nibble_planes import padded_k
-from quantkit.runtime.kernels.configs import (MIXLLM_MIXED_OPERAND_MIN_M, MIXLLM_OPERAND_MIN_M, TileConfig,
-                                             gemm_config, lqq_cluster_launch, lqq_wgmma_launch, lqq_ws_launch,
-                                             mixed_second_bn, w8a8_wgmma_config)
+from quantkit.runtime.kernels.configs import (LQQ_K_PAIR_STAGES, MIXLLM_MIXED_OPERAND_MIN_M, MIXLLM_OPERAND_MIN_M,
+                                             TileConfig, gemm_config, lqq_cluster_launch, lqq_k_pair,
+                                             lqq_wgmma_launch, lqq_ws_launch, mixed_second_bn, w8a8_wgmma_config)
 from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda, a8_gemv_preferred, a8_gemv_problem
 from quantkit.runtime.kernels.cuda_lqq_cluster import lqq_cluster_matmul, lqq_cluster_problem
 from quantkit.runtime.kernels.dequant import group_scale_f32, planes_i8, side_by_side
@@ -251,7 +251,9 @@ def _gluon_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size:
                   meta: dict, out: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor | None:
     """Y from the Gluon kernel that the launch rules pick for this product on Hopper — LiquidQuant: the wgmma kernel
     (:func:`.configs.lqq_wgmma_launch`), its unsplit 128-token launches on the warp-specialized kernel
-    (:func:`.configs.lqq_ws_launch`; where that does not build, lqq_wgmma's same launch); ``w8``: the TMA kernel
+    (:func:`.configs.lqq_ws_launch`; where that does not build, lqq_wgmma's same launch), and in place of either a
+    K-pair launch of the warp-specialized kernel where :func:`.configs.lqq_k_pair` says so (where that does not build,
+    the rule's launch); ``w8``: the TMA kernel
     (:func:`.configs.w8a8_wgmma_config`); ``w4a16`` from :data:`.configs.MIXLLM_OPERAND_MIN_M` tokens: its int8 operand
     through the TMA kernel (:mod:`.int8_operand`) — or None where none applies, none can run (the ``*_problem``
     functions) or the kernel did not compile with this Triton (:func:`.wgmma_common.launch_or_decline`)."""
@@ -263,6 +265,12 @@ def _gluon_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size:
             return None
         # each kernel's own build record: a broken lqq_wgmma leaves a working lqq_ws, and the other way round
         wgmma_ok, ws_ok = kernel_broken(LQQ_KERNEL) is None, kernel_broken(LQQ_WS_KERNEL) is None
+        if ws_ok and lqq_k_pair(m, n, k):  # a K-pair launch in place of the rule's (configs.lqq_k_pair)
+            y = launch_or_decline(LQQ_WS_KERNEL, (str(out_dtype), "k_pair", LQQ_K_PAIR_STAGES), lambda: lqq_ws_matmul(
+                a_codes, a_scales, tensors, meta, 128, LQQ_K_PAIR_STAGES, out=out, out_dtype=out_dtype, k_pair=True),
+                fallback="the rule's one-warpgroup launch")
+            if y is not None:
+                return y
         # a two-warpgroup launch that does not build here falls back to the rule's one-warpgroup pick (its tile may
         # differ), then to the Triton kernel; each launch tries the warp-specialized kernel first where
         # configs.lqq_ws_launch gives one; each config is declined (or counts as launched) per output dtype

@@ -28,6 +28,19 @@ dequantize and multiply. This kernel does that with ``gl.warp_specialize``:
   products) programs enough to fill the SMs, as lqq_wgmma's do; measured there they were no faster than lqq_wgmma's
   splits, so the rules give this kernel none (docs/bench/lqq_ws_sweep.py times them).
 
+**K-pair launches** (``k_pair``, session 22): a program that has its SM to itself (a layer of few output tiles: the
+k/v projection at M = 513-1024, 4096 rows at M = 129-256) cannot overlap a warpgroup's dequantization with its own
+products — it must wait for them before it writes registers again — so its tensor cores idle while it dequantizes.
+A K-pair program runs two consumer warpgroups (the default partition and a 4-warp worker, 232-248 registers each)
+on the same 64 rows and 128 tokens, warpgroup h taking tiles h, h + 2, … of the K range from ring slots that only
+it uses (STAGES even, so each slot's mbarrier phases follow one warpgroup); while one dequantizes, the other's
+products run. The second leaves its int32 sum in shared memory, the first adds it (an mbarrier orders the two) and
+stores the tile as above — integers, exact in any order, so the same bits as one warpgroup over the whole range.
+1.04-1.21x the rule's launch at 50 of the 51 points where :func:`.configs.lqq_k_pair` gives it (docs/BENCHMARKS.md).
+Measured and dropped on the way (code at the commits named there): the dequantized planes stored to shared memory
+so that a warpgroup's own products could run on (slower: the extra shared-memory traffic and fence), and three
+warpgroups along K (slower than two).
+
 Same bits as :mod:`.lqq_wgmma` and the Triton LiquidQuant kernel (exact int32 products, the same epilogue). No
 CPU interpreter runs Gluon; the GPU tests compare it bit for bit with the Triton kernel (the format's pure-torch
 reference is :func:`quantkit.runtime.kernels.reference.int8_reference`).

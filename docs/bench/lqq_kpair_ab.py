@@ -1,7 +1,8 @@
 """K-pair launches of the warp-specialized LiquidQuant kernel (``k_pair``: two consumer warpgroups on the same
 64 weight rows, each multiplying every other 256-column tile, their int32 sums added in shared memory) against
 the kernel's one-consumer launches, cuBLAS fp16 and the launch rule's pick (what int8_matmul runs), same GPU, same
-process.
+process. (Since the rule takes K-pair launches, ``rule`` is one itself where configs.lqq_k_pair holds; the session-22
+logs, kpair_ab_*.json, were taken before.)
 
 Per point every launch is checked bit for bit (three calls) against the Triton LiquidQuant kernel at the same K
 split, warmed up, then timed ``--reps`` times per launch in ABBA order (median). Launches are

@@ -531,12 +531,14 @@ def lqq_ws_launch(cfg: tuple[int, int, int, int], warpgroups: int) -> tuple[int,
 # lqq_kpair_ab.py on an H100 (docs/logs/session22/kpair_ab_*.json, kparts_ab_*.json; bit-identical): 1024x4096 at
 # M = 513-1024 (80-128 programs) 1.07-1.16x the rule, 1024x5120 at 513 / 769 1.18-1.19x, 4096x4096 at M = 129-256
 # (128 programs) 1.10-1.16x; with 64 programs or fewer it lost (2048x4096 M = 256: 12.2 µs against 11.8; 512x3584 and
-# the k/v layer below 512 tokens, where the cluster kernel runs: 0.53-0.95x), and wherever the one-warpgroup launches
-# had two programs an SM (4096x4096 at 513-769, 6144x4096 at 129-769: 0.76-0.95x). Hence: more than half the SMs and
+# the k/v layer below 512 tokens, where the cluster kernel runs: 0.53-0.99x), and wherever the one-warpgroup launches
+# had two programs an SM (2048x4096 and 4096x4096 at 513-1024, 6144x4096 at 129-769: 0.66-0.85x). Hence: more than half the SMs and
 # at most one program each, from 128 tokens (a token tile past M makes TMA boxes reach past the activations, which
-# were slow: session 16), on layers of K tiles enough to pair.
+# were slow: session 16), on layers of K tiles enough to pair. Checked through int8_matmul on ten shapes
+# (docs/bench/lqq_k_pair_check.py, k_pair_check.json): 1.04-1.21x the rule before at 50 of its 51 points, 0.97x at
+# 4096x14336 M = 129.
 LQQ_K_PAIR = True
-LQQ_K_PAIR_STAGES = 4  # two ring slots a warpgroup (one each: 1.23-1.26x slower on the k/v layer, kpair_ab_kv)
+LQQ_K_PAIR_STAGES = 4  # two ring slots a warpgroup (one each: 1.24-1.27x slower on the k/v layer, kpair_ab_kv)
 
 
 def lqq_k_pair(m: int, n: int, k: int, sms: int = SMS_H100) -> bool:

@@ -268,3 +268,31 @@ def test_int8_matmul_runs_k_pair_launches_on_the_kv_layer_with_the_triton_kernel
     assert calls == [True]
     assert torch.equal(out, int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, use_asm=True,
                                         config=TileConfig(64, 128, 1, 4, 3)))
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("n,k,m,stages,tail", [
+    (4096, 2048, 700, 3, 64), (130, 2304, 1025, 3, 64), (64, 256, 5, 2, 64), (333, 768, 161, 3, 32),
+    (200, 512, 33, 3, 0), (1000, 1280, 300, 2, 32)])
+def test_row_pair_launch_equals_triton_call_after_call(n, k, m, stages, tail):
+    """``row_pair``: a two-warpgroup launch whose warpgroups are partitions of their own, each releasing a ring slot
+    with its own arrival (no barrier between them) — the Triton kernel's bits, call after call (tails, odd N, a
+    second warpgroup wholly past N, one K tile), and in bf16."""
+    _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n + m + 13)
+    codes, scales = _acts(m, k, seed=m + 7)
+    tri = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, config=TileConfig(64, 128, 1, 4, 3))
+    for _ in range(4):
+        out = torch.full((m, n + 8), float("nan"), dtype=torch.float16, device=DEVICE)[:, :n]
+        assert torch.equal(lqq_ws_matmul(codes, scales, tensors, meta, 128, stages, tail, 2, 1, out=out,
+                                         row_pair=True), tri)
+    bf = lqq_ws_matmul(codes, scales, tensors, meta, 128, stages, tail, 2, 1, out_dtype=torch.bfloat16, row_pair=True)
+    assert torch.equal(bf, int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, out_dtype=torch.bfloat16,
+                                       config=TileConfig(64, 128, 1, 4, 3)))
+
+
+def test_row_pair_takes_unsplit_two_warpgroup_launches_only():
+    for kw in [dict(warpgroups=1), dict(split_k=2), dict(k_pair=True)]:
+        with pytest.raises(ValueError, match="row-pair"):
+            lqq_ws_matmul(torch.zeros(4, 256, dtype=torch.int8), torch.ones(4, 1), {}, {}, row_pair=True,
+                          **{"warpgroups": 2, **kw})

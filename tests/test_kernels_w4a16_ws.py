@@ -112,3 +112,25 @@ def test_ws_kernel_equals_the_wgmma_kernel_bit_for_bit_call_after_call(n, k, m, 
     assert rel_err(got, w4a16_reference(x, tensors, meta)) < TOL[dtype]
     fresh = w4a16_ws_matmul(x, tensors, meta, stages, wg)  # its own output tensor
     assert fresh.dtype == dtype and fresh.shape == (m, n) and torch.equal(fresh, ref)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("n,k,m,stages", [(4096, 2048, 300, 3), (200, 512, 33, 3), (130, 768, 129, 2),
+                                          (64, 1280, 257, 3), (1000, 256, 5, 2)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_row_pair_launch_equals_the_two_warpgroup_kernel_call_after_call(n, k, m, stages, dtype):
+    """``row_pair``: the two warpgroups as partitions of their own, no barrier between them — the same rows, tiles
+    and sums as the two-warpgroup launch, so the same bits, call after call (odd N, a second warpgroup wholly past
+    N, ragged token tiles, one K tile)."""
+    _, tensors, meta = packed("w4a16", n, k, 128, seed=n + m + 1)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + 1)).to(dtype).to(DEVICE)
+    ref = w4a16_ws_matmul(x, tensors, meta, stages, 2)
+    for _ in range(4):
+        out = torch.full((m, n + 8), float("nan"), dtype=dtype, device=DEVICE)[:, :n]
+        assert torch.equal(w4a16_ws_matmul(x, tensors, meta, stages, 2, out=out, row_pair=True), ref)
+
+
+def test_row_pair_takes_two_warpgroups_only():
+    with pytest.raises(ValueError, match="row-pair"):
+        w4a16_ws_matmul(torch.zeros(4, 256, dtype=torch.float16), {}, {}, 3, 1, row_pair=True)

@@ -208,6 +208,32 @@ if HAVE_GLUON:
         ], [4, 1], [HALF_REGS, PRODUCER_REGS_C])
 
     @gluon.jit
+    def _lqq_ws_row_pair_kernel(x_desc, xt_desc, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, M, N, stride_sm, stride_om,
+                                w_row, n_tiles, hpg, groups, BM: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr,
+                                HALF_REGS: gl.constexpr):
+        """A row-pair launch (module docstring): :func:`_consumers` of one warpgroup twice, on rows 128·pid_n … + 63
+        and the 64 after, sharing the producer's ring (each releases a slot with its own arrival); unsplit."""
+        pid_n = gl.program_id(0)
+        first = gl.program_id(1) * (BM + BT)  # a ragged last token tile moves back, as in _lqq_ws_kernel
+        row0 = gl.maximum(gl.minimum(first, M - (BM + BT)), 0)
+        gl.assume(n_tiles > 0)
+        xs = gl.allocate_shared_memory(gl.int8, [2 * STAGES, BM, 128], x_desc.layout)
+        if BT > 0:
+            xt = gl.allocate_shared_memory(gl.int8, [2 * STAGES, BT, 128], xt_desc.layout)
+        else:
+            xt = xs
+        ready, empty = ring_barriers(STAGES, 2)
+        gl.warp_specialize([
+            (_consumers, (xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, out_ptr, out_ptr, M, N,
+                          stride_sm, stride_om, w_row, 0, n_tiles, hpg, groups, 2 * pid_n, 0, row0, first, BM, BT,
+                          STAGES, 1, 1)),
+            (_consumers, (xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, out_ptr, out_ptr, M, N,
+                          stride_sm, stride_om, w_row, 0, n_tiles, hpg, groups, 2 * pid_n + 1, 0, row0, first, BM, BT,
+                          STAGES, 1, 1)),
+            (_producer, (x_desc, xt_desc, xs, xt, ready, empty, row0, 0, n_tiles, BM, BT, STAGES)),
+        ], [4, 1], [HALF_REGS, PRODUCER_REGS_C])
+
+    @gluon.jit
     def _lqq_ws_kernel(x_desc, xt_desc, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm,
                        stride_om, w_row, n_tiles, tiles_per_split, hpg, groups, BM: gl.constexpr, BT: gl.constexpr,
                        STAGES: gl.constexpr, WG: gl.constexpr, SPLIT_K: gl.constexpr):
@@ -238,7 +264,7 @@ if HAVE_GLUON:
 def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, meta: dict, bm: int = 128,
                   stages: int = 3, tail: int = 0, warpgroups: int = 1, per_sm: int = 1, split_k: int = 1,
                   out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16,
-                  k_pair: bool = False) -> torch.Tensor:
+                  k_pair: bool = False, row_pair: bool = False) -> torch.Tensor:
     """Y [M, N] (``out_dtype``, or ``out``'s) = dequant(A)·Ŵᵀ for int8 codes [M, K] with per-token float32 scales
     [M, 1] and a ``w4a8-lqq`` weight, as :func:`.lqq_wgmma.lqq_wgmma_matmul` (same bits at the same K split), with a
     producer warp bringing the activations over TMA (module docstring); 128 tokens per program plus ``tail`` (0, 32,
@@ -246,6 +272,9 @@ def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, 
     ``split_k`` programs along K (fp32 slots summed in split order, :mod:`.splitk`). ``k_pair``: two consumer
     warpgroups on the same 64 rows, each taking every other tile of the K range (module docstring; one warpgroup of
     rows, no tail, 2 or 4 stages, one program an SM). The caller checks :func:`.lqq_wgmma.lqq_wgmma_problem`."""
+    if row_pair and (warpgroups != 2 or split_k != 1 or k_pair):
+        raise ValueError(f"a row-pair launch is a two-warpgroup launch (128 rows), unsplit; got warpgroups "
+                         f"{warpgroups}, split_k {split_k}{', k_pair' if k_pair else ''}")
     if k_pair and (bm != 128 or tail or stages not in (2, 4) or warpgroups != 1 or per_sm != 1 or split_k < 1):
         raise ValueError(f"a K-pair launch takes bm 128, no tail, 2 or 4 stages, one warpgroup of rows, one program "
                          f"an SM and split_k >= 1; got {bm}, {tail}, {stages}, {warpgroups}, {per_sm}, {split_k}")
@@ -262,6 +291,12 @@ def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, 
     xt_desc = TensorDescriptor(a_codes, [m, k], [a_codes.stride(0), 1], [max(tail, 8), 128], layout)
     grid = (-(-n // (BN * warpgroups)), -(-m // (bm + tail)), split)
     ws, tickets = split_workspace(a_codes.device, m * n, split, grid[0] * grid[1])
+    if row_pair:
+        _lqq_ws_row_pair_kernel[grid](x_desc, xt_desc, a_scales, qweight, qparams, cs, out, m, n, a_scales.stride(0),
+                                      out.stride(0), qweight.shape[1], n_tiles, groups_in_halves(meta, n_tiles),
+                                      qparams.shape[0], BM=bm, BT=tail, STAGES=stages, HALF_REGS=K_PAIR_HALF_REGS,
+                                      num_warps=4, maxnreg=ws_maxnreg(2, 1))
+        return out
     if k_pair:
         _lqq_ws_kpair_kernel[grid](x_desc, a_scales, qweight, qparams, cs, out, ws, tickets, m, n, a_scales.stride(0),
                                    out.stride(0), qweight.shape[1], n_tiles, tiles_per_split,

@@ -29,6 +29,7 @@ from quantkit.runtime.kernels.w4a16_wgmma import w4a16_operands, w4a16_wgmma_pro
 from quantkit.runtime.kernels.wgmma_common import BN, HAVE_GLUON, PRODUCER_REGS, ws_maxnreg
 
 KERNEL = "w4a16_ws"
+ROW_PAIR_HALF_REGS = 232  # setmaxnreg of a row-pair launch's second consumer warpgroup (the first gets the rest)
 
 if HAVE_GLUON:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -95,6 +96,29 @@ if HAVE_GLUON:
         ], [1], [PRODUCER_REGS_C])
 
 
+    @gluon.jit
+    def _w4a16_ws_row_pair_kernel(x_desc, w_ptr, p_ptr, out_ptr, M, N, stride_om, w_row, n_tiles, hpg, groups,
+                                  BM: gl.constexpr, STAGES: gl.constexpr, BF16: gl.constexpr, HALF_REGS: gl.constexpr):
+        """A row-pair launch (module docstring): :func:`_consumers` of one warpgroup twice, on rows 128·pid_n … + 63
+        and the 64 after, sharing the producer's ring (each releases a slot with its own arrival)."""
+        pid_n = gl.program_id(0)
+        first = gl.program_id(1) * BM  # a ragged last token tile ends at row M - 1, as in _w4a16_ws_kernel
+        row0 = gl.maximum(gl.minimum(first, M - BM), 0)
+        gl.assume(n_tiles > 0)
+        if BF16:
+            xs = gl.allocate_shared_memory(gl.bfloat16, [4 * STAGES, BM, 64], x_desc.layout)
+        else:
+            xs = gl.allocate_shared_memory(gl.float16, [4 * STAGES, BM, 64], x_desc.layout)
+        ready, empty = ring_barriers(STAGES, 2)
+        gl.warp_specialize([
+            (_consumers, (xs, ready, empty, w_ptr, p_ptr, out_ptr, M, N, stride_om, w_row, n_tiles, hpg, groups,
+                          2 * pid_n, row0, first, BM, STAGES, 1, BF16)),
+            (_consumers, (xs, ready, empty, w_ptr, p_ptr, out_ptr, M, N, stride_om, w_row, n_tiles, hpg, groups,
+                          2 * pid_n + 1, row0, first, BM, STAGES, 1, BF16)),
+            (_producer, (x_desc, xs, ready, empty, row0, n_tiles, BM, STAGES)),
+        ], [4, 1], [HALF_REGS, PRODUCER_REGS_C])
+
+
 def w4a16_ws_problem(x: torch.Tensor, meta: dict, out: torch.Tensor | None = None) -> str | None:
     """Why :func:`w4a16_ws_matmul` cannot run this product (None: it can): :func:`.w4a16_wgmma.w4a16_wgmma_problem`
     (fp16/bf16 activations and output, K a multiple of 256, 16-byte aligned rows, Gluon, sm_90) under this kernel's
@@ -103,19 +127,26 @@ def w4a16_ws_problem(x: torch.Tensor, meta: dict, out: torch.Tensor | None = Non
 
 
 def w4a16_ws_matmul(x: torch.Tensor, tensors: dict, meta: dict, stages: int = 3, warpgroups: int = 1,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, row_pair: bool = False) -> torch.Tensor:
     """Y [M, N] = X·Ŵᵀ in x's dtype (fp16/bf16) for a ``w4a16`` weight, as :func:`.w4a16_wgmma.w4a16_wgmma_matmul`
     with 128-token tiles unsplit (the same bits), with a producer warp bringing the activations over TMA (module
     docstring); ``stages`` activation tiles in the ring (2 or 3: 64 KB each, so one program an SM, whose register
     budget :func:`.wgmma_common.ws_maxnreg` sets), ``warpgroups`` 1 or 2. The caller checks
     :func:`w4a16_ws_problem`."""
-    if stages not in (2, 3) or warpgroups not in (1, 2):
-        raise ValueError(f"stages must be 2-3 and warpgroups 1-2; got {stages}, {warpgroups}")
+    if stages not in (2, 3) or warpgroups not in (1, 2) or (row_pair and warpgroups != 2):
+        raise ValueError(f"stages must be 2-3 and warpgroups 1-2 (2 for a row-pair launch); got {stages}, "
+                         f"{warpgroups}")
     m, k, n, qweight, qparams, n_tiles = w4a16_operands(x, tensors, meta)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     x_desc = TensorDescriptor(x, [m, k], [x.stride(0), 1], [128, 64], layout)
     grid = (-(-n // (BN * warpgroups)), -(-m // 128))
+    if row_pair:
+        _w4a16_ws_row_pair_kernel[grid](x_desc, qweight, qparams, out, m, n, out.stride(0), qweight.shape[1],
+                                        n_tiles, groups_in_halves(meta, n_tiles), qparams.shape[0], BM=128,
+                                        STAGES=stages, BF16=x.dtype == torch.bfloat16, HALF_REGS=ROW_PAIR_HALF_REGS,
+                                        num_warps=4, maxnreg=ws_maxnreg(2, 1))
+        return out
     _w4a16_ws_kernel[grid](x_desc, qweight, qparams, out, m, n, out.stride(0), qweight.shape[1], n_tiles,
                            groups_in_halves(meta, n_tiles), qparams.shape[0], BM=128, STAGES=stages,
                            WG=warpgroups, BF16=x.dtype == torch.bfloat16, num_warps=4 * warpgroups,

@@ -221,15 +221,15 @@ if HAVE_GLUON:
                 cp_async(xs.index(COPIES * s + j), x_ptrs + tt * 256 + W * j, ok)
 
     @gluon.jit
-    def ring_barriers(STAGES: gl.constexpr):
-        """(ready, empty): the mbarriers of a warp-specialized kernel's STAGES-slot ring, one arrival each — the
-        producer's expect-tx arrival completes ``ready[s]`` with its TMA bytes, a consumer thread's arrival after
-        the products completes ``empty[s]``."""
+    def ring_barriers(STAGES: gl.constexpr, CONSUMERS: gl.constexpr = 1):
+        """(ready, empty): the mbarriers of a warp-specialized kernel's STAGES-slot ring — the producer's expect-tx
+        arrival completes ``ready[s]`` with its TMA bytes; ``empty[s]`` completes with one arrival (after its
+        products) from each of the CONSUMERS partitions that read the slot."""
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
+            mbarrier.init(empty.index(i), count=CONSUMERS)
         return ready, empty
 
     @gluon.jit

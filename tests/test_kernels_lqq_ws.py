@@ -89,7 +89,11 @@ def test_matmul_refuses_a_split_below_one():
     # of one tile a program
     (1024, 4096, 769, 3, 0, 1, 2, 2), (1024, 4096, 128, 3, 0, 1, 2, 8), (333, 1280, 300, 3, 0, 1, 2, 2),
     (200, 1280, 300, 3, 32, 1, 1, 2), (1000, 2048, 161, 2, 64, 1, 2, 4), (4096, 2048, 700, 3, 64, 2, 1, 2),
-    (64, 256, 5, 2, 0, 1, 2, 2), (130, 2304, 1025, 3, 32, 2, 1, 3), (1000, 2048, 161, 2, 64, 1, 2, 8)])
+    (64, 256, 5, 2, 0, 1, 2, 2), (130, 2304, 1025, 3, 32, 2, 1, 3), (1000, 2048, 161, 2, 64, 1, 2, 8),
+    # two warpgroups (partitions of their own since session 22, each on its own split-K tickets): a tail of 32,
+    # none, one K tile, a split of two-warpgroup programs over a ragged token tile
+    (333, 768, 161, 3, 32, 2, 1, 1), (200, 512, 33, 3, 0, 2, 1, 1), (1000, 1280, 300, 2, 32, 2, 1, 1),
+    (333, 1280, 300, 3, 0, 2, 1, 2)])
 def test_ws_kernel_equals_triton_at_the_same_split_call_after_call(n, k, m, stages, tail, wg, per_sm, split):
     """Bit for bit the Triton kernel's result at the same K split (which sums the same fp32 partials in the same
     order), call after call (a race would show as calls that differ), into a row-strided output, and in bf16."""
@@ -269,30 +273,3 @@ def test_int8_matmul_runs_k_pair_launches_on_the_kv_layer_with_the_triton_kernel
     assert torch.equal(out, int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, use_asm=True,
                                         config=TileConfig(64, 128, 1, 4, 3)))
 
-
-@pytest.mark.gpu
-@hopper
-@pytest.mark.parametrize("n,k,m,stages,tail", [
-    (4096, 2048, 700, 3, 64), (130, 2304, 1025, 3, 64), (64, 256, 5, 2, 64), (333, 768, 161, 3, 32),
-    (200, 512, 33, 3, 0), (1000, 1280, 300, 2, 32)])
-def test_row_pair_launch_equals_triton_call_after_call(n, k, m, stages, tail):
-    """``row_pair``: a two-warpgroup launch whose warpgroups are partitions of their own, each releasing a ring slot
-    with its own arrival (no barrier between them) — the Triton kernel's bits, call after call (tails, odd N, a
-    second warpgroup wholly past N, one K tile), and in bf16."""
-    _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n + m + 13)
-    codes, scales = _acts(m, k, seed=m + 7)
-    tri = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, config=TileConfig(64, 128, 1, 4, 3))
-    for _ in range(4):
-        out = torch.full((m, n + 8), float("nan"), dtype=torch.float16, device=DEVICE)[:, :n]
-        assert torch.equal(lqq_ws_matmul(codes, scales, tensors, meta, 128, stages, tail, 2, 1, out=out,
-                                         row_pair=True), tri)
-    bf = lqq_ws_matmul(codes, scales, tensors, meta, 128, stages, tail, 2, 1, out_dtype=torch.bfloat16, row_pair=True)
-    assert torch.equal(bf, int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, out_dtype=torch.bfloat16,
-                                       config=TileConfig(64, 128, 1, 4, 3)))
-
-
-def test_row_pair_takes_unsplit_two_warpgroup_launches_only():
-    for kw in [dict(warpgroups=1), dict(split_k=2), dict(k_pair=True)]:
-        with pytest.raises(ValueError, match="row-pair"):
-            lqq_ws_matmul(torch.zeros(4, 256, dtype=torch.int8), torch.ones(4, 1), {}, {}, row_pair=True,
-                          **{"warpgroups": 2, **kw})

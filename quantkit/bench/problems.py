@@ -83,6 +83,20 @@ def fp16_and_lqq_inputs(tensors: dict, m: int, n: int, k: int) -> tuple[dict, li
     return fp16, [(a, s, {key: v.clone() for key, v in tensors.items()}) for a, s in codes]
 
 
+def fp16_and_w4a16_inputs(tensors: dict, m: int, n: int, k: int) -> tuple[dict, list[tuple]]:
+    """For an A/B of W4A16 kernels on the packed weight ``tensors`` [N, K] at M tokens (the docs/bench scripts):
+    cuBLAS fp16's :func:`.timing.time_rotating` result for the same product, and the rotating (fp16 activations, a
+    copy of the weight tensors) inputs of the kernels — enough copies that one rotation touches twice the L2."""
+    from quantkit.bench.timing import time_rotating
+
+    copies = copies_to_defeat_l2(n * k // 2 + 2 * m * k + 2 * m * n)
+    xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in range(copies)]
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.float16) for _ in range(min(copies, 4))]
+    fp16 = time_rotating(lambda x, w: F.linear(x, w), [(x, ws[i % len(ws)]) for i, x in enumerate(xs)])
+    del ws
+    return fp16, [(x, {key: v.clone() for key, v in tensors.items()}) for x in xs]
+
+
 def build_problem(method: str, m: int, n: int, k: int, config=None, seed: int = 0) -> Problem:
     """The :class:`Problem` of ``method`` (module docstring) at [M, K] × [K, N]; ``config`` a TileConfig for
     the quantkit kernels (None: the default rule)."""

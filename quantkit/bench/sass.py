@@ -222,8 +222,8 @@ def _lqq_launches():
             yield (f"lqq_ws tail={tail} wg={wg} per_sm={per_sm} stages={stages} split={split}", lqq_ws._lqq_ws_kernel,
                    descs + (sa, w, p, cs, out, slots, tickets, m, n, 1, n, w.shape[1], k // 256, k // 256 // split, 1,
                             k // 128),
-                   dict(BM=128, BT=tail, STAGES=stages, WG=wg, SPLIT_K=split, num_warps=4 * wg,
-                        maxnreg=ws_maxnreg(wg, per_sm)))
+                   dict(BM=128, BT=tail, STAGES=stages, WG=wg, SPLIT_K=split, PART_REGS=lqq_ws.K_PAIR_HALF_REGS,
+                        num_warps=4, maxnreg=ws_maxnreg(wg, per_sm)))
     # the K-pair launches (configs.lqq_k_pair; unsplit, and a split for the slot epilogue)
     desc = TensorDescriptor(a, [m, k], [k, 1], [128, 128], layout)
     for split in (1, 2):
@@ -257,8 +257,8 @@ def _w4a16_launches():
             yield (f"w4a16_ws {dtype} wg={wg}", w4a16_ws._w4a16_ws_kernel,
                    (TensorDescriptor(x, [m, k], [k, 1], [128, 64], layout), w, p, out, m, n, n, w.shape[1],
                     k // 256, 1, k // 128),
-                   dict(BM=128, STAGES=3, WG=wg, BF16=dtype == torch.bfloat16, num_warps=4 * wg,
-                        maxnreg=ws_maxnreg(wg, 1)))
+                   dict(BM=128, STAGES=3, WG=wg, BF16=dtype == torch.bfloat16, PART_REGS=w4a16_ws.PART_REGS,
+                        num_warps=4, maxnreg=ws_maxnreg(wg, 1)))
 
 
 def check_gluon_kernels(workdir: str) -> dict[str, tuple[int, list[str]]]:

@@ -532,11 +532,11 @@ def lqq_ws_launch(cfg: tuple[int, int, int, int], warpgroups: int) -> tuple[int,
 # M = 513-1024 (80-128 programs) 1.07-1.16x the rule, 1024x5120 at 513 / 769 1.18-1.19x, 4096x4096 at M = 129-256
 # (128 programs) 1.10-1.16x; with 64 programs or fewer it lost (2048x4096 M = 256: 12.2 µs against 11.8; 512x3584 and
 # the k/v layer below 512 tokens, where the cluster kernel runs: 0.53-0.99x), and wherever the one-warpgroup launches
-# had two programs an SM (2048x4096 and 4096x4096 at 513-1024, 6144x4096 at 129-769: 0.66-0.85x). Hence: more than half the SMs and
-# at most one program each, from 128 tokens (a token tile past M makes TMA boxes reach past the activations, which
-# were slow: session 16), on layers of K tiles enough to pair. Checked through int8_matmul on ten shapes
-# (docs/bench/lqq_k_pair_check.py, k_pair_check.json): 1.04-1.21x the rule before at 50 of its 51 points, 0.97x at
-# 4096x14336 M = 129.
+# had two programs an SM (2048x4096 and 4096x4096 at 513-1024, 6144x4096 at 129-769: 0.66-0.85x). Hence: more than
+# half the SMs and at most one program each, from 128 tokens (a token tile past M makes TMA boxes reach past the
+# activations, which were slow: session 16), on layers of K tiles enough to pair. Checked through int8_matmul on ten
+# shapes (docs/bench/lqq_k_pair_check.py, k_pair_check.json): 1.04-1.21x the rule before at 50 of its 51 points,
+# 0.97x at 4096x14336 M = 129.
 LQQ_K_PAIR = True
 LQQ_K_PAIR_STAGES = 4  # two ring slots a warpgroup (one each: 1.24-1.27x slower on the k/v layer, kpair_ab_kv)
 
@@ -777,14 +777,20 @@ def w4a16_wgmma_config(m: int, n: int, k: int) -> tuple[int, int, int, int] | No
 # 126.4). The k/v layer keeps the other paths (16-64 programs). M = 65-128 on layers short of W4A16_WGMMA_MIN_PROGRAMS stay on the
 # Triton kernel (6144×4096 M = 96-128: the warp-specialized kernel 18.4-19.5 µs against 22.0-22.5, but 24.1 against
 # 22.4 at M = 80, where its one 128-token tile reads 48 rows past M).
-# On the wide layers (more 128-row programs than SMs, one program an SM) the warpgroup count whose last wave is fuller:
-# a 128-row program costs W4A16_WS_WG2_COST 64-row ones (14336×4096 M = 256 and 512: 1.90 and 1.85), so one warpgroup
-# where its waves number less than that many times two warpgroups' (docs/logs/session17/w4a16_wide_repeat{1,2}_h100.json,
-# two runs: 14336×4096 M = 448-512 133-140 µs against 141-147, 28672×4096 M = 256 136-137 against 148-151; but at
-# 28672×4096 M = 320-384, 11 waves against 6, one warpgroup 222-227 against 218-221).
+# Since session 22 a two-warpgroup launch runs its warpgroups as partitions of their own, which take turns instead of
+# meeting at a barrier every tile: 1.16-1.37x the barrier form at the 30 points of docs/logs/session22/
+# row_pair_w4a16.json. Until then a wave model (a 128-row program costing 1.9 64-row ones, session 17's
+# w4a16_wide_repeat*_h100.json) and a padding bound chose between one warpgroup, two, and the other paths. Timed again
+# with the new form (docs/bench/w4a16_ws_wg_check.py: w4a16_ws_wg_check.json, w4a16_ws_wg_padding.json, six shapes at
+# M = 129-512), a 128-row program took 1.34-1.53x a 64-row one, so two warpgroups are faster wherever one
+# warpgroup's 64-row programs need more than one wave: 1.03-1.47x one warpgroup (6144x4096 M = 257-512 1.03-1.07x,
+# 4608x3584 M = 129-224 1.30-1.33x, the 14336- and 28672-row layers 1.17-1.40x, 4096x14336 at M = 320-512
+# 1.41-1.47x), and 1.17-1.27x the Triton kernel that ran where the padding bound had declined both (14336x4096 and
+# 28672x4096 at M = 129-192 and 257-288). Where one
+# wave of 64-row programs holds the layer (4096x4096, 4096x14336 at M = 160-256: 128 programs) one warpgroup stays,
+# 1.28-1.36x two. Layers with fewer than W4A16_WS_MIN_PROGRAMS such programs keep the other paths (the k/v layer).
 W4A16_WS_MAX_M = 512
 W4A16_WS_MIN_PROGRAMS = 96
-W4A16_WS_WG2_COST = 1.9
 
 
 @functools.lru_cache(maxsize=4096)
@@ -796,16 +802,10 @@ def w4a16_ws_warpgroups(m: int, n: int, k: int, sms: int = SMS_H100) -> int | No
         return cfg[3] if cfg is not None and cfg[0] == 128 else None
     if m > W4A16_WS_MAX_M:
         return None
-    tiles = -(-m // 128)
-    programs_two, programs_one = -(-n // 128) * tiles, -(-n // 64) * tiles
-    if W4A16_WS_MIN_PROGRAMS <= programs_two <= sms:
-        return 2
-    if W4A16_WS_MIN_PROGRAMS <= programs_one <= 3 * sms:
-        return 1
-    if programs_two > sms and 5 * (128 * tiles - m) <= m:
-        waves_one, waves_two = -(-programs_one // sms), -(-programs_two // sms)
-        return 1 if waves_one < W4A16_WS_WG2_COST * waves_two else 2
-    return None
+    programs_one = -(-n // 64) * -(-m // 128)
+    if programs_one < W4A16_WS_MIN_PROGRAMS:
+        return None
+    return 1 if programs_one <= sms else 2
 
 # The activation quantizer (:mod:`.act_quant`): rows per program and warps. docs/bench/act_quant_sweep.py on an H100
 # (docs/logs/act_quant_h100.json; every variant bit-identical, M = 1-4096, K = 4096 and 14336; compared here among

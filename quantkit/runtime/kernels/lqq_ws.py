@@ -12,19 +12,23 @@ dequantize and multiply. This kernel does that with ``gl.warp_specialize``:
   (mbarrier ``empty``), then starts the TMA of activation tile t — two [BM, 128] int8 boxes, plus two [BT, 128]
   for a tail tile — completing on mbarrier ``ready``. Token rows past M arrive as zeros (TMA bounds), and their
   products are never stored;
-* the **consumers** (the default partition: WG warpgroups of 64 weight rows each) are :mod:`.lqq_wgmma`'s loop
-  without the copies: dequantize tile t in registers (:data:`.dequant.ASM_I8`, LiquidGEMM Eq. 11-12), load
-  tile t + 1's words, wait on ``ready``, issue the 8 (16 with a tail) asynchronous k32 products, wait for them,
-  and release the slot (``empty``; with two warpgroups after a barrier of the partition, since each waited for its
-  own products only). Waiting for the tile's own products, not only the previous tile's, is what keeps the sums
-  right: ptxas does not keep a register A operand alive while its wgmma runs (docs/BENCHMARKS.md, session 16);
-  the tensor cores stay busy with the other warpgroup's or the other program's products;
+* the **consumers** (one warpgroup of 64 weight rows: the default partition; with two warpgroups, 128 rows, the
+  second is a 4-warp worker partition of its own) are :mod:`.lqq_wgmma`'s loop without the copies: dequantize tile
+  t in registers (:data:`.dequant.ASM_I8`, LiquidGEMM Eq. 11-12), load tile t + 1's words, wait on ``ready``,
+  issue the 8 (16 with a tail) asynchronous k32 products, wait for them, and release the slot (``empty``, which
+  completes with one arrival from each warpgroup). Waiting for the tile's own products, not only the previous
+  tile's, is what keeps the sums right: ptxas does not keep a register A operand alive while its wgmma runs
+  (docs/BENCHMARKS.md, session 16); the tensor cores stay busy with the other warpgroup's or the other program's
+  products. Until session 22 the two warpgroups were one 8-warp partition that met at a barrier before releasing
+  each slot, so both dequantized at once and then both waited on the tensor cores; as partitions of their own they
+  drift into turns (1.05-1.37× at every launch timed, docs/BENCHMARKS.md);
 * a ragged last token tile moves back to end at token M − 1 (its TMA boxes then lie inside the activations —
   boxes reaching past M were much slower) and stores only its own new rows;
 * the epilogue is :mod:`.lqq_wgmma`'s: (acc · token scale) · channel scale, fp16/bf16 store — or, in a K-split
   launch (program axis 2 walks its share of the 256-column tiles, producer and consumers alike), the fp32 slot of
   :mod:`.splitk`'s scheme, the tile's last program adding the slots in split order
-  (:func:`.wgmma_common.store_rows_split`). Split launches would give layers with few output tiles (the 1024-row k/v
+  (:func:`.wgmma_common.store_rows_split`; each warpgroup of a two-warpgroup launch on tickets of its own). Split
+  launches would give layers with few output tiles (the 1024-row k/v
   products) programs enough to fill the SMs, as lqq_wgmma's do; measured there they were no faster than lqq_wgmma's
   splits, so the rules give this kernel none (docs/bench/lqq_ws_sweep.py times them).
 
@@ -56,14 +60,15 @@ from quantkit.runtime.kernels.splitk import split_workspace
 from quantkit.runtime.kernels.wgmma_common import BN, HAVE_GLUON, PRODUCER_REGS, ws_maxnreg
 
 KERNEL = "lqq_ws"
-K_PAIR_HALF_REGS = 232  # setmaxnreg of a K-pair launch's second consumer warpgroup (the first gets the rest)
+# setmaxnreg of the second consumer warpgroup of a two-warpgroup or K-pair launch (the first gets the rest)
+K_PAIR_HALF_REGS = 232
 
 if HAVE_GLUON:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from quantkit.runtime.kernels.lqq_wgmma import apply_scales, multiply_tile, planes_wgmma
-    from quantkit.runtime.kernels.wgmma_common import (a_layout, cta_barrier, gl, gluon, load_words, mbarrier,
-                                                       mma_layout, ring_barriers, store_rows, store_rows_split,
+    from quantkit.runtime.kernels.wgmma_common import (a_layout, gl, gluon, load_words, mbarrier, mma_layout,
+                                                       ring_barriers, store_rows, store_rows_split,
                                                        store_rows_split_pair, tma_load, weight_rows)
 
     PRODUCER_REGS_C = gl.constexpr(PRODUCER_REGS)  # Triton kernels read only constexpr globals
@@ -90,14 +95,13 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _store_result(acc, acc_t, sa_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm, stride_om, pid_n,
-                      pid_k, row0, first, BM: gl.constexpr, BT: gl.constexpr, WG: gl.constexpr,
-                      SPLIT_K: gl.constexpr):
-        """The epilogue: (acc · token scale) · channel scale of the [64·WG, BM] tile (and its [64·WG, BT] tail
-        ``acc_t``), stored directly or through split-K slot pid_k (module docstring)."""
-        ROWS: gl.constexpr = 64 * WG
-        mma: gl.constexpr = mma_layout(BM, WG)
+                      pid_k, row0, first, BM: gl.constexpr, BT: gl.constexpr, SPLIT_K: gl.constexpr):
+        """The epilogue: (acc · token scale) · channel scale of the [64, BM] tile of rows 64·pid_n … (and its
+        [64, BT] tail ``acc_t``), stored directly or through split-K slot pid_k (module docstring)."""
+        ROWS: gl.constexpr = 64
+        mma: gl.constexpr = mma_layout(BM, 1)
         if BT > 0:
-            mma_t: gl.constexpr = mma_layout(BT, WG)
+            mma_t: gl.constexpr = mma_layout(BT, 1)
         rm = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
         rn_o = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
         if BT > 0:
@@ -121,17 +125,14 @@ if HAVE_GLUON:
     @gluon.jit
     def _consumers(xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm,
                    stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first, BM: gl.constexpr,
-                   BT: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, SPLIT_K: gl.constexpr):
-        """Dequantize, multiply and store the program's [64·WG, BM (+ BT)] output tile over its K range, directly or
-        through split-K slot pid_k (module docstring)."""
-        ROWS: gl.constexpr = 64 * WG
-        mma: gl.constexpr = mma_layout(BM, WG)
-        a_l: gl.constexpr = a_layout(BM, WG)
-        rn_in, w_ptrs = weight_rows(w_ptr, pid_n, ROWS, N, w_row, a_l)
-        acc = gl.zeros([ROWS, BM], gl.int32, mma)
+                   BT: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr):
+        """One consumer warpgroup: dequantize, multiply and store the [64, BM (+ BT)] output tile of rows 64·pid_n …
+        over the program's K range, directly or through split-K slot pid_k (module docstring)."""
+        mma: gl.constexpr = mma_layout(BM, 1)
+        rn_in, w_ptrs = weight_rows(w_ptr, pid_n, 64, N, w_row, a_layout(BM, 1))
+        acc = gl.zeros([64, BM], gl.int32, mma)
         if BT > 0:
-            mma_t: gl.constexpr = mma_layout(BT, WG)
-            acc_t = gl.zeros([ROWS, BT], gl.int32, mma_t)
+            acc_t = gl.zeros([64, BT], gl.int32, mma_layout(BT, 1))
         else:
             acc_t = acc  # no tail: a placeholder _store_result does not read
         words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t_begin, t_end, hpg, groups, N, rn_in)
@@ -142,14 +143,12 @@ if HAVE_GLUON:
             words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t + 1, t_end, hpg, groups, N, rn_in)
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
             if BT > 0:  # the tail tile multiplies the same planes: one dequantization for BM + BT tokens
-                acc, acc_t = multiply_tile(planes, xs, xt, 2 * s, acc, acc_t, BT, WG)
+                acc, acc_t = multiply_tile(planes, xs, xt, 2 * s, acc, acc_t, BT, 1)
             else:
-                acc, _ = multiply_tile(planes, xs, xs, 2 * s, acc, acc, BT, WG)
-            if WG > 1:  # each warpgroup waited for its own products: meet before this tile's slot is released
-                cta_barrier()
-            mbarrier.arrive(empty.index(s), count=1)
+                acc, _ = multiply_tile(planes, xs, xs, 2 * s, acc, acc, BT, 1)
+            mbarrier.arrive(empty.index(s), count=1)  # this warpgroup's products are complete: its read of the slot
         _store_result(acc, acc_t, sa_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm, stride_om, pid_n,
-                      pid_k, row0, first, BM, BT, WG, SPLIT_K)
+                      pid_k, row0, first, BM, BT, SPLIT_K)
 
     @gluon.jit
     def _k_half(xs, ready, empty, red, red_bar, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N,
@@ -179,7 +178,7 @@ if HAVE_GLUON:
             mbarrier.wait(red_bar, 0)
             acc += red.load(mma)
             _store_result(acc, acc, sa_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm, stride_om, pid_n,
-                          pid_k, row0, first, BM, 0, 1, SPLIT_K)
+                          pid_k, row0, first, BM, 0, SPLIT_K)
 
     @gluon.jit
     def _lqq_ws_kpair_kernel(x_desc, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm,
@@ -208,35 +207,9 @@ if HAVE_GLUON:
         ], [4, 1], [HALF_REGS, PRODUCER_REGS_C])
 
     @gluon.jit
-    def _lqq_ws_row_pair_kernel(x_desc, xt_desc, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, M, N, stride_sm, stride_om,
-                                w_row, n_tiles, hpg, groups, BM: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr,
-                                HALF_REGS: gl.constexpr):
-        """A row-pair launch (module docstring): :func:`_consumers` of one warpgroup twice, on rows 128·pid_n … + 63
-        and the 64 after, sharing the producer's ring (each releases a slot with its own arrival); unsplit."""
-        pid_n = gl.program_id(0)
-        first = gl.program_id(1) * (BM + BT)  # a ragged last token tile moves back, as in _lqq_ws_kernel
-        row0 = gl.maximum(gl.minimum(first, M - (BM + BT)), 0)
-        gl.assume(n_tiles > 0)
-        xs = gl.allocate_shared_memory(gl.int8, [2 * STAGES, BM, 128], x_desc.layout)
-        if BT > 0:
-            xt = gl.allocate_shared_memory(gl.int8, [2 * STAGES, BT, 128], xt_desc.layout)
-        else:
-            xt = xs
-        ready, empty = ring_barriers(STAGES, 2)
-        gl.warp_specialize([
-            (_consumers, (xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, out_ptr, out_ptr, M, N,
-                          stride_sm, stride_om, w_row, 0, n_tiles, hpg, groups, 2 * pid_n, 0, row0, first, BM, BT,
-                          STAGES, 1, 1)),
-            (_consumers, (xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, out_ptr, out_ptr, M, N,
-                          stride_sm, stride_om, w_row, 0, n_tiles, hpg, groups, 2 * pid_n + 1, 0, row0, first, BM, BT,
-                          STAGES, 1, 1)),
-            (_producer, (x_desc, xt_desc, xs, xt, ready, empty, row0, 0, n_tiles, BM, BT, STAGES)),
-        ], [4, 1], [HALF_REGS, PRODUCER_REGS_C])
-
-    @gluon.jit
     def _lqq_ws_kernel(x_desc, xt_desc, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm,
                        stride_om, w_row, n_tiles, tiles_per_split, hpg, groups, BM: gl.constexpr, BT: gl.constexpr,
-                       STAGES: gl.constexpr, WG: gl.constexpr, SPLIT_K: gl.constexpr):
+                       STAGES: gl.constexpr, WG: gl.constexpr, SPLIT_K: gl.constexpr, PART_REGS: gl.constexpr):
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(2)
         t_begin = pid_k * tiles_per_split
@@ -252,19 +225,30 @@ if HAVE_GLUON:
             xt = gl.allocate_shared_memory(gl.int8, [2 * STAGES, BT, 128], xt_desc.layout)
         else:
             xt = xs
-        ready, empty = ring_barriers(STAGES)
-        gl.warp_specialize([
-            (_consumers, (xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N,
-                          stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first, BM, BT,
-                          STAGES, WG, SPLIT_K)),
-            (_producer, (x_desc, xt_desc, xs, xt, ready, empty, row0, t_begin, t_end, BM, BT, STAGES)),
-        ], [1], [PRODUCER_REGS_C])
-
+        ready, empty = ring_barriers(STAGES, WG)
+        if WG == 1:
+            gl.warp_specialize([
+                (_consumers, (xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N,
+                              stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first, BM,
+                              BT, STAGES, SPLIT_K)),
+                (_producer, (x_desc, xt_desc, xs, xt, ready, empty, row0, t_begin, t_end, BM, BT, STAGES)),
+            ], [1], [PRODUCER_REGS_C])
+        else:  # rows 128·pid_n … + 63 and the 64 after, each warpgroup with its own split-K tickets
+            tickets = gl.num_programs(0) * gl.num_programs(1)
+            gl.warp_specialize([
+                (_consumers, (xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N,
+                              stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups, 2 * pid_n, pid_k, row0, first,
+                              BM, BT, STAGES, SPLIT_K)),
+                (_consumers, (xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr,
+                              ticket_ptr + tickets, M, N, stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups,
+                              2 * pid_n + 1, pid_k, row0, first, BM, BT, STAGES, SPLIT_K)),
+                (_producer, (x_desc, xt_desc, xs, xt, ready, empty, row0, t_begin, t_end, BM, BT, STAGES)),
+            ], [4, 1], [PART_REGS, PRODUCER_REGS_C])
 
 def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, meta: dict, bm: int = 128,
                   stages: int = 3, tail: int = 0, warpgroups: int = 1, per_sm: int = 1, split_k: int = 1,
                   out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16,
-                  k_pair: bool = False, row_pair: bool = False) -> torch.Tensor:
+                  k_pair: bool = False) -> torch.Tensor:
     """Y [M, N] (``out_dtype``, or ``out``'s) = dequant(A)·Ŵᵀ for int8 codes [M, K] with per-token float32 scales
     [M, 1] and a ``w4a8-lqq`` weight, as :func:`.lqq_wgmma.lqq_wgmma_matmul` (same bits at the same K split), with a
     producer warp bringing the activations over TMA (module docstring); 128 tokens per program plus ``tail`` (0, 32,
@@ -272,9 +256,6 @@ def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, 
     ``split_k`` programs along K (fp32 slots summed in split order, :mod:`.splitk`). ``k_pair``: two consumer
     warpgroups on the same 64 rows, each taking every other tile of the K range (module docstring; one warpgroup of
     rows, no tail, 2 or 4 stages, one program an SM). The caller checks :func:`.lqq_wgmma.lqq_wgmma_problem`."""
-    if row_pair and (warpgroups != 2 or split_k != 1 or k_pair):
-        raise ValueError(f"a row-pair launch is a two-warpgroup launch (128 rows), unsplit; got warpgroups "
-                         f"{warpgroups}, split_k {split_k}{', k_pair' if k_pair else ''}")
     if k_pair and (bm != 128 or tail or stages not in (2, 4) or warpgroups != 1 or per_sm != 1 or split_k < 1):
         raise ValueError(f"a K-pair launch takes bm 128, no tail, 2 or 4 stages, one warpgroup of rows, one program "
                          f"an SM and split_k >= 1; got {bm}, {tail}, {stages}, {warpgroups}, {per_sm}, {split_k}")
@@ -290,13 +271,8 @@ def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, 
     x_desc = TensorDescriptor(a_codes, [m, k], [a_codes.stride(0), 1], [bm, 128], layout)
     xt_desc = TensorDescriptor(a_codes, [m, k], [a_codes.stride(0), 1], [max(tail, 8), 128], layout)
     grid = (-(-n // (BN * warpgroups)), -(-m // (bm + tail)), split)
-    ws, tickets = split_workspace(a_codes.device, m * n, split, grid[0] * grid[1])
-    if row_pair:
-        _lqq_ws_row_pair_kernel[grid](x_desc, xt_desc, a_scales, qweight, qparams, cs, out, m, n, a_scales.stride(0),
-                                      out.stride(0), qweight.shape[1], n_tiles, groups_in_halves(meta, n_tiles),
-                                      qparams.shape[0], BM=bm, BT=tail, STAGES=stages, HALF_REGS=K_PAIR_HALF_REGS,
-                                      num_warps=4, maxnreg=ws_maxnreg(2, 1))
-        return out
+    # two warpgroups store their rows on tickets of their own (the second set after the first)
+    ws, tickets = split_workspace(a_codes.device, m * n, split, grid[0] * grid[1] * (1 if k_pair else warpgroups))
     if k_pair:
         _lqq_ws_kpair_kernel[grid](x_desc, a_scales, qweight, qparams, cs, out, ws, tickets, m, n, a_scales.stride(0),
                                    out.stride(0), qweight.shape[1], n_tiles, tiles_per_split,
@@ -307,7 +283,7 @@ def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, 
     _lqq_ws_kernel[grid](x_desc, xt_desc, a_scales, qweight, qparams, cs, out, ws, tickets, m, n, a_scales.stride(0),
                          out.stride(0), qweight.shape[1], n_tiles, tiles_per_split, groups_in_halves(meta, n_tiles),
                          qparams.shape[0], BM=bm, BT=tail, STAGES=stages, WG=warpgroups, SPLIT_K=split,
-                         num_warps=4 * warpgroups, maxnreg=ws_maxnreg(warpgroups, per_sm))
+                         PART_REGS=K_PAIR_HALF_REGS, num_warps=4, maxnreg=ws_maxnreg(warpgroups, per_sm))
     return out
 
 

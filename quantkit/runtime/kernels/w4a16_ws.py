@@ -4,12 +4,15 @@
 * the **producer** (one warp) walks the K tiles: waits until ring slot ``t % STAGES`` is empty (mbarrier
   ``empty``), then starts the TMA of fp16/bf16 activation tile t — four [BM, 64] boxes (128 bytes a row, the
   slices wgmma reads) — completing on mbarrier ``ready``;
-* the **consumers** (the default partition: WG warpgroups of 64 weight rows each) form a tile's 8 planes from
-  the words they load in wgmma's A-operand layout (:func:`.w4a16_wgmma.form_planes`: MixLLM Sec. 3.3 /
-  TurboMind Fig. 6 magic-number int→float, exact (q − z), one rounding of (q − z)·s), load the next tile's words,
-  wait on ``ready``, issue the 8 k32 products and wait for them (:func:`.w4a16_wgmma.multiply_planes`: no
-  register is rewritten while a product reads it), then release the slot (with two warpgroups after a barrier of
-  the partition);
+* the **consumers** (one warpgroup of 64 weight rows: the default partition; with two warpgroups, 128 rows, the
+  second is a 4-warp worker partition of its own) form a tile's 8 planes from the words they load in wgmma's
+  A-operand layout (:func:`.w4a16_wgmma.form_planes`: MixLLM Sec. 3.3 / TurboMind Fig. 6 magic-number int→float,
+  exact (q − z), one rounding of (q − z)·s), load the next tile's words, wait on ``ready``, issue the 8 k32
+  products and wait for them (:func:`.w4a16_wgmma.multiply_planes`: no register is rewritten while a product reads
+  it), then release the slot (``empty`` completes with one arrival from each warpgroup). Until session 22 two
+  warpgroups were one 8-warp partition meeting at a barrier before each release, so they dequantized at once and
+  then waited on the tensor cores at once; as partitions of their own they take turns (1.16-1.37× at every launch
+  timed, docs/BENCHMARKS.md);
 * a ragged last token tile moves back to end at token M − 1 (TMA boxes reaching past M were slow in
   :mod:`.lqq_ws`) and stores only its new rows (:func:`.wgmma_common.store_rows`); fp32 sums over K in the tile
   order of :mod:`.w4a16_wgmma`, so the two give the same bits at the same token tile.
@@ -29,13 +32,13 @@ from quantkit.runtime.kernels.w4a16_wgmma import w4a16_operands, w4a16_wgmma_pro
 from quantkit.runtime.kernels.wgmma_common import BN, HAVE_GLUON, PRODUCER_REGS, ws_maxnreg
 
 KERNEL = "w4a16_ws"
-ROW_PAIR_HALF_REGS = 232  # setmaxnreg of a row-pair launch's second consumer warpgroup (the first gets the rest)
+PART_REGS = 232  # setmaxnreg of a two-warpgroup launch's second consumer warpgroup (the first gets the rest)
 
 if HAVE_GLUON:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from quantkit.runtime.kernels.w4a16_wgmma import a_f16_layout, form_planes, mma_f16_layout, multiply_planes
-    from quantkit.runtime.kernels.wgmma_common import (cta_barrier, gl, gluon, load_words, mbarrier, ring_barriers,
+    from quantkit.runtime.kernels.wgmma_common import (gl, gluon, load_words, mbarrier, ring_barriers,
                                                        store_rows, tma_load, weight_rows)
 
     PRODUCER_REGS_C = gl.constexpr(PRODUCER_REGS)  # Triton kernels read only constexpr globals
@@ -55,13 +58,12 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _consumers(xs, ready, empty, w_ptr, p_ptr, out_ptr, M, N, stride_om, w_row, n_tiles, hpg, groups, pid_n,
-                   row0, first, BM: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, BF16: gl.constexpr):
-        """Dequantize, multiply and store the program's [64·WG, BM] output tile (module docstring)."""
-        ROWS: gl.constexpr = 64 * WG
-        mma: gl.constexpr = mma_f16_layout(BM, WG)
-        a_l: gl.constexpr = a_f16_layout(BM, WG)
-        rn_in, w_ptrs = weight_rows(w_ptr, pid_n, ROWS, N, w_row, a_l)
-        acc = gl.zeros([ROWS, BM], gl.float32, mma)
+                   row0, first, BM: gl.constexpr, STAGES: gl.constexpr, BF16: gl.constexpr):
+        """One consumer warpgroup: dequantize, multiply and store the [64, BM] output tile of rows 64·pid_n …
+        (module docstring)."""
+        mma: gl.constexpr = mma_f16_layout(BM, 1)
+        rn_in, w_ptrs = weight_rows(w_ptr, pid_n, 64, N, w_row, a_f16_layout(BM, 1))
+        acc = gl.zeros([64, BM], gl.float32, mma)
         words, p_lo, p_hi = load_words(w_ptrs, p_ptr, 0, n_tiles, hpg, groups, N, rn_in)
         for t in range(n_tiles):
             s = t % STAGES
@@ -69,16 +71,15 @@ if HAVE_GLUON:
             words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t + 1, n_tiles, hpg, groups, N, rn_in)
             mbarrier.wait(ready.index(s), (t // STAGES) & 1)
             acc = multiply_planes(planes, xs, 4 * s, acc)
-            if WG > 1:  # each warpgroup waited for its own products: meet before this tile's slot is released
-                cta_barrier()
-            mbarrier.arrive(empty.index(s), count=1)
+            mbarrier.arrive(empty.index(s), count=1)  # this warpgroup's products are complete: its read of the slot
         rm = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
-        rn_o = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
+        rn_o = pid_n * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
         store_rows(out_ptr, acc, rm, rn_o, first, M, N, stride_om)
 
     @gluon.jit
     def _w4a16_ws_kernel(x_desc, w_ptr, p_ptr, out_ptr, M, N, stride_om, w_row, n_tiles, hpg, groups,
-                         BM: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, BF16: gl.constexpr):
+                         BM: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, BF16: gl.constexpr,
+                         PART_REGS: gl.constexpr):
         pid_n = gl.program_id(0)
         # a ragged last token tile ends at row M - 1 (module docstring); rows below ``first`` are the tile before's
         first = gl.program_id(1) * BM
@@ -88,36 +89,21 @@ if HAVE_GLUON:
             xs = gl.allocate_shared_memory(gl.bfloat16, [4 * STAGES, BM, 64], x_desc.layout)
         else:
             xs = gl.allocate_shared_memory(gl.float16, [4 * STAGES, BM, 64], x_desc.layout)
-        ready, empty = ring_barriers(STAGES)
-        gl.warp_specialize([
-            (_consumers, (xs, ready, empty, w_ptr, p_ptr, out_ptr, M, N, stride_om, w_row, n_tiles, hpg, groups,
-                          pid_n, row0, first, BM, STAGES, WG, BF16)),
-            (_producer, (x_desc, xs, ready, empty, row0, n_tiles, BM, STAGES)),
-        ], [1], [PRODUCER_REGS_C])
-
-
-    @gluon.jit
-    def _w4a16_ws_row_pair_kernel(x_desc, w_ptr, p_ptr, out_ptr, M, N, stride_om, w_row, n_tiles, hpg, groups,
-                                  BM: gl.constexpr, STAGES: gl.constexpr, BF16: gl.constexpr, HALF_REGS: gl.constexpr):
-        """A row-pair launch (module docstring): :func:`_consumers` of one warpgroup twice, on rows 128·pid_n … + 63
-        and the 64 after, sharing the producer's ring (each releases a slot with its own arrival)."""
-        pid_n = gl.program_id(0)
-        first = gl.program_id(1) * BM  # a ragged last token tile ends at row M - 1, as in _w4a16_ws_kernel
-        row0 = gl.maximum(gl.minimum(first, M - BM), 0)
-        gl.assume(n_tiles > 0)
-        if BF16:
-            xs = gl.allocate_shared_memory(gl.bfloat16, [4 * STAGES, BM, 64], x_desc.layout)
-        else:
-            xs = gl.allocate_shared_memory(gl.float16, [4 * STAGES, BM, 64], x_desc.layout)
-        ready, empty = ring_barriers(STAGES, 2)
-        gl.warp_specialize([
-            (_consumers, (xs, ready, empty, w_ptr, p_ptr, out_ptr, M, N, stride_om, w_row, n_tiles, hpg, groups,
-                          2 * pid_n, row0, first, BM, STAGES, 1, BF16)),
-            (_consumers, (xs, ready, empty, w_ptr, p_ptr, out_ptr, M, N, stride_om, w_row, n_tiles, hpg, groups,
-                          2 * pid_n + 1, row0, first, BM, STAGES, 1, BF16)),
-            (_producer, (x_desc, xs, ready, empty, row0, n_tiles, BM, STAGES)),
-        ], [4, 1], [HALF_REGS, PRODUCER_REGS_C])
-
+        ready, empty = ring_barriers(STAGES, WG)
+        if WG == 1:
+            gl.warp_specialize([
+                (_consumers, (xs, ready, empty, w_ptr, p_ptr, out_ptr, M, N, stride_om, w_row, n_tiles, hpg, groups,
+                              pid_n, row0, first, BM, STAGES, BF16)),
+                (_producer, (x_desc, xs, ready, empty, row0, n_tiles, BM, STAGES)),
+            ], [1], [PRODUCER_REGS_C])
+        else:  # rows 128·pid_n … + 63 and the 64 after, a warpgroup (partition) each
+            gl.warp_specialize([
+                (_consumers, (xs, ready, empty, w_ptr, p_ptr, out_ptr, M, N, stride_om, w_row, n_tiles, hpg, groups,
+                              2 * pid_n, row0, first, BM, STAGES, BF16)),
+                (_consumers, (xs, ready, empty, w_ptr, p_ptr, out_ptr, M, N, stride_om, w_row, n_tiles, hpg, groups,
+                              2 * pid_n + 1, row0, first, BM, STAGES, BF16)),
+                (_producer, (x_desc, xs, ready, empty, row0, n_tiles, BM, STAGES)),
+            ], [4, 1], [PART_REGS, PRODUCER_REGS_C])
 
 def w4a16_ws_problem(x: torch.Tensor, meta: dict, out: torch.Tensor | None = None) -> str | None:
     """Why :func:`w4a16_ws_matmul` cannot run this product (None: it can): :func:`.w4a16_wgmma.w4a16_wgmma_problem`
@@ -127,29 +113,22 @@ def w4a16_ws_problem(x: torch.Tensor, meta: dict, out: torch.Tensor | None = Non
 
 
 def w4a16_ws_matmul(x: torch.Tensor, tensors: dict, meta: dict, stages: int = 3, warpgroups: int = 1,
-                    out: torch.Tensor | None = None, row_pair: bool = False) -> torch.Tensor:
+                    out: torch.Tensor | None = None) -> torch.Tensor:
     """Y [M, N] = X·Ŵᵀ in x's dtype (fp16/bf16) for a ``w4a16`` weight, as :func:`.w4a16_wgmma.w4a16_wgmma_matmul`
     with 128-token tiles unsplit (the same bits), with a producer warp bringing the activations over TMA (module
     docstring); ``stages`` activation tiles in the ring (2 or 3: 64 KB each, so one program an SM, whose register
     budget :func:`.wgmma_common.ws_maxnreg` sets), ``warpgroups`` 1 or 2. The caller checks
     :func:`w4a16_ws_problem`."""
-    if stages not in (2, 3) or warpgroups not in (1, 2) or (row_pair and warpgroups != 2):
-        raise ValueError(f"stages must be 2-3 and warpgroups 1-2 (2 for a row-pair launch); got {stages}, "
-                         f"{warpgroups}")
+    if stages not in (2, 3) or warpgroups not in (1, 2):
+        raise ValueError(f"stages must be 2-3 and warpgroups 1-2; got {stages}, {warpgroups}")
     m, k, n, qweight, qparams, n_tiles = w4a16_operands(x, tensors, meta)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     x_desc = TensorDescriptor(x, [m, k], [x.stride(0), 1], [128, 64], layout)
     grid = (-(-n // (BN * warpgroups)), -(-m // 128))
-    if row_pair:
-        _w4a16_ws_row_pair_kernel[grid](x_desc, qweight, qparams, out, m, n, out.stride(0), qweight.shape[1],
-                                        n_tiles, groups_in_halves(meta, n_tiles), qparams.shape[0], BM=128,
-                                        STAGES=stages, BF16=x.dtype == torch.bfloat16, HALF_REGS=ROW_PAIR_HALF_REGS,
-                                        num_warps=4, maxnreg=ws_maxnreg(2, 1))
-        return out
     _w4a16_ws_kernel[grid](x_desc, qweight, qparams, out, m, n, out.stride(0), qweight.shape[1], n_tiles,
                            groups_in_halves(meta, n_tiles), qparams.shape[0], BM=128, STAGES=stages,
-                           WG=warpgroups, BF16=x.dtype == torch.bfloat16, num_warps=4 * warpgroups,
+                           WG=warpgroups, BF16=x.dtype == torch.bfloat16, PART_REGS=PART_REGS, num_warps=4,
                            maxnreg=ws_maxnreg(warpgroups, 1))
     return out
 

@@ -34,9 +34,12 @@ PATCHES = [
     ("        words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t_begin, t_end, hpg, groups, N, rn_in)\n        for t in",
      "        gl.store(dbg_ptr + dbg_row * 6 + 0, _now())\n"
      "        words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t_begin, t_end, hpg, groups, N, rn_in)\n        for t in"),
-    ("        rm = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))\n",
+    ("        _store_result(acc, acc_t, sa_ptr",
      "        gl.store(dbg_ptr + dbg_row * 6 + 1, _now())\n"
-     "        rm = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))\n"),
+     "        _store_result(dbg_ptr, dbg_row, acc, acc_t, sa_ptr"),
+    # the epilogue stamps its own points; the K-pair consumers (not timed here, so never compiled) pass it nothing
+    ("    def _store_result(acc, acc_t,", "    def _store_result(dbg_ptr, dbg_row, acc, acc_t,"),
+    ("            _store_result(acc, acc, sa_ptr", "            _store_result(None, 0, acc, acc, sa_ptr"),
     ("""        elif BT == 0:
             store_rows_split(out_ptr, ws_ptr, ticket_ptr, apply_scales(acc, sa_ptr, cs_ptr, rm, rn_o, M, N, stride_sm),
                              rm, rn_o, first, M, N, stride_om, pid_k, SPLIT_K)""",
@@ -57,9 +60,12 @@ PATCHES = [
      "        row0 = gl.maximum(gl.minimum(first, M - (BM + BT)), 0)\n"
      "        gl.store(dbg_ptr + ((pid_k * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(0) + pid_n) * 6 + 5,"
      " _now())\n"),
-    ("            (_consumers, (xs, xt,",
-     "            (_consumers, (dbg_ptr, (pid_k * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(0) + pid_n, "
-     "xs, xt,"),
+    # the one-warpgroup launch (the two-warpgroup branch of the kernel is not compiled for it)
+    ("                (_consumers, (xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N,\n"
+     "                              stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k,",
+     "                (_consumers, (dbg_ptr, (pid_k * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(0) + pid_n, "
+     "xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N,\n"
+     "                              stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k,"),
     ("    _lqq_ws_kernel[grid](x_desc,", "    _lqq_ws_kernel[grid](dbg, x_desc,"),
     ("                  out: torch.Tensor | None = None, out_dtype",
      "                  dbg=None, out: torch.Tensor | None = None, out_dtype"),

@@ -14,7 +14,8 @@ import sys
 
 from quantkit.bench.sass import hazards_in, instructions, register_products
 
-KERNELS = ("_lqq_wgmma_kernel", "_lqq_ws_kernel", "_w4a16_wgmma_kernel", "_w4a16_ws_kernel", "_w8a8_wgmma_kernel")
+KERNELS = ("_lqq_wgmma_kernel", "_lqq_ws_kernel", "_lqq_ws_kpair_kernel", "_w4a16_wgmma_kernel", "_w4a16_ws_kernel",
+           "_w8a8_wgmma_kernel")
 
 
 def main() -> int:

@@ -217,12 +217,13 @@ def _lqq_launches():
                                      (64, 1, 2, 2), (32, 1, 2, 2)]:
         descs = (TensorDescriptor(a, [m, k], [k, 1], [128, 128], layout),
                  TensorDescriptor(a, [m, k], [k, 1], [max(tail, 8), 128], layout))
-        # a K split: the rules give lqq_ws none, its split epilogue is checked once (docs/bench/lqq_ws_sweep.py)
-        for split in (1, 2) if (tail, wg, per_sm) == (0, 1, 2) else (1,):
+        # a K split: the rules give lqq_ws none; its split epilogue is checked on one warpgroup and on two (each on
+        # tickets of its own, with a tail tile: store_rows_split_pair) — docs/bench/lqq_ws_sweep.py times them
+        for split in (1, 2) if (tail, wg, per_sm) in ((0, 1, 2), (64, 2, 1)) else (1,):
             yield (f"lqq_ws tail={tail} wg={wg} per_sm={per_sm} stages={stages} split={split}", lqq_ws._lqq_ws_kernel,
                    descs + (sa, w, p, cs, out, slots, tickets, m, n, 1, n, w.shape[1], k // 256, k // 256 // split, 1,
                             k // 128),
-                   dict(BM=128, BT=tail, STAGES=stages, WG=wg, SPLIT_K=split, PART_REGS=lqq_ws.K_PAIR_HALF_REGS,
+                   dict(BM=128, BT=tail, STAGES=stages, WG=wg, SPLIT_K=split, PART_REGS=lqq_ws.PART_REGS,
                         num_warps=4, maxnreg=ws_maxnreg(wg, per_sm)))
     # the K-pair launches (configs.lqq_k_pair; unsplit, and a split for the slot epilogue)
     desc = TensorDescriptor(a, [m, k], [k, 1], [128, 128], layout)
@@ -230,7 +231,7 @@ def _lqq_launches():
         yield (f"lqq_ws k_pair split={split}", lqq_ws._lqq_ws_kpair_kernel,
                (desc, sa, w, p, cs, out, slots, tickets, m, n, 1, n, w.shape[1], k // 256, k // 256 // split, 1,
                 k // 128),
-               dict(BM=128, STAGES=4, SPLIT_K=split, HALF_REGS=lqq_ws.K_PAIR_HALF_REGS, num_warps=4,
+               dict(BM=128, STAGES=4, SPLIT_K=split, HALF_REGS=lqq_ws.PART_REGS, num_warps=4,
                     maxnreg=ws_maxnreg(2, 1)))
 
 

@@ -709,8 +709,9 @@ W4A16_DEQUANT_MIN_M = 513
 # every count of M = 257-512 session 11 timed: 54.2-62.1 vs 61.0-68.4 µs (docs/logs/session11/w4a16_rule*_h100.json;
 # two warpgroups leave 144-192 programs there, 1.1-1.5 waves on 132 SMs). On the other four shapes the Gluon kernel
 # was 1.05-1.54× faster than dequantize-then-cuBLAS at those counts. On Hopper since session 17 the warp-specialized
-# kernel takes 6144×4096 at M = 257-512 first (w4a16_ws_warpgroups: 53.7-57.2 µs against 55.3-62.0), so this holds
-# where it cannot run.
+# kernel takes 6144×4096 at M = 257-512 first (w4a16_ws_warpgroups: session 17's one-warpgroup launches 53.7-57.2 µs
+# against 55.3-62.0; since session 22 two warpgroups, 50.1-55.2 µs, docs/logs/session22/w4a16_ws_wg_*.json), so this
+# holds where it cannot run.
 W4A16_DEQUANT_SHAPES_FROM_257 = ((6144, 4096),)
 
 

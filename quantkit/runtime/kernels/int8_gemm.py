@@ -39,6 +39,7 @@ from quantkit.runtime.kernels.jit import USE_ASM, check_device, kernel
 from quantkit.runtime.kernels.launch import act_groups_in_halves, groups_in_halves, split_plan
 from quantkit.runtime.kernels.lqq_wgmma import KERNEL as LQQ_KERNEL
 from quantkit.runtime.kernels.lqq_wgmma import lqq_wgmma_matmul, lqq_wgmma_problem
+from quantkit.runtime.kernels.lqq_ws import K_PAIR_KERNEL as LQQ_K_PAIR_KERNEL
 from quantkit.runtime.kernels.lqq_ws import KERNEL as LQQ_WS_KERNEL
 from quantkit.runtime.kernels.lqq_ws import lqq_ws_matmul
 from quantkit.runtime.kernels.splitk import split_workspace, store_tile
@@ -265,8 +266,10 @@ def _gluon_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size:
             return None
         # each kernel's own build record: a broken lqq_wgmma leaves a working lqq_ws, and the other way round
         wgmma_ok, ws_ok = kernel_broken(LQQ_KERNEL) is None, kernel_broken(LQQ_WS_KERNEL) is None
-        if ws_ok and lqq_k_pair(m, n, k):  # a K-pair launch in place of the rule's (configs.lqq_k_pair)
-            y = launch_or_decline(LQQ_WS_KERNEL, (str(out_dtype), "k_pair", LQQ_K_PAIR_STAGES), lambda: lqq_ws_matmul(
+        # a K-pair launch in place of the rule's (configs.lqq_k_pair), on a build record of its own: its failures
+        # must not count against the kernel's other launches (kernel_broken)
+        if kernel_broken(LQQ_K_PAIR_KERNEL) is None and lqq_k_pair(m, n, k):
+            y = launch_or_decline(LQQ_K_PAIR_KERNEL, (str(out_dtype), LQQ_K_PAIR_STAGES), lambda: lqq_ws_matmul(
                 a_codes, a_scales, tensors, meta, 128, LQQ_K_PAIR_STAGES, out=out, out_dtype=out_dtype, k_pair=True),
                 fallback="the rule's one-warpgroup launch")
             if y is not None:

@@ -61,7 +61,8 @@ from quantkit.runtime.kernels.wgmma_common import BN, HAVE_GLUON, PRODUCER_REGS,
 
 KERNEL = "lqq_ws"
 # setmaxnreg of the second consumer warpgroup of a two-warpgroup or K-pair launch (the first gets the rest)
-K_PAIR_HALF_REGS = 232
+PART_REGS = 232
+K_PAIR_KERNEL = "lqq_ws_k_pair"  # the K-pair launches' own build record (launch_or_decline), apart from KERNEL's
 
 if HAVE_GLUON:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -277,14 +278,14 @@ def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, 
         _lqq_ws_kpair_kernel[grid](x_desc, a_scales, qweight, qparams, cs, out, ws, tickets, m, n, a_scales.stride(0),
                                    out.stride(0), qweight.shape[1], n_tiles, tiles_per_split,
                                    groups_in_halves(meta, n_tiles), qparams.shape[0], BM=bm, STAGES=stages,
-                                   SPLIT_K=split, HALF_REGS=K_PAIR_HALF_REGS, num_warps=4,
+                                   SPLIT_K=split, HALF_REGS=PART_REGS, num_warps=4,
                                    maxnreg=ws_maxnreg(2, 1))
         return out
     _lqq_ws_kernel[grid](x_desc, xt_desc, a_scales, qweight, qparams, cs, out, ws, tickets, m, n, a_scales.stride(0),
                          out.stride(0), qweight.shape[1], n_tiles, tiles_per_split, groups_in_halves(meta, n_tiles),
                          qparams.shape[0], BM=bm, BT=tail, STAGES=stages, WG=warpgroups, SPLIT_K=split,
-                         PART_REGS=K_PAIR_HALF_REGS, num_warps=4, maxnreg=ws_maxnreg(warpgroups, per_sm))
+                         PART_REGS=PART_REGS, num_warps=4, maxnreg=ws_maxnreg(warpgroups, per_sm))
     return out
 
 
-__all__ = ["KERNEL", "lqq_wgmma_problem", "lqq_ws_matmul"]
+__all__ = ["KERNEL", "K_PAIR_KERNEL", "lqq_wgmma_problem", "lqq_ws_matmul"]

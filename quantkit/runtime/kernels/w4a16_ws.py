@@ -18,8 +18,8 @@
   order of :mod:`.w4a16_wgmma`, so the two give the same bits at the same token tile.
 
 Unsplit launches of 128 tokens, one or two warpgroups: where :func:`.configs.w4a16_ws_warpgroups` picks it (the
-128-token launches of the wgmma rule at M = 65-128, and about one program an SM at M = 129-512; measured on an H100 in
-session 17, docs/BENCHMARKS.md). The GPU tests compare it with :mod:`.w4a16_wgmma` bit for bit and with
+128-token launches of the wgmma rule at M = 65-128 (session 17); at M = 129-512 one warpgroup where its programs fit
+one wave, else two (session 22); measured on an H100, docs/BENCHMARKS.md). The GPU tests compare it with :mod:`.w4a16_wgmma` bit for bit and with
 :func:`quantkit.runtime.kernels.reference.w4a16_reference`.
 """
 

@@ -31,9 +31,9 @@ PATCHES = [
     ("    @gluon.jit\n    def _consumers(",
      "    @gluon.jit\n    def _now():\n        return gl.inline_asm_elementwise(\"mov.u64 $0, %globaltimer;\", \"=l\", [], "
      "dtype=gl.int64, is_pure=False, pack=1)\n\n    @gluon.jit\n    def _consumers(dbg_ptr, dbg_row, "),
-    ("        words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t_begin, t_end, hpg, groups, N, rn_in)\n        for t in",
+    ("        acc, acc_t = _multiply_range(xs, xt,",
      "        gl.store(dbg_ptr + dbg_row * 6 + 0, _now())\n"
-     "        words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t_begin, t_end, hpg, groups, N, rn_in)\n        for t in"),
+     "        acc, acc_t = _multiply_range(xs, xt,"),
     ("        _store_result(acc, acc_t, sa_ptr",
      "        gl.store(dbg_ptr + dbg_row * 6 + 1, _now())\n"
      "        _store_result(dbg_ptr, dbg_row, acc, acc_t, sa_ptr"),

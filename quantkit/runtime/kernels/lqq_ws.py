@@ -124,30 +124,43 @@ if HAVE_GLUON:
                                   first, M, N, stride_om, pid_k, SPLIT_K)
 
     @gluon.jit
-    def _consumers(xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm,
-                   stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first, BM: gl.constexpr,
-                   BT: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr):
-        """One consumer warpgroup: dequantize, multiply and store the [64, BM (+ BT)] output tile of rows 64·pid_n …
-        over the program's K range, directly or through split-K slot pid_k (module docstring)."""
+    def _multiply_range(xs, xt, ready, empty, w_ptr, p_ptr, N, w_row, t_begin, t_first, t_end, hpg, groups, pid_n,
+                        BM: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr, STEP: gl.constexpr):
+        """One consumer warpgroup's K loop over tiles t_first, t_first + STEP, … < t_end of the program's range from
+        t_begin (ring slot i % STAGES holds its i-th tile): dequantize in registers, wait for the tile, multiply it
+        into int32 sums (and the tail's), wait for the products, release the slot. Returns (acc [64, BM], acc_t
+        [64, BT], or acc itself without a tail: a placeholder the epilogue does not read)."""
         mma: gl.constexpr = mma_layout(BM, 1)
         rn_in, w_ptrs = weight_rows(w_ptr, pid_n, 64, N, w_row, a_layout(BM, 1))
         acc = gl.zeros([64, BM], gl.int32, mma)
         if BT > 0:
             acc_t = gl.zeros([64, BT], gl.int32, mma_layout(BT, 1))
         else:
-            acc_t = acc  # no tail: a placeholder _store_result does not read
-        words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t_begin, t_end, hpg, groups, N, rn_in)
-        for t in range(t_begin, t_end):
+            acc_t = acc
+        words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t_first, t_end, hpg, groups, N, rn_in)
+        for t in range(t_first, t_end, STEP):
             i = t - t_begin
             s = i % STAGES
             planes = planes_wgmma(words, p_lo & 0xFF, (p_lo >> 8) & 0xFF, p_hi & 0xFF, (p_hi >> 8) & 0xFF)
-            words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t + 1, t_end, hpg, groups, N, rn_in)
+            words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t + STEP, t_end, hpg, groups, N, rn_in)
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
             if BT > 0:  # the tail tile multiplies the same planes: one dequantization for BM + BT tokens
                 acc, acc_t = multiply_tile(planes, xs, xt, 2 * s, acc, acc_t, BT, 1)
             else:
                 acc, _ = multiply_tile(planes, xs, xs, 2 * s, acc, acc, BT, 1)
             mbarrier.arrive(empty.index(s), count=1)  # this warpgroup's products are complete: its read of the slot
+        if BT == 0:
+            acc_t = acc
+        return acc, acc_t
+
+    @gluon.jit
+    def _consumers(xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm,
+                   stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first, BM: gl.constexpr,
+                   BT: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr):
+        """One consumer warpgroup: dequantize, multiply and store the [64, BM (+ BT)] output tile of rows 64·pid_n …
+        over the program's K range, directly or through split-K slot pid_k (module docstring)."""
+        acc, acc_t = _multiply_range(xs, xt, ready, empty, w_ptr, p_ptr, N, w_row, t_begin, t_begin, t_end, hpg,
+                                     groups, pid_n, BM, BT, STAGES, 1)
         _store_result(acc, acc_t, sa_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm, stride_om, pid_n,
                       pid_k, row0, first, BM, BT, SPLIT_K)
 
@@ -156,28 +169,18 @@ if HAVE_GLUON:
                 stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first, BM: gl.constexpr,
                 STAGES: gl.constexpr, SPLIT_K: gl.constexpr, HALF: gl.constexpr):
         """One of the two consumer warpgroups of a K-pair launch: tiles t_begin + HALF, + 2, … of the program's K
-        range into its own int32 [64, BM] sum (ring slot i % STAGES holds the program's i-th tile; STAGES even, so
-        each slot serves one warpgroup and its mbarrier phases run in that warpgroup's order). HALF 1 leaves its sum
-        in shared memory ``red``; HALF 0 adds it — integer sums, exact in any order, so the same bits as one
-        warpgroup over the whole range — and stores the tile (module docstring)."""
-        mma: gl.constexpr = mma_layout(BM, 1)
-        rn_in, w_ptrs = weight_rows(w_ptr, pid_n, 64, N, w_row, a_layout(BM, 1))
-        acc = gl.zeros([64, BM], gl.int32, mma)
-        words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t_begin + HALF, t_end, hpg, groups, N, rn_in)
-        for t in range(t_begin + HALF, t_end, 2):
-            i = t - t_begin
-            s = i % STAGES
-            planes = planes_wgmma(words, p_lo & 0xFF, (p_lo >> 8) & 0xFF, p_hi & 0xFF, (p_hi >> 8) & 0xFF)
-            words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t + 2, t_end, hpg, groups, N, rn_in)
-            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            acc, _ = multiply_tile(planes, xs, xs, 2 * s, acc, acc, 0, 1)
-            mbarrier.arrive(empty.index(s), count=1)
+        range into its own int32 [64, BM] sum (STAGES even, so each ring slot serves one warpgroup and its mbarrier
+        phases run in that warpgroup's order). HALF 1 leaves its sum in shared memory ``red``; HALF 0 adds it —
+        integer sums, exact in any order, so the same bits as one warpgroup over the whole range — and stores the
+        tile (module docstring)."""
+        acc, _ = _multiply_range(xs, xs, ready, empty, w_ptr, p_ptr, N, w_row, t_begin, t_begin + HALF, t_end, hpg,
+                                 groups, pid_n, BM, 0, STAGES, 2)
         if HALF == 1:
             red.store(acc)
             mbarrier.arrive(red_bar, count=1)  # after every thread's store (release at CTA scope)
         else:
             mbarrier.wait(red_bar, 0)
-            acc += red.load(mma)
+            acc += red.load(mma_layout(BM, 1))
             _store_result(acc, acc, sa_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm, stride_om, pid_n,
                           pid_k, row0, first, BM, 0, SPLIT_K)
 

@@ -10,8 +10,8 @@ A case is ``method:NxK:M[:args]``: ``fp16``; ``rule`` (int8_matmul's own pick); 
 default tile); ``ws`` with args ``split[,tail[,stages[,warpgroups[,per_sm]]]]`` (:func:`.lqq_ws.lqq_ws_matmul`, 128
 tokens a program); ``wgmma`` with args ``bm,stages,split,tail,warpgroups`` (:func:`.lqq_wgmma.lqq_wgmma_matmul`);
 ``cluster`` with args ``tokens,split,stages[,depth[,rows]]`` (:func:`.cuda_lqq_cluster.lqq_cluster_matmul`); ``kpair``
-with args ``[split[,stages]]`` (:func:`.lqq_ws.lqq_ws_matmul` with ``k_pair``); ``stream_k`` with args
-``[programs[,stages]]`` (:func:`.lqq_stream_k.lqq_stream_k_matmul`). Cases
+with args ``[split[,stages]]`` (:func:`.lqq_ws.lqq_ws_matmul` with ``k_pair``). (Session 23's ``stream_k`` cases
+need the kernel at commit 6fced32, where this script has them: c9cfd92.) Cases
 with such arguments are separated by ``;`` (``--cases "cluster:1024x4096:769:128,2,3,2,128;rule:1024x4096:769"``).
 """
 
@@ -28,7 +28,6 @@ from quantkit.runtime.kernels.configs import gemm_config
 from quantkit.runtime.kernels.cuda_lqq_cluster import lqq_cluster_matmul
 from quantkit.runtime.kernels.int8_gemm import int8_matmul
 from quantkit.runtime.kernels.lqq_wgmma import lqq_wgmma_matmul
-from quantkit.runtime.kernels.lqq_stream_k import lqq_stream_k_matmul
 from quantkit.runtime.kernels.lqq_ws import lqq_ws_matmul
 
 from ncu_prefill import profile  # noqa: E402 - docs/bench is the script's own folder
@@ -59,9 +58,6 @@ def call_of(case: str):
     if method == "kpair":
         split, stages = (args + [1, 4][len(args):])[:2]
         return lambda: lqq_ws_matmul(a, s, t, meta, 128, stages, split_k=split, k_pair=True)
-    if method == "stream_k":
-        programs, stages = (args + [132, 4][len(args):])[:2]
-        return lambda: lqq_stream_k_matmul(a, s, t, meta, programs, stages)
     if method == "cluster":
         return lambda: lqq_cluster_matmul(a, s, t, meta, *args)
     raise SystemExit(f"unknown method in case {case!r}")

@@ -40,8 +40,8 @@ KERNEL = "w8a8_wgmma"  # its name for hopper_problem / launch_or_decline
 if HAVE_GLUON:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from quantkit.runtime.kernels.wgmma_common import (cta_barrier, gl, gluon, mbarrier, tma_load, warpgroup_mma,
-                                                       warpgroup_mma_wait)
+    from quantkit.runtime.kernels.wgmma_common import (cta_barrier, gl, gluon, mbarrier, sum_slots, tma_load,
+                                                       warpgroup_mma, warpgroup_mma_wait)
 
     I2F_BIAS_INT = gl.constexpr(0x4B400000)  # bit pattern of 12582912.0 = 1.5·2^23 (MixLLM Sec. 3.3, Fig. 4)
     I2F_BIAS_FLOAT = gl.constexpr(12582912.0)
@@ -78,14 +78,7 @@ if HAVE_GLUON:
         cta_barrier()  # every warp's slot stores precede the ticket's release
         ticket = ticket_ptr + gl.program_id(0)
         if gl.atomic_add(ticket, 1) == SPLIT_K - 1:
-            total = gl.zeros_like(acc)
-            # .cg: from L2, not from a line this SM may hold from an earlier call
-            if SPLIT_K <= 2:
-                for k in gl.static_range(SPLIT_K):
-                    total += gl.load(ws_ptr + k * (M * N) + offs, mask=mask, other=0.0, cache_modifier=".cg")
-            else:  # unrolled, every slot's loads would be hoisted together and spill
-                for k in range(SPLIT_K):
-                    total += gl.load(ws_ptr + k * (M * N) + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            total = sum_slots(gl.zeros_like(acc), ws_ptr + offs, mask, M * N, SPLIT_K)
             gl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], total.to(out_ptr.dtype.element_ty),
                      mask=mask)
             gl.atomic_xchg(ticket, 0)

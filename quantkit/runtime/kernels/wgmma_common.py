@@ -288,18 +288,25 @@ if HAVE_GLUON:
         gl.store(ws_ptr + rm[None, :] * N + rn[:, None] + pid_k * (M * N), y, mask=mask)
 
     @gluon.jit
-    def _sum_slots_from(out_ptr, ws_ptr, like, rm, rn, first, M, N, stride_om, SPLIT_K: gl.constexpr):
-        # like: a tile of the sum's shape (only that is used); the slots added in split order from zero
-        rm, rn = _slot_view(rm, rn, like)
-        mask = ((rm >= first) & (rm < M))[None, :] & (rn < N)[:, None]
-        ws_ptrs = ws_ptr + rm[None, :] * N + rn[:, None]
-        total = gl.full(like.shape, 0.0, gl.float32, slot_layout(like.shape[0]))
+    def sum_slots(total, ws_ptrs, mask, slot, SPLIT_K: gl.constexpr):
+        """``total`` (zeros) plus the SPLIT_K split-K slots ``ws_ptrs`` points into (slot 0; slots ``slot`` elements
+        apart), added in split order (:mod:`.splitk`'s scheme, so the sum does not depend on which program came
+        last); .cg: from L2, not from a line this SM may hold from an earlier call."""
         if SPLIT_K <= 2:
             for s in gl.static_range(SPLIT_K):
-                total += gl.load(ws_ptrs + s * (M * N), mask=mask, other=0.0, cache_modifier=".cg")
+                total += gl.load(ws_ptrs + s * slot, mask=mask, other=0.0, cache_modifier=".cg")
         else:  # unrolled, every slot's loads were hoisted together and spilled (ptxas)
             for s in range(SPLIT_K):
-                total += gl.load(ws_ptrs + s * (M * N), mask=mask, other=0.0, cache_modifier=".cg")
+                total += gl.load(ws_ptrs + s * slot, mask=mask, other=0.0, cache_modifier=".cg")
+        return total
+
+    @gluon.jit
+    def _sum_slots_from(out_ptr, ws_ptr, like, rm, rn, first, M, N, stride_om, SPLIT_K: gl.constexpr):
+        # like: a tile of the sum's shape (only that is used)
+        rm, rn = _slot_view(rm, rn, like)
+        mask = ((rm >= first) & (rm < M))[None, :] & (rn < N)[:, None]
+        total = sum_slots(gl.full(like.shape, 0.0, gl.float32, slot_layout(like.shape[0])),
+                          ws_ptr + rm[None, :] * N + rn[:, None], mask, M * N, SPLIT_K)
         gl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], total.to(out_ptr.dtype.element_ty), mask=mask)
 
     @gluon.jit
@@ -364,5 +371,5 @@ if HAVE_GLUON:
 
     __all__ += ["X_SMEM", "a_layout", "ring_barriers", "stacked_int8_view", "store_rows", "weight_rows", "async_copy", "cta_barrier", "fence_async_shared", "gl",
                 "gluon", "issue_x", "load_words", "mbarrier", "mma_layout", "store_rows_split", "store_rows_split_pair",
-                "store_split_pair", "store_tile",
+                "store_split_pair", "store_tile", "sum_slots",
                 "tma_load", "wait_x", "warpgroup_mma", "warpgroup_mma_wait", "x_layout", "x_tile_ptrs"]

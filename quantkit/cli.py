@@ -311,8 +311,9 @@ def bench(
     preset: Annotated[Optional[str], typer.Option(help=f"a model's linear shapes: {', '.join(PRESETS)}")] = None,
     m: Annotated[Optional[str], typer.Option("--m", help=f"token counts M, comma-separated (default "
                                                          f"{DEFAULT_M})")] = None,
-    methods: Annotated[Optional[str], typer.Option(help="fp16, int_mm, w4a16, w8a8, w4a8, w4a8-lqq, mixed, act-quant "
-                                                        "and the +aq variants (activation quantization timed in); "
+    methods: Annotated[Optional[str], typer.Option(help="fp16, int_mm, fp8, w4a16, w8a8, w4a8, w4a8-lqq, mixed, "
+                                                        "act-quant and the +aq variants (activation quantization "
+                                                        "timed in); "
                                                         f"default: PACKED's own, else {DEFAULT_METHODS}")] = None,
     reps: Annotated[int, typer.Option(help="timed samples per point (median reported)")] = 50,
     plot: Annotated[Optional[str], typer.Option(help="write speedup vs M per method, one panel per shape, to this "

@@ -53,6 +53,20 @@ def test_report_table_lists_rows_and_skips():
                                                   "this run); decode GEMVs: programmatic dependent launch on")
     rows.append({**rows[0], "gemv_pdl": False})
     assert format_table(rows).splitlines()[0].endswith("launch on, then off")
+    rows[0].update(int8_peak_tops=1431.0, int_mm_peak_tops=905.0, fp8_peak_tops=1431.0)  # a run with fp8 GEMMs
+    assert format_table(rows).splitlines()[0].startswith("H100: HBM 2.98 TB/s, fp16 759 TFLOP/s, 8-bit 1431 TOP/s "
+                                                         "[cuBLAS int8 905, fp8 1431] (measured in this run)")
+
+
+def test_the_8bit_ceiling_is_the_faster_of_int8_and_fp8():
+    from quantkit.bench.roofline import eight_bit_ceiling
+
+    assert eight_bit_ceiling(905e12, None) == 905e12  # no fp8 tensor cores (A100): cuBLAS int8 alone
+    assert eight_bit_ceiling(905e12, 1431e12) == 1431e12
+    assert eight_bit_ceiling(1200e12, 1000e12) == 1200e12
+    # a fused int8 kernel at 969.8 TOP/s (session 24's LiquidQuant 4096×14336 M = 4096) is below the 8-bit ceiling
+    ceil = Ceilings(3e12, 750e12, eight_bit_ceiling(905e12, 1431e12), "test", 905e12, 1431e12)
+    assert roofline_row(1.0, int(969.8e9), 1000, ceil, int8=True)["pct_peak"] == pytest.approx(100 * 969.8 / 1431)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
@@ -74,13 +88,39 @@ def test_bench_refuses_without_a_gpu_and_cli_reports_it(capsys):
 def test_run_bench_on_gpu():
     from quantkit.bench.runner import run_bench
 
-    rows = run_bench([(1024, 512)], [1, 32], ["w4a16", "w4a8-lqq", "mixed+aq", "int_mm"], ceilings=CEIL, reps=5)
+    rows = run_bench([(1024, 512)], [1, 32], ["w4a16", "w4a8-lqq", "mixed+aq", "int_mm", "fp8"], ceilings=CEIL,
+                     reps=5)
     timed = [r for r in rows if "ms" in r]
     assert {r["method"] for r in timed} >= {"w4a16", "w4a8-lqq", "mixed+aq"}
     assert all(r["ms"] > 0 and r["speedup_vs_fp16"] > 0 for r in timed)
     assert any(r.get("skipped") for r in rows if r["method"] == "int_mm" and r["m"] == 1)
+    fp8 = {r["m"]: r for r in rows if r["method"] == "fp8"}
+    if torch.cuda.get_device_capability() >= (8, 9):  # fp8 tensor cores: timed where cuBLAS takes the shape
+        assert "ms" in fp8[32] and fp8[32]["speedup_vs_fp16"] > 0
+        assert "ms" in fp8[1] or "torch._scaled_mm fp8 cannot run M=1" in fp8[1]["skipped"]
+    else:
+        assert all("sm_89" in r["skipped"] for r in fp8.values())
     hopper = torch.cuda.get_device_capability() >= (9, 0) and os.environ.get("QUANTKIT_PDL", "1") != "0"
     assert {r["gemv_pdl"] for r in timed} == {hopper}  # the timed rows say whether the GEMVs' calls could overlap
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_measured_8bit_ceiling_is_the_faster_of_cublas_int8_and_fp8():
+    from quantkit.bench.roofline import fp8_matmul, fp8_matmul_supported, measure_ceilings
+
+    c = measure_ceilings()
+    assert c.int_mm_ops > 0 and c.fp16_flops > 0 and c.hbm_bytes_per_s > 0
+    if fp8_matmul_supported():
+        assert c.fp8_ops > 0 and c.int8_ops == max(c.int_mm_ops, c.fp8_ops)
+        a, b = torch.randn(64, 256, device="cuda"), torch.randn(128, 256, device="cuda")
+        a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
+        want = a8.float() @ b8.float().t()
+        got = fp8_matmul(a8, b8.t(), torch.ones((), device="cuda")).float()
+        # the product of the e4m3 values; Hopper's fp8 tensor cores add with fewer bits than fp32, hence the slack
+        torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2 * want.abs().max().item())
+    else:
+        assert c.fp8_ops is None and c.int8_ops == c.int_mm_ops
 
 
 def test_time_problem_refuses_kernel_options_it_does_not_know():

@@ -6,6 +6,8 @@ Methods (activations fp16; "+aq" variants include the activation quantization ke
 =================  ==========================================================================================
 fp16               torch F.linear (cuBLAS), the baseline every speedup is quoted against
 int_mm             torch._int_mm int8 × int8 → int32 (cuBLAS, no scales: a lower bound for any W8A8), M > 16
+fp8                torch._scaled_mm fp8 e4m3 × e4m3 → fp16 (cuBLAS, one scale; sm_89+): an 8-bit GEMM with no
+                   dequantization at all, the same tensor-core rate as int8 on Hopper — the ceiling of any W4A8
 w4a16              quantkit W4A16 kernel, 4-bit asym g128 weights (``w4a16`` layout)
 w8a8[+aq]          int8 kernel, sym-8 g128 weights (``w8``), A8 g128 activations (MixLLM W8A8)
 w4a8[+aq]          int8 kernel, asym-4 g128 weights (``w4a16``), A8 g128 activations (MixLLM W4A8)
@@ -27,7 +29,7 @@ from quantkit.bench.roofline import tensor_bytes
 from quantkit.bench.timing import copies_to_defeat_l2
 from quantkit.errors import QuantkitError
 
-METHODS = ("fp16", "int_mm", "w4a16", "w8a8", "w8a8+aq", "w4a8", "w4a8+aq", "w4a8-lqq", "w4a8-lqq+aq", "mixed",
+METHODS = ("fp16", "int_mm", "fp8", "w4a16", "w8a8", "w8a8+aq", "w4a8", "w4a8+aq", "w4a8-lqq", "w4a8-lqq+aq", "mixed",
            "mixed+aq", "act-quant")
 MIXED_8BIT_SHARE = 0.10  # MixLLM W4.4A8 (p10): 10 % of output channels at 8 bits
 
@@ -97,6 +99,23 @@ def fp16_and_w4a16_inputs(tensors: dict, m: int, n: int, k: int) -> tuple[dict, 
     return fp16, [(x, {key: v.clone() for key, v in tensors.items()}) for x in xs]
 
 
+def _fp8_problem(m: int, n: int, k: int, randn) -> Problem:
+    """The ``fp8`` method: cuBLAS's fp8 GEMM on e4m3 operands (weight column-major, as cuBLAS wants it)."""
+    from quantkit.bench.roofline import fp8_matmul, fp8_matmul_supported
+
+    if not fp8_matmul_supported():
+        raise QuantkitError("torch._scaled_mm fp8 needs a GPU with fp8 tensor cores (sm_89 or later)")
+    e4m3 = torch.float8_e4m3fn
+    one = torch.ones((), device="cuda")
+    copies = copies_to_defeat_l2(n * k + m * k + 2 * m * n)
+    inputs = [(randn(m, k).to(e4m3), randn(n, k).to(e4m3).t()) for _ in range(copies)]
+    try:  # cuBLAS's shape rules for fp8 (dimensions multiples of 16) vary with the torch release: ask it
+        fp8_matmul(*inputs[0], one)
+    except RuntimeError as e:
+        raise QuantkitError(f"torch._scaled_mm fp8 cannot run M={m}, N={n}, K={k}: {str(e).splitlines()[0]}") from e
+    return Problem(lambda a, b: fp8_matmul(a, b, one), inputs, n * k, 1.0, True)
+
+
 def build_problem(method: str, m: int, n: int, k: int, config=None, seed: int = 0) -> Problem:
     """The :class:`Problem` of ``method`` (module docstring) at [M, K] × [K, N]; ``config`` a TileConfig for
     the quantkit kernels (None: the default rule)."""
@@ -124,6 +143,8 @@ def build_problem(method: str, m: int, n: int, k: int, config=None, seed: int = 
         mk = lambda *s: torch.randint(-127, 128, s, generator=gen, device=dev, dtype=torch.int8)  # noqa: E731
         inputs = [(mk(m, k), mk(n, k).t()) for _ in range(copies)]
         return Problem(lambda a, b: torch._int_mm(a, b), inputs, n * k, 1.0, True)
+    if method == "fp8":
+        return _fp8_problem(m, n, k, randn)
     if method == "act-quant":
         copies = copies_to_defeat_l2(3 * m * k)
         inputs = [(randn(m, k),) for _ in range(copies)]

@@ -10,7 +10,8 @@ COLUMNS = (("method", "{}"), ("m", "{}"), ("n", "{}"), ("k", "{}"), ("ms", "{:.4
 
 
 def run_header(rows: list[dict]) -> str | None:
-    """One line on what the rows were measured against: the device, the ceilings measured in the same run, and
+    """One line on what the rows were measured against: the device, the ceilings measured in the same run (the
+    8-bit one with the int8 and fp8 GEMMs it is the faster of, where the rows carry both), and
     whether the CUDA decode GEMVs launched with programmatic dependent launch (their back-to-back calls in the timed
     graph then overlap); None without timed rows that carry the ceilings."""
     timed = [r for r in rows if "ms" in r and "hbm_tbps" in r]
@@ -20,8 +21,12 @@ def run_header(rows: list[dict]) -> str | None:
     pdl = {t.get("gemv_pdl") for t in timed} - {None}
     launch = ("" if not pdl else "; decode GEMVs: programmatic dependent launch "
               + ("on" if pdl == {True} else "off" if pdl == {False} else "on, then off"))
-    return (f"{r['device']}: HBM {r['hbm_tbps']:.2f} TB/s, fp16 {r['fp16_peak_tflops']:.0f} TFLOP/s, int8 "
-            f"{r['int8_peak_tops']:.0f} TOP/s (measured in this run){launch}")
+    eight = f"int8 {r['int8_peak_tops']:.0f} TOP/s"
+    if r.get("fp8_peak_tops") is not None and r.get("int_mm_peak_tops") is not None:
+        eight = (f"8-bit {r['int8_peak_tops']:.0f} TOP/s [cuBLAS int8 {r['int_mm_peak_tops']:.0f}, fp8 "
+                 f"{r['fp8_peak_tops']:.0f}]")
+    return (f"{r['device']}: HBM {r['hbm_tbps']:.2f} TB/s, fp16 {r['fp16_peak_tflops']:.0f} TFLOP/s, {eight} "
+            f"(measured in this run){launch}")
 
 
 def format_table(rows: list[dict]) -> str:

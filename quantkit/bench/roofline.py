@@ -12,12 +12,19 @@ import torch
 
 @dataclass(frozen=True)
 class Ceilings:
-    """Measured device ceilings: HBM bytes/s (read + written by a device copy), fp16 and int8 matmul op/s."""
+    """Measured device ceilings: HBM bytes/s (read + written by a device copy), fp16 matmul flop/s, and
+    ``int8_ops``, the 8-bit matmul ceiling every int8-operand kernel is held to: the faster of cuBLAS's int8 GEMM
+    (``int_mm_ops``, torch._int_mm) and, on GPUs with fp8 tensor cores, its fp8 e4m3 GEMM (``fp8_ops``,
+    torch._scaled_mm). Hopper's datasheet gives int8 and fp8 the same dense rate, but cuBLAS's int8 kernels run
+    well below it (H100: 881-945 TOP/s at 8192³ against fp8's ~1430), so the int8 GEMM alone understates what the
+    8-bit tensor cores do and a fused int8 kernel could show more than 100 % of it."""
 
     hbm_bytes_per_s: float
     fp16_flops: float
     int8_ops: float
     device: str
+    int_mm_ops: float | None = None
+    fp8_ops: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -73,22 +80,45 @@ def _median_seconds(fn, reps: int) -> float:
     return times[len(times) // 2]
 
 
-def measure_matmul_peaks(size: int = 8192, reps: int = 10) -> tuple[float, float]:
-    """(fp16 flop/s of torch.matmul, int8 op/s of torch._int_mm) on random ``size``³ operands."""
+def fp8_matmul_supported(device=None) -> bool:
+    """Whether torch._scaled_mm can run fp8 e4m3 products on this CUDA device (tensor cores of sm_89 and later)."""
+    return hasattr(torch, "float8_e4m3fn") and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def fp8_matmul(a: torch.Tensor, b_t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """fp16 [M, N] = a [M, K] · b_t [K, N] in fp8 e4m3 on cuBLAS (torch._scaled_mm; ``b_t`` column-major, one
+    fp32 ``scale`` for both operands): an 8-bit GEMM with no dequantization, the bench's 8-bit ceiling."""
+    return torch._scaled_mm(a, b_t, scale_a=scale, scale_b=scale, out_dtype=torch.float16)
+
+
+def measure_matmul_peaks(size: int = 8192, reps: int = 10) -> tuple[float, float, float | None]:
+    """(fp16 flop/s of torch.matmul, int8 op/s of torch._int_mm, fp8 op/s of torch._scaled_mm or None where the
+    GPU has no fp8 tensor cores) on random ``size``³ operands."""
     a = torch.randn(size, size, device="cuda", dtype=torch.float16)
     b = torch.randn(size, size, device="cuda", dtype=torch.float16)
     t16 = _median_seconds(lambda: torch.matmul(a, b), reps)
     ai = torch.randint(-127, 128, (size, size), device="cuda", dtype=torch.int8)
     bi = torch.randint(-127, 128, (size, size), device="cuda", dtype=torch.int8).t()  # column-major: cuBLAS fast path
     t8 = _median_seconds(lambda: torch._int_mm(ai, bi), reps)
-    return gemm_flops(size, size, size) / t16, gemm_flops(size, size, size) / t8
+    ops = gemm_flops(size, size, size)
+    fp8 = None
+    if fp8_matmul_supported():
+        a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t()  # second operand column-major, as cuBLAS
+        one = torch.ones((), device="cuda")
+        fp8 = ops / _median_seconds(lambda: fp8_matmul(a8, b8, one), reps)
+    return ops / t16, ops / t8, fp8
+
+
+def eight_bit_ceiling(int_mm_ops: float, fp8_ops: float | None) -> float:
+    """The 8-bit matmul ceiling of :class:`Ceilings`: the faster of the measured int8 and fp8 GEMMs."""
+    return int_mm_ops if fp8_ops is None else max(int_mm_ops, fp8_ops)
 
 
 def measure_ceilings() -> Ceilings:
-    """All three ceilings of the current device (module docstring)."""
+    """All ceilings of the current device (module docstring, :class:`Ceilings`)."""
     hbm = measure_hbm_bandwidth()
-    f16, i8 = measure_matmul_peaks()
-    return Ceilings(hbm, f16, i8, torch.cuda.get_device_name())
+    f16, i8, f8 = measure_matmul_peaks()
+    return Ceilings(hbm, f16, eight_bit_ceiling(i8, f8), torch.cuda.get_device_name(), i8, f8)
 
 
 def roofline_row(ms: float, flops: int, nbytes: int, ceilings: Ceilings, int8: bool) -> dict:

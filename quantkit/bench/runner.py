@@ -35,7 +35,8 @@ def time_problem(method: str, m: int, n: int, k: int, config: TileConfig | None 
 
 def run_bench(shapes: Iterable[tuple[int, int]], ms: Sequence[int], methods: Sequence[str],
               ceilings: Ceilings | None = None, configs: dict | None = None, reps: int = 50) -> list[dict]:
-    """One row per (method, N, K, M): median ms, TFLOP/s, GB/s, % of measured HBM bandwidth and matmul ceiling,
+    """One row per (method, N, K, M): median ms, TFLOP/s, GB/s, % of measured HBM bandwidth and matmul ceiling
+    (fp16's, or for 8-bit operands the faster of cuBLAS's int8 and fp8 GEMMs: :class:`.roofline.Ceilings`),
     % of the roofline floor, and ``speedup_vs_fp16`` (the fp16 method is always timed as the baseline).
     ``shapes`` are (N, K) = (out_features, in_features); ``configs`` optionally maps (method, M, N, K) to a
     TileConfig. Methods that cannot run a size (torch._int_mm with M <= 16) get a row with ``skipped``. ``gemv_pdl``:
@@ -54,6 +55,10 @@ def run_bench(shapes: Iterable[tuple[int, int]], ms: Sequence[int], methods: Seq
                 row = {"method": method, "m": m, "n": n, "k": k, "device": ceilings.device,
                        "hbm_tbps": ceilings.hbm_bytes_per_s / 1e12, "fp16_peak_tflops": ceilings.fp16_flops / 1e12,
                        "int8_peak_tops": ceilings.int8_ops / 1e12}
+                if ceilings.int_mm_ops is not None:  # what the 8-bit ceiling was the faster of
+                    row["int_mm_peak_tops"] = ceilings.int_mm_ops / 1e12
+                if ceilings.fp8_ops is not None:
+                    row["fp8_peak_tops"] = ceilings.fp8_ops / 1e12
                 try:
                     timing, prob = time_problem(method, m, n, k, cfg, reps)
                 except QuantkitError as e:

@@ -21,7 +21,8 @@ import json
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
+
+from int8_vs_fp8 import TILES, triton_gemm8  # docs/bench is the script's own folder
 
 from quantkit.bench.timing import time_rotating
 from quantkit.runtime.kernels.dequant import planes_i8, side_by_side
@@ -30,43 +31,11 @@ from quantkit.runtime.kernels.launch import groups_in_halves
 
 SHAPES = [(8192, 8192, 8192), (4096, 14336, 4096), (1024, 14336, 4096), (4096, 4096, 4096), (1024, 4096, 4096),
           (4096, 4096, 14336)]
-TILES = [(128, 256, 128, 8, 3), (128, 256, 128, 8, 4), (256, 128, 128, 8, 3), (128, 128, 128, 4, 4),
-         (128, 128, 128, 8, 4), (128, 256, 64, 8, 4), (128, 128, 256, 8, 3)]
-
-
-@triton.jit
-def _i8_gemm(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr,
-             BK: tl.constexpr, GROUP_M: tl.constexpr):
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(N, BN)
-    in_group = GROUP_M * num_n
-    first_m = (pid // in_group) * GROUP_M
-    size_m = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % in_group) % size_m
-    pid_n = (pid % in_group) // size_m
-    acc = tl.zeros((BM, BN), dtype=tl.int32)
-    for k in range(0, tl.cdiv(K, BK)):
-        a = a_desc.load([pid_m * BM, k * BK])
-        b = b_desc.load([pid_n * BN, k * BK])
-        acc = tl.dot(a, b.T, acc, out_dtype=tl.int32)
-    rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
-    sa = tl.load(sa_ptr + rm, mask=rm < M, other=0.0)
-    sb = tl.load(sb_ptr + rn, mask=rn < N, other=0.0)
-    c_desc.store([pid_m * BM, pid_n * BN], (acc.to(tl.float32) * sa[:, None] * sb[None, :]).to(tl.float16))
 
 
 def triton_i8(a, b, sa, sb, tile):
-    bm, bn, bk, warps, stages = tile
-    m, k = a.shape
-    n = b.shape[0]
-    c = torch.empty(m, n, dtype=torch.float16, device=a.device)
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-    _i8_gemm[grid](TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [bn, bk]),
-                   TensorDescriptor.from_tensor(c, [bm, bn]), sa, sb, m, n, k, BM=bm, BN=bn, BK=bk, GROUP_M=8,
-                   num_warps=warps, num_stages=stages)
-    return c
+    """The plain Triton GEMM of int8_vs_fp8.py on int8 operands (int32 accumulation)."""
+    return triton_gemm8(a, b, sa, sb, tile)
 
 
 @triton.jit

@@ -45,7 +45,7 @@ fi
 if step 3; then
 echo "== 3. kernel benchmark"
 $QK bench --shapes 14336x4096,4096x4096,6144x4096,28672x4096,4096x14336 --m 1,2,4,8,16,64,256,1024,4096 \
-    --methods fp16,int_mm,w4a16,w8a8,w4a8,w4a8-lqq,mixed,w4a8-lqq+aq,mixed+aq --json --plot "$OUT/bench.png" \
+    --methods fp16,int_mm,fp8,w4a16,w8a8,w4a8,w4a8-lqq,mixed,w4a8-lqq+aq,mixed+aq --json --plot "$OUT/bench.png" \
     > "$OUT/bench.json" 2> "$OUT/bench.txt"
 tail -5 "$OUT/bench.txt"
 fi

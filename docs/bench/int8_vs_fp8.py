@@ -1,0 +1,183 @@
+"""Do this GPU's int8 tensor cores run as fast as its fp8 ones? The "W4A8 >= 1.6x fp16 at M >= 1024" goal turns on
+it: LiquidQuant (LiquidGEMM Sec. 4) multiplies int8 operands, and under the bench's timing cuBLAS's fp8 GEMM reaches
+1.5-2.1x fp16 at M >= 1024 while its int8 GEMM (torch._int_mm) stays near 1x (docs/BENCHMARKS.md, session 24).
+
+The same Triton GEMM (TMA descriptors, both wgmma operands in shared memory, per-token x per-channel scale epilogue
+to fp16; the tiles of int8_ceiling.py) is built once on int8 operands with int32 accumulation and once on fp8 e4m3
+operands with fp32 accumulation, next to cuBLAS fp16 / int8 / fp8, per shape. Timing: quantkit.bench.timing's
+rotating-input CUDA graphs (the bench's rules). While each method runs, `nvidia-smi` samples the SM clock and the
+board power (``--clocks``), so a lower int8 rate can be told apart from a clock that drops under int8 load.
+
+    python docs/bench/int8_vs_fp8.py --out int8_vs_fp8.json [--clocks]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import subprocess
+import time
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from quantkit.bench.roofline import fp8_matmul
+from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
+
+SHAPES = [(8192, 8192, 8192), (1024, 14336, 4096), (1024, 6144, 4096), (1024, 4096, 4096), (4096, 14336, 4096)]
+TILES = [(128, 256, 128, 8, 3), (128, 256, 128, 8, 4), (256, 128, 128, 8, 3), (128, 128, 128, 4, 4),
+         (128, 128, 128, 8, 4), (128, 256, 64, 8, 4), (128, 128, 256, 8, 3)]
+
+
+@triton.jit
+def _gemm8(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+           GROUP_M: tl.constexpr, ACC: tl.constexpr):
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    in_group = GROUP_M * num_n
+    first_m = (pid // in_group) * GROUP_M
+    size_m = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % size_m
+    pid_n = (pid % in_group) // size_m
+    acc = tl.zeros((BM, BN), dtype=ACC)
+    for k in range(0, tl.cdiv(K, BK)):
+        a = a_desc.load([pid_m * BM, k * BK])
+        b = b_desc.load([pid_n * BN, k * BK])
+        acc = tl.dot(a, b.T, acc, out_dtype=ACC)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    sa = tl.load(sa_ptr + rm, mask=rm < M, other=0.0)
+    sb = tl.load(sb_ptr + rn, mask=rn < N, other=0.0)
+    c_desc.store([pid_m * BM, pid_n * BN], (acc.to(tl.float32) * sa[:, None] * sb[None, :]).to(tl.float16))
+
+
+def triton_gemm8(a, b, sa, sb, tile):
+    """fp16 [M, N] = (a [M, K] · b [N, K]ᵀ) · sa[:, None] · sb[None, :] on int8 or fp8 e4m3 operands."""
+    bm, bn, bk, warps, stages = tile
+    m, k = a.shape
+    n = b.shape[0]
+    c = torch.empty(m, n, dtype=torch.float16, device=a.device)
+    acc = tl.int32 if a.dtype == torch.int8 else tl.float32
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    _gemm8[grid](TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [bn, bk]),
+                 TensorDescriptor.from_tensor(c, [bm, bn]), sa, sb, m, n, k, BM=bm, BN=bn, BK=bk, GROUP_M=8, ACC=acc,
+                 num_warps=warps, num_stages=stages)
+    return c
+
+
+class Clocks:
+    """``nvidia-smi`` sampling SM clock and power every 50 ms in the background; :meth:`window` summarizes the
+    samples between two host times."""
+
+    def __init__(self, enabled: bool):
+        self.proc = None
+        if enabled:
+            self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw",
+                                          "--format=csv,noheader,nounits", "-lms", "50"],
+                                         stdout=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            out, _ = self.proc.communicate(timeout=10)
+            self.lines = out.splitlines()
+
+    def window(self, t0: float, t1: float) -> dict | None:
+        got = []
+        for line in self.lines:
+            try:
+                stamp, mhz, watts = [x.strip() for x in line.split(",")]
+                t = datetime.datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            except ValueError:
+                continue
+            if t0 <= t <= t1:
+                got.append((float(mhz), float(watts)))
+        if not got:
+            return None
+        return {"sm_mhz": statistics.median(g[0] for g in got), "watts": statistics.median(g[1] for g in got),
+                "samples": len(got)}
+
+
+def timed(results: list, clocks: Clocks, name: str, fn, inputs, ops: int, reps: int, **extra) -> dict:
+    t0 = time.time()
+    t = time_rotating(fn, inputs, warmup=5, reps=reps)
+    row = {"method": name, "ms": t["ms"], "ms_p10": t["ms_p10"], "ms_p90": t["ms_p90"], "tops": ops / t["ms"] / 1e9,
+           "t0": t0, "t1": time.time(), **extra}
+    results.append(row)
+    print("   ", json.dumps({k: v for k, v in row.items() if k not in ("t0", "t1")}), flush=True)
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="int8_vs_fp8.json")
+    p.add_argument("--clocks", action="store_true", help="sample SM clock and power with nvidia-smi")
+    p.add_argument("--reps", type=int, default=50)
+    args = p.parse_args()
+    dev = "cuda"
+    clocks = Clocks(args.clocks)
+    shapes = []
+    try:
+        for m, n, k in SHAPES:
+            ops = 2 * m * n * k
+            print(json.dumps({"m": m, "n": n, "k": k}), flush=True)
+            rows: list[dict] = []
+            copies = copies_to_defeat_l2(2 * (n * k + m * k))
+            x16 = [torch.randn(m, k, device=dev, dtype=torch.float16) for _ in range(copies)]
+            w16 = [torch.randn(n, k, device=dev, dtype=torch.float16) for _ in range(copies)]
+            timed(rows, clocks, "cublas_fp16", lambda x, w: torch.nn.functional.linear(x, w), list(zip(x16, w16)),
+                  ops, args.reps)
+            a8 = [torch.randint(-127, 128, (m, k), device=dev, dtype=torch.int8) for _ in range(copies)]
+            b8 = [torch.randint(-127, 128, (n, k), device=dev, dtype=torch.int8) for _ in range(copies)]
+            timed(rows, clocks, "cublas_int8", lambda a, b: torch._int_mm(a, b.t()), list(zip(a8, b8)), ops,
+                  args.reps)
+            f8a = [x.to(torch.float8_e4m3fn) for x in x16]
+            f8b = [w.to(torch.float8_e4m3fn) for w in w16]
+            one = torch.ones((), device=dev)
+            timed(rows, clocks, "cublas_fp8", lambda a, b: fp8_matmul(a, b.t(), one), list(zip(f8a, f8b)), ops,
+                  args.reps)
+            sa = (torch.rand(m, device=dev) + 0.5) * 1e-4  # keeps int8 products inside fp16's range
+            sb = torch.rand(n, device=dev) + 0.5
+            ref8 = (torch._int_mm(a8[0], b8[0].t()).float() * sa[:, None] * sb[None, :]).half()
+            reff = ((f8a[0].float() @ f8b[0].float().t()) * sa[:, None] * sb[None, :]).half()
+            for tile in TILES:
+                for kind, aa, bb, ref in (("triton_int8", a8, b8, ref8), ("triton_fp8", f8a, f8b, reff)):
+                    try:
+                        got = triton_gemm8(aa[0], bb[0], sa, sb, tile)
+                        err = float(((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item())
+                        timed(rows, clocks, kind, lambda a, b: triton_gemm8(a, b, sa, sb, tile), list(zip(aa, bb)),
+                              ops, args.reps, tile=tile, max_rel_err=err)
+                    except Exception as e:  # noqa: BLE001 — a tile that does not build is recorded, not fatal
+                        rows.append({"method": kind, "tile": tile, "error": str(e)[:200]})
+            shapes.append({"m": m, "n": n, "k": k, "rows": rows})
+            del x16, w16, a8, b8, f8a, f8b
+            torch.cuda.empty_cache()
+    finally:
+        clocks.stop()
+    for s in shapes:
+        for r in s["rows"]:
+            if "t0" in r:
+                r["clocks"] = clocks.window(r.pop("t0"), r.pop("t1"))
+        best = {}
+        for r in s["rows"]:
+            if "ms" in r and (r["method"] not in best or r["ms"] < best[r["method"]]["ms"]):
+                best[r["method"]] = r
+        s["best"] = {name: {"ms": r["ms"], "tops": r["tops"], "tile": r.get("tile"), "clocks": r.get("clocks")}
+                     for name, r in best.items()}
+        fp16 = best["cublas_fp16"]["ms"]
+        s["vs_fp16"] = {name: fp16 / r["ms"] for name, r in best.items()}
+        print(json.dumps({"m": s["m"], "n": s["n"], "k": s["k"], "vs_fp16": s["vs_fp16"],
+                          "clocks": {name: (r.get("clocks") or {}).get("sm_mhz") for name, r in best.items()}}))
+    with open(args.out, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+                   "shapes": shapes}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -8,7 +8,7 @@ operands with fp32 accumulation, next to cuBLAS fp16 / int8 / fp8, per shape. Ti
 rotating-input CUDA graphs (the bench's rules). While each method runs, `nvidia-smi` samples the SM clock and the
 board power (``--clocks``), so a lower int8 rate can be told apart from a clock that drops under int8 load.
 
-    python docs/bench/int8_vs_fp8.py --out int8_vs_fp8.json [--clocks]
+    python docs/bench/int8_vs_fp8.py --out int8_vs_fp8.json [--clocks] [--raw] [--shapes 1024x4096x4096,...]
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ TILES = [(128, 256, 128, 8, 3), (128, 256, 128, 8, 4), (256, 128, 128, 8, 3), (1
 
 @triton.jit
 def _gemm8(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-           GROUP_M: tl.constexpr, ACC: tl.constexpr):
+           GROUP_M: tl.constexpr, ACC: tl.constexpr, RAW: tl.constexpr):
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
@@ -49,24 +49,29 @@ def _gemm8(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, K, BM: tl.constexpr, BN
         a = a_desc.load([pid_m * BM, k * BK])
         b = b_desc.load([pid_n * BN, k * BK])
         acc = tl.dot(a, b.T, acc, out_dtype=ACC)
-    rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
-    sa = tl.load(sa_ptr + rm, mask=rm < M, other=0.0)
-    sb = tl.load(sb_ptr + rn, mask=rn < N, other=0.0)
-    c_desc.store([pid_m * BM, pid_n * BN], (acc.to(tl.float32) * sa[:, None] * sb[None, :]).to(tl.float16))
+    if RAW:  # the accumulator as it is: no conversion, no scales
+        c_desc.store([pid_m * BM, pid_n * BN], acc)
+    else:
+        rm = pid_m * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        sa = tl.load(sa_ptr + rm, mask=rm < M, other=0.0)
+        sb = tl.load(sb_ptr + rn, mask=rn < N, other=0.0)
+        c_desc.store([pid_m * BM, pid_n * BN], (acc.to(tl.float32) * sa[:, None] * sb[None, :]).to(tl.float16))
 
 
-def triton_gemm8(a, b, sa, sb, tile):
-    """fp16 [M, N] = (a [M, K] · b [N, K]ᵀ) · sa[:, None] · sb[None, :] on int8 or fp8 e4m3 operands."""
+def triton_gemm8(a, b, sa, sb, tile, raw: bool = False):
+    """fp16 [M, N] = (a [M, K] · b [N, K]ᵀ) · sa[:, None] · sb[None, :] on int8 or fp8 e4m3 operands; ``raw``: the
+    int32 / fp32 accumulator [M, N] itself (no conversion, no scales)."""
     bm, bn, bk, warps, stages = tile
     m, k = a.shape
     n = b.shape[0]
-    c = torch.empty(m, n, dtype=torch.float16, device=a.device)
     acc = tl.int32 if a.dtype == torch.int8 else tl.float32
+    c = torch.empty(m, n, dtype=(torch.int32 if acc == tl.int32 else torch.float32) if raw else torch.float16,
+                    device=a.device)
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     _gemm8[grid](TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [bn, bk]),
                  TensorDescriptor.from_tensor(c, [bm, bn]), sa, sb, m, n, k, BM=bm, BN=bn, BK=bk, GROUP_M=8, ACC=acc,
-                 num_warps=warps, num_stages=stages)
+                 RAW=raw, num_warps=warps, num_stages=stages)
     return c
 
 
@@ -119,12 +124,16 @@ def main() -> None:
     p.add_argument("--out", default="int8_vs_fp8.json")
     p.add_argument("--clocks", action="store_true", help="sample SM clock and power with nvidia-smi")
     p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--raw", action="store_true", help="also time each Triton tile storing its raw accumulator "
+                                                      "(int32 / fp32: no conversion, no scales)")
+    p.add_argument("--shapes", default=None, help="MxNxK,... (default: SHAPES)")
     args = p.parse_args()
     dev = "cuda"
     clocks = Clocks(args.clocks)
     shapes = []
     try:
-        for m, n, k in SHAPES:
+        todo = SHAPES if args.shapes is None else [tuple(int(v) for v in x.split("x")) for x in args.shapes.split(",")]
+        for m, n, k in todo:
             ops = 2 * m * n * k
             print(json.dumps({"m": m, "n": n, "k": k}), flush=True)
             rows: list[dict] = []
@@ -153,6 +162,9 @@ def main() -> None:
                         err = float(((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item())
                         timed(rows, clocks, kind, lambda a, b: triton_gemm8(a, b, sa, sb, tile), list(zip(aa, bb)),
                               ops, args.reps, tile=tile, max_rel_err=err)
+                        if args.raw:
+                            timed(rows, clocks, kind + "_raw", lambda a, b: triton_gemm8(a, b, sa, sb, tile, True),
+                                  list(zip(aa, bb)), ops, args.reps, tile=tile)
                     except Exception as e:  # noqa: BLE001 — a tile that does not build is recorded, not fatal
                         rows.append({"method": kind, "tile": tile, "error": str(e)[:200]})
             shapes.append({"m": m, "n": n, "k": k, "rows": rows})

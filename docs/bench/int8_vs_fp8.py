@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import statistics
 import subprocess
 import time
@@ -69,10 +70,20 @@ def triton_gemm8(a, b, sa, sb, tile, raw: bool = False):
     c = torch.empty(m, n, dtype=(torch.int32 if acc == tl.int32 else torch.float32) if raw else torch.float16,
                     device=a.device)
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-    _gemm8[grid](TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [bn, bk]),
+    kernel = _gemm8[grid](TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [bn, bk]),
                  TensorDescriptor.from_tensor(c, [bm, bn]), sa, sb, m, n, k, BM=bm, BN=bn, BK=bk, GROUP_M=8, ACC=acc,
                  RAW=raw, num_warps=warps, num_stages=stages)
+    WAIT_GROUPS.setdefault((str(a.dtype), tuple(tile), raw), wait_groups(kernel.asm["ptx"]))
     return c
+
+
+WAIT_GROUPS: dict = {}  # (operand dtype, tile, raw) → the wgmma.wait_group operands in the built kernel's PTX
+
+
+def wait_groups(ptx: str) -> list[int]:
+    """The distinct N of ``wgmma.wait_group.sync.aligned N`` in a kernel's PTX: 0 alone means every wgmma group is
+    waited for before the next is issued; 1 keeps one group in flight behind the next K block's loads."""
+    return sorted({int(x) for x in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)})
 
 
 class Clocks:
@@ -161,7 +172,8 @@ def main() -> None:
                         got = triton_gemm8(aa[0], bb[0], sa, sb, tile)
                         err = float(((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item())
                         timed(rows, clocks, kind, lambda a, b: triton_gemm8(a, b, sa, sb, tile), list(zip(aa, bb)),
-                              ops, args.reps, tile=tile, max_rel_err=err)
+                              ops, args.reps, tile=tile, max_rel_err=err,
+                              wait_groups=WAIT_GROUPS.get((str(aa[0].dtype), tuple(tile), False)))
                         if args.raw:
                             timed(rows, clocks, kind + "_raw", lambda a, b: triton_gemm8(a, b, sa, sb, tile, True),
                                   list(zip(aa, bb)), ops, args.reps, tile=tile)

@@ -46,11 +46,12 @@ def test_rule_range_of_the_gluon_kernel_by_layer_and_token_count():
     # wide layers above 768 tokens: the same model (14336x4096 M = 1025: 130.8 us vs the Triton kernel's 160.6)
     assert lqq_wgmma_launch(1025, 14336, 4096) == ((128, 2, 1, 32), 1)
     # long rows on a layer of <= 8192 rows: up to 4096 tokens since session 17 (4096x14336 M = 2049: 245.4 us vs the
-    # Triton kernel's 325.0, lqq_bigm_ws_b_h100.json)
-    assert lqq_wgmma_launch(769, 4096, 14336) == lqq_wgmma_launch(1280, 4096, 14336) == ((128, 2, 1, 32), 1)
-    # since session 22 two warpgroups of 192-token tiles, partitions that take turns (M = 2048: 206.5 us vs 239.7,
-    # docs/logs/session22/lqq_rule_ab_row_pair.json)
-    assert lqq_wgmma_launch(2049, 4096, 14336) == ((128, 3, 1, 64), 2)
+    # Triton kernel's 325.0, lqq_bigm_ws_b_h100.json); since session 24 the model refitted for rows longer than 8192,
+    # two warpgroups at three or four stages (docs/logs/session24/big_m/big_m_long_rows_ab.json, ABBA, µs against
+    # the session-17 constants: M = 769 101.3 vs 109.2, 1280 122.7 vs 135.6, 2049-4096 on 192-token tiles, four stages)
+    assert lqq_wgmma_launch(769, 4096, 14336) == ((128, 3, 1, 0), 2)
+    assert lqq_wgmma_launch(1280, 4096, 14336) == ((128, 4, 1, 32), 2)
+    assert lqq_wgmma_launch(2049, 4096, 14336) == ((128, 4, 1, 64), 2)
     assert lqq_wgmma_config(1025, 14336, 14336) is None  # more rows and long ones: Triton above 768 (not measured)
     # from 32 tokens the cost model with splits of 4 since session 18 (docs/logs/session18/split_refit_*_h100.json and
     # lqq_rule_ab_costfit_h100.json): the Gluon kernel split where the Triton kernel ran before (4608x3584 M = 40:
@@ -138,14 +139,33 @@ def test_large_m_wave_model_takes_the_launches_measured_fastest():
     assert lqq_wgmma_launch(769, 14336, 4096) == two160  # 100.7 vs the Triton kernel's 118.6
     # one warpgroup only (a two-warpgroup build failed): the model's one-warpgroup options
     assert lqq_wgmma_launch(1536, 6144, 4096, max_warpgroups=1) == two192
-    for n, k in LLAMA + [(3584, 3584), (4608, 3584), (37888, 3584), (8192, 4096), (24576, 4096), (11008, 4096)]:
+    for n, k in LLAMA + [(3584, 3584), (4608, 3584), (37888, 3584), (8192, 4096), (24576, 4096), (11008, 4096),
+                         (3584, 18944), (5120, 13824)]:
+        # rows longer than 8192: the session-24 table adds two warpgroups on 128 / 160 / 192 tokens at 3-4 stages
+        two_wg = ({((128, st, 1, tail), 2) for st in (3, 4) for tail in (0, 32, 64)} if k > configs.LQQ_WGMMA_NARROW
+                  else {wg2})
         for m in range(769, 4097, 37):
             launch = lqq_wgmma_launch(m, n, k)
-            assert launch in (two192, two160, two128, wg2, one192), (n, k, m, launch)
+            assert launch in {two192, two160, two128, one192} | two_wg, (n, k, m, launch)
             assert lqq_wgmma_launch(m, n, k, max_warpgroups=1) in (two192, two160, two128, one192), (n, k, m)
     # wide and long rows: the Triton kernel above 768 tokens (not measured) — and, alike, from 384 up to 768
     assert lqq_wgmma_launch(2048, 14336, 14336) is None
-    assert lqq_wgmma_launch(512, 14336, 14336) != configs.lqq_big_m_launch(512, 14336, 14336)  # the M <= 768 model's
+    assert not configs._lqq_big_m_below_768(512, 14336, 14336)  # the M <= 768 cost model's launch there
+
+
+def test_large_m_model_refitted_for_long_rows_only():
+    # session 24: the refit lost on the wide layers in its ABBA check (14336x4096, 28672x4096: 0.986-0.988x), won on
+    # rows longer than 8192 (1.05-1.13x on three layers it was not fitted to: big_m_long_rows_ab.json)
+    assert configs.lqq_big_m_options(4096) is configs.LQQ_BIG_M_WS
+    assert configs.lqq_big_m_options(14336) is configs.LQQ_BIG_M_WS_LONG_ROWS
+    assert configs.lqq_big_m_options(configs.LQQ_WGMMA_NARROW) is configs.LQQ_BIG_M_WS
+    assert set(configs.LQQ_BIG_M_WS) < set(configs.LQQ_BIG_M_WS_LONG_ROWS)
+    # every long-row option runs on lqq_ws (a launch lqq_ws_launch maps), four stages on two warpgroups included
+    for tokens, wg, stages in configs.LQQ_BIG_M_WS_LONG_ROWS:
+        ws = configs.lqq_ws_launch((128, stages, 1, tokens - 128), wg)
+        assert ws is not None and ws[2] == tokens - 128 and ws[3] == wg
+    assert configs.lqq_wgmma_launch(1024, 14336, 4096) == ((128, 2, 1, 32), 1)  # wide rows of 4096: unchanged
+    assert configs.lqq_wgmma_launch(3072, 3584, 18944) == ((128, 4, 1, 64), 2)  # 355.0 us vs 437.2 (ABBA)
 
 
 def test_large_m_waves_count_a_last_wave_of_lone_programs_as_solo():
@@ -184,7 +204,9 @@ def test_rule_configs_are_ones_the_kernel_has():
             if cfg is not None:
                 assert lqq_wgmma_warpgroups(m, n, k) in (1, 2)
                 bm, stages, split, tail = cfg
-                assert bm in (32, 64, 128) and stages in (2, 3) and split in (1, 2, 4, 8) and tail in (0, 32, 64)
+                # four stages: the large-M model's two-warpgroup options on rows longer than 8192 (session 24)
+                assert bm in (32, 64, 128) and stages in (2, 3, 4) and split in (1, 2, 4, 8) and tail in (0, 32, 64)
+                assert stages < 4 or (k > configs.LQQ_WGMMA_NARROW and lqq_wgmma_warpgroups(m, n, k) == 2)
                 assert split_plan(-(-k // 256), split)[0] >= 4  # every split but the last keeps 4 tiles of 256
                 if split > 1 and m <= 768:  # the cost model splits only launches of fewer programs than SMs
                     assert -(-n // 64) * -(-m // tokens(cfg)) < 132
@@ -425,8 +447,9 @@ def test_two_warpgroups_where_the_cost_model_puts_them():
                 continue
             (bm, stages, split, tail), wg = launch
             if wg == 2:
-                assert split == 1 and configs.LQQ_WGMMA_PER_SM[(bm + tail, stages)] == 1, (n, k, m)
+                assert split == 1 and configs.lqq_ws_launch((bm, stages, split, tail), 2)[4] == 1, (n, k, m)
                 if configs.lqq_uses_cost_model(m, n, k):  # (the large-M model weighs its options by their waves)
+                    assert configs.LQQ_WGMMA_PER_SM[(bm + tail, stages)] == 1, (n, k, m)
                     assert all(configs._lqq_waves(m, n, t, 1, configs.SMS_H100) > 1 for t in configs.LQQ_WGMMA_TILES)
     for m in (33, 64, 1024):
         assert lqq_wgmma_warpgroups(m, 14336, 4096) == 1

@@ -355,11 +355,34 @@ def lqq_wgmma_cost(m: int, n: int, k: int, tile: int, split: int, sms: int = SMS
 # Session 22: two-warpgroup programs run their warpgroups as partitions that take turns (lqq_ws), 1.105-1.24x the
 # form the (192, 2, 3) cost was fitted to at the six points of M >= 1024 timed (docs/logs/session22/row_pair_lqq.json,
 # 192-token launches; geometric mean 1.16x): that option's cost is scaled by 1/1.16, not refitted.
+# Session 24 refitted every option to the kernel as it is, with five more two-warpgroup options (128, 160 and 192
+# tokens at three and four stages): docs/bench/lqq_big_m_options.py on an H100 (docs/logs/session24/big_m/
+# big_m_options.json: eleven shapes — 4096x4096, 6144x4096, 14336x4096, 28672x4096, 4096x14336, 4608x3584, 3584x3584,
+# 8192x4096, 2048x4096, 1536x4096, 1024x4096 — at M = 513, 769, 1024, 1536, 2048, 3072, 4096; all 770 outputs
+# bit-identical to the rule's launch), fitted by docs/bench/lqq_big_m_fit.py (session 17's method; sd of the log cost
+# 0.062-0.090). In-sample its picks were within 1.010x of the best option timed against 1.035x for the constants
+# above, but the ABBA check against them (docs/bench/lqq_rule_ab.py, big_m_rule_ab.json, 82 points of eight shapes
+# at M = 384-4096 where the picks differ) came to 1.008x: 0.905-1.17x, slower by over 3 % at 11 points (the
+# 14336- and 28672-row layers: 0.986 and 0.988x) and faster at 17. It held on the one layer with rows longer than
+# LQQ_WGMMA_NARROW: 4096x14336 (Llama-3-8B's down_proj) at M = 769-4096, 0.99-1.17x, geometric mean 1.070x. So the
+# refit (LQQ_BIG_M_WS_LONG_ROWS) prices launches on rows longer than LQQ_WGMMA_NARROW only, checked there on layers
+# the fit had not seen (docs/BENCHMARKS.md, "Launch options for LiquidQuant above 384 tokens …").
 LQQ_BIG_M_MIN_M = 384
 LQQ_BIG_M_ROW_PAIR_GAIN = 1.16
 LQQ_BIG_M_WS = {(192, 1, 2): (2, 0.88, 0.5, 1.592), (160, 1, 2): (2, 0.80, 0.4, 1.381),
                 (128, 1, 3): (2, 0.88, 0.5, 1.219), (192, 2, 3): (1, 1.0, 0.1, 1.749 / LQQ_BIG_M_ROW_PAIR_GAIN),
                 (192, 1, 3): (1, 1.0, 0.2, 0.985)}
+LQQ_BIG_M_WS_LONG_ROWS = {(192, 1, 2): (2, 0.86, 0.4, 1.630), (160, 1, 2): (2, 0.80, 0.3, 1.408),
+                          (128, 1, 3): (2, 0.76, 0.2, 1.195), (192, 2, 3): (1, 1.04, 0.2, 1.521),
+                          (192, 1, 3): (1, 1.04, 0.1, 0.976), (128, 2, 3): (1, 1.04, 0.1, 1.123),
+                          (128, 2, 4): (1, 1.02, 0.1, 1.140), (160, 2, 3): (1, 1.12, 0.2, 1.318),
+                          (160, 2, 4): (1, 1.04, 0.1, 1.329), (192, 2, 4): (1, 1.08, 0.2, 1.488)}
+
+
+def lqq_big_m_options(k: int) -> dict:
+    """The large-M wave model's options and constants for rows of ``k`` columns (comment above): the session-24
+    refit on rows longer than LQQ_WGMMA_NARROW, session 17's elsewhere."""
+    return LQQ_BIG_M_WS_LONG_ROWS if k > LQQ_WGMMA_NARROW else LQQ_BIG_M_WS
 
 
 def lqq_big_m_waves(programs: int, per_sm: int, solo: float, blend: float, sms: int = SMS_H100) -> float:
@@ -375,15 +398,17 @@ def lqq_big_m_waves(programs: int, per_sm: int, solo: float, blend: float, sms: 
 def lqq_big_m_launch(m: int, n: int, k: int, sms: int = SMS_H100,
                      max_warpgroups: int = 2) -> tuple[tuple[int, int, int, int], int]:
     """((tokens per program, stages, K split, tail), warpgroups) of the Gluon LiquidQuant kernel above M = 768 (from
-    M = LQQ_BIG_M_MIN_M on layers with programs enough): the LQQ_BIG_M_WS option the wave model times fastest
-    (comment above)."""
+    M = LQQ_BIG_M_MIN_M on layers with programs enough): the option of :func:`lqq_big_m_options` the wave model
+    times fastest (comment above)."""
+    table = lqq_big_m_options(k)
+
     def time(option: tuple[int, int, int]) -> float:
         tokens, wg, _ = option
-        per_sm, solo, blend, cost = LQQ_BIG_M_WS[option]
+        per_sm, solo, blend, cost = table[option]
         programs = -(-n // (64 * wg)) * -(-m // tokens)
         return cost * lqq_big_m_waves(programs, per_sm, solo, blend, sms) * -(-k // 256)
 
-    tokens, wg, stages = min((o for o in LQQ_BIG_M_WS if o[1] <= max_warpgroups), key=time)
+    tokens, wg, stages = min((o for o in table if o[1] <= max_warpgroups), key=time)
     bm, tail = LQQ_WGMMA_TILES[tokens]
     return (bm, stages, 1, tail), wg
 

@@ -1,0 +1,114 @@
+"""Fit the large-M wave model's per-option constants (configs.LQQ_BIG_M_WS: programs per SM, solo, blend, cost) to a
+``docs/bench/lqq_big_m_options.py`` log, the way session 17 fitted them: per option, the (solo, blend) grid point
+(0.02 / 0.1 steps) whose log cost per wave of 256 K columns is most uniform over the points, the cost their median.
+Then score the fitted model and the one configs.py uses at each point (:func:`.configs.lqq_big_m_options`) against the measurements at the points where the rule takes
+the model's launch (not the K-pair launches, the row-tile exceptions or the small-M cost model): the picked option's
+measured time over the best measured option's, and over the current model's pick.
+
+    python docs/bench/lqq_big_m_fit.py docs/logs/session24/big_m/big_m_options.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+
+from quantkit.runtime.kernels import configs
+from quantkit.runtime.kernels.configs import LQQ_BIG_M_WS_LONG_ROWS, SMS_H100, lqq_big_m_options, lqq_big_m_waves
+
+SOLO = [round(0.5 + 0.02 * i, 2) for i in range(41)]  # 0.50 … 1.30
+BLEND = [round(0.1 * i, 1) for i in range(11)]
+
+
+def option_key(name: str) -> tuple[int, int, int]:
+    return tuple(int(v) for v in name.split("_"))
+
+
+def programs(option: tuple[int, int, int], m: int, n: int) -> int:
+    tokens, wg, _ = option
+    return -(-n // (64 * wg)) * -(-m // tokens)
+
+
+def fit_option(option: tuple[int, int, int], per_sm: int, points: list[tuple[int, int, int, float]]) -> dict:
+    """(solo, blend, cost, sd of log cost) of ``option`` over ``points`` = [(m, n, k, µs)]."""
+    best = None
+    for solo in SOLO:
+        for blend in BLEND:
+            logs = [math.log(t / (lqq_big_m_waves(programs(option, m, n), per_sm, solo, blend) * -(-k // 256)))
+                    for m, n, k, t in points]
+            sd = statistics.pstdev(logs)
+            if best is None or sd < best[0] - 1e-12:
+                best = (sd, solo, blend, math.exp(statistics.median(logs)))
+    sd, solo, blend, cost = best
+    return {"per_sm": per_sm, "solo": solo, "blend": blend, "cost": cost, "sd": sd}
+
+
+def pick(model: dict, m: int, n: int, k: int) -> tuple[int, int, int]:
+    """The option the wave model ``model`` (option → (per_sm, solo, blend, cost)) times fastest."""
+    def time(o):
+        per_sm, solo, blend, cost = model[o]
+        return cost * lqq_big_m_waves(programs(o, m, n), per_sm, solo, blend, SMS_H100) * -(-k // 256)
+    return min(model, key=time)
+
+
+def uses_big_m_model(m: int, n: int, k: int) -> bool:
+    """Whether the rule at HEAD takes the large-M model's launch here (so the model's constants decide it)."""
+    if configs.lqq_k_pair(m, n, k):
+        return False
+    launch = configs.lqq_wgmma_launch(m, n, k)
+    return launch is not None and launch == configs.lqq_big_m_launch(m, n, k)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("logs", nargs="+")
+    p.add_argument("--out", default=None, help="write the fit and the scores as JSON here")
+    args = p.parse_args()
+    rows = [r for path in args.logs for r in json.load(open(path))["rows"]]
+    names = sorted({kk for r in rows for kk in r if kk[0].isdigit()}, key=option_key)
+    fitted = {}
+    for name in names:
+        o = option_key(name)
+        per_sm = LQQ_BIG_M_WS_LONG_ROWS[o][0] if o in LQQ_BIG_M_WS_LONG_ROWS else 1
+        pts = [(r["m"], r["n"], r["k"], r[name]) for r in rows if r.get(name)]
+        fitted[o] = fit_option(o, per_sm, pts)
+        f = fitted[o]
+        print(f"{name}: per_sm {per_sm} solo {f['solo']:.2f} blend {f['blend']:.1f} cost {f['cost']:.3f} "
+              f"sd {f['sd']:.3f} ({len(pts)} points)")
+    new = {o: (f["per_sm"], f["solo"], f["blend"], f["cost"]) for o, f in fitted.items()}
+    scored = []
+    for r in rows:
+        m, n, k = r["m"], r["n"], r["k"]
+        if not uses_big_m_model(m, n, k):
+            continue
+        timed = {option_key(kk): v for kk, v in r.items() if kk[0].isdigit() and v}
+        best = min(timed.values())
+        po, pn = pick(lqq_big_m_options(k), m, n, k), pick(new, m, n, k)
+        scored.append({"n": n, "k": k, "m": m, "old": "_".join(map(str, po)), "new": "_".join(map(str, pn)),
+                       "old_vs_best": timed[po] / best, "new_vs_best": timed[pn] / best,
+                       "new_vs_old": timed[po] / timed[pn]})
+
+    def geo(xs):
+        return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+    print(f"{len(scored)} points where the rule takes the model's launch")
+    print(f"old pick / best: geo {geo([s['old_vs_best'] for s in scored]):.3f}, worst "
+          f"{max(s['old_vs_best'] for s in scored):.2f}")
+    print(f"new pick / best: geo {geo([s['new_vs_best'] for s in scored]):.3f}, worst "
+          f"{max(s['new_vs_best'] for s in scored):.2f}; within 2 % of the best at "
+          f"{sum(s['new_vs_best'] <= 1.02 for s in scored)} of {len(scored)}")
+    changed = [s for s in scored if s["old"] != s["new"]]
+    print(f"picks changed at {len(changed)}: new faster by geo {geo([s['new_vs_old'] for s in changed]):.3f} "
+          f"({min((s['new_vs_old'] for s in changed), default=float('nan')):.2f}-"
+          f"{max((s['new_vs_old'] for s in changed), default=float('nan')):.2f}) in this log")
+    for s in scored:
+        print(f"  {s['n']}x{s['k']} M={s['m']}: old {s['old']} ({s['old_vs_best']:.2f}) new {s['new']} "
+              f"({s['new_vs_best']:.2f})")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"fit": {"_".join(map(str, o)): v for o, v in fitted.items()}, "scored": scored}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,9 +1,10 @@
 """Fit the large-M wave model's per-option constants (configs.LQQ_BIG_M_WS: programs per SM, solo, blend, cost) to a
 ``docs/bench/lqq_big_m_options.py`` log, the way session 17 fitted them: per option, the (solo, blend) grid point
 (0.02 / 0.1 steps) whose log cost per wave of 256 K columns is most uniform over the points, the cost their median.
-Then score the fitted model and the one configs.py uses at each point (:func:`.configs.lqq_big_m_options`) against the measurements at the points where the rule takes
-the model's launch (not the K-pair launches, the row-tile exceptions or the small-M cost model): the picked option's
-measured time over the best measured option's, and over the current model's pick.
+Then score the fitted model and session 17's (configs.LQQ_BIG_M_WS, which configs.py keeps for rows of up to 8192
+columns) against the measurements at the points where the rule takes the model's launch (not the K-pair launches, the row-tile
+exceptions or the small-M cost model): the picked option's measured time over the best measured option's, and over
+the current model's pick.
 
     python docs/bench/lqq_big_m_fit.py docs/logs/session24/big_m/big_m_options.json
 """
@@ -16,17 +17,19 @@ import math
 import statistics
 
 from quantkit.runtime.kernels import configs
-from quantkit.runtime.kernels.configs import LQQ_BIG_M_WS_LONG_ROWS, SMS_H100, lqq_big_m_options, lqq_big_m_waves
+from quantkit.runtime.kernels.configs import LQQ_BIG_M_WS, LQQ_BIG_M_WS_LONG_ROWS, SMS_H100, lqq_big_m_waves
 
 SOLO = [round(0.5 + 0.02 * i, 2) for i in range(41)]  # 0.50 … 1.30
 BLEND = [round(0.1 * i, 1) for i in range(11)]
 
 
 def option_key(name: str) -> tuple[int, int, int]:
+    """(tokens, warpgroups, stages) of a log column named ``<tokens>_<warpgroups>_<stages>``."""
     return tuple(int(v) for v in name.split("_"))
 
 
 def programs(option: tuple[int, int, int], m: int, n: int) -> int:
+    """Programs of ``option``'s launch for M tokens on N rows (64 rows a warpgroup)."""
     tokens, wg, _ = option
     return -(-n // (64 * wg)) * -(-m // tokens)
 
@@ -62,6 +65,7 @@ def uses_big_m_model(m: int, n: int, k: int) -> bool:
 
 
 def main() -> None:
+    """Fit every option in the logs, print the constants, then score the fitted picks against session 17's."""
     p = argparse.ArgumentParser()
     p.add_argument("logs", nargs="+")
     p.add_argument("--out", default=None, help="write the fit and the scores as JSON here")
@@ -84,8 +88,10 @@ def main() -> None:
         if not uses_big_m_model(m, n, k):
             continue
         timed = {option_key(kk): v for kk, v in r.items() if kk[0].isdigit() and v}
+        po, pn = pick(LQQ_BIG_M_WS, m, n, k), pick(new, m, n, k)
+        if po not in timed or pn not in timed:  # a pick that did not build there: nothing to score
+            continue
         best = min(timed.values())
-        po, pn = pick(lqq_big_m_options(k), m, n, k), pick(new, m, n, k)
         scored.append({"n": n, "k": k, "m": m, "old": "_".join(map(str, po)), "new": "_".join(map(str, pn)),
                        "old_vs_best": timed[po] / best, "new_vs_best": timed[pn] / best,
                        "new_vs_old": timed[po] / timed[pn]})

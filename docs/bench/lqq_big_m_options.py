@@ -1,9 +1,10 @@
 """LiquidQuant above the small-M range: every launch option of the large-M wave model (configs.LQQ_BIG_M_WS and
-LQQ_BIG_M_WS_LONG_ROWS) and candidates it lacks, timed on the warp-specialized kernel at each point, with the rule's own launch and cuBLAS fp16
-— the data the model's per-option constants are fitted to (``docs/bench/lqq_big_m_fit.py``). Each option is
-(tokens per program, warpgroups of 64 weight rows, activation stages); a program is 128 tokens plus a tail of
-``tokens - 128``. Every option's output is checked bit for bit against the rule's launch (same K split, so the same
-int32 sums). The bench's timing (CUDA graphs, rotating inputs, quantized activations).
+LQQ_BIG_M_WS_LONG_ROWS) and candidates it lacks, timed on the warp-specialized kernel at each point, with the rule's
+own launch and cuBLAS fp16 — the data the model's per-option constants are fitted to
+(``docs/bench/lqq_big_m_fit.py``). Each option is (tokens per program, warpgroups of 64 weight rows, activation
+stages); a program is 128 tokens plus a tail of ``tokens - 128``. Every option's output is checked bit for bit
+against the rule's launch (same K split, so the same int32 sums). The bench's timing (CUDA graphs, rotating inputs,
+quantized activations).
 
     python docs/bench/lqq_big_m_options.py --out big_m_options.json
 """
@@ -36,6 +37,7 @@ def option_per_sm(option: tuple[int, int, int]) -> int:
 
 
 def main() -> None:
+    """Time the rule, fp16 and every option per shape and M; write the rows and the bit-exactness checks."""
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default=SHAPES)
     p.add_argument("--ms", default="513,769,1024,1536,2048,3072,4096")
@@ -72,8 +74,9 @@ def main() -> None:
                     print(f"NOT EQUAL {n}x{k} M={m} {name}", flush=True)
                 row[name] = time_rotating(call, inputs, reps=args.reps)["ms"] * 1e3
             timed = {kk: v for kk, v in row.items() if kk[0].isdigit() and v is not None}
-            row["best"] = min(timed, key=timed.get)
-            row["best_vs_rule"] = row["rule"] / timed[row["best"]]
+            if timed:  # none where no option built
+                row["best"] = min(timed, key=timed.get)
+                row["best_vs_rule"] = row["rule"] / timed[row["best"]]
             print(json.dumps({kk: (round(v, 2) if isinstance(v, float) else v) for kk, v in row.items()}), flush=True)
             rows.append(row)
             del inputs

@@ -15,9 +15,11 @@ class Ceilings:
     """Measured device ceilings: HBM bytes/s (read + written by a device copy), fp16 matmul flop/s, and
     ``int8_ops``, the 8-bit matmul ceiling every int8-operand kernel is held to: the faster of cuBLAS's int8 GEMM
     (``int_mm_ops``, torch._int_mm) and, on GPUs with fp8 tensor cores, its fp8 e4m3 GEMM (``fp8_ops``,
-    torch._scaled_mm). Hopper's datasheet gives int8 and fp8 the same dense rate, but cuBLAS's int8 kernels run
-    well below it (H100: 881-945 TOP/s at 8192³ against fp8's ~1430), so the int8 GEMM alone understates what the
-    8-bit tensor cores do and a fused int8 kernel could show more than 100 % of it."""
+    torch._scaled_mm). Hopper's (and Ada's) datasheet gives int8 and fp8 the same dense rate, but cuBLAS's int8
+    kernels run well below it (H100, session 24's runs: 819-963 TOP/s at 8192³ against fp8's 1334-1417), so the int8
+    GEMM alone understates what the 8-bit tensor cores do and a fused int8 kernel could show more than 100 % of it.
+    The max assumes that equal rate; on a GPU whose fp8 rate is higher than its int8 rate it overstates the int8
+    ceiling."""
 
     hbm_bytes_per_s: float
     fp16_flops: float
@@ -81,8 +83,10 @@ def _median_seconds(fn, reps: int) -> float:
 
 
 def fp8_matmul_supported(device=None) -> bool:
-    """Whether torch._scaled_mm can run fp8 e4m3 products on this CUDA device (tensor cores of sm_89 and later)."""
-    return hasattr(torch, "float8_e4m3fn") and torch.cuda.get_device_capability(device) >= (8, 9)
+    """Whether torch._scaled_mm can run fp8 e4m3 products on this CUDA device (NVIDIA tensor cores of sm_89 and
+    later; ROCm's capability numbers mean something else, and its fp8 is e4m3fnuz)."""
+    return (hasattr(torch, "float8_e4m3fn") and torch.version.hip is None
+            and torch.cuda.get_device_capability(device) >= (8, 9))
 
 
 def fp8_matmul(a: torch.Tensor, b_t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -105,7 +109,10 @@ def measure_matmul_peaks(size: int = 8192, reps: int = 10) -> tuple[float, float
     if fp8_matmul_supported():
         a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t()  # second operand column-major, as cuBLAS
         one = torch.ones((), device="cuda")
-        fp8 = ops / _median_seconds(lambda: fp8_matmul(a8, b8, one), reps)
+        try:
+            fp8 = ops / _median_seconds(lambda: fp8_matmul(a8, b8, one), reps)
+        except RuntimeError:  # a torch / cuBLAS build without this fp8 GEMM: the int8 ceiling alone, not a failed run
+            fp8 = None
     return ops / t16, ops / t8, fp8
 
 

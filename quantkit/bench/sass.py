@@ -213,8 +213,7 @@ def _lqq_launches():
                     num_warps=4 * wg))
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
     # every register budget, tail and stage count of the lqq_ws launches the rules give (configs.lqq_ws_launch of the
-    # cost model's unsplit 128-token tiles and of the large-M model's options, both of its tables)
-    # the cost model's unsplit 128-token tiles (one warpgroup and two), then every option of the large-M model
+    # cost model's unsplit 128-token tiles, one warpgroup and two, and of every option in both large-M tables)
     kinds = [(0, 1, 2, 3), (32, 1, 1, 3), (64, 1, 1, 3), (32, 2, 1, 3), (64, 2, 1, 3)]
     for tokens, wg, stages in {**LQQ_BIG_M_WS, **LQQ_BIG_M_WS_LONG_ROWS}:
         _, st, tail, _, per_sm, _ = lqq_ws_launch((128, stages, 1, tokens - 128), wg)

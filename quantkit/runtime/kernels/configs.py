@@ -360,13 +360,16 @@ def lqq_wgmma_cost(m: int, n: int, k: int, tile: int, split: int, sms: int = SMS
 # big_m_options.json: eleven shapes — 4096x4096, 6144x4096, 14336x4096, 28672x4096, 4096x14336, 4608x3584, 3584x3584,
 # 8192x4096, 2048x4096, 1536x4096, 1024x4096 — at M = 513, 769, 1024, 1536, 2048, 3072, 4096; all 770 outputs
 # bit-identical to the rule's launch), fitted by docs/bench/lqq_big_m_fit.py (session 17's method; sd of the log cost
-# 0.062-0.090). In-sample its picks were within 1.010x of the best option timed against 1.035x for the constants
+# 0.062-0.090). In-sample its picks were within 1.010x of the best option timed against 1.034x for the constants
 # above, but the ABBA check against them (docs/bench/lqq_rule_ab.py, big_m_rule_ab.json, 82 points of eight shapes
 # at M = 384-4096 where the picks differ) came to 1.008x: 0.905-1.17x, slower by over 3 % at 11 points (the
 # 14336- and 28672-row layers: 0.986 and 0.988x) and faster at 17. It held on the one layer with rows longer than
 # LQQ_WGMMA_NARROW: 4096x14336 (Llama-3-8B's down_proj) at M = 769-4096, 0.99-1.17x, geometric mean 1.070x. So the
 # refit (LQQ_BIG_M_WS_LONG_ROWS) prices launches on rows longer than LQQ_WGMMA_NARROW only, checked there on layers
-# the fit had not seen (docs/BENCHMARKS.md, "Launch options for LiquidQuant above 384 tokens …").
+# the fit had not seen (docs/BENCHMARKS.md, "Launch options for LiquidQuant above 384 tokens …"). Its scope: the split
+# at K > 8192 was chosen after that ABBA run; it was checked on layers of N <= 5120 with K = 11008-18944 (wider layers
+# with long rows stay on the Triton kernel above 768 tokens); the one-warpgroup picks (max_warpgroups=1, where a
+# two-warpgroup build failed) follow the refit's constants there but were not timed as such.
 LQQ_BIG_M_MIN_M = 384
 LQQ_BIG_M_ROW_PAIR_GAIN = 1.16
 LQQ_BIG_M_WS = {(192, 1, 2): (2, 0.88, 0.5, 1.592), (160, 1, 2): (2, 0.80, 0.4, 1.381),

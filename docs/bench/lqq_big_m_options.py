@@ -1,10 +1,10 @@
-"""LiquidQuant above the small-M range: every launch option of the large-M wave model (configs.LQQ_BIG_M_WS and
-LQQ_BIG_M_WS_LONG_ROWS) and candidates it lacks, timed on the warp-specialized kernel at each point, with the rule's
-own launch and cuBLAS fp16 — the data the model's per-option constants are fitted to
-(``docs/bench/lqq_big_m_fit.py``). Each option is (tokens per program, warpgroups of 64 weight rows, activation
-stages); a program is 128 tokens plus a tail of ``tokens - 128``. Every option's output is checked bit for bit
-against the rule's launch (same K split, so the same int32 sums). The bench's timing (CUDA graphs, rotating inputs,
-quantized activations).
+"""LiquidQuant above the small-M range: every launch option of the large-M wave model (configs.LQQ_BIG_M_WS_LONG_ROWS,
+which holds LQQ_BIG_M_WS's five and the five two-warpgroup options session 24 added), timed on the warp-specialized
+kernel at each point, with the rule's own launch and cuBLAS fp16 — the data the model's per-option constants are
+fitted to (``docs/bench/lqq_big_m_fit.py``). Each option is (tokens per program, warpgroups of 64 weight rows,
+activation stages); a program is 128 tokens plus a tail of ``tokens - 128``. Every option's output is checked bit
+for bit against the rule's launch (same K split, so the same int32 sums). The bench's timing (CUDA graphs, rotating
+inputs, quantized activations).
 
     python docs/bench/lqq_big_m_options.py --out big_m_options.json
 """
@@ -20,11 +20,10 @@ from quantkit.bench.command import parse_shapes
 from quantkit.bench.problems import _packed, fp16_and_lqq_inputs
 from quantkit.bench.sweep_log import save_sweep
 from quantkit.bench.timing import time_rotating
-from quantkit.runtime.kernels.configs import LQQ_BIG_M_WS, LQQ_BIG_M_WS_LONG_ROWS, lqq_wgmma_launch
+from quantkit.runtime.kernels.configs import LQQ_BIG_M_WS_LONG_ROWS, lqq_wgmma_launch
 from quantkit.runtime.kernels.int8_gemm import int8_matmul
 from quantkit.runtime.kernels.lqq_ws import lqq_ws_matmul
 
-CANDIDATES = ((128, 2, 3), (128, 2, 4), (160, 2, 3), (160, 2, 4), (192, 2, 4))
 SHAPES = ("4096x4096,6144x4096,14336x4096,28672x4096,4096x14336,4608x3584,3584x3584,8192x4096,2048x4096,"
           "1536x4096,1024x4096")
 
@@ -32,8 +31,7 @@ SHAPES = ("4096x4096,6144x4096,14336x4096,28672x4096,4096x14336,4608x3584,3584x3
 def option_per_sm(option: tuple[int, int, int]) -> int:
     """Programs meant to share an SM: the model's value for its own options, one for two warpgroups (their
     consumers need ~230 registers each)."""
-    table = {**LQQ_BIG_M_WS, **LQQ_BIG_M_WS_LONG_ROWS}
-    return table[option][0] if option in table else 1
+    return LQQ_BIG_M_WS_LONG_ROWS[option][0] if option in LQQ_BIG_M_WS_LONG_ROWS else 1
 
 
 def main() -> None:
@@ -41,14 +39,13 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default=SHAPES)
     p.add_argument("--ms", default="513,769,1024,1536,2048,3072,4096")
-    p.add_argument("--options", default=None, help="tokens,warpgroups,stages;... (default: the model's and "
-                                                   "CANDIDATES)")
+    p.add_argument("--options", default=None, help="tokens,warpgroups,stages;... (default: every option of "
+                                                   "configs.LQQ_BIG_M_WS_LONG_ROWS, a superset of LQQ_BIG_M_WS)")
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--out", default="big_m_options.json")
     args = p.parse_args()
     options = ([tuple(int(v) for v in o.split(",")) for o in args.options.split(";")] if args.options
-               else list({**LQQ_BIG_M_WS, **LQQ_BIG_M_WS_LONG_ROWS}) + [c for c in CANDIDATES if c not in
-                                                                      {**LQQ_BIG_M_WS, **LQQ_BIG_M_WS_LONG_ROWS}])
+               else list(LQQ_BIG_M_WS_LONG_ROWS))
     rows, checks = [], []
     for n, k in parse_shapes(args.shapes):
         t, meta = _packed("w4a8-lqq", torch.randn(n, k, device="cuda"))

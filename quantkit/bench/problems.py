@@ -68,19 +68,27 @@ def _packed(layout: str, w: torch.Tensor) -> tuple[dict, dict]:
     return lay.pack(qw), lay.layout_meta(qw)
 
 
+def _fp16_and_activations(m: int, n: int, k: int, act_bytes: int) -> tuple[dict, list[torch.Tensor]]:
+    """cuBLAS fp16's :func:`.timing.time_rotating` result for [M, K] × [N, K]ᵀ and the fresh fp16 activations [M, K]
+    it rotated over: enough copies that one rotation of a 4-bit weight with ``act_bytes`` bytes of activations per
+    element and the fp16 output touches twice the L2 (:func:`.timing.copies_to_defeat_l2`)."""
+    from quantkit.bench.timing import time_rotating
+
+    copies = copies_to_defeat_l2(n * k // 2 + act_bytes * m * k + 2 * m * n)
+    xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in range(copies)]
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.float16) for _ in range(min(copies, 4))]
+    fp16 = time_rotating(lambda x, w: F.linear(x, w), [(x, ws[i % len(ws)]) for i, x in enumerate(xs)])
+    return fp16, xs
+
+
 def fp16_and_lqq_inputs(tensors: dict, m: int, n: int, k: int) -> tuple[dict, list[tuple]]:
     """For an A/B of LiquidQuant kernels on the packed weight ``tensors`` [N, K] at M tokens (the docs/bench scripts):
     cuBLAS fp16's :func:`.timing.time_rotating` result for the same product, and the rotating inputs of the kernels —
     (int8 codes, per-token scales, a copy of the weight tensors) of fresh fp16 activations quantized by the Triton
     quantizer — enough copies that one rotation touches twice the L2 (:func:`.timing.copies_to_defeat_l2`)."""
-    from quantkit.bench.timing import time_rotating
     from quantkit.runtime.kernels.act_quant import quantize_activation_triton
 
-    copies = copies_to_defeat_l2(n * k // 2 + 3 * m * k + 2 * m * n)
-    xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in range(copies)]
-    ws = [torch.randn(n, k, device="cuda", dtype=torch.float16) for _ in range(min(copies, 4))]
-    fp16 = time_rotating(lambda x, w: F.linear(x, w), [(x, ws[i % len(ws)]) for i, x in enumerate(xs)])
-    del ws
+    fp16, xs = _fp16_and_activations(m, n, k, 3)
     codes = [quantize_activation_triton(x, 8, -1) for x in xs]
     return fp16, [(a, s, {key: v.clone() for key, v in tensors.items()}) for a, s in codes]
 
@@ -89,13 +97,7 @@ def fp16_and_w4a16_inputs(tensors: dict, m: int, n: int, k: int) -> tuple[dict, 
     """For an A/B of W4A16 kernels on the packed weight ``tensors`` [N, K] at M tokens (the docs/bench scripts):
     cuBLAS fp16's :func:`.timing.time_rotating` result for the same product, and the rotating (fp16 activations, a
     copy of the weight tensors) inputs of the kernels — enough copies that one rotation touches twice the L2."""
-    from quantkit.bench.timing import time_rotating
-
-    copies = copies_to_defeat_l2(n * k // 2 + 2 * m * k + 2 * m * n)
-    xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in range(copies)]
-    ws = [torch.randn(n, k, device="cuda", dtype=torch.float16) for _ in range(min(copies, 4))]
-    fp16 = time_rotating(lambda x, w: F.linear(x, w), [(x, ws[i % len(ws)]) for i, x in enumerate(xs)])
-    del ws
+    fp16, xs = _fp16_and_activations(m, n, k, 2)
     return fp16, [(x, {key: v.clone() for key, v in tensors.items()}) for x in xs]
 
 

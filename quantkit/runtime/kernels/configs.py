@@ -681,6 +681,7 @@ W8A8_WGMMA_MIN_PROGRAMS = 200
 W8A8_SPLIT_PROGRAMS = 400
 
 
+@functools.lru_cache(maxsize=4096)  # on every W8A8 / MixLLM-operand call, as the other launch rules
 def w8a8_wgmma_config(m: int, n: int, k: int) -> tuple[int, int, int, int, bool, int] | None:
     """(tokens per program, weight rows per program, stages, warps, scales a block ahead, K split) of the Gluon W8A8
     kernel for M tokens on an [N, K] weight, or None where the Triton kernel runs (comment above)."""
@@ -688,8 +689,9 @@ def w8a8_wgmma_config(m: int, n: int, k: int) -> tuple[int, int, int, int, bool,
     mid = W8A8_WGMMA_MID_M[0] <= m <= W8A8_WGMMA_MID_M[1] and n <= W8A8_WGMMA_MID_MAX_N
     if m < W8A8_WGMMA_MIN_M and not (small or mid):
         return None
-    bn = 128 if -(-m // 64) * -(-n // 128) >= W8A8_WGMMA_MIN_PROGRAMS else 64
-    programs = -(-m // 64) * -(-n // bn)
+    token_tiles = -(-m // 64)
+    bn = 128 if token_tiles * -(-n // 128) >= W8A8_WGMMA_MIN_PROGRAMS else 64
+    programs = token_tiles * -(-n // bn)
     n_tiles = -(-k // 256)
     split = next((s for s in (4, 2) if programs * s <= W8A8_SPLIT_PROGRAMS and n_tiles // s >= MIN_SPLIT_TILES), 1)
     return 64, bn, 4, 4, W8A8_SCALES_AHEAD, split

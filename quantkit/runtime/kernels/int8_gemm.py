@@ -264,16 +264,16 @@ def _gluon_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size:
         launch = lqq_wgmma_launch(m, n, k)
         if launch is None or lqq_wgmma_problem(a_codes, act_group_size, layout, meta, out, out_dtype, None):
             return None
-        # each kernel's own build record: a broken lqq_wgmma leaves a working lqq_ws, and the other way round
-        wgmma_ok, ws_ok = kernel_broken(LQQ_KERNEL) is None, kernel_broken(LQQ_WS_KERNEL) is None
         # a K-pair launch in place of the rule's (configs.lqq_k_pair), on a build record of its own: its failures
         # must not count against the kernel's other launches (kernel_broken)
-        if kernel_broken(LQQ_K_PAIR_KERNEL) is None and lqq_k_pair(m, n, k):
+        if lqq_k_pair(m, n, k) and kernel_broken(LQQ_K_PAIR_KERNEL) is None:
             y = launch_or_decline(LQQ_K_PAIR_KERNEL, (str(out_dtype), LQQ_K_PAIR_STAGES), lambda: lqq_ws_matmul(
                 a_codes, a_scales, tensors, meta, 128, LQQ_K_PAIR_STAGES, out=out, out_dtype=out_dtype, k_pair=True),
                 fallback="the rule's one-warpgroup launch")
             if y is not None:
                 return y
+        # each kernel's own build record: a broken lqq_wgmma leaves a working lqq_ws, and the other way round
+        wgmma_ok, ws_ok = kernel_broken(LQQ_KERNEL) is None, kernel_broken(LQQ_WS_KERNEL) is None
         # a two-warpgroup launch that does not build here falls back to the rule's one-warpgroup pick (its tile may
         # differ), then to the Triton kernel; each launch tries the warp-specialized kernel first where
         # configs.lqq_ws_launch gives one; each config is declined (or counts as launched) per output dtype

@@ -57,11 +57,9 @@ import torch
 from quantkit.runtime.kernels.launch import groups_in_halves, split_plan
 from quantkit.runtime.kernels.lqq_wgmma import lqq_operands, lqq_wgmma_problem
 from quantkit.runtime.kernels.splitk import split_workspace
-from quantkit.runtime.kernels.wgmma_common import BN, HAVE_GLUON, PRODUCER_REGS, ws_maxnreg
+from quantkit.runtime.kernels.wgmma_common import BN, HAVE_GLUON, PART_REGS, PRODUCER_REGS, ws_maxnreg
 
 KERNEL = "lqq_ws"
-# setmaxnreg of the second consumer warpgroup of a two-warpgroup or K-pair launch (the first gets the rest)
-PART_REGS = 232
 K_PAIR_KERNEL = "lqq_ws_k_pair"  # the K-pair launches' own build record (launch_or_decline), apart from KERNEL's
 
 if HAVE_GLUON:
@@ -276,7 +274,7 @@ def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, 
     xt_desc = TensorDescriptor(a_codes, [m, k], [a_codes.stride(0), 1], [max(tail, 8), 128], layout)
     grid = (-(-n // (BN * warpgroups)), -(-m // (bm + tail)), split)
     # two warpgroups store their rows on tickets of their own (the second set after the first)
-    ws, tickets = split_workspace(a_codes.device, m * n, split, grid[0] * grid[1] * (1 if k_pair else warpgroups))
+    ws, tickets = split_workspace(a_codes.device, m * n, split, grid[0] * grid[1] * warpgroups)  # K-pair: 1
     if k_pair:
         _lqq_ws_kpair_kernel[grid](x_desc, a_scales, qweight, qparams, cs, out, ws, tickets, m, n, a_scales.stride(0),
                                    out.stride(0), qweight.shape[1], n_tiles, tiles_per_split,

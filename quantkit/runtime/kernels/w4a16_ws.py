@@ -29,10 +29,9 @@ import torch
 
 from quantkit.runtime.kernels.launch import groups_in_halves
 from quantkit.runtime.kernels.w4a16_wgmma import w4a16_operands, w4a16_wgmma_problem
-from quantkit.runtime.kernels.wgmma_common import BN, HAVE_GLUON, PRODUCER_REGS, ws_maxnreg
+from quantkit.runtime.kernels.wgmma_common import BN, HAVE_GLUON, PART_REGS, PRODUCER_REGS, ws_maxnreg
 
 KERNEL = "w4a16_ws"
-PART_REGS = 232  # setmaxnreg of a two-warpgroup launch's second consumer warpgroup (the first gets the rest)
 
 if HAVE_GLUON:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor

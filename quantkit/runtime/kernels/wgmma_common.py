@@ -35,10 +35,13 @@ _FAILED: dict[tuple, str] = {}  # (kernel name, launch config) → why it did no
 _LAUNCHED: set[tuple] = set()  # (kernel name, launch config) that have run here
 BROKEN_AFTER = 2  # failed configs, with none that ran, after which the whole kernel counts as not building here
 PRODUCER_REGS = 24  # registers of a warp-specialized kernel's producer warp (setmaxnreg's minimum: a few scalars)
+# setmaxnreg of the second consumer warpgroup of a two-warpgroup (or K-pair) warp-specialized launch; the first gets
+# the rest (lqq_ws, w4a16_ws)
+PART_REGS = 232
 REGISTER_FILE = 65536  # 32-bit registers per SM (Hopper)
 
-__all__ = ["BN", "HAVE_GLUON", "OUT_DTYPES", "PRODUCER_REGS", "config_declined", "hopper_problem", "kernel_broken",
-           "launch_or_decline", "ws_maxnreg"]
+__all__ = ["BN", "HAVE_GLUON", "OUT_DTYPES", "PART_REGS", "PRODUCER_REGS", "config_declined", "hopper_problem",
+           "kernel_broken", "launch_or_decline", "ws_maxnreg"]
 
 
 def hopper_problem(a_codes: torch.Tensor, k: int, out: torch.Tensor | None, out_dtype: torch.dtype,

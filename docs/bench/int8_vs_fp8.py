@@ -9,6 +9,7 @@ rotating-input CUDA graphs (the bench's rules). While each method runs, `nvidia-
 board power (``--clocks``), so a lower int8 rate can be told apart from a clock that drops under int8 load.
 
     python docs/bench/int8_vs_fp8.py --out int8_vs_fp8.json [--clocks] [--raw] [--shapes 1024x4096x4096,...]
+        [--tiles 128,128,128,4,4;...]
 """
 
 from __future__ import annotations
@@ -145,7 +146,9 @@ def main() -> None:
     p.add_argument("--raw", action="store_true", help="also time each Triton tile storing its raw accumulator "
                                                       "(int32 / fp32: no conversion, no scales)")
     p.add_argument("--shapes", default=None, help="MxNxK,... (default: SHAPES)")
+    p.add_argument("--tiles", default=None, help="BM,BN,BK,warps,stages;... (default: TILES)")
     args = p.parse_args()
+    tiles = TILES if args.tiles is None else [tuple(int(v) for v in t.split(",")) for t in args.tiles.split(";")]
     dev = "cuda"
     clocks = Clocks(args.clocks)
     shapes = []
@@ -173,7 +176,7 @@ def main() -> None:
             sb = torch.rand(n, device=dev) + 0.5
             ref8 = (torch._int_mm(a8[0], b8[0].t()).float() * sa[:, None] * sb[None, :]).half()
             reff = ((f8a[0].float() @ f8b[0].float().t()) * sa[:, None] * sb[None, :]).half()
-            for tile in TILES:
+            for tile in tiles:
                 for kind, aa, bb, ref in (("triton_int8", a8, b8, ref8), ("triton_fp8", f8a, f8b, reff)):
                     try:
                         got = triton_gemm8(aa[0], bb[0], sa, sb, tile)

@@ -254,16 +254,16 @@ def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, 
     """Y [M, N] (``out_dtype``, or ``out``'s) = dequant(A)·Ŵᵀ for int8 codes [M, K] with per-token float32 scales
     [M, 1] and a ``w4a8-lqq`` weight, as :func:`.lqq_wgmma.lqq_wgmma_matmul` (same bits at the same K split), with a
     producer warp bringing the activations over TMA (module docstring); 128 tokens per program plus ``tail`` (0, 32,
-    64); ``per_sm`` programs meant to share an SM (sets the register budget, :func:`.wgmma_common.ws_maxnreg`);
+    64, 128); ``per_sm`` programs meant to share an SM (sets the register budget, :func:`.wgmma_common.ws_maxnreg`);
     ``split_k`` programs along K (fp32 slots summed in split order, :mod:`.splitk`). ``k_pair``: two consumer
     warpgroups on the same 64 rows, each taking every other tile of the K range (module docstring; one warpgroup of
     rows, no tail, 2 or 4 stages, one program an SM). The caller checks :func:`.lqq_wgmma.lqq_wgmma_problem`."""
     if k_pair and (bm != 128 or tail or stages not in (2, 4) or warpgroups != 1 or per_sm != 1 or split_k < 1):
         raise ValueError(f"a K-pair launch takes bm 128, no tail, 2 or 4 stages, one warpgroup of rows, one program "
                          f"an SM and split_k >= 1; got {bm}, {tail}, {stages}, {warpgroups}, {per_sm}, {split_k}")
-    if (bm != 128 or tail not in (0, 32, 64) or stages not in (2, 3, 4) or warpgroups not in (1, 2)
+    if (bm != 128 or tail not in (0, 32, 64, 128) or stages not in (2, 3, 4) or warpgroups not in (1, 2)
             or not 1 <= per_sm <= 3 - warpgroups or split_k < 1):
-        raise ValueError(f"bm must be 128, tail 0, 32 or 64, stages 2-4, warpgroups 1-2, per_sm 1-2 with one "
+        raise ValueError(f"bm must be 128, tail 0, 32, 64 or 128, stages 2-4, warpgroups 1-2, per_sm 1-2 with one "
                          f"warpgroup (1 with two: the consumers need ~230 registers) and split_k >= 1; got {bm}, "
                          f"{tail}, {stages}, {warpgroups}, {per_sm}, {split_k}")
     m, k, n, qweight, qparams, cs, n_tiles = lqq_operands(a_codes, a_scales, tensors, meta)

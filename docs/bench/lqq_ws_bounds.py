@@ -1,0 +1,123 @@
+"""Where does the warp-specialized LiquidQuant kernel (:mod:`quantkit.runtime.kernels.lqq_ws`) lose to cuBLAS fp8 at
+M >= 1024? Two ablations of its consumer loop, each built in a process of its own (``--variant``), timed next to
+the rule's launch, cuBLAS fp16 and cuBLAS fp8 (``torch._scaled_mm``, an 8-bit GEMM with no dequantization):
+
+* ``no_dequant``: the LiquidQuant dequantization (LiquidGEMM Eq. 11-12, :data:`.dequant.ASM_I8`: 40 instructions a
+  pack of four words) replaced by eight register moves — what the loop costs without its integer work;
+* ``no_own_wait``: each consumer warpgroup waits only for its *previous* tile's products before forming the next
+  tile's planes, as a kernel could that kept its register A operands alive while their products run (ptxas does not:
+  docs/BENCHMARKS.md, session 16) — what that overlap would be worth;
+* ``full``: the kernel as it is (the control: the same numbers as the rule where the launch is the rule's).
+
+The ablations return wrong sums (``no_own_wait`` races on its registers); they are timings only, and each row says
+whether the output equalled the rule's. Beside the rule's own launch, 256-token programs (128 + a 128-token tail, two
+warpgroups) are timed in every variant (``--options``). Timing: the bench's (CUDA graphs, rotating inputs).
+
+    python docs/bench/lqq_ws_bounds.py --variant no_dequant --out bounds_no_dequant.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from quantkit.bench.command import parse_shapes
+from quantkit.bench.problems import _packed, fp16_and_lqq_inputs
+from quantkit.bench.roofline import fp8_matmul, fp8_matmul_supported
+from quantkit.bench.sweep_log import save_sweep
+from quantkit.bench.timing import time_rotating
+from quantkit.runtime.kernels import lqq_ws
+from quantkit.runtime.kernels.configs import lqq_wgmma_launch, lqq_ws_launch
+from quantkit.runtime.kernels.int8_gemm import int8_matmul
+from quantkit.runtime.kernels.wgmma_common import a_layout, gl, gluon, warpgroup_mma, warpgroup_mma_wait
+
+MOVES = gl.constexpr("\n".join(f"mov.b32 ${p}, ${8 + p % 4};" for p in range(8)))
+CONSTRAINTS = gl.constexpr("=r," * 8 + ",".join(["r"] * 20))
+
+
+@gluon.jit
+def _planes_moved(words, s_lo, a_lo, s_hi, a_hi):
+    """Eight "planes" that are the words themselves (no dequantization; the same operands and outputs)."""
+    return gl.inline_asm_elementwise(
+        MOVES, CONSTRAINTS,
+        [words, s_lo[:, None], (a_lo * 0x01010101)[:, None], s_hi[:, None], (a_hi * 0x01010101)[:, None]],
+        dtype=(gl.int8, ) * 8, is_pure=True, pack=4)
+
+
+@gluon.jit
+def _multiply_previous_wait(planes, xs, xt, base, acc, acc_t, BT: gl.constexpr, WG: gl.constexpr):
+    """:func:`.lqq_wgmma.multiply_tile` waiting only until this tile's own products are the ones outstanding (one
+    commit group per product: 8, or 16 with a tail) — the previous tile's are complete, this tile's still run."""
+    for p in gl.static_range(8):
+        xb = xs.index(base + p // 4).slice(32 * (p % 4), 32, dim=1).permute((1, 0))
+        acc = warpgroup_mma(planes[p], xb, acc, is_async=True)
+        if BT > 0:
+            xtb = xt.index(base + p // 4).slice(32 * (p % 4), 32, dim=1).permute((1, 0))
+            acc_t = warpgroup_mma(gl.convert_layout(planes[p], a_layout(BT, WG)), xtb, acc_t, is_async=True)
+    if BT > 0:
+        acc, acc_t = warpgroup_mma_wait(num_outstanding=16, deps=(acc, acc_t))
+    else:
+        acc = warpgroup_mma_wait(num_outstanding=8, deps=(acc, ))
+    return acc, acc_t
+
+
+VARIANTS = {"full": {}, "no_dequant": {"planes_wgmma": _planes_moved},
+            "no_own_wait": {"multiply_tile": _multiply_previous_wait}}
+
+
+def fp8_inputs(m: int, n: int, k: int, copies: int) -> list[tuple]:
+    """Rotating (a [M, K], bᵀ [K, N] column-major, scale) e4m3 operands for :func:`.roofline.fp8_matmul`."""
+    one = torch.ones((), device="cuda")
+    b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
+    return [(torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn), b.t(), one) for _ in range(copies)]
+
+
+def main() -> None:
+    """Time fp16, fp8, the rule, its lqq_ws launch and the extra options under one variant; write the rows."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--variant", choices=sorted(VARIANTS), default="full")
+    p.add_argument("--shapes", default="14336x4096,4096x4096,4096x14336")
+    p.add_argument("--ms", default="1024,4096")
+    p.add_argument("--options", default="256,2,2;256,2,3", help="tokens,warpgroups,stages;... (two warpgroups)")
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--out", default="bounds.json")
+    args = p.parse_args()
+    for name, fn in VARIANTS[args.variant].items():  # before the first build: the JIT resolves globals then
+        setattr(lqq_ws, name, fn)
+    options = [tuple(int(v) for v in o.split(",")) for o in args.options.split(";") if o]
+    rows = []
+    for n, k in parse_shapes(args.shapes):
+        t, meta = _packed("w4a8-lqq", torch.randn(n, k, device="cuda"))
+        for m in [int(v) for v in args.ms.split(",")]:
+            fp16, inputs = fp16_and_lqq_inputs(t, m, n, k)
+            cfg, wg = lqq_wgmma_launch(m, n, k)
+            ws = lqq_ws_launch(cfg, wg)
+            row = {"variant": args.variant, "n": n, "k": k, "m": m, "fp16": fp16["ms"] * 1e3, "rule_ws": ws}
+            if fp8_matmul_supported():
+                row["fp8"] = time_rotating(fp8_matmul, fp8_inputs(m, n, k, len(inputs)), reps=args.reps)["ms"] * 1e3
+            rule = lambda a, s, w: int8_matmul(a, s, -1, "w4a8-lqq", w, meta)  # noqa: E731
+            want = rule(*inputs[0])
+            time_rotating(rule, inputs, reps=5)
+            row["rule"] = time_rotating(rule, inputs, reps=args.reps)["ms"] * 1e3
+            launches = {"ws": ws} if ws else {}
+            for tokens, wgs, stages in options:
+                launches[f"{tokens}_{wgs}_{stages}"] = (128, stages, tokens - 128, wgs, 1, 1)
+            for name, launch in launches.items():
+                call = lambda a, s, w, launch=launch: lqq_ws.lqq_ws_matmul(a, s, w, meta, *launch)  # noqa: E731
+                try:
+                    row[f"{name}_equal_rule"] = bool(torch.equal(call(*inputs[0]), want))
+                    row[name] = time_rotating(call, inputs, reps=args.reps)["ms"] * 1e3
+                except Exception as e:  # noqa: BLE001 — an option that does not build is recorded, not fatal
+                    row[name] = None
+                    row[f"{name}_error"] = str(e)[:200]
+            print(json.dumps({kk: (round(v, 2) if isinstance(v, float) else v) for kk, v in row.items()}), flush=True)
+            rows.append(row)
+            del inputs
+            torch.cuda.empty_cache()
+            save_sweep(args.out, rows, [])
+
+
+if __name__ == "__main__":
+    main()

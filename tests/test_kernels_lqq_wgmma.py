@@ -29,6 +29,7 @@ ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == 
 hopper = pytest.mark.skipif(not ON_HOPPER, reason="needs a Hopper (sm_90) GPU and Triton's Gluon")
 LLAMA = [(14336, 4096), (4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (1024, 4096)]
 
+T256 = ((128, 3, 1, 128), 2)  # the large-M model's 256-token launch (configs.LQQ_BIG_M_TOKENS_256, lqq_ws only)
 
 def _acts(m: int, k: int, seed: int):
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed)) * 3
@@ -40,16 +41,20 @@ def test_rule_range_of_the_gluon_kernel_by_layer_and_token_count():
     assert lqq_wgmma_config(16, 14336, 4096) is None  # decode: CUDA GEMV / Triton
     assert lqq_wgmma_config(4096, 4096, 4096) is not None  # up to 4096 tokens on layers of <= 8192 rows
     # session 17's wave model over the warp-specialized launches (docs/logs/session17/lqq_bigm_ws_a_h100.json):
-    # 192-token tiles at two stages, two programs an SM, at M = 4096 (130.9 us vs 155.1 for session 16's pick)
-    assert lqq_wgmma_launch(4096, 4096, 4096) == ((128, 2, 1, 64), 1)
+    # 192-token tiles at two stages, two programs an SM, at M = 4096 (130.9 us vs 155.1 for session 16's pick); since
+    # session 25 the 256-token tiles (two warpgroups, lqq_ws only): 116.2 us vs 133.5 (ABBA, docs/logs/session25/
+    # rule_ab/rule_ab_256_a.json)
+    assert lqq_wgmma_launch(4096, 4096, 4096) == T256
     assert lqq_wgmma_config(4097, 1024, 4096) is None and lqq_wgmma_config(4097, 4096, 4096) is None
     # wide layers above 768 tokens: the same model (14336x4096 M = 1025: 130.8 us vs the Triton kernel's 160.6)
     assert lqq_wgmma_launch(1025, 14336, 4096) == ((128, 2, 1, 32), 1)
+    assert lqq_wgmma_launch(1024, 14336, 4096) == T256  # session 25: 119.7 us vs 139.2 (ABBA)
     # long rows on a layer of <= 8192 rows: up to 4096 tokens since session 17 (4096x14336 M = 2049: 245.4 us vs the
     # Triton kernel's 325.0, lqq_bigm_ws_b_h100.json); since session 24 the model refitted for rows longer than 8192,
     # two warpgroups at three or four stages (docs/logs/session24/big_m/big_m_long_rows_ab.json, ABBA, µs against
     # the session-17 constants: M = 769 101.3 vs 109.2, 1280 122.7 vs 135.6, 2049-4096 on 192-token tiles, four stages)
-    assert lqq_wgmma_launch(769, 4096, 14336) == ((128, 3, 1, 0), 2)
+    # — and since session 25 the 256-token tiles where they fill the waves (M = 769: 83.4 us vs 103.9, ABBA)
+    assert lqq_wgmma_launch(769, 4096, 14336) == T256
     assert lqq_wgmma_launch(1280, 4096, 14336) == ((128, 4, 1, 32), 2)
     assert lqq_wgmma_launch(2049, 4096, 14336) == ((128, 4, 1, 64), 2)
     assert lqq_wgmma_config(1025, 14336, 14336) is None  # more rows and long ones: Triton above 768 (not measured)
@@ -68,14 +73,17 @@ def tokens(cfg):
     return cfg[0] + cfg[3]
 
 
+
 def test_rule_above_64_tokens_takes_the_tiles_the_sweep_measured_fastest():
     # docs/logs/lqq_tiles_wrapped_h100.json: one 96/160-token program per row tile where M fits one
     assert lqq_wgmma_config(96, 14336, 4096) == (64, 3, 1, 32)
     assert lqq_wgmma_config(160, 14336, 4096) == (128, 3, 1, 32)
     assert lqq_wgmma_config(288, 14336, 4096) == (64, 3, 1, 32)  # 52.2 µs; 32-token tiles 81.5
     assert lqq_wgmma_config(160, 4096, 14336) == (128, 3, 2, 32)  # 64 programs: K split in two
-    assert lqq_wgmma_config(768, 28672, 4096) == (128, 3, 1, 64)  # two warpgroups since session 22 (M = 700: 1.04x)
-    assert lqq_wgmma_config(1024, 4096, 4096) == (128, 3, 1, 0)
+    # two warpgroups on 192 tokens at M = 700-768 on the widest layer since session 22 (M = 700: 1.04x), 256 tokens
+    # since session 25 (ABBA, docs/logs/session25/rule_ab/: M = 700 177.6 us vs 179.7, M = 768 180.4 vs 185.7;
+    # 4096x4096 M = 1024 30.6 vs 37.3)
+    assert lqq_wgmma_launch(768, 28672, 4096) == lqq_wgmma_launch(1024, 4096, 4096) == T256
 
 
 def test_rule_takes_the_measured_exceptions_on_fused_qkv_shapes_only():
@@ -124,26 +132,36 @@ def test_large_m_wave_model_takes_the_launches_measured_fastest():
     wg2, one192 = ((128, 3, 1, 64), 2), ((128, 3, 1, 64), 1)
     # since session 22 two-warpgroup programs run their warpgroups as partitions that take turns, and the model's
     # (192, 2, 3) cost is scaled by that form's measured gain (1.16x): docs/logs/session22/lqq_rule_ab_row_pair.json
-    # (µs, the new pick vs session 17's, ABBA) — 6144x4096: 72.7 vs 76.6 at M = 1536 ... 193.5 vs 206.1 at 4096
-    for m in (1536, 2048, 3072, 4096):
-        assert lqq_wgmma_launch(m, 6144, 4096) == wg2, m
-    assert lqq_wgmma_launch(1000, 6144, 4096) == two128  # 57.4 vs 63.8
-    assert lqq_wgmma_launch(1280, 6144, 4096) == two160  # 64.8 vs 77.5
+    # (µs, the new pick vs session 17's, ABBA) — 6144x4096: 72.7 vs 76.6 at M = 1536 ... 193.5 vs 206.1 at 4096;
+    # since session 25 the 256-token tiles from 2048 (ABBA, docs/logs/session25/rule_ab/: 91.3 vs 99.0 at 2048,
+    # 183.4 vs 196.8 at 4096)
+    assert lqq_wgmma_launch(1536, 6144, 4096) == wg2
+    for m in (2048, 3072, 4096):
+        assert lqq_wgmma_launch(m, 6144, 4096) == T256, m
+    # M = 1000: 128-token tiles (57.4 vs 63.8) until session 25's 256-token tiles, 59.6 us vs 58.1 in its ABBA: one of
+    # the points where the extended model lost (0.974x; geometric mean over the 172 points that changed 1.096x)
+    assert lqq_wgmma_launch(1000, 6144, 4096) == T256
+    assert lqq_wgmma_launch(1280, 6144, 4096, max_warpgroups=1) == two160  # 64.8 vs 77.5
+    assert lqq_wgmma_launch(1280, 6144, 4096) == T256  # session 25: 61.6 vs 65.8 (ABBA)
     # the k/v layer: a program per SM at 1000 tokens; past 132 programs the 160-token tiles (M = 1025: 15.5 vs 18.1,
     # M = 2049: 21.2 vs 32.6 — the one launch session 16's coverage run had slower than fp16 by 0.83x)
     assert lqq_wgmma_launch(1000, 1024, 4096) == two128
     assert lqq_wgmma_launch(1025, 1024, 4096) == lqq_wgmma_launch(2049, 1024, 4096) == two160
     assert lqq_wgmma_launch(1536, 1024, 4096) == one192  # one 192-token program an SM: 16.3 vs 18.4 on 128-token tiles
-    for m in (1024, 1280, 1536, 2048, 4096):  # 28672x4096: 283.9 vs 303.8 ... 1016.2 vs 1089.7 (session 22)
-        assert lqq_wgmma_launch(m, 28672, 4096) == wg2, m
+    # 28672x4096: 283.9 vs 303.8 ... 1016.2 vs 1089.7 (session 22) on 192 tokens, on 256 since session 25 (ABBA:
+    # M = 1024 232.1 vs 286.9, 2048 447.9 vs 518.0)
+    for m in (1024, 1280, 1536, 2048, 4096):
+        assert lqq_wgmma_launch(m, 28672, 4096) == T256, m
+        assert lqq_wgmma_launch(m, 28672, 4096, max_warpgroups=1) != T256, m
     assert lqq_wgmma_launch(769, 14336, 4096) == two160  # 100.7 vs the Triton kernel's 118.6
     # one warpgroup only (a two-warpgroup build failed): the model's one-warpgroup options
     assert lqq_wgmma_launch(1536, 6144, 4096, max_warpgroups=1) == two192
     for n, k in LLAMA + [(3584, 3584), (4608, 3584), (37888, 3584), (8192, 4096), (24576, 4096), (11008, 4096),
                          (3584, 18944), (5120, 13824)]:
         # rows longer than 8192: the session-24 table adds two warpgroups on 128 / 160 / 192 tokens at 3-4 stages
+        # and since session 25 both tables the 256-token tiles
         two_wg = ({((128, st, 1, tail), 2) for st in (3, 4) for tail in (0, 32, 64)} if k > configs.LQQ_WGMMA_NARROW
-                  else {wg2})
+                  else {wg2}) | {T256}
         for m in range(769, 4097, 37):
             launch = lqq_wgmma_launch(m, n, k)
             assert launch in {two192, two160, two128, one192} | two_wg, (n, k, m, launch)
@@ -164,8 +182,11 @@ def test_large_m_model_refitted_for_long_rows_only():
     for tokens, wg, stages in configs.LQQ_BIG_M_WS_LONG_ROWS:
         ws = configs.lqq_ws_launch((128, stages, 1, tokens - 128), wg)
         assert ws is not None and ws[2] == tokens - 128 and ws[3] == wg
-    assert configs.lqq_wgmma_launch(1024, 14336, 4096) == ((128, 2, 1, 32), 1)  # wide rows of 4096: unchanged
-    assert configs.lqq_wgmma_launch(3072, 3584, 18944) == ((128, 4, 1, 64), 2)  # 355.0 us vs 437.2 (ABBA)
+    # wide rows of 4096: session 17's one-warpgroup pick unchanged (its two-warpgroup pick is session 25's 256 tokens)
+    assert configs.lqq_wgmma_launch(1024, 14336, 4096, max_warpgroups=1) == ((128, 2, 1, 32), 1)
+    # 355.0 us vs 437.2 (ABBA, session 24) on 192 tokens at four stages; on 256 since session 25 (335.9 vs the rule's
+    # 370.7 in docs/logs/session25/big_m_256/big_m_256.json)
+    assert configs.lqq_wgmma_launch(3072, 3584, 18944) == T256
 
 
 def test_large_m_waves_count_a_last_wave_of_lone_programs_as_solo():
@@ -205,7 +226,10 @@ def test_rule_configs_are_ones_the_kernel_has():
                 assert lqq_wgmma_warpgroups(m, n, k) in (1, 2)
                 bm, stages, split, tail = cfg
                 # four stages: the large-M model's two-warpgroup options on rows longer than 8192 (session 24)
-                assert bm in (32, 64, 128) and stages in (2, 3, 4) and split in (1, 2, 4, 8) and tail in (0, 32, 64)
+                assert bm in (32, 64, 128) and stages in (2, 3, 4) and split in (1, 2, 4, 8) and tail in (0, 32, 64, 128)
+                # a 128-token tail: the large-M model's 256-token launch, two warpgroups on lqq_ws, from 513 tokens
+                assert tail < 128 or (lqq_wgmma_launch(m, n, k) == T256 and m >= configs.LQQ_BIG_M_TOKENS_256_MIN_M
+                                      and configs.lqq_ws_launch(cfg, 2) is not None)
                 assert stages < 4 or (k > configs.LQQ_WGMMA_NARROW and lqq_wgmma_warpgroups(m, n, k) == 2)
                 assert split_plan(-(-k // 256), split)[0] >= 4  # every split but the last keeps 4 tiles of 256
                 if split > 1 and m <= 768:  # the cost model splits only launches of fewer programs than SMs
@@ -215,7 +239,8 @@ def test_rule_configs_are_ones_the_kernel_has():
 def test_rule_uses_two_stages_on_the_large_m_models_two_per_sm_launches_and_launches_of_a_program_per_sm():
     assert lqq_wgmma_config(640, 4096, 4096)[1] == 2
     assert lqq_wgmma_launch(768, 4096, 4096) == ((128, 3, 1, 64), 2)  # one two-warpgroup program an SM: 3 stages
-    assert lqq_wgmma_config(896, 4096, 4096) == (128, 3, 1, 0)  # the large-M model's 128-token tiles, two an SM
+    assert lqq_wgmma_launch(896, 4096, 4096) == T256  # 128-token tiles two an SM until session 25 (30.7 us vs 38.3)
+    assert lqq_wgmma_config(1024, 2048, 4096) == (128, 3, 1, 0)  # the large-M model's 128-token tiles, two an SM
     assert lqq_wgmma_config(768, 1024, 4096)[1] == 3  # 16 row tiles: fewer programs than SMs
     assert lqq_wgmma_config(512, 4096, 4096)[1] == 3
     assert lqq_wgmma_config(1024, 4096, 4096)[1] == 3
@@ -451,13 +476,15 @@ def test_two_warpgroups_where_the_cost_model_puts_them():
                 if configs.lqq_uses_cost_model(m, n, k):  # (the large-M model weighs its options by their waves)
                     assert configs.LQQ_WGMMA_PER_SM[(bm + tail, stages)] == 1, (n, k, m)
                     assert all(configs._lqq_waves(m, n, t, 1, configs.SMS_H100) > 1 for t in configs.LQQ_WGMMA_TILES)
-    for m in (33, 64, 1024):
+    for m in (33, 64):
         assert lqq_wgmma_warpgroups(m, 14336, 4096) == 1
+    assert lqq_wgmma_launch(1024, 14336, 4096) == T256  # two warpgroups on 256 tokens since session 25
     # M = 2048 on the wide layer: one warpgroup's 192-token tiles, two an SM, from session 17 (263.7 us vs 286.4 for
     # the two-warpgroup ones then, docs/logs/session17/lqq_bigm_ws_b_h100.json); since session 22's scaled cost the
     # two-warpgroup ones again — 264.6 vs 257.0 us there, one of the 8 of 37 changed points that ran slower (0.95-0.99x;
     # geometric mean of the 37 1.04x, docs/logs/session22/lqq_rule_ab_row_pair.json)
-    assert lqq_wgmma_launch(2048, 14336, 4096) == ((128, 3, 1, 64), 2)
+    # — and since session 25 the 256-token tiles: 223.9 vs 252.3 us (ABBA, docs/logs/session25/rule_ab/)
+    assert lqq_wgmma_launch(2048, 14336, 4096) == T256
     # M = 481-512 on the wide layer, where session 12's cost model was off by 3-4 %: the large-M model since session 17
     # (70.6 us vs 83.0, docs/logs/session17/lqq_mid_ws_h100.json)
     assert lqq_wgmma_launch(512, 14336, 4096) == ((128, 2, 1, 64), 1)

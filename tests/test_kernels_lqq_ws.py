@@ -93,7 +93,11 @@ def test_matmul_refuses_a_split_below_one():
     # two warpgroups (partitions of their own since session 22, each on its own split-K tickets): a tail of 32,
     # none, one K tile, a split of two-warpgroup programs over a ragged token tile
     (333, 768, 161, 3, 32, 2, 1, 1), (200, 512, 33, 3, 0, 2, 1, 1), (1000, 1280, 300, 2, 32, 2, 1, 1),
-    (333, 1280, 300, 3, 0, 2, 1, 2)])
+    (333, 1280, 300, 3, 0, 2, 1, 2),
+    # 256-token programs (a 128-token tail tile; configs.LQQ_BIG_M_TOKENS_256, session 25): whole tiles, a ragged
+    # last tile moved back (M = 1000, 513), a tail partly past M (M = 200), odd N, a K split, one K tile
+    (4096, 2048, 1024, 3, 128, 2, 1, 1), (1000, 1280, 1000, 3, 128, 2, 1, 1), (333, 2304, 513, 3, 128, 2, 1, 1),
+    (130, 768, 200, 3, 128, 2, 1, 1), (1000, 2048, 700, 3, 128, 2, 1, 2), (64, 256, 300, 2, 128, 2, 1, 1)])
 def test_ws_kernel_equals_triton_at_the_same_split_call_after_call(n, k, m, stages, tail, wg, per_sm, split):
     """Bit for bit the Triton kernel's result at the same K split (which sums the same fp32 partials in the same
     order), call after call (a race would show as calls that differ), into a row-strided output, and in bf16."""
@@ -158,6 +162,25 @@ def test_int8_matmul_runs_the_ws_kernel_where_the_rule_gives_it_a_launch(monkeyp
                                         config=TileConfig(64, 128, 1, 4, 3)))
 
 
+@pytest.mark.gpu
+@hopper
+def test_int8_matmul_runs_the_256_token_launch_with_the_triton_kernels_bits(monkeypatch):
+    """The large-M model's 256-token launch (session 25) through int8_matmul: lqq_ws with a 128-token tail, the
+    Triton kernel's bits, fp16 and bf16."""
+    calls = record_launches(monkeypatch, int8_gemm, "lqq_ws_matmul", 4, 10)
+    _, tensors, meta = packed("w4a8-lqq", 4096, 1024, 128, seed=3)
+    for m in (1024, 1000):
+        codes, scales = _acts(m, 1024, m)
+        launch = lqq_wgmma_launch(m, 4096, 1024)
+        assert launch == ((128, 3, 1, 128), 2), m
+        calls.clear()
+        for dtype in (torch.float16, torch.bfloat16):
+            out = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, out_dtype=dtype)
+            assert torch.equal(out, int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, out_dtype=dtype,
+                                                use_asm=True, config=TileConfig(64, 128, 1, 4, 3)))
+        assert calls == [lqq_ws_launch(*launch)] * 2
+
+
 def test_dispatch_falls_back_to_lqq_wgmma_where_the_ws_kernel_does_not_build_and_runs_it_on_its_own(monkeypatch):
     """int8_gemm._gluon_matmul: a warp-specialized launch that fails to build falls back to lqq_wgmma's same launch
     (the warning names that fallback); a broken lqq_wgmma does not stop a working lqq_ws (each kernel has its own
@@ -183,13 +206,24 @@ def test_dispatch_falls_back_to_lqq_wgmma_where_the_ws_kernel_does_not_build_and
 
     monkeypatch.setattr(int8_gemm, "lqq_ws_matmul", ws)
     monkeypatch.setattr(int8_gemm, "lqq_wgmma_matmul", wgmma)
-    meta = {"in_features": 4096, "out_features": 4096}
-    codes, scales = torch.zeros(1024, 4096, dtype=torch.int8), torch.ones(1024, 1)
-    launch = lqq_wgmma_launch(1024, 4096, 4096)
-    assert lqq_ws_launch(*launch) is not None
+    meta = {"in_features": 4096, "out_features": 14336}
+    codes, scales = torch.zeros(769, 4096, dtype=torch.int8), torch.ones(769, 1)
+    launch = lqq_wgmma_launch(769, 14336, 4096)
+    assert lqq_ws_launch(*launch) is not None and launch[0][3] <= configs.LQQ_WGMMA_MAX_TAIL
     with pytest.warns(RuntimeWarning, match="using the non-specialized Gluon kernel"):
         y = int8_gemm._gluon_matmul(codes, scales, -1, "w4a8-lqq", {}, meta, None, torch.float16)
     assert y is not None and launched == [("wgmma", launch[0] + (launch[1],))]
+    # a 256-token launch (a 128-token tail: lqq_ws only) falls back to the rule's one-warpgroup pick, never to
+    # lqq_wgmma with its own tile
+    monkeypatch.setattr(wgmma_common, "_FAILED", {})
+    launched.clear()
+    meta = {"in_features": 4096, "out_features": 4096}
+    codes, scales = torch.zeros(1024, 4096, dtype=torch.int8), torch.ones(1024, 1)
+    launch, one = lqq_wgmma_launch(1024, 4096, 4096), lqq_wgmma_launch(1024, 4096, 4096, max_warpgroups=1)
+    assert launch == ((128, 3, 1, 128), 2) and one[1] == 1
+    with pytest.warns(RuntimeWarning, match="using the rule's one-warpgroup launch"):
+        y = int8_gemm._gluon_matmul(codes, scales, -1, "w4a8-lqq", {}, meta, None, torch.float16)
+    assert y is not None and launched == [("wgmma", one[0] + (1,))]
     # the other way round: lqq_wgmma does not build here, lqq_ws does
     monkeypatch.setattr(wgmma_common, "_FAILED", {})
     launched[:] = ["ws builds"]

@@ -7,6 +7,15 @@ exceptions or the small-M cost model): the picked option's measured time over th
 the current model's pick.
 
     python docs/bench/lqq_big_m_fit.py docs/logs/session24/big_m/big_m_options.json
+
+``--add``: fit only options the model does not have yet, on the model's own scale, from a log that timed them next
+to the rule (session 25's 256-token options): at each point where the rule takes the model's launch, an option's
+measured time is multiplied by the model's time for the rule's pick over the rule's measured time, so the new
+constants price launches in the units of the constants already there (timed on other machines) and leave their
+picks among themselves unchanged; each table (rows of <= / > LQQ_WGMMA_NARROW columns) is calibrated on its own
+rows. The score is then the measured time of the extended model's pick over the rule's, at every such point.
+
+    python docs/bench/lqq_big_m_fit.py --add docs/logs/session25/big_m_256/big_m_256.json
 """
 
 from __future__ import annotations
@@ -64,13 +73,68 @@ def uses_big_m_model(m: int, n: int, k: int) -> bool:
     return launch is not None and launch == configs.lqq_big_m_launch(m, n, k)
 
 
+def model_time(model: dict, option: tuple[int, int, int], m: int, n: int, k: int) -> float:
+    """The wave model's time of ``option`` (units of the model's costs)."""
+    per_sm, solo, blend, cost = model[option]
+    return cost * lqq_big_m_waves(programs(option, m, n), per_sm, solo, blend, SMS_H100) * -(-k // 256)
+
+
+def geo(xs: list[float]) -> float:
+    """Geometric mean (nan of none)."""
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def add_options(rows: list[dict], out: str | None) -> None:
+    """``--add`` (module docstring): per table, fit the logged options it lacks on its scale, print the constants
+    and score the extended model's picks against the rule's measured time."""
+    result = {}
+    for label, long_rows in (("LQQ_BIG_M_WS", False), ("LQQ_BIG_M_WS_LONG_ROWS", True)):
+        table = LQQ_BIG_M_WS_LONG_ROWS if long_rows else LQQ_BIG_M_WS
+        mine = [r for r in rows if (r["k"] > configs.LQQ_WGMMA_NARROW) == long_rows
+                and uses_big_m_model(r["m"], r["n"], r["k"]) and r.get("rule")]
+        names = sorted({kk for r in mine for kk in r if kk[0].isdigit() and option_key(kk) not in table},
+                       key=option_key)
+        extended = dict(table)
+        for name in names:
+            o = option_key(name)
+            pts = [(r["m"], r["n"], r["k"], r[name] * model_time(table, pick(table, r["m"], r["n"], r["k"]), r["m"],
+                                                                  r["n"], r["k"]) / r["rule"])
+                   for r in mine if r.get(name)]
+            f = fit_option(o, 1, pts)
+            extended[o] = (1, f["solo"], f["blend"], round(f["cost"], 3))
+            print(f"{label} + {name}: per_sm 1 solo {f['solo']:.2f} blend {f['blend']:.1f} cost {f['cost']:.3f} "
+                  f"sd {f['sd']:.3f} ({len(pts)} points)")
+        scored = []
+        for r in mine:
+            m, n, k = r["m"], r["n"], r["k"]
+            new = pick(extended, m, n, k)
+            name = "_".join(map(str, new))
+            t = r[name] if new not in table else r["rule"]
+            scored.append({"n": n, "k": k, "m": m, "pick": name, "rule_us": r["rule"], "pick_us": t,
+                           "gain": r["rule"] / t, "fp16_us": r["fp16"]})
+            print(f"  {n}x{k} M={m}: {name} {t:.1f} us against the rule's {r['rule']:.1f} ({r['rule'] / t:.2f}x); "
+                  f"fp16 {r['fp16']:.1f} ({r['fp16'] / t:.2f}x)")
+        changed = [s_["gain"] for s_ in scored if s_["pick"] in names]
+        print(f"{label}: {len(scored)} points, the pick changes at {len(changed)}: geo {geo(changed):.3f} "
+              f"({min(changed, default=float('nan')):.2f}-{max(changed, default=float('nan')):.2f}); over all "
+              f"{geo([s_['gain'] for s_ in scored]):.3f}")
+        result[label] = {"added": {n_: list(extended[option_key(n_)]) for n_ in names}, "scored": scored}
+    if out:
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
 def main() -> None:
     """Fit every option in the logs, print the constants, then score the fitted picks against session 17's."""
     p = argparse.ArgumentParser()
     p.add_argument("logs", nargs="+")
+    p.add_argument("--add", action="store_true", help="fit only the options the model lacks, on its scale")
     p.add_argument("--out", default=None, help="write the fit and the scores as JSON here")
     args = p.parse_args()
     rows = [r for path in args.logs for r in json.load(open(path))["rows"]]
+    if args.add:
+        add_options(rows, args.out)
+        return
     names = sorted({kk for r in rows for kk in r if kk[0].isdigit()}, key=option_key)
     fitted = {}
     for name in names:
@@ -95,9 +159,6 @@ def main() -> None:
         scored.append({"n": n, "k": k, "m": m, "old": "_".join(map(str, po)), "new": "_".join(map(str, pn)),
                        "old_vs_best": timed[po] / best, "new_vs_best": timed[pn] / best,
                        "new_vs_old": timed[po] / timed[pn]})
-
-    def geo(xs):
-        return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
     print(f"{len(scored)} points where the rule takes the model's launch")
     print(f"old pick / best: geo {geo([s['old_vs_best'] for s in scored]):.3f}, worst "
           f"{max(s['old_vs_best'] for s in scored):.2f}")

@@ -197,7 +197,7 @@ def _lqq_launches():
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from quantkit.runtime.kernels import lqq_wgmma, lqq_ws
-    from quantkit.runtime.kernels.configs import LQQ_BIG_M_WS_LONG_ROWS, LQQ_WGMMA_TILES, lqq_ws_launch
+    from quantkit.runtime.kernels.configs import LQQ_BIG_M_TILES, LQQ_BIG_M_WS_LONG_ROWS, lqq_ws_launch
     from quantkit.runtime.kernels.wgmma_common import gl, ws_maxnreg
 
     m, n, k = 1024, 4096, 4096
@@ -216,7 +216,7 @@ def _lqq_launches():
     # cost model's unsplit 128-token tiles, one warpgroup and two, and of every option of the large-M model)
     kinds = [(0, 1, 2, 3), (32, 1, 1, 3), (64, 1, 1, 3), (32, 2, 1, 3), (64, 2, 1, 3)]
     for tokens, wg, stages in LQQ_BIG_M_WS_LONG_ROWS:  # LQQ_BIG_M_WS's options and more (tests check the subset)
-        bm, tail = LQQ_WGMMA_TILES[tokens]
+        bm, tail = LQQ_BIG_M_TILES[tokens]
         _, st, tail, _, per_sm, _ = lqq_ws_launch((bm, stages, 1, tail), wg)
         kinds.append((tail, wg, per_sm, st))
     for tail, wg, per_sm, stages in sorted(set(kinds)):

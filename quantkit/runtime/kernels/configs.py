@@ -372,14 +372,34 @@ def lqq_wgmma_cost(m: int, n: int, k: int, tile: int, split: int, sms: int = SMS
 # two-warpgroup build failed) follow the refit's constants there but were not timed as such.
 LQQ_BIG_M_MIN_M = 384
 LQQ_BIG_M_ROW_PAIR_GAIN = 1.16
+# Session 25: 256-token programs (128 tokens + a 128-token tail tile, two warpgroups: 128 rows × 256 tokens, three
+# stages) — lqq_ws's alone (lqq_wgmma has no 128-token tail). docs/bench/lqq_ws_bounds.py had them 1.08-1.23x the
+# rule's launch at M = 1024 / 4096 on 14336x4096 and 4096x4096 with the dequantization costing 3-5 % (replaced by
+# register moves), and docs/bench/lqq_big_m_options.py --options "256,2,2;256,2,3" timed them next to the rule on 14
+# shapes × M = 513-4096 (docs/logs/session25/big_m_256/big_m_256.json, 196 outputs bit-identical to the rule's). The
+# three-stage option's constants are fitted on each table's own scale (docs/bench/lqq_big_m_fit.py --add: its times
+# multiplied by the model's time for the rule's pick over the rule's measured time, so the other options' constants
+# and picks stay): sd of the log cost 0.059 (65 points of rows <= 8192 columns) and 0.061 (26 of longer rows). In
+# sample the extended model's pick changed at 36 + 18 points, 1.01-1.33x (geometric mean 1.14x) and 0.93-1.40x (1.18x)
+# the rule's time. The two-stage form was never the better of the two by much and is left out. An ABBA check against
+# the rule before (docs/bench/lqq_rule_ab.py, docs/logs/session25/rule_ab/, 172 points of 13 shapes at M = 640-4096
+# where the picks differ, five shapes the fit had not seen): 1.096x geometric mean (0.96-1.33x; 1.086x on the five),
+# slower by over 3 % at three points (8192x4096 M = 2049 0.959x, 6144x4096 M = 3584 0.961x, 28672x4096 M = 2049
+# 0.968x). Below 513 tokens (two token tiles or fewer) it was not measured, and it is not offered there.
+LQQ_BIG_M_TOKENS_256 = (256, 2, 3)
+LQQ_BIG_M_TOKENS_256_MIN_M = 513
 LQQ_BIG_M_WS = {(192, 1, 2): (2, 0.88, 0.5, 1.592), (160, 1, 2): (2, 0.80, 0.4, 1.381),
                 (128, 1, 3): (2, 0.88, 0.5, 1.219), (192, 2, 3): (1, 1.0, 0.1, 1.749 / LQQ_BIG_M_ROW_PAIR_GAIN),
-                (192, 1, 3): (1, 1.0, 0.2, 0.985)}
+                (192, 1, 3): (1, 1.0, 0.2, 0.985), LQQ_BIG_M_TOKENS_256: (1, 1.14, 0.3, 1.752)}
 LQQ_BIG_M_WS_LONG_ROWS = {(192, 1, 2): (2, 0.86, 0.4, 1.630), (160, 1, 2): (2, 0.80, 0.3, 1.408),
                           (128, 1, 3): (2, 0.76, 0.2, 1.195), (192, 2, 3): (1, 1.04, 0.2, 1.521),
                           (192, 1, 3): (1, 1.04, 0.1, 0.976), (128, 2, 3): (1, 1.04, 0.1, 1.123),
                           (128, 2, 4): (1, 1.02, 0.1, 1.140), (160, 2, 3): (1, 1.12, 0.2, 1.318),
-                          (160, 2, 4): (1, 1.04, 0.1, 1.329), (192, 2, 4): (1, 1.08, 0.2, 1.488)}
+                          (160, 2, 4): (1, 1.04, 0.1, 1.329), (192, 2, 4): (1, 1.08, 0.2, 1.488),
+                          LQQ_BIG_M_TOKENS_256: (1, 0.86, 0.3, 1.972)}
+# (tokens per program) → (token tile, tail) of the large-M options: the cost model's tiles and the 256-token one
+LQQ_BIG_M_TILES = {**LQQ_WGMMA_TILES, 256: (128, 128)}
+LQQ_WGMMA_MAX_TAIL = 64  # lqq_wgmma's largest tail tile; the 256-token launches run on lqq_ws only
 
 
 def lqq_big_m_options(k: int) -> dict:
@@ -411,8 +431,9 @@ def lqq_big_m_launch(m: int, n: int, k: int, sms: int = SMS_H100,
         programs = -(-n // (64 * wg)) * -(-m // tokens)
         return cost * lqq_big_m_waves(programs, per_sm, solo, blend, sms) * -(-k // 256)
 
-    tokens, wg, stages = min((o for o in table if o[1] <= max_warpgroups), key=time)
-    bm, tail = LQQ_WGMMA_TILES[tokens]
+    tokens, wg, stages = min((o for o in table if o[1] <= max_warpgroups
+                              and (o != LQQ_BIG_M_TOKENS_256 or m >= LQQ_BIG_M_TOKENS_256_MIN_M)), key=time)
+    bm, tail = LQQ_BIG_M_TILES[tokens]
     return (bm, stages, 1, tail), wg
 
 

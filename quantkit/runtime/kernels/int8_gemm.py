@@ -28,8 +28,8 @@ import torch
 import triton.language as tl
 
 from quantkit.formats.nibble_planes import padded_k
-from quantkit.runtime.kernels.configs import (LQQ_K_PAIR_STAGES, MIXLLM_MIXED_OPERAND_MIN_M, MIXLLM_OPERAND_MIN_M,
-                                             TileConfig, gemm_config, lqq_cluster_launch, lqq_k_pair,
+from quantkit.runtime.kernels.configs import (LQQ_K_PAIR_STAGES, LQQ_WGMMA_MAX_TAIL, MIXLLM_MIXED_OPERAND_MIN_M,
+                                             MIXLLM_OPERAND_MIN_M, TileConfig, gemm_config, lqq_cluster_launch, lqq_k_pair,
                                              lqq_wgmma_launch, lqq_ws_launch, mixed_second_bn, w8a8_wgmma_config)
 from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda, a8_gemv_preferred, a8_gemv_problem
 from quantkit.runtime.kernels.cuda_lqq_cluster import lqq_cluster_matmul, lqq_cluster_problem
@@ -275,16 +275,19 @@ def _gluon_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size:
         # each kernel's own build record: a broken lqq_wgmma leaves a working lqq_ws, and the other way round
         wgmma_ok, ws_ok = kernel_broken(LQQ_KERNEL) is None, kernel_broken(LQQ_WS_KERNEL) is None
         # a two-warpgroup launch that does not build here falls back to the rule's one-warpgroup pick (its tile may
-        # differ), then to the Triton kernel; each launch tries the warp-specialized kernel first where
-        # configs.lqq_ws_launch gives one; each config is declined (or counts as launched) per output dtype
+        # differ; the 256-token launches, which lqq_wgmma lacks, go straight to it), then to the Triton kernel; each
+        # launch tries the warp-specialized kernel first where configs.lqq_ws_launch gives one; each config is
+        # declined (or counts as launched) per output dtype
         y = None
         for cfg, wg in [c for c in dict.fromkeys((launch, lqq_wgmma_launch(m, n, k, max_warpgroups=1))) if c]:
             ws = lqq_ws_launch(cfg, wg) if ws_ok else None
+            on_wgmma = wgmma_ok and cfg[3] <= LQQ_WGMMA_MAX_TAIL  # not the 256-token tiles: lqq_ws's alone
             if ws is not None:
                 y = launch_or_decline(LQQ_WS_KERNEL, (str(out_dtype),) + ws, lambda: lqq_ws_matmul(
                     a_codes, a_scales, tensors, meta, *ws, out=out, out_dtype=out_dtype),
-                    fallback="the non-specialized Gluon kernel (lqq_wgmma)" if wgmma_ok else "the Triton kernel")
-            if y is None and wgmma_ok:
+                    fallback=("the non-specialized Gluon kernel (lqq_wgmma)" if on_wgmma
+                              else "the rule's one-warpgroup launch" if wgmma_ok else "the Triton kernel"))
+            if y is None and on_wgmma:
                 y = launch_or_decline(LQQ_KERNEL, (str(out_dtype),) + cfg + (wg,), lambda: lqq_wgmma_matmul(
                     a_codes, a_scales, tensors, meta, *cfg, wg, out=out, out_dtype=out_dtype))
             if y is not None:

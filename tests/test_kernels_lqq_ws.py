@@ -181,67 +181,6 @@ def test_int8_matmul_runs_the_256_token_launch_with_the_triton_kernels_bits(monk
         assert calls == [lqq_ws_launch(*launch)] * 2
 
 
-@pytest.mark.gpu
-@hopper
-@pytest.mark.parametrize("n,k,m,first", [(6144, 4096, 1024, 33), (1000, 2048, 700, 5), (333, 2304, 513, 2)])
-def test_last_wave_split_keeps_each_parts_bits(n, k, m, first):
-    """Row tiles before ``first`` bit for bit the unsplit 256-token launch, the rest its split_k=2 launch (the same
-    fp32 slots in split order) — odd N, a ragged last token tile, call after call."""
-    _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n + m)
-    codes, scales = _acts(m, k, seed=m)
-    launch = (128, 3, 128, 2, 1)
-    whole = lqq_ws_matmul(codes, scales, tensors, meta, *launch)
-    split = lqq_ws_matmul(codes, scales, tensors, meta, *launch, 2)
-    rows = 128 * first
-    for _ in range(3):
-        got = lqq_ws_matmul(codes, scales, tensors, meta, *launch, split_from_row_tile=first)
-        assert torch.equal(got[:, :rows], whole[:, :rows]) and torch.equal(got[:, rows:], split[:, rows:])
-    assert rel_err(got, int8_reference(codes, scales, -1, "w4a8-lqq", tensors, meta)) < 1e-3
-
-
-@pytest.mark.gpu
-@hopper
-def test_int8_matmul_splits_the_last_wave_where_the_rule_says(monkeypatch):
-    calls = []
-    wrapped = int8_gemm.lqq_ws_matmul
-    monkeypatch.setattr(int8_gemm, "lqq_ws_matmul",
-                        lambda *a, **kw: calls.append(kw.get("split_from_row_tile")) or wrapped(*a, **kw))
-    _, tensors, meta = packed("w4a8-lqq", 6144, 4096, 128, seed=7)
-    codes, scales = _acts(1024, 4096, 7)
-    assert configs.lqq_last_wave_split(1024, 6144, 4096) == 33
-    out = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta)
-    assert calls == [33]
-    assert torch.equal(out, lqq_ws_matmul(codes, scales, tensors, meta, 128, 3, 128, 2, 1, split_from_row_tile=33))
-
-
-def test_last_wave_split_rule_and_its_refusals():
-    """configs.lqq_last_wave_split: the 256-token launch's row tiles that fill whole waves, where the rest fits one
-    wave of half-length programs; lqq_ws_matmul refuses a split it cannot run, before any GPU work."""
-    # 14336x4096 M = 1024: 112 row tiles x 4 token tiles = 448 programs; 99 row tiles fill 3 waves, 52 programs left
-    assert configs.lqq_last_wave_split(1024, 14336, 4096) == 99
-    assert configs.lqq_last_wave_split(1024, 6144, 4096) == 33  # 192 programs: one wave, 60 left
-    assert configs.lqq_last_wave_split(1024, 4096, 4096) is None  # 128 programs: one partial wave, nothing to split
-    assert configs.lqq_last_wave_split(1024, 28672, 4096) is None  # 896 programs: 104 left, 208 halves > 132 SMs
-    assert configs.lqq_last_wave_split(1024, 14336, 1792) is None  # 7 K tiles: under 4 a split
-    assert configs.lqq_last_wave_split(769, 14336, 4096) is None  # not the 256-token launch
-    for n, k in [(14336, 4096), (6144, 4096), (18944, 3584), (8192, 4096), (13824, 5120)]:
-        for m in range(513, 4097, 29):
-            first = configs.lqq_last_wave_split(m, n, k)
-            if first is not None:
-                assert lqq_wgmma_launch(m, n, k) == ((128, 3, 1, 128), 2)
-                row_tiles, token_tiles = -(-n // 128), -(-m // 256)
-                full_waves = row_tiles * token_tiles // 132
-                # the unsplit launch stays within the full waves and leaves less than a row tile of them idle
-                assert 132 * full_waves - token_tiles < first * token_tiles <= 132 * full_waves, (n, k, m)
-                assert 0 < 2 * (row_tiles - first) * token_tiles <= 132, (n, k, m)
-    meta = {"in_features": 512, "out_features": 1024}
-    for kw in ({"split_from_row_tile": 8}, {"split_from_row_tile": 0}, {"split_from_row_tile": 2, "split_k": 2},
-               {"split_from_row_tile": 2, "k_pair": True}):
-        args = (128, 4, 0, 1, 1) if kw.get("k_pair") else (128, 3, 128, 2, 1)
-        with pytest.raises(ValueError, match="last-wave split"):
-            lqq_ws_matmul(torch.zeros(300, 512, dtype=torch.int8), torch.ones(300, 1), {}, meta, *args[:5], **kw)
-
-
 def test_dispatch_falls_back_to_lqq_wgmma_where_the_ws_kernel_does_not_build_and_runs_it_on_its_own(monkeypatch):
     """int8_gemm._gluon_matmul: a warp-specialized launch that fails to build falls back to lqq_wgmma's same launch
     (the warning names that fallback); a broken lqq_wgmma does not stop a working lqq_ws (each kernel has its own
@@ -255,7 +194,7 @@ def test_dispatch_falls_back_to_lqq_wgmma_where_the_ws_kernel_does_not_build_and
     monkeypatch.setattr(int8_gemm, "kernel_broken", lambda kernel: "broken" if kernel in broken else None)
     launched = []
 
-    def ws(codes, scales, tensors, meta, *cfg, out=None, out_dtype=torch.float16, split_from_row_tile=None):
+    def ws(codes, scales, tensors, meta, *cfg, out=None, out_dtype=torch.float16):
         if "ws builds" not in launched:
             raise RuntimeError("gl.warp_specialize: not in this Triton")
         launched.append(("ws", cfg))
@@ -330,8 +269,7 @@ def test_dispatch_runs_a_k_pair_launch_where_the_rule_says_and_falls_back_where_
     launched = []
     pair_builds = [True]
 
-    def ws(codes, scales, tensors, meta, *cfg, out=None, out_dtype=torch.float16, k_pair=False,
-           split_from_row_tile=None):
+    def ws(codes, scales, tensors, meta, *cfg, out=None, out_dtype=torch.float16, k_pair=False):
         if k_pair and not pair_builds[0]:
             raise RuntimeError("warp_specialize: a 4-warp worker partition is not in this Triton")
         launched.append(("k_pair" if k_pair else "ws", cfg))

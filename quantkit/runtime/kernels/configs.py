@@ -576,32 +576,6 @@ def lqq_ws_launch(cfg: tuple[int, int, int, int], warpgroups: int) -> tuple[int,
         return bm, 3, 0, 1, LQQ_WGMMA_PER_SM[(128, 3)], 1
     return bm, stages, tail, 1, LQQ_WGMMA_PER_SM[(bm + tail, stages)], 1
 
-# The last wave of the 256-token launch split along K (session 25, lqq_ws.lqq_ws_matmul(split_from_row_tile=…)): its
-# programs are one an SM and long (128 rows × 256 tokens × all of K), so a launch of 3.4 waves (14336x4096 at
-# M = 1024: 448 programs) leaves most SMs idle through its last one. int8_matmul then runs two launches: the row tiles
-# that fill whole waves unsplit, the rest with K split in two (fp32 slots, the last program of a tile adding them:
-# :mod:`.splitk`), twice as many programs of half the length — where they fit one wave (at most half the SMs' worth
-# of tiles left), K has 8 tiles of 256 or more (4 a split, as the other splits) and the two slots (M·N fp32 each)
-# stay under LQQ_LAST_WAVE_WORKSPACE bytes.
-LQQ_LAST_WAVE_SPLIT = True
-LQQ_LAST_WAVE_WORKSPACE = 2**28
-
-
-def lqq_last_wave_split(m: int, n: int, k: int, sms: int = SMS_H100) -> int | None:
-    """The first row tile (of 128 rows) of the K-split second launch where int8_matmul splits the last wave of the
-    large-M model's 256-token launch (comment above), or None."""
-    tokens, wg, stages = LQQ_BIG_M_TOKENS_256
-    bm, tail = LQQ_BIG_M_TILES[tokens]
-    if not LQQ_LAST_WAVE_SPLIT or lqq_wgmma_launch(m, n, k, sms) != ((bm, stages, 1, tail), wg):
-        return None
-    row_tiles, token_tiles = -(-n // (64 * wg)), -(-m // tokens)
-    first = (row_tiles * token_tiles // sms) * sms // token_tiles  # whole row tiles within the full waves
-    rest = (row_tiles - first) * token_tiles
-    if first == 0 or rest == 0 or 2 * rest > sms or -(-k // 256) < 8 or 2 * m * n * 4 > LQQ_LAST_WAVE_WORKSPACE:
-        return None
-    return first
-
-
 # K-pair launches of the warp-specialized LiquidQuant kernel (session 22, lqq_ws.lqq_ws_matmul(k_pair=True)): two
 # consumer warpgroups on one program's 64 rows × 128 tokens, each taking every other 256-column tile, their int32 sums
 # added in shared memory — one program an SM whose dequantization overlaps its own products. A one-warpgroup program

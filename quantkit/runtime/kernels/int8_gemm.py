@@ -30,8 +30,7 @@ import triton.language as tl
 from quantkit.formats.nibble_planes import padded_k
 from quantkit.runtime.kernels.configs import (LQQ_K_PAIR_STAGES, LQQ_WGMMA_MAX_TAIL, MIXLLM_MIXED_OPERAND_MIN_M,
                                              MIXLLM_OPERAND_MIN_M, TileConfig, gemm_config, lqq_cluster_launch, lqq_k_pair,
-                                             lqq_last_wave_split, lqq_wgmma_launch, lqq_ws_launch, mixed_second_bn,
-                                             w8a8_wgmma_config)
+                                             lqq_wgmma_launch, lqq_ws_launch, mixed_second_bn, w8a8_wgmma_config)
 from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda, a8_gemv_preferred, a8_gemv_problem
 from quantkit.runtime.kernels.cuda_lqq_cluster import lqq_cluster_matmul, lqq_cluster_problem
 from quantkit.runtime.kernels.dequant import group_scale_f32, planes_i8, side_by_side
@@ -284,12 +283,8 @@ def _gluon_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size:
             ws = lqq_ws_launch(cfg, wg) if ws_ok else None
             on_wgmma = wgmma_ok and cfg[3] <= LQQ_WGMMA_MAX_TAIL  # not the 256-token tiles: lqq_ws's alone
             if ws is not None:
-                # the last wave split along K (configs.lqq_last_wave_split): a build record of its own
-                split_from = lqq_last_wave_split(m, n, k) if (cfg, wg) == launch else None
-                key = (str(out_dtype),) + ws + (() if split_from is None else ("last_wave_split",))
-                y = launch_or_decline(LQQ_WS_KERNEL, key, lambda: lqq_ws_matmul(
-                    a_codes, a_scales, tensors, meta, *ws, out=out, out_dtype=out_dtype,
-                    split_from_row_tile=split_from),
+                y = launch_or_decline(LQQ_WS_KERNEL, (str(out_dtype),) + ws, lambda: lqq_ws_matmul(
+                    a_codes, a_scales, tensors, meta, *ws, out=out, out_dtype=out_dtype),
                     fallback=("the non-specialized Gluon kernel (lqq_wgmma)" if on_wgmma
                               else "the rule's one-warpgroup launch" if wgmma_ok else "the Triton kernel"))
             if y is None and on_wgmma:

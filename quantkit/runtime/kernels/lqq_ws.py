@@ -210,10 +210,9 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _lqq_ws_kernel(x_desc, xt_desc, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm,
-                       stride_om, w_row, n_tiles, tiles_per_split, hpg, groups, row_tile0, BM: gl.constexpr,
-                       BT: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, SPLIT_K: gl.constexpr,
-                       PART_REGS: gl.constexpr):
-        pid_n = gl.program_id(0) + row_tile0  # a launch over row tiles row_tile0 … (the last-wave split's two)
+                       stride_om, w_row, n_tiles, tiles_per_split, hpg, groups, BM: gl.constexpr, BT: gl.constexpr,
+                       STAGES: gl.constexpr, WG: gl.constexpr, SPLIT_K: gl.constexpr, PART_REGS: gl.constexpr):
+        pid_n = gl.program_id(0)
         pid_k = gl.program_id(2)
         t_begin = pid_k * tiles_per_split
         t_end = gl.minimum(t_begin + tiles_per_split, n_tiles)
@@ -251,18 +250,14 @@ if HAVE_GLUON:
 def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, meta: dict, bm: int = 128,
                   stages: int = 3, tail: int = 0, warpgroups: int = 1, per_sm: int = 1, split_k: int = 1,
                   out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16,
-                  k_pair: bool = False, split_from_row_tile: int | None = None) -> torch.Tensor:
+                  k_pair: bool = False) -> torch.Tensor:
     """Y [M, N] (``out_dtype``, or ``out``'s) = dequant(A)·Ŵᵀ for int8 codes [M, K] with per-token float32 scales
     [M, 1] and a ``w4a8-lqq`` weight, as :func:`.lqq_wgmma.lqq_wgmma_matmul` (same bits at the same K split), with a
     producer warp bringing the activations over TMA (module docstring); 128 tokens per program plus ``tail`` (0, 32,
     64, 128); ``per_sm`` programs meant to share an SM (sets the register budget, :func:`.wgmma_common.ws_maxnreg`);
     ``split_k`` programs along K (fp32 slots summed in split order, :mod:`.splitk`). ``k_pair``: two consumer
     warpgroups on the same 64 rows, each taking every other tile of the K range (module docstring; one warpgroup of
-    rows, no tail, 2 or 4 stages, one program an SM). ``split_from_row_tile`` (the last-wave split,
-    :func:`.configs.lqq_last_wave_split`; unsplit launches only): two launches — row tiles (64·``warpgroups`` rows)
-    before it unsplit, the rest with K split in two (fp32 slots, :mod:`.splitk`), so that the programs of a last
-    partial wave run half as long; the rest's bits are those of ``split_k=2``. The caller checks
-    :func:`.lqq_wgmma.lqq_wgmma_problem`."""
+    rows, no tail, 2 or 4 stages, one program an SM). The caller checks :func:`.lqq_wgmma.lqq_wgmma_problem`."""
     if k_pair and (bm != 128 or tail or stages not in (2, 4) or warpgroups != 1 or per_sm != 1 or split_k < 1):
         raise ValueError(f"a K-pair launch takes bm 128, no tail, 2 or 4 stages, one warpgroup of rows, one program "
                          f"an SM and split_k >= 1; got {bm}, {tail}, {stages}, {warpgroups}, {per_sm}, {split_k}")
@@ -271,38 +266,26 @@ def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, 
         raise ValueError(f"bm must be 128, tail 0, 32, 64 or 128, stages 2-4, warpgroups 1-2, per_sm 1-2 with one "
                          f"warpgroup (1 with two: the consumers need ~230 registers) and split_k >= 1; got {bm}, "
                          f"{tail}, {stages}, {warpgroups}, {per_sm}, {split_k}")
-    row_tiles = -(-int(meta["out_features"]) // (BN * warpgroups))
-    if split_from_row_tile is not None and (k_pair or split_k != 1 or not 0 < split_from_row_tile < row_tiles):
-        raise ValueError(f"a last-wave split takes an unsplit launch and a first split row tile inside 1 … "
-                         f"{row_tiles - 1}; got split_k {split_k}, k_pair {k_pair}, row tile {split_from_row_tile}")
     m, k, n, qweight, qparams, cs, n_tiles = lqq_operands(a_codes, a_scales, tensors, meta)
+    tiles_per_split, split = split_plan(n_tiles, split_k)
     out = torch.empty(m, n, dtype=out_dtype, device=a_codes.device) if out is None else out
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
     x_desc = TensorDescriptor(a_codes, [m, k], [a_codes.stride(0), 1], [bm, 128], layout)
     xt_desc = TensorDescriptor(a_codes, [m, k], [a_codes.stride(0), 1], [max(tail, 8), 128], layout)
-    token_tiles = -(-m // (bm + tail))
+    grid = (-(-n // (BN * warpgroups)), -(-m // (bm + tail)), split)
+    # two warpgroups store their rows on tickets of their own (the second set after the first)
+    ws, tickets = split_workspace(a_codes.device, m * n, split, grid[0] * grid[1] * warpgroups)  # K-pair: 1
     if k_pair:
-        tiles_per_split, split = split_plan(n_tiles, split_k)
-        grid = (row_tiles, token_tiles, split)
-        ws, tickets = split_workspace(a_codes.device, m * n, split, grid[0] * grid[1])
         _lqq_ws_kpair_kernel[grid](x_desc, a_scales, qweight, qparams, cs, out, ws, tickets, m, n, a_scales.stride(0),
                                    out.stride(0), qweight.shape[1], n_tiles, tiles_per_split,
                                    groups_in_halves(meta, n_tiles), qparams.shape[0], BM=bm, STAGES=stages,
                                    SPLIT_K=split, HALF_REGS=PART_REGS, num_warps=4,
                                    maxnreg=ws_maxnreg(2, 1))
         return out
-    parts = ([(0, row_tiles, split_k)] if split_from_row_tile is None
-             else [(0, split_from_row_tile, 1), (split_from_row_tile, row_tiles, 2)])
-    for first, last, part_split in parts:
-        tiles_per_split, split = split_plan(n_tiles, part_split)
-        grid = (last - first, token_tiles, split)
-        # two warpgroups store their rows on tickets of their own (the second set after the first)
-        ws, tickets = split_workspace(a_codes.device, m * n, split, grid[0] * grid[1] * warpgroups)
-        _lqq_ws_kernel[grid](x_desc, xt_desc, a_scales, qweight, qparams, cs, out, ws, tickets, m, n,
-                             a_scales.stride(0), out.stride(0), qweight.shape[1], n_tiles, tiles_per_split,
-                             groups_in_halves(meta, n_tiles), qparams.shape[0], first, BM=bm, BT=tail, STAGES=stages,
-                             WG=warpgroups, SPLIT_K=split, PART_REGS=PART_REGS, num_warps=4,
-                             maxnreg=ws_maxnreg(warpgroups, per_sm))
+    _lqq_ws_kernel[grid](x_desc, xt_desc, a_scales, qweight, qparams, cs, out, ws, tickets, m, n, a_scales.stride(0),
+                         out.stride(0), qweight.shape[1], n_tiles, tiles_per_split, groups_in_halves(meta, n_tiles),
+                         qparams.shape[0], BM=bm, BT=tail, STAGES=stages, WG=warpgroups, SPLIT_K=split,
+                         PART_REGS=PART_REGS, num_warps=4, maxnreg=ws_maxnreg(warpgroups, per_sm))
     return out
 
 

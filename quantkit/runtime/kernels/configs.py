@@ -373,9 +373,9 @@ def lqq_wgmma_cost(m: int, n: int, k: int, tile: int, split: int, sms: int = SMS
 LQQ_BIG_M_MIN_M = 384
 LQQ_BIG_M_ROW_PAIR_GAIN = 1.16
 # Session 25: 256-token programs (128 tokens + a 128-token tail tile, two warpgroups: 128 rows × 256 tokens, three
-# stages) — lqq_ws's alone (lqq_wgmma has no 128-token tail). docs/bench/lqq_ws_bounds.py had them 1.08-1.23x the
-# rule's launch at M = 1024 / 4096 on 14336x4096 and 4096x4096 with the dequantization costing 3-5 % (replaced by
-# register moves), and docs/bench/lqq_big_m_options.py --options "256,2,2;256,2,3" timed them next to the rule on 14
+# stages) — lqq_ws's alone (lqq_wgmma has no 128-token tail). docs/bench/lqq_ws_bounds.py had them 1.08-1.22x the
+# rule's launch at M = 1024 / 4096 on 14336x4096 and 4096x4096, the dequantization costing 1-3 % of their time
+# (replaced by register moves; 4-10 % of the rule's launches), and docs/bench/lqq_big_m_options.py --options "256,2,2;256,2,3" timed them next to the rule on 14
 # shapes × M = 513-4096 (docs/logs/session25/big_m_256/big_m_256.json, 196 outputs bit-identical to the rule's). The
 # three-stage option's constants are fitted on each table's own scale (docs/bench/lqq_big_m_fit.py --add: its times
 # multiplied by the model's time for the rule's pick over the rule's measured time, so the other options' constants

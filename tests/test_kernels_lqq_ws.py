@@ -62,7 +62,9 @@ def test_matmul_refuses_launches_it_was_not_built_for():
     _, tensors, meta = packed("w4a8-lqq", 64, 256, 128)
     codes, scales = _acts(8, 256, 0)
     for bm, stages, tail, wg, per_sm in [(64, 3, 0, 1, 1), (128, 1, 0, 1, 1), (128, 3, 16, 1, 1), (128, 3, 0, 3, 1),
-                                         (128, 3, 0, 1, 3), (128, 3, 64, 2, 2)]:
+                                         (128, 3, 0, 1, 3), (128, 3, 64, 2, 2),
+                                         # a 128-token tail: 256 KB of ring at four stages, no room for two an SM
+                                         (128, 4, 128, 2, 1), (128, 3, 128, 1, 2)]:
         with pytest.raises(ValueError, match="bm must be 128"):
             lqq_ws_matmul(codes, scales, tensors, meta, bm, stages, tail, wg, per_sm)
 

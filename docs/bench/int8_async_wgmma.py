@@ -13,7 +13,8 @@ its own with a fresh Triton cache:
 2. with each int8 kernel's final TTGIR overridden (``TRITON_KERNEL_OVERRIDE``) by the dumped one edited the way the
    pipeliner edits an fp32 dot: the in-loop wait keeps one dot in flight (``pendings = 1``) and a ``pendings = 0``
    wait after the loop guards the epilogue. The loop's next TMA load goes into the slot of the dot from the block
-   before, which that ``pendings = 1`` wait has retired — the fp8 build's schedule, so the edit adds no race.
+   before, which that ``pendings = 1`` wait has retired — the fp8 build's schedule, so by that argument the edit adds
+   no race (and every output was exact). ``--save-ttgir DIR`` keeps the edited files.
 
 Both runs check every output against cuBLAS (``max_rel_err``: int8 exact up to the fp16 epilogue) and record the
 ``wait_group`` operands of the PTX that ran (``wait_groups``), so the second run shows the edit took effect.
@@ -27,6 +28,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -87,12 +89,15 @@ def main() -> None:
     p.add_argument("--tiles", default="128,128,128,4,4;128,256,128,8,3;128,128,256,8,3",
                    help="BM,BN,BK,warps,stages;... (one warpgroup, then int8_vs_fp8.py's best 8-warp tiles)")
     p.add_argument("--out", default="int8_async.json")
+    p.add_argument("--save-ttgir", default=None, help="copy the edited TTGIR files (one folder a build) here")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         sync = run(args.shapes, args.tiles, tmp / "sync.json", {"TRITON_CACHE_DIR": str(tmp / "cache_sync"),
                                                      "TRITON_KERNEL_DUMP": "1", "TRITON_DUMP_DIR": str(tmp / "dump")})
         patched = patch_dumps(tmp / "dump", tmp / "override")
+        if args.save_ttgir:
+            shutil.copytree(tmp / "override", args.save_ttgir, dirs_exist_ok=True)
         print(json.dumps({"patched_builds": len(patched)}), flush=True)
         edited = run(args.shapes, args.tiles, tmp / "async.json", {"TRITON_CACHE_DIR": str(tmp / "cache_async"),
                                                        "TRITON_KERNEL_OVERRIDE": "1",

@@ -30,7 +30,7 @@ from quantkit.bench.problems import _packed
 from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
 from quantkit.runtime.kernels import lqq_wgmma, w4a16_wgmma
 from quantkit.runtime.kernels.act_quant import quantize_activation_triton
-from quantkit.runtime.kernels.configs import lqq_wgmma_launch, w4a16_wgmma_config
+from quantkit.runtime.kernels.configs import LQQ_WGMMA_MAX_TAIL, lqq_wgmma_launch, w4a16_wgmma_config
 from quantkit.runtime.kernels.w4a16 import w4a16_matmul
 
 FILES = ("wgmma_common.py", "lqq_wgmma.py", "w4a16_wgmma.py")
@@ -105,7 +105,7 @@ def main() -> None:
                 t, meta = packed[kind]
                 if kind == "lqq":
                     launch = lqq_wgmma_launch(m, n, k)
-                    if launch is None:
+                    if launch is None or launch[0][3] > LQQ_WGMMA_MAX_TAIL:  # none, or lqq_ws's 256-token launch
                         continue
                     cfg, wg = launch
                     qa = [quantize_activation_triton(x, 8, -1) for x in xs]

@@ -14,8 +14,13 @@ measured time is multiplied by the model's time for the rule's pick over the rul
 constants price launches in the units of the constants already there (timed on other machines) and leave their
 picks among themselves unchanged; each table (rows of <= / > LQQ_WGMMA_NARROW columns) is calibrated on its own
 rows. The score is then the measured time of the extended model's pick over the rule's, at every such point.
+``--old-file``: the model (and the rule that decides where it runs) from a saved configs.py instead of HEAD's — the
+one the log's ``rule`` column ran; ``--options``: fit only these log columns. Session 25's fit, at HEAD (whose
+tables already hold the option):
 
-    python docs/bench/lqq_big_m_fit.py --add docs/logs/session25/big_m_256/big_m_256.json
+    git show eba61e8:quantkit/runtime/kernels/configs.py > old.py
+    python docs/bench/lqq_big_m_fit.py --add --old-file old.py --options 256_2_3 \
+        docs/logs/session25/big_m_256/big_m_256.json
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ import math
 import statistics
 
 from quantkit.runtime.kernels import configs
-from quantkit.runtime.kernels.configs import LQQ_BIG_M_WS, LQQ_BIG_M_WS_LONG_ROWS, SMS_H100, lqq_big_m_waves
+from quantkit.runtime.kernels.configs import SMS_H100, lqq_big_m_waves
+
+from lqq_rule_ab import old_rule  # noqa: E402 - docs/bench is the script's own folder
 
 SOLO = [round(0.5 + 0.02 * i, 2) for i in range(41)]  # 0.50 … 1.30
 BLEND = [round(0.1 * i, 1) for i in range(11)]
@@ -65,12 +72,13 @@ def pick(model: dict, m: int, n: int, k: int) -> tuple[int, int, int]:
     return min(model, key=time)
 
 
-def uses_big_m_model(m: int, n: int, k: int) -> bool:
-    """Whether the rule at HEAD takes the large-M model's launch here (so the model's constants decide it)."""
-    if configs.lqq_k_pair(m, n, k):
+def uses_big_m_model(m: int, n: int, k: int, base=configs) -> bool:
+    """Whether the rule of ``base`` (a configs module: HEAD's, or ``--old-file``'s) takes the large-M model's launch
+    here (so the model's constants decide it)."""
+    if base.lqq_k_pair(m, n, k):
         return False
-    launch = configs.lqq_wgmma_launch(m, n, k)
-    return launch is not None and launch == configs.lqq_big_m_launch(m, n, k)
+    launch = base.lqq_wgmma_launch(m, n, k)
+    return launch is not None and launch == base.lqq_big_m_launch(m, n, k)
 
 
 def model_time(model: dict, option: tuple[int, int, int], m: int, n: int, k: int) -> float:
@@ -84,16 +92,17 @@ def geo(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
-def add_options(rows: list[dict], out: str | None) -> None:
+def add_options(rows: list[dict], out: str | None, base=configs, only: set | None = None) -> None:
     """``--add`` (module docstring): per table, fit the logged options it lacks on its scale, print the constants
-    and score the extended model's picks against the rule's measured time."""
+    and score the extended model's picks against the rule's measured time; ``base`` the configs module whose tables
+    and rule the log's ``rule`` column ran, ``only`` the log columns to fit (None: every new one)."""
     result = {}
     for label, long_rows in (("LQQ_BIG_M_WS", False), ("LQQ_BIG_M_WS_LONG_ROWS", True)):
-        table = LQQ_BIG_M_WS_LONG_ROWS if long_rows else LQQ_BIG_M_WS
-        mine = [r for r in rows if (r["k"] > configs.LQQ_WGMMA_NARROW) == long_rows
-                and uses_big_m_model(r["m"], r["n"], r["k"]) and r.get("rule")]
-        names = sorted({kk for r in mine for kk in r if kk[0].isdigit() and option_key(kk) not in table},
-                       key=option_key)
+        table = base.LQQ_BIG_M_WS_LONG_ROWS if long_rows else base.LQQ_BIG_M_WS
+        mine = [r for r in rows if (r["k"] > base.LQQ_WGMMA_NARROW) == long_rows
+                and uses_big_m_model(r["m"], r["n"], r["k"], base) and r.get("rule")]
+        names = sorted({kk for r in mine for kk in r if kk[0].isdigit() and option_key(kk) not in table
+                        and (only is None or kk in only)}, key=option_key)
         extended = dict(table)
         for name in names:
             o = option_key(name)
@@ -129,17 +138,22 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("logs", nargs="+")
     p.add_argument("--add", action="store_true", help="fit only the options the model lacks, on its scale")
+    p.add_argument("--old-file", default=None, help="the model and rule from this saved configs.py, not HEAD's")
+    p.add_argument("--options", default=None, help="log columns to fit, e.g. 256_2_3,256_2_2 (default: all)")
     p.add_argument("--out", default=None, help="write the fit and the scores as JSON here")
     args = p.parse_args()
     rows = [r for path in args.logs for r in json.load(open(path))["rows"]]
+    base = old_rule("old", args.old_file) if args.old_file else configs
+    only = set(args.options.split(",")) if args.options else None
     if args.add:
-        add_options(rows, args.out)
+        add_options(rows, args.out, base, only)
         return
-    names = sorted({kk for r in rows for kk in r if kk[0].isdigit()}, key=option_key)
+    names = sorted({kk for r in rows for kk in r if kk[0].isdigit() and (only is None or kk in only)},
+                   key=option_key)
     fitted = {}
     for name in names:
         o = option_key(name)
-        per_sm = LQQ_BIG_M_WS_LONG_ROWS[o][0] if o in LQQ_BIG_M_WS_LONG_ROWS else 1
+        per_sm = base.LQQ_BIG_M_WS_LONG_ROWS[o][0] if o in base.LQQ_BIG_M_WS_LONG_ROWS else 1
         pts = [(r["m"], r["n"], r["k"], r[name]) for r in rows if r.get(name)]
         fitted[o] = fit_option(o, per_sm, pts)
         f = fitted[o]
@@ -149,10 +163,10 @@ def main() -> None:
     scored = []
     for r in rows:
         m, n, k = r["m"], r["n"], r["k"]
-        if not uses_big_m_model(m, n, k):
+        if not uses_big_m_model(m, n, k, base):
             continue
         timed = {option_key(kk): v for kk, v in r.items() if kk[0].isdigit() and v}
-        po, pn = pick(LQQ_BIG_M_WS, m, n, k), pick(new, m, n, k)
+        po, pn = pick(base.LQQ_BIG_M_WS, m, n, k), pick(new, m, n, k)
         if po not in timed or pn not in timed:  # a pick that did not build there: nothing to score
             continue
         best = min(timed.values())

@@ -16,7 +16,7 @@ import torch
 from quantkit.bench.problems import _packed
 from quantkit.runtime.kernels import lqq_wgmma, lqq_ws
 from quantkit.runtime.kernels.act_quant import quantize_activation_triton
-from quantkit.runtime.kernels.configs import lqq_wgmma_launch
+from quantkit.runtime.kernels.configs import LQQ_WGMMA_MAX_TAIL, lqq_wgmma_launch
 from quantkit.runtime.kernels.int8_gemm import int8_matmul
 
 POINTS = [(6144, 4096, 384), (4608, 3584, 448), (14336, 4096, 448), (6144, 4096, 1025), (6144, 4096, 2560),
@@ -30,7 +30,10 @@ def main() -> None:
         x = torch.randn(m, k, device="cuda", dtype=torch.float16)
         a, s = quantize_activation_triton(x, 8, -1)
         tri = int8_matmul(a, s, -1, "w4a8-lqq", t, meta, use_asm=True)
-        (bm, st, sp, tail), wg = lqq_wgmma_launch(m, n, k)
+        launch = lqq_wgmma_launch(m, n, k)
+        if launch[0][3] > LQQ_WGMMA_MAX_TAIL:  # lqq_ws's 256-token launch (session 25): lqq_wgmma's own pick here
+            launch = lqq_wgmma_launch(m, n, k, max_warpgroups=1)
+        (bm, st, sp, tail), wg = launch
         olds = [lqq_wgmma.lqq_wgmma_matmul(a, s, t, meta, bm, st, sp, tail, wg) for _ in range(8)]
         wss = [lqq_ws.lqq_ws_matmul(a, s, t, meta, bm=128, stages=3, tail=0, warpgroups=1, per_sm=2)
                for _ in range(8)]

@@ -6,12 +6,15 @@ the rule's launch, cuBLAS fp16 and cuBLAS fp8 (``torch._scaled_mm``, an 8-bit GE
   pack of four words) replaced by eight register moves — what the loop costs without its integer work;
 * ``no_own_wait``: each consumer warpgroup waits only for its *previous* tile's products before forming the next
   tile's planes, as a kernel could that kept its register A operands alive while their products run (ptxas does not:
-  docs/BENCHMARKS.md, session 16) — what that overlap would be worth;
+  docs/BENCHMARKS.md, session 16) — what that overlap would be worth. It races on registers and on the ring slot
+  (released while its products may still read it);
 * ``full``: the kernel as it is (the control: the same numbers as the rule where the launch is the rule's).
 
-The ablations return wrong sums (``no_own_wait`` races on its registers); they are timings only, and each row says
-whether the output equalled the rule's. Beside the rule's own launch, 256-token programs (128 + a 128-token tail, two
-warpgroups) are timed in every variant (``--options``). Timing: the bench's (CUDA graphs, rotating inputs).
+The ablations return wrong sums; they are timings only, and each row says whether each launch's output equalled the
+Triton LiquidQuant kernel's (``*_equal_triton``; session 25's logs, written before that, compared with int8_matmul's
+own output, ``*_equal_rule`` — which under an ablation runs the ablated kernel too, as does the ``rule`` column).
+Beside the rule's own launch, 256-token programs (128 + a 128-token tail, two warpgroups) are timed in every variant
+(``--options``). Timing: the bench's (CUDA graphs, rotating inputs).
 
     python docs/bench/lqq_ws_bounds.py --variant no_dequant --out bounds_no_dequant.json
 """
@@ -29,7 +32,7 @@ from quantkit.bench.roofline import fp8_matmul, fp8_matmul_supported
 from quantkit.bench.sweep_log import save_sweep
 from quantkit.bench.timing import time_rotating
 from quantkit.runtime.kernels import lqq_ws
-from quantkit.runtime.kernels.configs import lqq_wgmma_launch, lqq_ws_launch
+from quantkit.runtime.kernels.configs import TileConfig, lqq_wgmma_launch, lqq_ws_launch
 from quantkit.runtime.kernels.int8_gemm import int8_matmul
 from quantkit.runtime.kernels.wgmma_common import a_layout, gl, gluon, warpgroup_mma, warpgroup_mma_wait
 
@@ -98,7 +101,9 @@ def main() -> None:
             if fp8_matmul_supported():
                 row["fp8"] = time_rotating(fp8_matmul, fp8_inputs(m, n, k, len(inputs)), reps=args.reps)["ms"] * 1e3
             rule = lambda a, s, w: int8_matmul(a, s, -1, "w4a8-lqq", w, meta)  # noqa: E731
-            want = rule(*inputs[0])
+            # the Triton kernel's bits (the same int32 sums unsplit): not ablated, unlike int8_matmul's Gluon launches
+            want = int8_matmul(*inputs[0][:2], -1, "w4a8-lqq", inputs[0][2], meta, use_asm=True,
+                               config=TileConfig(64, 128, 1, 4, 3))
             time_rotating(rule, inputs, reps=5)
             row["rule"] = time_rotating(rule, inputs, reps=args.reps)["ms"] * 1e3
             launches = {"ws": ws} if ws else {}
@@ -107,7 +112,7 @@ def main() -> None:
             for name, launch in launches.items():
                 call = lambda a, s, w, launch=launch: lqq_ws.lqq_ws_matmul(a, s, w, meta, *launch)  # noqa: E731
                 try:
-                    row[f"{name}_equal_rule"] = bool(torch.equal(call(*inputs[0]), want))
+                    row[f"{name}_equal_triton"] = bool(torch.equal(call(*inputs[0]), want))
                     row[name] = time_rotating(call, inputs, reps=args.reps)["ms"] * 1e3
                 except Exception as e:  # noqa: BLE001 — an option that does not build is recorded, not fatal
                     row[name] = None

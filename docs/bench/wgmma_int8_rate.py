@@ -2,10 +2,10 @@
 (:mod:`quantkit.runtime.kernels.lqq_ws`) multiply a warpgroup's 64 dequantized weight rows from registers (wgmma's A
 operand in registers, "RS") against activation slices in shared memory, with instructions of at most 128 tokens
 (``wgmma_common.mma_layout``: m64 n128 k32; a 256-token program issues two), and wait for each tile's products before
-writing registers again (wait 0 after every 8 k32 products). At M >= 1024 they reach ~60 % of the int8 tensor
-cores' rate where cuBLAS fp8 reaches ~70-75 % (docs/BENCHMARKS.md, session 25). This kernel isolates the tensor
-cores from everything else — no loads, no dequantization, operands that never change — and times the issue pattern
-alone, per variant:
+writing registers again (wait 0 after every 8 k32 products). At M >= 1024 they ran 890-1470 TOP/s in session 25's
+grid, cuBLAS fp8 1341-1417 at 8192³ (docs/BENCHMARKS.md). This kernel isolates the tensor cores from everything else
+— no loads, no dequantization, operands that never change (the shared-memory ones never even written, so likely less
+power than real data) — and times a close proxy of the issue pattern alone, per variant:
 
 * ``a``: ``rs`` (A from registers, as the kernels) or ``ss`` (A from shared memory, as cuBLAS);
 * ``n``: tokens a warpgroup multiplies, 128 or 256 — two m64 n128 instructions a product at 256, as the kernels (an

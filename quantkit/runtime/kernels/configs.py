@@ -383,7 +383,7 @@ LQQ_BIG_M_ROW_PAIR_GAIN = 1.16
 # sample the extended model's pick changed at 36 + 18 points, 1.01-1.33x (geometric mean 1.14x) and 0.93-1.40x (1.18x)
 # the rule's time. The two-stage form was never the better of the two by much and is left out. An ABBA check against
 # the rule before (docs/bench/lqq_rule_ab.py, docs/logs/session25/rule_ab/, 172 points of 13 shapes at M = 640-4096
-# where the picks differ, five shapes the fit had not seen): 1.096x geometric mean (0.96-1.33x; 1.086x on the five),
+# where the picks differ, four shapes the fit had not seen): 1.096x geometric mean (0.96-1.33x; 1.086x on the four),
 # slower by over 3 % at three points (8192x4096 M = 2049 0.959x, 6144x4096 M = 3584 0.961x, 28672x4096 M = 2049
 # 0.968x). Below 513 tokens (two token tiles or fewer) it was not measured, and it is not offered there.
 LQQ_BIG_M_TOKENS_256 = (256, 2, 3)

@@ -251,7 +251,7 @@ def _cluster_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_siz
 def _gluon_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, layout: str, tensors: dict,
                   meta: dict, out: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor | None:
     """Y from the Gluon kernel that the launch rules pick for this product on Hopper — LiquidQuant: the wgmma kernel
-    (:func:`.configs.lqq_wgmma_launch`), its unsplit 128-token launches on the warp-specialized kernel
+    (:func:`.configs.lqq_wgmma_launch`), its unsplit 128-256-token launches on the warp-specialized kernel
     (:func:`.configs.lqq_ws_launch`; where that does not build, lqq_wgmma's same launch), and in place of either a
     K-pair launch of the warp-specialized kernel where :func:`.configs.lqq_k_pair` says so (where that does not build,
     the rule's launch); ``w8``: the TMA kernel

@@ -262,10 +262,11 @@ def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, 
         raise ValueError(f"a K-pair launch takes bm 128, no tail, 2 or 4 stages, one warpgroup of rows, one program "
                          f"an SM and split_k >= 1; got {bm}, {tail}, {stages}, {warpgroups}, {per_sm}, {split_k}")
     if (bm != 128 or tail not in (0, 32, 64, 128) or stages not in (2, 3, 4) or warpgroups not in (1, 2)
-            or not 1 <= per_sm <= 3 - warpgroups or split_k < 1):
+            or not 1 <= per_sm <= 3 - warpgroups or split_k < 1 or (tail == 128 and (stages > 3 or per_sm != 1))):
         raise ValueError(f"bm must be 128, tail 0, 32, 64 or 128, stages 2-4, warpgroups 1-2, per_sm 1-2 with one "
-                         f"warpgroup (1 with two: the consumers need ~230 registers) and split_k >= 1; got {bm}, "
-                         f"{tail}, {stages}, {warpgroups}, {per_sm}, {split_k}")
+                         f"warpgroup (1 with two: the consumers need ~230 registers) and split_k >= 1 — a 128-token "
+                         f"tail: 2-3 stages (64 KB each) and one program an SM; got {bm}, {tail}, {stages}, "
+                         f"{warpgroups}, {per_sm}, {split_k}")
     m, k, n, qweight, qparams, cs, n_tiles = lqq_operands(a_codes, a_scales, tensors, meta)
     tiles_per_split, split = split_plan(n_tiles, split_k)
     out = torch.empty(m, n, dtype=out_dtype, device=a_codes.device) if out is None else out

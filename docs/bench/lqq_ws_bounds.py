@@ -8,6 +8,8 @@ the rule's launch, cuBLAS fp16 and cuBLAS fp8 (``torch._scaled_mm``, an 8-bit GE
   tile's planes, as a kernel could that kept its register A operands alive while their products run (ptxas does not:
   docs/BENCHMARKS.md, session 16) — what that overlap would be worth. It races on registers and on the ring slot
   (released while its products may still read it);
+* ``words_2ahead``: not an ablation — each consumer warpgroup loads a weight tile's words two tiles ahead of its
+  dequantization instead of one (16 more registers a thread), in case those loads' latency shows (same bits);
 * ``full``: the kernel as it is (the control: the same numbers as the rule where the launch is the rule's).
 
 The ablations return wrong sums; they are timings only, and each row says whether each launch's output equalled the
@@ -34,7 +36,9 @@ from quantkit.bench.timing import time_rotating
 from quantkit.runtime.kernels import lqq_ws
 from quantkit.runtime.kernels.configs import TileConfig, lqq_wgmma_launch, lqq_ws_launch
 from quantkit.runtime.kernels.int8_gemm import int8_matmul
-from quantkit.runtime.kernels.wgmma_common import a_layout, gl, gluon, warpgroup_mma, warpgroup_mma_wait
+from quantkit.runtime.kernels.lqq_wgmma import multiply_tile, planes_wgmma
+from quantkit.runtime.kernels.wgmma_common import (a_layout, gl, gluon, load_words, mbarrier, mma_layout,
+                                                   warpgroup_mma, warpgroup_mma_wait, weight_rows)
 
 MOVES = gl.constexpr("\n".join(f"mov.b32 ${p}, ${8 + p % 4};" for p in range(8)))
 CONSTRAINTS = gl.constexpr("=r," * 8 + ",".join(["r"] * 20))
@@ -66,8 +70,40 @@ def _multiply_previous_wait(planes, xs, xt, base, acc, acc_t, BT: gl.constexpr, 
     return acc, acc_t
 
 
+@gluon.jit
+def _multiply_range_2ahead(xs, xt, ready, empty, w_ptr, p_ptr, N, w_row, t_begin, t_first, t_end, hpg, groups, pid_n,
+                           BM: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr, STEP: gl.constexpr):
+    """:func:`.lqq_ws._multiply_range` with the words of tile t + 2·STEP loading while tile t is dequantized and
+    multiplied (two tiles of words in registers)."""
+    mma: gl.constexpr = mma_layout(BM, 1)
+    rn_in, w_ptrs = weight_rows(w_ptr, pid_n, 64, N, w_row, a_layout(BM, 1))
+    acc = gl.zeros([64, BM], gl.int32, mma)
+    if BT > 0:
+        acc_t = gl.zeros([64, BT], gl.int32, mma_layout(BT, 1))
+    else:
+        acc_t = acc
+    words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t_first, t_end, hpg, groups, N, rn_in)
+    words2, p_lo2, p_hi2 = load_words(w_ptrs, p_ptr, t_first + STEP, t_end, hpg, groups, N, rn_in)
+    for t in range(t_first, t_end, STEP):
+        i = t - t_begin
+        s = i % STAGES
+        planes = planes_wgmma(words, p_lo & 0xFF, (p_lo >> 8) & 0xFF, p_hi & 0xFF, (p_hi >> 8) & 0xFF)
+        words, p_lo, p_hi = words2, p_lo2, p_hi2
+        words2, p_lo2, p_hi2 = load_words(w_ptrs, p_ptr, t + 2 * STEP, t_end, hpg, groups, N, rn_in)
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        if BT > 0:
+            acc, acc_t = multiply_tile(planes, xs, xt, 2 * s, acc, acc_t, BT, 1)
+        else:
+            acc, _ = multiply_tile(planes, xs, xs, 2 * s, acc, acc, BT, 1)
+        mbarrier.arrive(empty.index(s), count=1)
+    if BT == 0:
+        acc_t = acc
+    return acc, acc_t
+
+
 VARIANTS = {"full": {}, "no_dequant": {"planes_wgmma": _planes_moved},
-            "no_own_wait": {"multiply_tile": _multiply_previous_wait}}
+            "no_own_wait": {"multiply_tile": _multiply_previous_wait},
+            "words_2ahead": {"_multiply_range": _multiply_range_2ahead}}
 
 
 def fp8_inputs(m: int, n: int, k: int, copies: int) -> list[tuple]:

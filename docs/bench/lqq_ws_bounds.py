@@ -8,6 +8,9 @@ the rule's launch, cuBLAS fp16 and cuBLAS fp8 (``torch._scaled_mm``, an 8-bit GE
   tile's planes, as a kernel could that kept its register A operands alive while their products run (ptxas does not:
   docs/BENCHMARKS.md, session 16) — what that overlap would be worth. It races on registers and on the ring slot
   (released while its products may still read it);
+* ``no_act_loads``: the producer brings only the first STAGES activation tiles and afterwards completes each slot's
+  ``ready`` barrier without a copy (the products multiply stale tiles) — what the activation TMA stream costs;
+* ``no_act_loads_no_dequant``: both — the products, the weight words' loads and the barriers' hand-offs alone;
 * ``words_2ahead``: not an ablation — each consumer warpgroup loads a weight tile's words two tiles ahead of its
   dequantization instead of one (16 more registers a thread), in case those loads' latency shows (same bits);
 * ``full``: the kernel as it is (the control: the same numbers as the rule where the launch is the rule's).
@@ -37,7 +40,7 @@ from quantkit.runtime.kernels import lqq_ws
 from quantkit.runtime.kernels.configs import TileConfig, lqq_wgmma_launch, lqq_ws_launch
 from quantkit.runtime.kernels.int8_gemm import int8_matmul
 from quantkit.runtime.kernels.lqq_wgmma import multiply_tile, planes_wgmma
-from quantkit.runtime.kernels.wgmma_common import (a_layout, gl, gluon, load_words, mbarrier, mma_layout,
+from quantkit.runtime.kernels.wgmma_common import (a_layout, gl, gluon, load_words, mbarrier, mma_layout, tma_load,
                                                    warpgroup_mma, warpgroup_mma_wait, weight_rows)
 
 MOVES = gl.constexpr("\n".join(f"mov.b32 ${p}, ${8 + p % 4};" for p in range(8)))
@@ -101,7 +104,30 @@ def _multiply_range_2ahead(xs, xt, ready, empty, w_ptr, p_ptr, N, w_row, t_begin
     return acc, acc_t
 
 
+@gluon.jit
+def _producer_first_tiles(x_desc, xt_desc, xs, xt, ready, empty, row0, t_begin, t_end, BM: gl.constexpr,
+                          BT: gl.constexpr, STAGES: gl.constexpr):
+    """:func:`.lqq_ws._producer` that copies each ring slot's first tile only, then releases ``ready`` empty-handed."""
+    NBYTES: gl.constexpr = 256 * (BM + BT)
+    for t in range(t_begin, t_end):
+        i = t - t_begin
+        s = i % STAGES
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+        bar = ready.index(s)
+        if i < STAGES:
+            mbarrier.expect(bar, NBYTES)
+            tma_load(x_desc, [row0, 256 * t], bar, xs.index(2 * s))
+            tma_load(x_desc, [row0, 256 * t + 128], bar, xs.index(2 * s + 1))
+            if BT > 0:
+                tma_load(xt_desc, [row0 + BM, 256 * t], bar, xt.index(2 * s))
+                tma_load(xt_desc, [row0 + BM, 256 * t + 128], bar, xt.index(2 * s + 1))
+        else:
+            mbarrier.arrive(bar, count=1)
+
+
 VARIANTS = {"full": {}, "no_dequant": {"planes_wgmma": _planes_moved},
+            "no_act_loads": {"_producer": _producer_first_tiles},
+            "no_act_loads_no_dequant": {"_producer": _producer_first_tiles, "planes_wgmma": _planes_moved},
             "no_own_wait": {"multiply_tile": _multiply_previous_wait},
             "words_2ahead": {"_multiply_range": _multiply_range_2ahead}}
 

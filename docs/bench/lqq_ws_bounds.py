@@ -1,6 +1,6 @@
 """Where does the warp-specialized LiquidQuant kernel (:mod:`quantkit.runtime.kernels.lqq_ws`) lose to cuBLAS fp8 at
-M >= 1024? Two ablations of its consumer loop, each built in a process of its own (``--variant``), timed next to
-the rule's launch, cuBLAS fp16 and cuBLAS fp8 (``torch._scaled_mm``, an 8-bit GEMM with no dequantization):
+M >= 1024? Ablations of its loop (and one variant of it), each built in a process of its own (``--variant``), timed
+next to the rule's launch, cuBLAS fp16 and cuBLAS fp8 (``torch._scaled_mm``, an 8-bit GEMM with no dequantization):
 
 * ``no_dequant``: the LiquidQuant dequantization (LiquidGEMM Eq. 11-12, :data:`.dequant.ASM_I8`: 40 instructions a
   pack of four words) replaced by eight register moves — what the loop costs without its integer work;
@@ -16,8 +16,9 @@ the rule's launch, cuBLAS fp16 and cuBLAS fp8 (``torch._scaled_mm``, an 8-bit GE
 * ``full``: the kernel as it is (the control: the same numbers as the rule where the launch is the rule's).
 
 The ablations return wrong sums; they are timings only, and each row says whether each launch's output equalled the
-Triton LiquidQuant kernel's (``*_equal_triton``; session 25's logs, written before that, compared with int8_matmul's
-own output, ``*_equal_rule`` — which under an ablation runs the ablated kernel too, as does the ``rule`` column).
+Triton LiquidQuant kernel's (``*_equal_triton``; session 25's first logs, docs/logs/session25/bounds/, compared with
+int8_matmul's own output, ``*_equal_rule`` — which under an ablation runs the ablated kernel too, as does the
+``rule`` column).
 Beside the rule's own launch, 256-token programs (128 + a 128-token tail, two warpgroups) are timed in every variant
 (``--options``). Timing: the bench's (CUDA graphs, rotating inputs).
 

@@ -11,6 +11,11 @@ next to the rule's launch, cuBLAS fp16 and cuBLAS fp8 (``torch._scaled_mm``, an 
 * ``no_act_loads``: the producer brings only the first STAGES activation tiles and afterwards completes each slot's
   ``ready`` barrier without a copy (the products multiply stale tiles) — what the activation TMA stream costs;
 * ``no_act_loads_no_dequant``: both — the products, the weight words' loads and the barriers' hand-offs alone;
+* ``no_store``: the epilogue's stores masked off at run time (every product and scale still computed) — what the
+  output stores cost;
+* ``coalesced_store``: not an ablation — the epilogue converts each [64 rows, tokens] tile to a layout whose lanes
+  run along the rows (contiguous in Y) before storing, 16-byte stores in place of the accumulator layout's 2-byte ones
+  (same bits);
 * ``words_2ahead``: not an ablation — each consumer warpgroup loads a weight tile's words two tiles ahead of its
   dequantization instead of one (16 more registers a thread), in case those loads' latency shows (same bits);
 * ``full``: the kernel as it is (the control: the same numbers as the rule where the launch is the rule's).
@@ -126,7 +131,28 @@ def _producer_first_tiles(x_desc, xt_desc, xs, xt, ready, empty, row0, t_begin, 
             mbarrier.arrive(bar, count=1)
 
 
+@gluon.jit
+def _store_rows_never(out_ptr, y, rm, rn, first, M, N, stride_om):
+    """:func:`.wgmma_common.store_rows` with a mask no element passes at run time (a negative row stride, which the
+    compiler cannot rule out, so the products stay): the stores issue and write nothing."""
+    mask = ((rm >= first) & (rm < M))[None, :] & (rn < N)[:, None] & (stride_om < 0)
+    gl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
+def _store_rows_coalesced(out_ptr, y, rm, rn, first, M, N, stride_om):
+    """:func:`.wgmma_common.store_rows` through a layout of 8 consecutive rows a thread, lanes along the rows."""
+    L: gl.constexpr = gl.BlockedLayout(size_per_thread=[8, 1], threads_per_warp=[8, 4], warps_per_cta=[1, 4],
+                                       order=[0, 1])
+    y = gl.convert_layout(y.to(out_ptr.dtype.element_ty), L)
+    rm = gl.convert_layout(rm, gl.SliceLayout(0, L))
+    rn = gl.convert_layout(rn, gl.SliceLayout(1, L))
+    mask = ((rm >= first) & (rm < M))[None, :] & (rn < N)[:, None]
+    gl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], y, mask=mask)
+
+
 VARIANTS = {"full": {}, "no_dequant": {"planes_wgmma": _planes_moved},
+            "no_store": {"store_rows": _store_rows_never}, "coalesced_store": {"store_rows": _store_rows_coalesced},
             "no_act_loads": {"_producer": _producer_first_tiles},
             "no_act_loads_no_dequant": {"_producer": _producer_first_tiles, "planes_wgmma": _planes_moved},
             "no_own_wait": {"multiply_tile": _multiply_previous_wait},

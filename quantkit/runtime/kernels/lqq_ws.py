@@ -24,7 +24,8 @@ dequantize and multiply. This kernel does that with ``gl.warp_specialize``:
   drift into turns (1.05-1.37× at every launch timed, docs/BENCHMARKS.md);
 * a ragged last token tile moves back to end at token M − 1 (its TMA boxes then lie inside the activations —
   boxes reaching past M were much slower) and stores only its own new rows;
-* the epilogue is :mod:`.lqq_wgmma`'s: (acc · token scale) · channel scale, fp16/bf16 store — or, in a K-split
+* the epilogue is :mod:`.lqq_wgmma`'s: (acc · token scale) · channel scale, fp16/bf16 store — 16 bytes along Y's rows
+  at a time (:func:`.wgmma_common.store_rows_coalesced`, session 25: 1.05x) — or, in a K-split
   launch (program axis 2 walks its share of the 256-column tiles, producer and consumers alike), the fp32 slot of
   :mod:`.splitk`'s scheme, the tile's last program adding the slots in split order
   (:func:`.wgmma_common.store_rows_split`; each warpgroup of a two-warpgroup launch on tickets of its own). Split
@@ -67,7 +68,7 @@ if HAVE_GLUON:
 
     from quantkit.runtime.kernels.lqq_wgmma import apply_scales, multiply_tile, planes_wgmma
     from quantkit.runtime.kernels.wgmma_common import (a_layout, gl, gluon, load_words, mbarrier, mma_layout,
-                                                       ring_barriers, store_rows, store_rows_split,
+                                                       ring_barriers, store_rows_coalesced, store_rows_split,
                                                        store_rows_split_pair, tma_load, weight_rows)
 
     PRODUCER_REGS_C = gl.constexpr(PRODUCER_REGS)  # Triton kernels read only constexpr globals
@@ -107,11 +108,11 @@ if HAVE_GLUON:
             rm_t = row0 + BM + gl.arange(0, BT, layout=gl.SliceLayout(0, mma_t))
             rn_t = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_t))
         if SPLIT_K == 1:
-            store_rows(out_ptr, apply_scales(acc, sa_ptr, cs_ptr, rm, rn_o, M, N, stride_sm), rm, rn_o, first, M, N,
-                       stride_om)
+            store_rows_coalesced(out_ptr, apply_scales(acc, sa_ptr, cs_ptr, rm, rn_o, M, N, stride_sm), rm, rn_o,
+                                 first, M, N, stride_om)
             if BT > 0:
-                store_rows(out_ptr, apply_scales(acc_t, sa_ptr, cs_ptr, rm_t, rn_t, M, N, stride_sm), rm_t, rn_t,
-                           first, M, N, stride_om)
+                store_rows_coalesced(out_ptr, apply_scales(acc_t, sa_ptr, cs_ptr, rm_t, rn_t, M, N, stride_sm), rm_t,
+                                     rn_t, first, M, N, stride_om)
         elif BT == 0:
             store_rows_split(out_ptr, ws_ptr, ticket_ptr, apply_scales(acc, sa_ptr, cs_ptr, rm, rn_o, M, N, stride_sm),
                              rm, rn_o, first, M, N, stride_om, pid_k, SPLIT_K)

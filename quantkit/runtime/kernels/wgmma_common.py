@@ -328,9 +328,27 @@ if HAVE_GLUON:
     def store_rows(out_ptr, y, rm, rn, first, M, N, stride_om):
         """Store y [rows, tokens] (weight rows rn, tokens rm) of Y [M, N] in out's dtype: tokens first … M − 1 only
         (the warp-specialized kernels move a ragged last token tile back to end at M − 1; its rows below ``first``
-        belong to the tile before)."""
+        belong to the tile before), straight from y's layout (W4A16's: :mod:`.w4a16_ws`)."""
         mask = ((rm >= first) & (rm < M))[None, :] & (rn < N)[:, None]
         gl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    # rows of y as :func:`store_rows_coalesced` stores them: 8 consecutive weight rows a thread (16 bytes of Y),
+    # lanes down the rows, the 4 warps of a consumer partition side by side along the tokens
+    STORE_ROWS_LAYOUT = gl.constexpr(gl.BlockedLayout(size_per_thread=[8, 1], threads_per_warp=[8, 4],
+                                                      warps_per_cta=[1, 4], order=[0, 1]))
+
+    @gluon.jit
+    def store_rows_coalesced(out_ptr, y, rm, rn, first, M, N, stride_om):
+        """:func:`store_rows` through :data:`STORE_ROWS_LAYOUT`: in a wgmma accumulator's layout a thread holds two
+        adjacent *tokens* — rows of Y N elements apart — so each store writes 2 bytes; converted, they are 16-byte
+        stores along Y's rows. Same values. Session 25 (docs/BENCHMARKS.md): the LiquidQuant kernel's launches
+        1.05x geometric mean over 23 points (:mod:`.lqq_ws` uses it); the W4A16 kernel's 0.999x, so it keeps
+        :func:`store_rows`. Called from a 4-warp partition (the warp-specialized consumers)."""
+        y = gl.convert_layout(y.to(out_ptr.dtype.element_ty), STORE_ROWS_LAYOUT)
+        rm = gl.convert_layout(rm, gl.SliceLayout(0, STORE_ROWS_LAYOUT))
+        rn = gl.convert_layout(rn, gl.SliceLayout(1, STORE_ROWS_LAYOUT))
+        mask = ((rm >= first) & (rm < M))[None, :] & (rn < N)[:, None]
+        gl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], y, mask=mask)
 
     @gluon.jit
     def store_tile(out_ptr, ws_ptr, ticket_ptr, y, rm, rn, M, N, stride_om, pid_k, SPLIT_K: gl.constexpr):
@@ -372,7 +390,7 @@ if HAVE_GLUON:
             _sum_slots_from(out_ptr, ws_ptr, y2, rm2, rn2, first, M, N, stride_om, SPLIT_K)
             _release_ticket(ticket_ptr)
 
-    __all__ += ["X_SMEM", "a_layout", "ring_barriers", "stacked_int8_view", "store_rows", "weight_rows", "async_copy", "cta_barrier", "fence_async_shared", "gl",
+    __all__ += ["X_SMEM", "a_layout", "ring_barriers", "stacked_int8_view", "store_rows", "store_rows_coalesced", "weight_rows", "async_copy", "cta_barrier", "fence_async_shared", "gl",
                 "gluon", "issue_x", "load_words", "mbarrier", "mma_layout", "store_rows_split", "store_rows_split_pair",
                 "store_split_pair", "store_tile", "sum_slots",
                 "tma_load", "wait_x", "warpgroup_mma", "warpgroup_mma_wait", "x_layout", "x_tile_ptrs"]

@@ -46,7 +46,7 @@ from quantkit.runtime.kernels import lqq_ws
 from quantkit.runtime.kernels.configs import TileConfig, lqq_wgmma_launch, lqq_ws_launch
 from quantkit.runtime.kernels.int8_gemm import int8_matmul
 from quantkit.runtime.kernels.lqq_wgmma import multiply_tile, planes_wgmma
-from quantkit.runtime.kernels.wgmma_common import (a_layout, gl, gluon, load_words, mbarrier, mma_layout, tma_load,
+from quantkit.runtime.kernels.wgmma_common import (a_layout, gl, gluon, load_words, mbarrier, mma_layout,
                                                    warpgroup_mma, warpgroup_mma_wait, weight_rows)
 
 MOVES = gl.constexpr("\n".join(f"mov.b32 ${p}, ${8 + p % 4};" for p in range(8)))
@@ -114,21 +114,14 @@ def _multiply_range_2ahead(xs, xt, ready, empty, w_ptr, p_ptr, N, w_row, t_begin
 def _producer_first_tiles(x_desc, xt_desc, xs, xt, ready, empty, row0, t_begin, t_end, BM: gl.constexpr,
                           BT: gl.constexpr, STAGES: gl.constexpr):
     """:func:`.lqq_ws._producer` that copies each ring slot's first tile only, then releases ``ready`` empty-handed."""
-    NBYTES: gl.constexpr = 256 * (BM + BT)
     for t in range(t_begin, t_end):
         i = t - t_begin
         s = i % STAGES
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-        bar = ready.index(s)
         if i < STAGES:
-            mbarrier.expect(bar, NBYTES)
-            tma_load(x_desc, [row0, 256 * t], bar, xs.index(2 * s))
-            tma_load(x_desc, [row0, 256 * t + 128], bar, xs.index(2 * s + 1))
-            if BT > 0:
-                tma_load(xt_desc, [row0 + BM, 256 * t], bar, xt.index(2 * s))
-                tma_load(xt_desc, [row0 + BM, 256 * t + 128], bar, xt.index(2 * s + 1))
+            lqq_ws.load_tile(x_desc, xt_desc, xs, xt, ready.index(s), s, row0, t, BM, BT)
         else:
-            mbarrier.arrive(bar, count=1)
+            mbarrier.arrive(ready.index(s), count=1)
 
 
 @gluon.jit

@@ -27,8 +27,7 @@ from quantkit.runtime.kernels import lqq_ws
 from quantkit.runtime.kernels.configs import lqq_wgmma_launch, lqq_ws_launch
 from quantkit.runtime.kernels.launch import groups_in_halves
 from quantkit.runtime.kernels.lqq_wgmma import lqq_operands
-from quantkit.runtime.kernels.wgmma_common import (BN, PART_REGS, gl, gluon, mbarrier, ring_barriers, tma_load,
-                                                   ws_maxnreg)
+from quantkit.runtime.kernels.wgmma_common import BN, PART_REGS, gl, gluon, mbarrier, ring_barriers, ws_maxnreg
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 PRODUCER_REGS_C = lqq_ws.PRODUCER_REGS_C
@@ -38,7 +37,6 @@ PRODUCER_REGS_C = lqq_ws.PRODUCER_REGS_C
 def _producer_tiles(x_desc, xt_desc, xs, xt, ready, empty, M, n_tiles, row_tiles, total, BM: gl.constexpr,
                     BT: gl.constexpr, STAGES: gl.constexpr):
     """:func:`.lqq_ws._producer` over this program's output tiles in turn, its ring counter carried across them."""
-    NBYTES: gl.constexpr = 256 * (BM + BT)
     i = 0
     for tile in range(gl.program_id(0), total, gl.num_programs(0)):
         first = (tile // row_tiles) * (BM + BT)
@@ -46,13 +44,7 @@ def _producer_tiles(x_desc, xt_desc, xs, xt, ready, empty, M, n_tiles, row_tiles
         for t in range(0, n_tiles):
             s = i % STAGES
             mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-            bar = ready.index(s)
-            mbarrier.expect(bar, NBYTES)
-            tma_load(x_desc, [row0, 256 * t], bar, xs.index(2 * s))
-            tma_load(x_desc, [row0, 256 * t + 128], bar, xs.index(2 * s + 1))
-            if BT > 0:
-                tma_load(xt_desc, [row0 + BM, 256 * t], bar, xt.index(2 * s))
-                tma_load(xt_desc, [row0 + BM, 256 * t + 128], bar, xt.index(2 * s + 1))
+            lqq_ws.load_tile(x_desc, xt_desc, xs, xt, ready.index(s), s, row0, t, BM, BT)
             i += 1
 
 

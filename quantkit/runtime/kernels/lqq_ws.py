@@ -75,23 +75,27 @@ if HAVE_GLUON:
     RED_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
 
     @gluon.jit
+    def load_tile(x_desc, xt_desc, xs, xt, bar, s, row0, t, BM: gl.constexpr, BT: gl.constexpr):
+        """Start the TMA of activation tile t (256 int8 columns of BM + BT token rows from row0) into ring slot s,
+        completing on mbarrier ``bar``."""
+        mbarrier.expect(bar, 256 * (BM + BT))
+        tma_load(x_desc, [row0, 256 * t], bar, xs.index(2 * s))
+        tma_load(x_desc, [row0, 256 * t + 128], bar, xs.index(2 * s + 1))
+        if BT > 0:
+            tma_load(xt_desc, [row0 + BM, 256 * t], bar, xt.index(2 * s))
+            tma_load(xt_desc, [row0 + BM, 256 * t + 128], bar, xt.index(2 * s + 1))
+
+    @gluon.jit
     def _producer(x_desc, xt_desc, xs, xt, ready, empty, row0, t_begin, t_end, BM: gl.constexpr, BT: gl.constexpr,
                   STAGES: gl.constexpr):
         """Activation tile t (of this program's K range) into ring slot i % STAGES, its i-th, once the consumers
         released it (module docstring)."""
-        NBYTES: gl.constexpr = 256 * (BM + BT)  # a tile: 256 int8 columns of BM + BT token rows
         for t in range(t_begin, t_end):
             i = t - t_begin
             s = i % STAGES
             # the ring's mbarriers start with phase 1 complete: the first STAGES waits pass at once
             mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-            bar = ready.index(s)
-            mbarrier.expect(bar, NBYTES)
-            tma_load(x_desc, [row0, 256 * t], bar, xs.index(2 * s))
-            tma_load(x_desc, [row0, 256 * t + 128], bar, xs.index(2 * s + 1))
-            if BT > 0:
-                tma_load(xt_desc, [row0 + BM, 256 * t], bar, xt.index(2 * s))
-                tma_load(xt_desc, [row0 + BM, 256 * t + 128], bar, xt.index(2 * s + 1))
+            load_tile(x_desc, xt_desc, xs, xt, ready.index(s), s, row0, t, BM, BT)
 
     @gluon.jit
     def _store_result(acc, acc_t, sa_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm, stride_om, pid_n,

@@ -344,11 +344,9 @@ if HAVE_GLUON:
         stores along Y's rows. Same values. Session 25 (docs/BENCHMARKS.md): the LiquidQuant kernel's launches
         1.05x geometric mean over 23 points (:mod:`.lqq_ws` uses it); the W4A16 kernel's 0.999x, so it keeps
         :func:`store_rows`. Called from a 4-warp partition (the warp-specialized consumers)."""
-        y = gl.convert_layout(y.to(out_ptr.dtype.element_ty), STORE_ROWS_LAYOUT)
-        rm = gl.convert_layout(rm, gl.SliceLayout(0, STORE_ROWS_LAYOUT))
-        rn = gl.convert_layout(rn, gl.SliceLayout(1, STORE_ROWS_LAYOUT))
-        mask = ((rm >= first) & (rm < M))[None, :] & (rn < N)[:, None]
-        gl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], y, mask=mask)
+        store_rows(out_ptr, gl.convert_layout(y.to(out_ptr.dtype.element_ty), STORE_ROWS_LAYOUT),
+                   gl.convert_layout(rm, gl.SliceLayout(0, STORE_ROWS_LAYOUT)),
+                   gl.convert_layout(rn, gl.SliceLayout(1, STORE_ROWS_LAYOUT)), first, M, N, stride_om)
 
     @gluon.jit
     def store_tile(out_ptr, ws_ptr, ticket_ptr, y, rm, rn, M, N, stride_om, pid_k, SPLIT_K: gl.constexpr):

@@ -85,7 +85,9 @@ def test_the_gluon_kernels_launches_write_no_register_of_a_running_product():
     lines = [line for line in run.stdout.splitlines() if "hazard" in line]
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     # 33 since session 24: lqq_ws's two-warpgroup long-row launches (128 / 160 / 192 tokens, three and four stages);
-    # 34 since session 25: its 256-token launch (a 128-token tail tile)
-    assert lines[-1] == "34 launch(es), 0 with hazards or no products parsed", lines
+    # 34 since session 25: its 256-token launch (a 128-token tail tile); 35 since session 26: that launch with its
+    # last wave's tiles halved (configs.lqq_ws_halves)
+    assert lines[-1] == "35 launch(es), 0 with hazards or no products parsed", lines
     assert any("lqq_ws tail=128 wg=2 per_sm=1 stages=3" in line for line in lines)
+    assert any("lqq_ws tail=128 wg=2 per_sm=1 stages=3 halves" in line for line in lines)
     assert any("wg=2 per_sm=1 stages=4" in line for line in lines)

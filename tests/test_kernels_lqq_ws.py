@@ -164,6 +164,38 @@ def test_int8_matmul_runs_the_ws_kernel_where_the_rule_gives_it_a_launch(monkeyp
                                         config=TileConfig(64, 128, 1, 4, 3)))
 
 
+def test_halved_tiles_take_the_256_token_launch_only():
+    _, tensors, meta = packed("w4a8-lqq", 64, 256, 128)
+    codes, scales = _acts(8, 256, 0)
+    for tail, wg, split, halves_from in [(64, 2, 1, 0), (128, 1, 1, 0), (128, 2, 2, 0), (128, 2, 1, -1)]:
+        with pytest.raises(ValueError, match="halved tiles"):
+            lqq_ws_matmul(codes, scales, tensors, meta, 128, 3, tail, wg, 1, split, halves_from=halves_from)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("n,k,m,halves_from", [
+    (4096, 2048, 1024, 100),  # 128 tiles: 28 of them as 56 programs
+    (1000, 1280, 1000, 3),  # odd N; the ragged last token tile moved back, its halves too
+    (333, 2304, 513, 0),  # every tile halved; the last tile's second half lies past M and stores nothing
+    (130, 768, 200, 1),  # one token tile, partly past M
+    (64, 256, 300, 10)])  # halves_from past the last tile: none halved
+def test_halved_tiles_equal_the_triton_kernel_call_after_call(n, k, m, halves_from):
+    """A 256-token launch whose tiles from ``halves_from`` on run as two 128-token programs each: bit for bit the
+    Triton kernel's result (the same int32 sums, the same epilogue), call after call, fp16 into a row-strided output
+    and bf16."""
+    _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n + m)
+    codes, scales = _acts(m, k, seed=m)
+    for dtype in (torch.float16, torch.bfloat16):
+        tri = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, out_dtype=dtype,
+                          config=TileConfig(64, 128, 1, 4, 3))
+        for _ in range(3):
+            out = torch.full((m, n + 8), float("nan"), dtype=dtype, device=DEVICE)[:, :n]
+            got = lqq_ws_matmul(codes, scales, tensors, meta, 128, 3, 128, 2, 1, out=out, out_dtype=dtype,
+                                halves_from=halves_from)
+            assert torch.equal(got, tri)
+
+
 @pytest.mark.gpu
 @hopper
 def test_int8_matmul_runs_the_256_token_launch_with_the_triton_kernels_bits(monkeypatch):
@@ -181,6 +213,79 @@ def test_int8_matmul_runs_the_256_token_launch_with_the_triton_kernels_bits(monk
             assert torch.equal(out, int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, out_dtype=dtype,
                                                 use_asm=True, config=TileConfig(64, 128, 1, 4, 3)))
         assert calls == [lqq_ws_launch(*launch)] * 2
+
+
+def test_halves_rule_halves_a_last_wave_that_fits_one_wave_of_halves(monkeypatch):
+    """configs.lqq_ws_halves: the 256-token launch's tiles past its whole waves, where there are whole waves and the
+    halved tiles fit one wave; never where the last token tile holds 128 tokens or fewer, nor for other launches."""
+    launch = (128, 3, 128, 2, 1, 1)
+    assert configs.lqq_ws_halves(1024, 6144, launch) == 132  # 192 tiles: 60 halved into 120 programs
+    assert configs.lqq_ws_halves(1024, 14336, launch) == 396  # 448 tiles: 52 halved
+    assert configs.lqq_ws_halves(900, 14336, launch) == 396  # a last token tile of 132 tokens: both halves hold some
+    assert configs.lqq_ws_halves(800, 14336, launch) is None  # 32 tokens: its second halves would lie past M
+    assert configs.lqq_ws_halves(1024, 4096, launch) is None  # 128 tiles: no whole wave
+    assert configs.lqq_ws_halves(1024, 28672, launch) is None  # 104 tiles left: 208 programs, two waves of halves
+    assert configs.lqq_ws_halves(1024, 6144, launch, sms=96) is None  # 96 left: 192 programs on 96 SMs
+    for other in [(128, 3, 64, 2, 1, 1), (128, 3, 128, 2, 1, 2), (128, 3, 0, 1, 2, 1), None]:
+        assert configs.lqq_ws_halves(1024, 6144, other) is None, other
+    monkeypatch.setattr(configs, "LQQ_WS_HALVES", False)
+    assert configs.lqq_ws_halves(1024, 6144, launch) is None
+
+
+def test_dispatch_runs_whole_tiles_where_the_halved_launch_does_not_build(monkeypatch):
+    """int8_gemm._gluon_matmul: where configs.lqq_ws_halves applies it launches the halved form first; a halved
+    launch that fails to build falls back to the same launch with whole tiles (the warning says so)."""
+    from quantkit.runtime.kernels import wgmma_common
+
+    monkeypatch.setattr(wgmma_common, "_FAILED", {})
+    monkeypatch.setattr(wgmma_common, "_LAUNCHED", set())
+    monkeypatch.setattr(int8_gemm, "lqq_wgmma_problem", lambda *a, **kw: None)
+    monkeypatch.setattr(int8_gemm, "kernel_broken", lambda kernel: None)
+    launched = []
+
+    def ws(codes, scales, tensors, meta, *cfg, out=None, out_dtype=torch.float16, halves_from=None):
+        launched.append((cfg, halves_from))
+        if halves_from is not None:
+            raise RuntimeError("a halved launch that does not build")
+        return torch.zeros(codes.shape[0], 6144, dtype=out_dtype)
+
+    monkeypatch.setattr(int8_gemm, "lqq_ws_matmul", ws)
+    meta = {"in_features": 4096, "out_features": 6144}
+    codes, scales = torch.zeros(1024, 4096, dtype=torch.int8), torch.ones(1024, 1)
+    ws_launch = lqq_ws_launch(*lqq_wgmma_launch(1024, 6144, 4096))
+    with pytest.warns(RuntimeWarning, match="using the same launch with whole tiles"):
+        y = int8_gemm._gluon_matmul(codes, scales, -1, "w4a8-lqq", {}, meta, None, torch.float16)
+    assert y is not None and launched == [(ws_launch, 132), (ws_launch, None)]
+    launched.clear()  # declined from then on: straight to whole tiles
+    int8_gemm._gluon_matmul(codes, scales, -1, "w4a8-lqq", {}, meta, None, torch.float16)
+    assert launched == [(ws_launch, None)]
+
+
+@pytest.mark.gpu
+@hopper
+def test_int8_matmul_halves_the_last_wave_with_the_triton_kernels_bits(monkeypatch):
+    """Through int8_matmul where configs.lqq_ws_halves applies (6144 rows, M = 1024 and a ragged 1000): the halved
+    256-token launch runs, with the Triton kernel's bits, fp16 and bf16."""
+    calls = []
+    wrapped = int8_gemm.lqq_ws_matmul
+
+    def spy(*args, **kwargs):
+        y = wrapped(*args, **kwargs)
+        calls.append((args[4:10], kwargs.get("halves_from")))
+        return y
+
+    monkeypatch.setattr(int8_gemm, "lqq_ws_matmul", spy)
+    _, tensors, meta = packed("w4a8-lqq", 6144, 512, 128, seed=5)
+    for m in (1024, 1000):
+        codes, scales = _acts(m, 512, m)
+        ws = lqq_ws_launch(*lqq_wgmma_launch(m, 6144, 512))
+        assert configs.lqq_ws_halves(m, 6144, ws) == 132, m
+        calls.clear()
+        for dtype in (torch.float16, torch.bfloat16):
+            out = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, out_dtype=dtype)
+            assert torch.equal(out, int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, out_dtype=dtype,
+                                                use_asm=True, config=TileConfig(64, 128, 1, 4, 3)))
+        assert calls == [(ws, 132)] * 2
 
 
 def test_dispatch_falls_back_to_lqq_wgmma_where_the_ws_kernel_does_not_build_and_runs_it_on_its_own(monkeypatch):

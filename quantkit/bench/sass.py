@@ -227,8 +227,14 @@ def _lqq_launches():
         for split in (1, 2) if (tail, wg, per_sm) in ((0, 1, 2), (64, 2, 1)) else (1,):
             yield (f"lqq_ws tail={tail} wg={wg} per_sm={per_sm} stages={stages} split={split}", lqq_ws._lqq_ws_kernel,
                    descs + (sa, w, p, cs, out, slots, tickets, m, n, 1, n, w.shape[1], k // 256, k // 256 // split, 1,
-                            k // 128),
+                            k // 128, 0),
                    dict(BM=128, BT=tail, STAGES=stages, WG=wg, SPLIT_K=split, PART_REGS=lqq_ws.PART_REGS,
+                        num_warps=4, maxnreg=ws_maxnreg(wg, per_sm)))
+        if tail == 128:  # the 256-token launch with its last wave's tiles halved (configs.lqq_ws_halves)
+            yield (f"lqq_ws tail={tail} wg={wg} per_sm={per_sm} stages={stages} halves", lqq_ws._lqq_ws_kernel,
+                   descs + (sa, w, p, cs, out, slots, tickets, m, n, 1, n, w.shape[1], k // 256, k // 256, 1,
+                            k // 128, 132),
+                   dict(BM=128, BT=tail, STAGES=stages, WG=wg, SPLIT_K=1, PART_REGS=lqq_ws.PART_REGS, HALVES=True,
                         num_warps=4, maxnreg=ws_maxnreg(wg, per_sm)))
     # the K-pair launches (configs.lqq_k_pair; unsplit, and a split for the slot epilogue)
     desc = TensorDescriptor(a, [m, k], [k, 1], [128, 128], layout)

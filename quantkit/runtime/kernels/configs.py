@@ -576,6 +576,29 @@ def lqq_ws_launch(cfg: tuple[int, int, int, int], warpgroups: int) -> tuple[int,
         return bm, 3, 0, 1, LQQ_WGMMA_PER_SM[(128, 3)], 1
     return bm, stages, tail, 1, LQQ_WGMMA_PER_SM[(bm + tail, stages)], 1
 
+# Halved last wave (session 26): a 256-token launch is one program an SM, so its last wave runs as long as a full one
+# however few tiles it holds (docs/bench/lqq_ws_timeline.py: 6144x4096 M = 1024, 192 tiles on 132 SMs, the 60 of
+# the second wave 23.1 µs against 25.0 in the first). Run each of those tiles as two 128-token programs instead
+# (lqq_ws_matmul(halves_from=…): the same int32 sums and epilogue, so the same bits) — a program of half the tokens
+# dequantizes the same weights, so it takes ~0.65 of the time, not 0.5 (the 128-token two-warpgroup launch, session
+# 26's opts128 run) — wherever the full waves are at least one and the halved tiles fit one wave (2 r <= SMs). Not
+# where the last token tile holds 128 tokens or fewer: its second halves would lie past M.
+LQQ_WS_HALVES = True
+
+
+def lqq_ws_halves(m: int, n: int, launch: tuple[int, int, int, int, int, int] | None,
+                  sms: int = SMS_H100) -> int | None:
+    """``halves_from`` of :func:`.lqq_ws.lqq_ws_matmul` for the lqq_ws ``launch`` (:func:`lqq_ws_launch`) of M tokens
+    on N rows — the tiles of whole waves (comment above) — or None where its tiles stay whole."""
+    if not LQQ_WS_HALVES or launch is None:
+        return None
+    bm, _, tail, warpgroups, per_sm, split = launch
+    if (bm, tail, warpgroups, per_sm, split) != (128, 128, 2, 1, 1) or 0 < m % 256 <= 128:
+        return None
+    waves, rest = divmod(-(-n // 128) * -(-m // 256), sms)
+    return waves * sms if waves and rest and 2 * rest <= sms else None
+
+
 # K-pair launches of the warp-specialized LiquidQuant kernel (session 22, lqq_ws.lqq_ws_matmul(k_pair=True)): two
 # consumer warpgroups on one program's 64 rows × 128 tokens, each taking every other 256-column tile, their int32 sums
 # added in shared memory — one program an SM whose dequantization overlaps its own products. A one-warpgroup program

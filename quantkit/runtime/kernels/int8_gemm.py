@@ -30,7 +30,8 @@ import triton.language as tl
 from quantkit.formats.nibble_planes import padded_k
 from quantkit.runtime.kernels.configs import (LQQ_K_PAIR_STAGES, LQQ_WGMMA_MAX_TAIL, MIXLLM_MIXED_OPERAND_MIN_M,
                                              MIXLLM_OPERAND_MIN_M, TileConfig, gemm_config, lqq_cluster_launch, lqq_k_pair,
-                                             lqq_wgmma_launch, lqq_ws_launch, mixed_second_bn, w8a8_wgmma_config)
+                                             lqq_wgmma_launch, lqq_ws_halves, lqq_ws_launch, mixed_second_bn,
+                                             w8a8_wgmma_config)
 from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda, a8_gemv_preferred, a8_gemv_problem
 from quantkit.runtime.kernels.cuda_lqq_cluster import lqq_cluster_matmul, lqq_cluster_problem
 from quantkit.runtime.kernels.dequant import group_scale_f32, planes_i8, side_by_side
@@ -282,7 +283,12 @@ def _gluon_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size:
         for cfg, wg in [c for c in dict.fromkeys((launch, lqq_wgmma_launch(m, n, k, max_warpgroups=1))) if c]:
             ws = lqq_ws_launch(cfg, wg) if ws_ok else None
             on_wgmma = wgmma_ok and cfg[3] <= LQQ_WGMMA_MAX_TAIL  # not the 256-token tiles: lqq_ws's alone
-            if ws is not None:
+            halves = lqq_ws_halves(m, n, ws)
+            if halves is not None:  # the last wave's tiles as two programs each; where that does not build, whole
+                y = launch_or_decline(LQQ_WS_KERNEL, (str(out_dtype),) + ws + ("halves",), lambda: lqq_ws_matmul(
+                    a_codes, a_scales, tensors, meta, *ws, out=out, out_dtype=out_dtype, halves_from=halves),
+                    fallback="the same launch with whole tiles")
+            if ws is not None and y is None:
                 y = launch_or_decline(LQQ_WS_KERNEL, (str(out_dtype),) + ws, lambda: lqq_ws_matmul(
                     a_codes, a_scales, tensors, meta, *ws, out=out, out_dtype=out_dtype),
                     fallback=("the non-specialized Gluon kernel (lqq_wgmma)" if on_wgmma

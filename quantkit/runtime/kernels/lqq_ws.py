@@ -33,6 +33,15 @@ dequantize and multiply. This kernel does that with ``gl.warp_specialize``:
   products) programs enough to fill the SMs, as lqq_wgmma's do; measured there they were no faster than lqq_wgmma's
   splits, so the rules give this kernel none (docs/bench/lqq_ws_sweep.py times them).
 
+**Halved last waves** (``halves_from``, session 26): a 256-token program (128 tokens and a 128-token tail, two
+warpgroups) holds its SM alone, so a launch of 192 such tiles on 132 SMs runs two full program times although its
+second wave holds 60 tiles. With ``halves_from`` the program axis is one-dimensional: programs below it run whole
+tiles in the 2-D launch's order (row tiles fastest), and each tile from there on runs as two programs of 128 tokens
+(without the tail tile: a runtime branch around :func:`_producer` and :func:`_consumers`, whose code is unchanged).
+Half the tokens dequantize the same weights, so a half takes ~0.65 of a whole tile's time, not 0.5; the same int32
+sums and epilogue, so the same bits. :func:`.configs.lqq_ws_halves` halves the tiles past the whole waves where they
+fit one wave: 1.07x over 40 points, 1.19x on 6144x4096 at M = 1024 (docs/BENCHMARKS.md).
+
 **K-pair launches** (``k_pair``, session 22): a program that has its SM to itself (a layer of few output tiles: the
 k/v projection at M = 513-1024, 4096 rows at M = 129-256) cannot overlap a warpgroup's dequantization with its own
 products — it must wait for them before it writes registers again — so its tensor cores idle while it dequantizes.
@@ -168,6 +177,29 @@ if HAVE_GLUON:
                       pid_k, row0, first, BM, BT, SPLIT_K)
 
     @gluon.jit
+    def _producer_halves(x_desc, xt_desc, xs, xt, ready, empty, row0, t_begin, t_end, tail_on, BM: gl.constexpr,
+                         BT: gl.constexpr, STAGES: gl.constexpr):
+        """:func:`_producer` of a program that runs its tail tile (``tail_on``) or only its first BM tokens."""
+        if tail_on:
+            _producer(x_desc, xt_desc, xs, xt, ready, empty, row0, t_begin, t_end, BM, BT, STAGES)
+        else:
+            _producer(x_desc, xt_desc, xs, xt, ready, empty, row0, t_begin, t_end, BM, 0, STAGES)
+
+    @gluon.jit
+    def _consumers_halves(xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N,
+                          stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first, tail_on,
+                          BM: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr):
+        """:func:`_consumers` of a program that runs its tail tile (``tail_on``) or only its first BM tokens."""
+        if tail_on:
+            _consumers(xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm,
+                       stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first, BM, BT, STAGES,
+                       SPLIT_K)
+        else:
+            _consumers(xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm,
+                       stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first, BM, 0, STAGES,
+                       SPLIT_K)
+
+    @gluon.jit
     def _k_half(xs, ready, empty, red, red_bar, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N,
                 stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups, pid_n, pid_k, row0, first, BM: gl.constexpr,
                 STAGES: gl.constexpr, SPLIT_K: gl.constexpr, HALF: gl.constexpr):
@@ -215,17 +247,27 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _lqq_ws_kernel(x_desc, xt_desc, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, stride_sm,
-                       stride_om, w_row, n_tiles, tiles_per_split, hpg, groups, BM: gl.constexpr, BT: gl.constexpr,
-                       STAGES: gl.constexpr, WG: gl.constexpr, SPLIT_K: gl.constexpr, PART_REGS: gl.constexpr):
-        pid_n = gl.program_id(0)
+                       stride_om, w_row, n_tiles, tiles_per_split, hpg, groups, halves_from, BM: gl.constexpr,
+                       BT: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, SPLIT_K: gl.constexpr,
+                       PART_REGS: gl.constexpr, HALVES: gl.constexpr = False):
         pid_k = gl.program_id(2)
         t_begin = pid_k * tiles_per_split
         t_end = gl.minimum(t_begin + tiles_per_split, n_tiles)
         # a ragged last token tile moves back to end at row M - 1, so that its TMA boxes lie inside the activations
         # (boxes reaching past M were slow: 4096x4096 M = 769 45.7 µs against 33.1 at M = 768); its rows below
         # ``first`` belong to the tile before and are not stored again
-        first = gl.program_id(1) * (BM + BT)
-        row0 = gl.maximum(gl.minimum(first, M - (BM + BT)), 0)
+        if HALVES:  # one program axis: output tiles in the 2-D launch's order, from halves_from on each as two programs
+            half = gl.maximum(gl.program_id(0) - halves_from, 0)
+            tile = gl.minimum(gl.program_id(0), halves_from) + half // 2
+            row_tiles = gl.cdiv(N, 64 * WG)
+            pid_n = tile % row_tiles
+            tail_on = gl.program_id(0) < halves_from
+            first = (tile // row_tiles) * (BM + BT) + (half % 2) * BM
+            row0 = gl.maximum(gl.minimum(first, M - BM - BT * tail_on.to(gl.int32)), 0)
+        else:
+            pid_n = gl.program_id(0)
+            first = gl.program_id(1) * (BM + BT)
+            row0 = gl.maximum(gl.minimum(first, M - (BM + BT)), 0)
         gl.assume(t_end > t_begin)  # the launch gives every split a tile (launch.split_plan)
         xs = gl.allocate_shared_memory(gl.int8, [2 * STAGES, BM, 128], x_desc.layout)
         if BT > 0:
@@ -240,6 +282,17 @@ if HAVE_GLUON:
                               BT, STAGES, SPLIT_K)),
                 (_producer, (x_desc, xt_desc, xs, xt, ready, empty, row0, t_begin, t_end, BM, BT, STAGES)),
             ], [1], [PRODUCER_REGS_C])
+        elif HALVES:  # two warpgroups, unsplit (lqq_ws_matmul checks)
+            gl.warp_specialize([
+                (_consumers_halves, (xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M,
+                                     N, stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups, 2 * pid_n, pid_k,
+                                     row0, first, tail_on, BM, BT, STAGES, SPLIT_K)),
+                (_consumers_halves, (xs, xt, ready, empty, sa_ptr, w_ptr, p_ptr, cs_ptr, out_ptr, ws_ptr, ticket_ptr, M,
+                                     N, stride_sm, stride_om, w_row, t_begin, t_end, hpg, groups, 2 * pid_n + 1, pid_k,
+                                     row0, first, tail_on, BM, BT, STAGES, SPLIT_K)),
+                (_producer_halves, (x_desc, xt_desc, xs, xt, ready, empty, row0, t_begin, t_end, tail_on, BM, BT,
+                                    STAGES)),
+            ], [4, 1], [PART_REGS, PRODUCER_REGS_C])
         else:  # rows 128·pid_n … + 63 and the 64 after, each warpgroup with its own split-K tickets
             tickets = gl.num_programs(0) * gl.num_programs(1)
             gl.warp_specialize([
@@ -255,14 +308,17 @@ if HAVE_GLUON:
 def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, meta: dict, bm: int = 128,
                   stages: int = 3, tail: int = 0, warpgroups: int = 1, per_sm: int = 1, split_k: int = 1,
                   out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16,
-                  k_pair: bool = False) -> torch.Tensor:
+                  k_pair: bool = False, halves_from: int | None = None) -> torch.Tensor:
     """Y [M, N] (``out_dtype``, or ``out``'s) = dequant(A)·Ŵᵀ for int8 codes [M, K] with per-token float32 scales
     [M, 1] and a ``w4a8-lqq`` weight, as :func:`.lqq_wgmma.lqq_wgmma_matmul` (same bits at the same K split), with a
     producer warp bringing the activations over TMA (module docstring); 128 tokens per program plus ``tail`` (0, 32,
     64, 128); ``per_sm`` programs meant to share an SM (sets the register budget, :func:`.wgmma_common.ws_maxnreg`);
     ``split_k`` programs along K (fp32 slots summed in split order, :mod:`.splitk`). ``k_pair``: two consumer
     warpgroups on the same 64 rows, each taking every other tile of the K range (module docstring; one warpgroup of
-    rows, no tail, 2 or 4 stages, one program an SM). The caller checks :func:`.lqq_wgmma.lqq_wgmma_problem`."""
+    rows, no tail, 2 or 4 stages, one program an SM). ``halves_from`` (a 256-token launch: tail 128, two warpgroups,
+    unsplit): the output tiles from that one on, in launch order, each run as two 128-token programs — the last
+    wave's tiles spread over twice the programs (module docstring; :func:`.configs.lqq_ws_halves` gives it). The
+    caller checks :func:`.lqq_wgmma.lqq_wgmma_problem`."""
     if k_pair and (bm != 128 or tail or stages not in (2, 4) or warpgroups != 1 or per_sm != 1 or split_k < 1):
         raise ValueError(f"a K-pair launch takes bm 128, no tail, 2 or 4 stages, one warpgroup of rows, one program "
                          f"an SM and split_k >= 1; got {bm}, {tail}, {stages}, {warpgroups}, {per_sm}, {split_k}")
@@ -272,6 +328,9 @@ def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, 
                          f"warpgroup (1 with two: the consumers need ~230 registers) and split_k >= 1 — a 128-token "
                          f"tail: 2-3 stages (64 KB each) and one program an SM; got {bm}, {tail}, {stages}, "
                          f"{warpgroups}, {per_sm}, {split_k}")
+    if halves_from is not None and (tail != 128 or warpgroups != 2 or split_k != 1 or halves_from < 0):
+        raise ValueError(f"a launch of halved tiles takes tail 128, two warpgroups and no K split, and halves_from >= "
+                         f"0; got {tail}, {warpgroups}, {split_k}, {halves_from}")
     m, k, n, qweight, qparams, cs, n_tiles = lqq_operands(a_codes, a_scales, tensors, meta)
     tiles_per_split, split = split_plan(n_tiles, split_k)
     out = torch.empty(m, n, dtype=out_dtype, device=a_codes.device) if out is None else out
@@ -279,6 +338,10 @@ def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, 
     x_desc = TensorDescriptor(a_codes, [m, k], [a_codes.stride(0), 1], [bm, 128], layout)
     xt_desc = TensorDescriptor(a_codes, [m, k], [a_codes.stride(0), 1], [max(tail, 8), 128], layout)
     grid = (-(-n // (BN * warpgroups)), -(-m // (bm + tail)), split)
+    if halves_from is not None:  # one axis: every tile from halves_from on as two programs
+        tiles = grid[0] * grid[1]
+        halves_from = min(halves_from, tiles)
+        grid = (halves_from + 2 * (tiles - halves_from), 1, 1)
     # two warpgroups store their rows on tickets of their own (the second set after the first)
     ws, tickets = split_workspace(a_codes.device, m * n, split, grid[0] * grid[1] * warpgroups)  # K-pair: 1
     if k_pair:
@@ -290,8 +353,9 @@ def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, 
         return out
     _lqq_ws_kernel[grid](x_desc, xt_desc, a_scales, qweight, qparams, cs, out, ws, tickets, m, n, a_scales.stride(0),
                          out.stride(0), qweight.shape[1], n_tiles, tiles_per_split, groups_in_halves(meta, n_tiles),
-                         qparams.shape[0], BM=bm, BT=tail, STAGES=stages, WG=warpgroups, SPLIT_K=split,
-                         PART_REGS=PART_REGS, num_warps=4, maxnreg=ws_maxnreg(warpgroups, per_sm))
+                         qparams.shape[0], halves_from or 0, BM=bm, BT=tail, STAGES=stages, WG=warpgroups,
+                         SPLIT_K=split, PART_REGS=PART_REGS, HALVES=halves_from is not None, num_warps=4,
+                         maxnreg=ws_maxnreg(warpgroups, per_sm))
     return out
 
 

@@ -215,21 +215,30 @@ def test_int8_matmul_runs_the_256_token_launch_with_the_triton_kernels_bits(monk
         assert calls == [lqq_ws_launch(*launch)] * 2
 
 
-def test_halves_rule_halves_a_last_wave_that_fits_one_wave_of_halves(monkeypatch):
-    """configs.lqq_ws_halves: the 256-token launch's tiles past its whole waves, where there are whole waves and the
-    halved tiles fit one wave; never where the last token tile holds 128 tokens or fewer, nor for other launches."""
+def test_halves_rule_halves_tiles_where_the_model_has_fewer_waves(monkeypatch):
+    """configs.lqq_ws_halves: the halved plan of the 256-token launch (whole tiles, then halves of 0.56 of a wave,
+    placed in launch order on the first free SM) where it has fewer waves than the whole tiles; never for other
+    launches."""
     launch = (128, 3, 128, 2, 1, 1)
-    assert configs.lqq_ws_halves(1024, 6144, launch) == 132  # 192 tiles: 60 halved into 120 programs
-    assert configs.lqq_ws_halves(1024, 14336, launch) == 396  # 448 tiles: 52 halved
-    assert configs.lqq_ws_halves(900, 14336, launch) == 396  # a last token tile of 132 tokens: both halves hold some
-    assert configs.lqq_ws_halves(800, 14336, launch) is None  # 32 tokens: its second halves would lie past M
-    assert configs.lqq_ws_halves(1024, 4096, launch) is None  # 128 tiles: no whole wave
-    assert configs.lqq_ws_halves(1024, 28672, launch) is None  # 104 tiles left: 208 programs, two waves of halves
-    assert configs.lqq_ws_halves(1024, 6144, launch, sms=96) is None  # 96 left: 192 programs on 96 SMs
+    assert configs.lqq_halves_plan(1024, 6144) == (132, 1.56)  # 192 tiles: 60 halved into 120 programs
+    assert configs.lqq_ws_halves(1024, 6144, 4096, launch) == 132
+    assert configs.lqq_ws_halves(1024, 14336, 4096, launch) == 396  # 448 tiles: 52 halved
+    # 1025 tokens on 4096 rows: four whole token rows (128 tiles), then the last row of one token as 32 halves —
+    # a last token tile of <= 128 tokens has no second half
+    assert configs.lqq_halves_plan(1025, 4096) == (128, 1.56)
+    assert configs.lqq_ws_halves(1025, 4096, 4096, launch) == 128
+    assert configs.lqq_ws_halves(1024, 4096, 4096, launch) is None  # 128 tiles, one wave: 1.09 against 1.12
+    assert configs.lqq_ws_halves(1024, 28672, 4096, launch) is None  # 104 tiles left: two waves of halves
+    assert configs.lqq_ws_halves(1024, 6144, 4096, launch, sms=96) is None  # exactly two whole waves
+    assert configs.lqq_ws_halves(512, 6144, 4096, launch) is None  # below the 256-token option's 513 tokens
     for other in [(128, 3, 64, 2, 1, 1), (128, 3, 128, 2, 1, 2), (128, 3, 0, 1, 2, 1), None]:
-        assert configs.lqq_ws_halves(1024, 6144, other) is None, other
+        assert configs.lqq_ws_halves(1024, 6144, 4096, other) is None, other
+    # the large-M model times the 256-token option by the fewer of its whole and halved waves
+    option = configs.LQQ_BIG_M_TOKENS_256
+    assert configs.lqq_big_m_option_waves(option, 1024, 6144, 4096) == 1.56
     monkeypatch.setattr(configs, "LQQ_WS_HALVES", False)
-    assert configs.lqq_ws_halves(1024, 6144, launch) is None
+    assert configs.lqq_ws_halves(1024, 6144, 4096, launch) is None
+    assert configs.lqq_big_m_option_waves(option, 1024, 6144, 4096) > 1.9
 
 
 def test_dispatch_runs_whole_tiles_where_the_halved_launch_does_not_build(monkeypatch):
@@ -279,7 +288,7 @@ def test_int8_matmul_halves_the_last_wave_with_the_triton_kernels_bits(monkeypat
     for m in (1024, 1000):
         codes, scales = _acts(m, 512, m)
         ws = lqq_ws_launch(*lqq_wgmma_launch(m, 6144, 512))
-        assert configs.lqq_ws_halves(m, 6144, ws) == 132, m
+        assert configs.lqq_ws_halves(m, 6144, 512, ws) == 132, m
         calls.clear()
         for dtype in (torch.float16, torch.bfloat16):
             out = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, out_dtype=dtype)
@@ -313,9 +322,9 @@ def test_dispatch_falls_back_to_lqq_wgmma_where_the_ws_kernel_does_not_build_and
 
     monkeypatch.setattr(int8_gemm, "lqq_ws_matmul", ws)
     monkeypatch.setattr(int8_gemm, "lqq_wgmma_matmul", wgmma)
-    meta = {"in_features": 4096, "out_features": 14336}
+    meta = {"in_features": 4096, "out_features": 6144}
     codes, scales = torch.zeros(769, 4096, dtype=torch.int8), torch.ones(769, 1)
-    launch = lqq_wgmma_launch(769, 14336, 4096)
+    launch = lqq_wgmma_launch(769, 6144, 4096)
     assert lqq_ws_launch(*launch) is not None and launch[0][3] <= configs.LQQ_WGMMA_MAX_TAIL
     with pytest.warns(RuntimeWarning, match="using the non-specialized Gluon kernel"):
         y = int8_gemm._gluon_matmul(codes, scales, -1, "w4a8-lqq", {}, meta, None, torch.float16)

@@ -39,7 +39,7 @@ def main() -> None:
         for m in [int(v) for v in args.ms.split(",")]:
             launch = lqq_wgmma_launch(m, n, k)
             ws = lqq_ws_launch(*launch) if launch else None
-            halves = lqq_ws_halves(m, n, ws)
+            halves = lqq_ws_halves(m, n, k, ws)
             if halves is None:
                 continue
             if t is None:

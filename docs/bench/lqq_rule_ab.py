@@ -2,7 +2,8 @@
 process: per point one untimed warm-up timing of each rule, then ``--reps`` timings of each in ABBA order (old, new,
 new, old, ...), so that neither rule always runs first and a machine's drift hits both alike; the median per rule.
 Only the token counts where the two rules pick different launches are timed (``--all``: every one). Kernels on
-quantized activations, the bench's timing (CUDA graphs, rotating inputs), cuBLAS fp16 once per point. Run from the
+quantized activations, the bench's timing (CUDA graphs, rotating inputs), cuBLAS fp16 once per point. A launch
+counts with its halved tiles (``configs.lqq_ws_halves``, session 26) where the rule has them. Run from the
 repository root (the old rule is read with ``git show``).
 
     python docs/bench/lqq_rule_ab.py --rev ca490eb --reps 4 --out lqq_rule_ab.json
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import inspect
 import subprocess
 import sys
 import types
@@ -22,6 +24,7 @@ import torch
 from quantkit.bench.command import parse_shapes
 from quantkit.bench.problems import _packed, fp16_and_lqq_inputs
 from quantkit.bench.timing import time_rotating
+from quantkit.runtime.kernels import configs
 from quantkit.runtime.kernels.configs import gemm_config, lqq_wgmma_launch, lqq_ws_launch
 from quantkit.runtime.kernels.int8_gemm import int8_matmul
 from quantkit.runtime.kernels.lqq_wgmma import lqq_wgmma_matmul
@@ -46,17 +49,28 @@ def old_rule(rev: str, old_file: str | None = None) -> types.ModuleType:
     return module
 
 
-def runner(launch, triton_config, m: int, n: int, k: int, meta: dict):
+def rule_halves(rule: types.ModuleType, launch, m: int, n: int, k: int) -> int | None:
+    """``halves_from`` that the configs module ``rule`` gives its Gluon ``launch`` (None before session 26, which
+    added ``lqq_ws_halves``; its first form took no K)."""
+    halves = getattr(rule, "lqq_ws_halves", None)
+    ws = rule.lqq_ws_launch(*launch) if launch is not None else None
+    if halves is None or ws is None:
+        return None
+    return halves(m, n, k, ws) if "k" in inspect.signature(halves).parameters else halves(m, n, ws)
+
+
+def runner(launch, halves, triton_config, m: int, n: int, k: int, meta: dict):
     """A call of the launch ``launch`` ((config, warpgroups) of the Gluon kernel, or None: the Triton kernel with the
     tile ``triton_config`` (the rule's own ``gemm_config``) gives), on the kernel int8_matmul runs it with at HEAD:
-    :mod:`.lqq_ws` where :func:`.configs.lqq_ws_launch` maps the launch to it, else :mod:`.lqq_wgmma`."""
+    :mod:`.lqq_ws` where :func:`.configs.lqq_ws_launch` maps the launch to it (its tiles from ``halves`` on halved),
+    else :mod:`.lqq_wgmma`."""
     if launch is None:
         cfg = triton_config(m, n, k, "lqq")
         return lambda a, s, w: int8_matmul(a, s, -1, "w4a8-lqq", w, meta, config=cfg)
     cfg, wg = launch
     ws = lqq_ws_launch(cfg, wg)
     if ws is not None:
-        return lambda a, s, w: lqq_ws_matmul(a, s, w, meta, *ws)
+        return lambda a, s, w: lqq_ws_matmul(a, s, w, meta, *ws, halves_from=halves)
     return lambda a, s, w: lqq_wgmma_matmul(a, s, w, meta, *cfg, wg)
 
 
@@ -72,17 +86,22 @@ def main() -> None:
     p.add_argument("--out", default="lqq_rule_ab.json")
     args = p.parse_args()
     before = old_rule(args.rev, args.old_file)
-    rules = {"old": (before.lqq_wgmma_launch, before.gemm_config), "new": (lqq_wgmma_launch, gemm_config)}
+    rules = {"old": (before.lqq_wgmma_launch, before.gemm_config, before),
+             "new": (lqq_wgmma_launch, gemm_config, configs)}
     rows = []
     for n, k in parse_shapes(args.shapes):
         t, meta = _packed("w4a8-lqq", torch.randn(n, k, device="cuda"))
         for m in [int(v) for v in args.ms.split(",")]:
             old, new = rules["old"][0](m, n, k), rules["new"][0](m, n, k)
-            if old == new and not args.all:
+            halves = {name: rule_halves(rules[name][2], launch, m, n, k) for name, launch in (("old", old),
+                                                                                          ("new", new))}
+            if (old, halves["old"]) == (new, halves["new"]) and not args.all:
                 continue
             fp16, inputs = fp16_and_lqq_inputs(t, m, n, k)
-            calls = {name: runner(launch, rules[name][1], m, n, k, meta)
+            calls = {name: runner(launch, halves[name], rules[name][1], m, n, k, meta)
                      for name, launch in (("old", old), ("new", new))}
+            # unsplit launches of any kernel give the same bits (exact int32 sums, one epilogue); K splits may not
+            bits_equal = bool(torch.equal(calls["old"](*inputs[0]), calls["new"](*inputs[0])))
             for fn in calls.values():  # untimed: in the first A/B (old always first) each rule's first of two
                 time_rotating(fn, inputs, reps=5)  # timings ran 1.02-1.06x its second
             times: dict[str, list[float]] = {"old": [], "new": []}
@@ -90,6 +109,7 @@ def main() -> None:
                 for name in ("old", "new") if rep % 2 == 0 else ("new", "old"):
                     times[name].append(time_rotating(calls[name], inputs)["ms"] * 1e3)
             row = {"n": n, "k": k, "m": m, "fp16": fp16["ms"] * 1e3, "old_launch": old, "new_launch": new,
+                   "old_halves": halves["old"], "new_halves": halves["new"], "bits_equal": bits_equal,
                    "old_us": times["old"], "new_us": times["new"], "old": statistics.median(times["old"]),
                    "new": statistics.median(times["new"])}
             row["new_vs_old"] = row["old"] / row["new"]

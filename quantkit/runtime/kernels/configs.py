@@ -16,6 +16,7 @@ single-weight kernels pick from :data:`WAVE_TILES` by wave fill (:func:`wave_con
 from __future__ import annotations
 
 import functools
+import heapq
 import math
 
 from dataclasses import asdict, dataclass
@@ -418,6 +419,80 @@ def lqq_big_m_waves(programs: int, per_sm: int, solo: float, blend: float, sms: 
     return waves - 1 + last
 
 
+# Halved tiles (session 26): a 256-token program holds its SM alone, so a launch's last wave runs as long as a full one
+# however few tiles it holds (docs/bench/lqq_ws_timeline.py: 6144x4096 M = 1024, 192 tiles on 132 SMs, the 60 of the
+# second wave 23.1 µs against 25.0 in the first). lqq_ws_matmul(halves_from=h) runs tiles 0 … h − 1 whole and each
+# later tile as two 128-token programs (all first halves, then the second halves), the same int32 sums and epilogue,
+# so the same bits; a tile whose second half lies past M (a last token tile of <= 128 tokens) runs its first only. A
+# half dequantizes the same weights for half the tokens: docs/bench/lqq_halves_ab.py (docs/logs/session26/
+# halves_ab/, 40 points where the whole waves were followed by halves that fit one wave) put the halves' wave at a
+# median 0.56 of a whole wave on the large-M model's scale (the model's waves for the whole launch × halved / whole
+# time, less the whole waves; 0.50-0.70 at up to five whole waves). lqq_halves_plan times each h at whole waves (and
+# at the last whole token row) by placing the programs in launch order on the SMs, each on the first free one — a
+# whole tile 1, a half LQQ_BIG_M_HALF — and the 256-token option of the large-M model takes the better of that and
+# its whole-tile waves; lqq_ws_halves gives h where the halves won.
+LQQ_WS_HALVES = True
+LQQ_BIG_M_HALF = 0.56
+# from 577 tokens: with the model above the halved launches won at 640-4096 tokens, but at 513 and 576 on the two widest
+# layers (28672x4096, 18944x3584: three token rows, the last of 1-64 tokens) they ran 0.91-0.97x the 192-token
+# one-warpgroup launches they replaced (docs/bench/lqq_rule_ab.py, docs/logs/session26/rule_ab/)
+LQQ_HALVES_MIN_M = 577
+
+
+def _makespan(durations: list[float], sms: int) -> float:
+    """Time until the last of ``durations`` ends, each started in order on the first SM free."""
+    free = [0.0] * sms
+    for d in durations:
+        heapq.heapreplace(free, free[0] + d)
+    return max(free)
+
+
+@functools.lru_cache(maxsize=4096)
+def lqq_halves_plan(m: int, n: int, sms: int = SMS_H100) -> tuple[int, float] | None:
+    """(halves_from, waves) of the 256-token launch (128 rows × 256 tokens a tile) of M tokens on N rows with its
+    later tiles halved (comment above): the best h among whole waves and the last whole token row, or None where
+    no h halves a tile."""
+    rows, token_tiles = -(-n // 128), -(-m // 256)
+    tiles = rows * token_tiles
+    full = tiles if m % 256 == 0 or m % 256 > 128 else rows * (token_tiles - 1)  # tiles with a second half
+    best = None
+    for h in sorted({w * sms for w in range(full // sms + 1)} | {full}):
+        if h >= tiles:
+            continue
+        waves = _makespan([1.0] * h + [LQQ_BIG_M_HALF] * (tiles - h + max(0, full - h)), sms)
+        if best is None or waves < best[1]:
+            best = (h, waves)
+    return best
+
+
+def lqq_big_m_option_waves(option: tuple[int, int, int], m: int, n: int, k: int, sms: int = SMS_H100) -> float:
+    """Waves of the large-M model's ``option`` (tokens, warpgroups, stages) for M tokens on an [N, K] weight
+    (:func:`lqq_big_m_waves`); the 256-token option's the fewer of that and its halved plan's
+    (:func:`lqq_halves_plan`)."""
+    tokens, wg, _ = option
+    per_sm, solo, blend, _ = lqq_big_m_options(k)[option]
+    waves = lqq_big_m_waves(-(-n // (64 * wg)) * -(-m // tokens), per_sm, solo, blend, sms)
+    halved = option == LQQ_BIG_M_TOKENS_256 and LQQ_WS_HALVES and m >= LQQ_HALVES_MIN_M
+    plan = lqq_halves_plan(m, n, sms) if halved else None
+    return waves if plan is None else min(waves, plan[1])
+
+
+def lqq_ws_halves(m: int, n: int, k: int, launch: tuple[int, int, int, int, int, int] | None,
+                  sms: int = SMS_H100) -> int | None:
+    """``halves_from`` of :func:`.lqq_ws.lqq_ws_matmul` for the lqq_ws ``launch`` (:func:`lqq_ws_launch`) of M tokens
+    on an [N, K] weight: the halved plan's where it has fewer waves than the whole tiles (comment above), else
+    None."""
+    if not LQQ_WS_HALVES or launch is None or m < LQQ_HALVES_MIN_M:
+        return None
+    bm, _, tail, warpgroups, per_sm, split = launch
+    if (bm, tail, warpgroups, per_sm, split) != (128, 128, 2, 1, 1):
+        return None
+    plan = lqq_halves_plan(m, n, sms)
+    per_sm, solo, blend, _ = lqq_big_m_options(k)[LQQ_BIG_M_TOKENS_256]
+    whole = lqq_big_m_waves(-(-n // 128) * -(-m // 256), per_sm, solo, blend, sms)
+    return plan[0] if plan is not None and plan[1] < whole else None
+
+
 def lqq_big_m_launch(m: int, n: int, k: int, sms: int = SMS_H100,
                      max_warpgroups: int = 2) -> tuple[tuple[int, int, int, int], int]:
     """((tokens per program, stages, K split, tail), warpgroups) of the Gluon LiquidQuant kernel above M = 768 (from
@@ -426,10 +501,7 @@ def lqq_big_m_launch(m: int, n: int, k: int, sms: int = SMS_H100,
     table = lqq_big_m_options(k)
 
     def time(option: tuple[int, int, int]) -> float:
-        tokens, wg, _ = option
-        per_sm, solo, blend, cost = table[option]
-        programs = -(-n // (64 * wg)) * -(-m // tokens)
-        return cost * lqq_big_m_waves(programs, per_sm, solo, blend, sms) * -(-k // 256)
+        return table[option][3] * lqq_big_m_option_waves(option, m, n, k, sms) * -(-k // 256)
 
     tokens, wg, stages = min((o for o in table if o[1] <= max_warpgroups
                               and (o != LQQ_BIG_M_TOKENS_256 or m >= LQQ_BIG_M_TOKENS_256_MIN_M)), key=time)
@@ -575,29 +647,6 @@ def lqq_ws_launch(cfg: tuple[int, int, int, int], warpgroups: int) -> tuple[int,
     if tail == 0:
         return bm, 3, 0, 1, LQQ_WGMMA_PER_SM[(128, 3)], 1
     return bm, stages, tail, 1, LQQ_WGMMA_PER_SM[(bm + tail, stages)], 1
-
-# Halved last wave (session 26): a 256-token launch is one program an SM, so its last wave runs as long as a full one
-# however few tiles it holds (docs/bench/lqq_ws_timeline.py: 6144x4096 M = 1024, 192 tiles on 132 SMs, the 60 of
-# the second wave 23.1 µs against 25.0 in the first). Run each of those tiles as two 128-token programs instead
-# (lqq_ws_matmul(halves_from=…): the same int32 sums and epilogue, so the same bits) — a program of half the tokens
-# dequantizes the same weights, so it takes ~0.65 of the time, not 0.5 (the 128-token two-warpgroup launch, session
-# 26's opts128 run) — wherever the full waves are at least one and the halved tiles fit one wave (2 r <= SMs). Not
-# where the last token tile holds 128 tokens or fewer: its second halves would lie past M.
-LQQ_WS_HALVES = True
-
-
-def lqq_ws_halves(m: int, n: int, launch: tuple[int, int, int, int, int, int] | None,
-                  sms: int = SMS_H100) -> int | None:
-    """``halves_from`` of :func:`.lqq_ws.lqq_ws_matmul` for the lqq_ws ``launch`` (:func:`lqq_ws_launch`) of M tokens
-    on N rows — the tiles of whole waves (comment above) — or None where its tiles stay whole."""
-    if not LQQ_WS_HALVES or launch is None:
-        return None
-    bm, _, tail, warpgroups, per_sm, split = launch
-    if (bm, tail, warpgroups, per_sm, split) != (128, 128, 2, 1, 1) or 0 < m % 256 <= 128:
-        return None
-    waves, rest = divmod(-(-n // 128) * -(-m // 256), sms)
-    return waves * sms if waves and rest and 2 * rest <= sms else None
-
 
 # K-pair launches of the warp-specialized LiquidQuant kernel (session 22, lqq_ws.lqq_ws_matmul(k_pair=True)): two
 # consumer warpgroups on one program's 64 rows × 128 tokens, each taking every other 256-column tile, their int32 sums

@@ -283,7 +283,7 @@ def _gluon_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size:
         for cfg, wg in [c for c in dict.fromkeys((launch, lqq_wgmma_launch(m, n, k, max_warpgroups=1))) if c]:
             ws = lqq_ws_launch(cfg, wg) if ws_ok else None
             on_wgmma = wgmma_ok and cfg[3] <= LQQ_WGMMA_MAX_TAIL  # not the 256-token tiles: lqq_ws's alone
-            halves = lqq_ws_halves(m, n, ws)
+            halves = lqq_ws_halves(m, n, k, ws)
             if halves is not None:  # the last wave's tiles as two programs each; where that does not build, whole
                 y = launch_or_decline(LQQ_WS_KERNEL, (str(out_dtype),) + ws + ("halves",), lambda: lqq_ws_matmul(
                     a_codes, a_scales, tensors, meta, *ws, out=out, out_dtype=out_dtype, halves_from=halves),

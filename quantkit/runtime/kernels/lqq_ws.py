@@ -38,9 +38,12 @@ warpgroups) holds its SM alone, so a launch of 192 such tiles on 132 SMs runs tw
 second wave holds 60 tiles. With ``halves_from`` the program axis is one-dimensional: programs below it run whole
 tiles in the 2-D launch's order (row tiles fastest), and each tile from there on runs as two programs of 128 tokens
 (without the tail tile: a runtime branch around :func:`_producer` and :func:`_consumers`, whose code is unchanged).
-Half the tokens dequantize the same weights, so a half takes ~0.65 of a whole tile's time, not 0.5; the same int32
-sums and epilogue, so the same bits. :func:`.configs.lqq_ws_halves` halves the tiles past the whole waves where they
-fit one wave: 1.07x over 40 points, 1.19x on 6144x4096 at M = 1024 (docs/BENCHMARKS.md).
+Half the tokens dequantize the same weights, so a half takes ~0.6 of a whole tile's time, not 0.5; the same int32
+sums and epilogue, so the same bits. The program order is: whole tiles, then the first halves of the later tiles,
+then their second halves — a tile of a last token row of 128 tokens or fewer has none, so a ragged M (1025 tokens:
+four whole token rows and one of a single token) runs that row as 128-token programs.
+:func:`.configs.lqq_ws_halves` gives ``halves_from`` from the large-M model (docs/BENCHMARKS.md, "Halved last
+waves …").
 
 **K-pair launches** (``k_pair``, session 22): a program that has its SM to itself (a layer of few output tiles: the
 k/v projection at M = 513-1024, 4096 rows at M = 129-256) cannot overlap a warpgroup's dequantization with its own
@@ -256,13 +259,15 @@ if HAVE_GLUON:
         # a ragged last token tile moves back to end at row M - 1, so that its TMA boxes lie inside the activations
         # (boxes reaching past M were slow: 4096x4096 M = 769 45.7 µs against 33.1 at M = 768); its rows below
         # ``first`` belong to the tile before and are not stored again
-        if HALVES:  # one program axis: output tiles in the 2-D launch's order, from halves_from on each as two programs
-            half = gl.maximum(gl.program_id(0) - halves_from, 0)
-            tile = gl.minimum(gl.program_id(0), halves_from) + half // 2
+        if HALVES:  # one program axis over the tiles in the 2-D launch's order: whole below halves_from, then the
+            # first halves of the tiles from there, then their second halves (only the tiles that have one)
             row_tiles = gl.cdiv(N, 64 * WG)
+            tiles = row_tiles * gl.cdiv(M, BM + BT)
+            second = (gl.program_id(0) >= tiles).to(gl.int32)
+            tile = gl.program_id(0) - second * (tiles - halves_from)
             pid_n = tile % row_tiles
             tail_on = gl.program_id(0) < halves_from
-            first = (tile // row_tiles) * (BM + BT) + (half % 2) * BM
+            first = (tile // row_tiles) * (BM + BT) + second * BM
             row0 = gl.maximum(gl.minimum(first, M - BM - BT * tail_on.to(gl.int32)), 0)
         else:
             pid_n = gl.program_id(0)
@@ -338,10 +343,12 @@ def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, 
     x_desc = TensorDescriptor(a_codes, [m, k], [a_codes.stride(0), 1], [bm, 128], layout)
     xt_desc = TensorDescriptor(a_codes, [m, k], [a_codes.stride(0), 1], [max(tail, 8), 128], layout)
     grid = (-(-n // (BN * warpgroups)), -(-m // (bm + tail)), split)
-    if halves_from is not None:  # one axis: every tile from halves_from on as two programs
+    if halves_from is not None:  # one axis: the tiles, then the second halves of those from halves_from on that have one
         tiles = grid[0] * grid[1]
         halves_from = min(halves_from, tiles)
-        grid = (halves_from + 2 * (tiles - halves_from), 1, 1)
+        # a last token tile of <= 128 tokens has no second half
+        second = (tiles if m % (bm + tail) == 0 or m % (bm + tail) > bm else grid[0] * (grid[1] - 1)) - halves_from
+        grid = (tiles + max(second, 0), 1, 1)
     # two warpgroups store their rows on tickets of their own (the second set after the first)
     ws, tickets = split_workspace(a_codes.device, m * n, split, grid[0] * grid[1] * warpgroups)  # K-pair: 1
     if k_pair:

@@ -176,8 +176,10 @@ def test_halved_tiles_take_the_256_token_launch_only():
 @hopper
 @pytest.mark.parametrize("n,k,m,halves_from", [
     (4096, 2048, 1024, 100),  # 128 tiles: 28 of them as 56 programs
-    (1000, 1280, 1000, 3),  # odd N; the ragged last token tile moved back, its halves too
-    (333, 2304, 513, 0),  # every tile halved; the last tile's second half lies past M and stores nothing
+    (1000, 1280, 1000, 3),  # N not a multiple of 128; the ragged last token tile moved back, its halves too
+    (333, 2304, 513, 0),  # every tile halved; the last token row (one token) has first halves only
+    (333, 1280, 300, 4),  # whole tiles in the last token row (44 tokens) next to first halves of it
+    (200, 512, 100, 0),  # M <= 128: first halves only
     (130, 768, 200, 1),  # one token tile, partly past M
     (64, 256, 300, 10)])  # halves_from past the last tile: none halved
 def test_halved_tiles_equal_the_triton_kernel_call_after_call(n, k, m, halves_from):
@@ -215,6 +217,31 @@ def test_int8_matmul_runs_the_256_token_launch_with_the_triton_kernels_bits(monk
         assert calls == [lqq_ws_launch(*launch)] * 2
 
 
+@pytest.mark.parametrize("n", [64, 128, 130, 333, 1000])
+def test_halved_launch_programs_cover_every_output_once(n):
+    """The halved launch's programs (lqq_ws.halved_programs) mapped to tiles as _lqq_ws_kernel's HALVES branch maps
+    them (a mirror of its index arithmetic): every output row of every token is stored exactly once, for ragged and
+    whole last token rows and every halves_from."""
+    from quantkit.runtime.kernels.lqq_ws import halved_programs
+
+    for m in list(range(1, 600, 7)) + [640, 768, 769, 1000, 1024, 1025]:
+        row_tiles, tiles = -(-n // 128), -(-n // 128) * -(-m // 256)
+        full = configs.lqq_tiles_with_second_half(m, n)
+        for h in sorted({0, 1, row_tiles, full - 1, full, full + 1, tiles - 1, tiles} & set(range(tiles + 1))):
+            stored = torch.zeros(m, row_tiles, dtype=torch.int32)
+            for pid in range(halved_programs(m, n, h)):
+                second = int(pid >= tiles)
+                tile = pid - second * (tiles - h)
+                tail_on = pid < h
+                first = (tile // row_tiles) * 256 + second * 128
+                span = 256 if tail_on else 128
+                row0 = max(min(first, m - span), 0)
+                lo, hi = max(row0, first), min(row0 + span, m)  # the epilogue stores rows first <= r < M of its box
+                if lo < hi:
+                    stored[lo:hi, tile % row_tiles] += 1
+            assert torch.equal(stored, torch.ones_like(stored)), (n, m, h)
+
+
 def test_halves_rule_halves_tiles_where_the_model_has_fewer_waves(monkeypatch):
     """configs.lqq_ws_halves: the halved plan of the 256-token launch (whole tiles, then halves of 0.56 of a wave,
     placed in launch order on the first free SM) where it has fewer waves than the whole tiles; never for other
@@ -231,6 +258,13 @@ def test_halves_rule_halves_tiles_where_the_model_has_fewer_waves(monkeypatch):
     assert configs.lqq_ws_halves(1024, 28672, 4096, launch) is None  # 104 tiles left: two waves of halves
     assert configs.lqq_ws_halves(1024, 6144, 4096, launch, sms=96) is None  # exactly two whole waves
     assert configs.lqq_ws_halves(512, 6144, 4096, launch) is None  # below the 256-token option's 513 tokens
+    # from 577 tokens: at 513 / 576 on the widest layers the halved launches lost to the 192-token one-warpgroup ones
+    # (0.91-0.97x, docs/logs/session26/rule_ab/), which the rule keeps there
+    assert configs.LQQ_HALVES_MIN_M == 577 and configs.lqq_ws_halves(576, 28672, 4096, launch) is None
+    for n, k in [(28672, 4096), (18944, 3584)]:
+        for m in (513, 576):
+            assert lqq_wgmma_launch(m, n, k) == ((128, 2, 1, 64), 1), (n, k, m)
+    assert configs.lqq_ws_halves(640, 14336, 4096, launch) == 224  # 1.17x in the same ABBA
     for other in [(128, 3, 64, 2, 1, 1), (128, 3, 128, 2, 1, 2), (128, 3, 0, 1, 2, 1), None]:
         assert configs.lqq_ws_halves(1024, 6144, 4096, other) is None, other
     # the large-M model times the 256-token option by the fewer of its whole and halved waves
@@ -243,20 +277,21 @@ def test_halves_rule_halves_tiles_where_the_model_has_fewer_waves(monkeypatch):
 
 def test_dispatch_runs_whole_tiles_where_the_halved_launch_does_not_build(monkeypatch):
     """int8_gemm._gluon_matmul: where configs.lqq_ws_halves applies it launches the halved form first; a halved
-    launch that fails to build falls back to the same launch with whole tiles (the warning says so)."""
+    launch that fails to build falls back to the same launch with whole tiles (the warning says so), on a build record
+    of its own — halved failures never count against lqq_ws's whole-tile launches (wgmma_common.kernel_broken)."""
     from quantkit.runtime.kernels import wgmma_common
+    from quantkit.runtime.kernels.lqq_ws import HALVES_KERNEL, KERNEL
 
     monkeypatch.setattr(wgmma_common, "_FAILED", {})
     monkeypatch.setattr(wgmma_common, "_LAUNCHED", set())
     monkeypatch.setattr(int8_gemm, "lqq_wgmma_problem", lambda *a, **kw: None)
-    monkeypatch.setattr(int8_gemm, "kernel_broken", lambda kernel: None)
     launched = []
 
     def ws(codes, scales, tensors, meta, *cfg, out=None, out_dtype=torch.float16, halves_from=None):
         launched.append((cfg, halves_from))
         if halves_from is not None:
             raise RuntimeError("a halved launch that does not build")
-        return torch.zeros(codes.shape[0], 6144, dtype=out_dtype)
+        return torch.zeros(codes.shape[0], meta["out_features"], dtype=out_dtype)
 
     monkeypatch.setattr(int8_gemm, "lqq_ws_matmul", ws)
     meta = {"in_features": 4096, "out_features": 6144}
@@ -268,6 +303,16 @@ def test_dispatch_runs_whole_tiles_where_the_halved_launch_does_not_build(monkey
     launched.clear()  # declined from then on: straight to whole tiles
     int8_gemm._gluon_matmul(codes, scales, -1, "w4a8-lqq", {}, meta, None, torch.float16)
     assert launched == [(ws_launch, None)]
+    # a second halved config failing marks the halved launches broken, not lqq_ws: its whole tiles still run
+    launched.clear()
+    int8_gemm._gluon_matmul(codes, scales, -1, "w4a8-lqq", {}, meta, None, torch.bfloat16)
+    assert launched == [(ws_launch, 132), (ws_launch, None)]
+    assert wgmma_common.kernel_broken(HALVES_KERNEL) is not None and wgmma_common.kernel_broken(KERNEL) is None
+    launched.clear()
+    meta = {"in_features": 4096, "out_features": 14336}
+    codes, scales = torch.zeros(1024, 4096, dtype=torch.int8), torch.ones(1024, 1)
+    int8_gemm._gluon_matmul(codes, scales, -1, "w4a8-lqq", {}, meta, None, torch.float16)
+    assert launched == [(lqq_ws_launch(*lqq_wgmma_launch(1024, 14336, 4096)), None)]
 
 
 @pytest.mark.gpu

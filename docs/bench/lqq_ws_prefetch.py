@@ -7,7 +7,9 @@ launch in ABBA order (:func:`quantkit.bench.timing.time_abba`):
 
 * ``prefetch``: the producer warp, after starting activation tile t's copies, asks L2 for weight tile t + AHEAD's
   words and group words (``prefetch.global.L2``, one 128-byte line a row), so that the consumers' loads of those
-  words, one tile before their dequantization, find them in L2. Same bits as the product (checked every row);
+  words, one tile before their dequantization, find them in L2. Same bits as the product (checked every row). Its
+  producer warp has 40 registers (the product's 24 leave no room for the prefetch addresses), which moves the
+  register split between the partitions too;
 * ``l2_weights`` (an ablation, wrong sums): every program reads the weights of row tiles 0-3 only, so that the words
   are in L2 — the time the launch would take if the weights' HBM stream cost nothing.
 

@@ -1,15 +1,20 @@
 """Where the time of a warp-specialized LiquidQuant launch goes, program by program: an instrumented build of
 quantkit/runtime/kernels/lqq_ws.py (made here at run time from that file's source, so it follows the kernel) stamps
-``%globaltimer`` at six points of every program — kernel entry, the consumers' start, the end of their K loop, the
-split-K slot stored, the ticket taken, the epilogue done — into a buffer; one eager call per repetition. Session 18
-found with it that the tile's last program spent 1.35-1.8 µs a slot adding the K-split slots (docs/BENCHMARKS.md).
+``%globaltimer`` at six points of every program — its entry (after the shared-memory allocation, before the ring's
+barriers are set up), the consumers' start, the end of their K loop, the split-K slot stored, the ticket taken, the
+epilogue done — into a buffer (a two-warpgroup program: one row of stamps per warpgroup, the entry in the first);
+one eager call per repetition. Session 18 found with it that the tile's last program spent 1.35-1.8 µs a slot adding
+the K-split slots; session 26 that a 256-token program is ~0.3 µs of setup, a K loop and a 3 µs epilogue, and that a
+second wave of 60 such programs runs as long as a full one (docs/BENCHMARKS.md). The halved launches
+(``halves_from``) are not instrumented.
 
     python docs/bench/lqq_ws_timeline.py --out timeline.json
+    python docs/bench/lqq_ws_timeline.py --cases 6144x4096:1024:1:128:2:3:1   # NxK:M:split:tail:wg:stages:per_sm
 
-Stamps are ns after the earliest kernel entry of the call; the printed line per case gives medians over programs
-of the last repetition and, for the epilogue, the slowest program (the one that added the slots).
+Stamps are ns after the earliest entry of the call. The printed line per case gives, for the programs that entered
+in the first 2 µs and for those that entered later (a later wave), the median entry, setup, K loop, epilogue and
+whole-program times of the last repetition, the last end among them, and the launch's last end.
 """
-
 from __future__ import annotations
 
 import argparse

@@ -427,16 +427,24 @@ def lqq_big_m_waves(programs: int, per_sm: int, solo: float, blend: float, sms: 
 # half dequantizes the same weights for half the tokens: docs/bench/lqq_halves_ab.py (docs/logs/session26/
 # halves_ab/, 40 points where the whole waves were followed by halves that fit one wave) put the halves' wave at a
 # median 0.56 of a whole wave on the large-M model's scale (the model's waves for the whole launch × halved / whole
-# time, less the whole waves; 0.50-0.70 at up to five whole waves). lqq_halves_plan times each h at whole waves (and
+# time, less the whole waves; 0.31-0.72 at up to five whole waves). lqq_halves_plan times each h at whole waves (and
 # at the last whole token row) by placing the programs in launch order on the SMs, each on the first free one — a
 # whole tile 1, a half LQQ_BIG_M_HALF — and the 256-token option of the large-M model takes the better of that and
-# its whole-tile waves; lqq_ws_halves gives h where the halves won.
+# its whole-tile waves; lqq_ws_halves gives h where the halves won. (Like the other flags here, LQQ_WS_HALVES is read
+# when a shape's launch is first picked: lqq_wgmma_launch caches its picks.)
 LQQ_WS_HALVES = True
 LQQ_BIG_M_HALF = 0.56
 # from 577 tokens: with the model above the halved launches won at 640-4096 tokens, but at 513 and 576 on the two widest
 # layers (28672x4096, 18944x3584: three token rows, the last of 1-64 tokens) they ran 0.91-0.97x the 192-token
 # one-warpgroup launches they replaced (docs/bench/lqq_rule_ab.py, docs/logs/session26/rule_ab/)
 LQQ_HALVES_MIN_M = 577
+
+
+def lqq_tiles_with_second_half(m: int, n: int) -> int:
+    """Tiles (128 rows × 256 tokens, row tiles fastest) of M tokens on N rows whose second 128 tokens hold any: all,
+    or all but the last token row where it holds 128 tokens or fewer."""
+    rows, token_tiles = -(-n // 128), -(-m // 256)
+    return rows * token_tiles if m % 256 == 0 or m % 256 > 128 else rows * (token_tiles - 1)
 
 
 def _makespan(durations: list[float], sms: int) -> float:
@@ -448,19 +456,17 @@ def _makespan(durations: list[float], sms: int) -> float:
 
 
 @functools.lru_cache(maxsize=4096)
-def lqq_halves_plan(m: int, n: int, sms: int = SMS_H100) -> tuple[int, float] | None:
-    """(halves_from, waves) of the 256-token launch (128 rows × 256 tokens a tile) of M tokens on N rows with its
-    later tiles halved (comment above): the best h among whole waves and the last whole token row, or None where
-    no h halves a tile."""
-    rows, token_tiles = -(-n // 128), -(-m // 256)
-    tiles = rows * token_tiles
-    full = tiles if m % 256 == 0 or m % 256 > 128 else rows * (token_tiles - 1)  # tiles with a second half
-    best = None
+def lqq_halves_plan(m: int, n: int, sms: int = SMS_H100) -> tuple[int, float]:
+    """(halves_from, waves) of the 256-token launch (128 rows × 256 tokens a tile) of M >= 1 tokens on N >= 1 rows
+    with its later tiles halved (comment above): the best h among whole waves and the last whole token row (h = 0,
+    every tile halved, is always among them)."""
+    tiles, full = -(-n // 128) * -(-m // 256), lqq_tiles_with_second_half(m, n)
+    best = (0, math.inf)
     for h in sorted({w * sms for w in range(full // sms + 1)} | {full}):
         if h >= tiles:
             continue
         waves = _makespan([1.0] * h + [LQQ_BIG_M_HALF] * (tiles - h + max(0, full - h)), sms)
-        if best is None or waves < best[1]:
+        if waves < best[1]:
             best = (h, waves)
     return best
 
@@ -487,10 +493,9 @@ def lqq_ws_halves(m: int, n: int, k: int, launch: tuple[int, int, int, int, int,
     bm, _, tail, warpgroups, per_sm, split = launch
     if (bm, tail, warpgroups, per_sm, split) != (128, 128, 2, 1, 1):
         return None
-    plan = lqq_halves_plan(m, n, sms)
+    h, waves = lqq_halves_plan(m, n, sms)
     per_sm, solo, blend, _ = lqq_big_m_options(k)[LQQ_BIG_M_TOKENS_256]
-    whole = lqq_big_m_waves(-(-n // 128) * -(-m // 256), per_sm, solo, blend, sms)
-    return plan[0] if plan is not None and plan[1] < whole else None
+    return h if waves < lqq_big_m_waves(-(-n // 128) * -(-m // 256), per_sm, solo, blend, sms) else None
 
 
 def lqq_big_m_launch(m: int, n: int, k: int, sms: int = SMS_H100,

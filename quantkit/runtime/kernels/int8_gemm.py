@@ -40,6 +40,7 @@ from quantkit.runtime.kernels.jit import USE_ASM, check_device, kernel
 from quantkit.runtime.kernels.launch import act_groups_in_halves, groups_in_halves, split_plan
 from quantkit.runtime.kernels.lqq_wgmma import KERNEL as LQQ_KERNEL
 from quantkit.runtime.kernels.lqq_wgmma import lqq_wgmma_matmul, lqq_wgmma_problem
+from quantkit.runtime.kernels.lqq_ws import HALVES_KERNEL as LQQ_WS_HALVES_KERNEL
 from quantkit.runtime.kernels.lqq_ws import K_PAIR_KERNEL as LQQ_K_PAIR_KERNEL
 from quantkit.runtime.kernels.lqq_ws import KERNEL as LQQ_WS_KERNEL
 from quantkit.runtime.kernels.lqq_ws import lqq_ws_matmul
@@ -283,9 +284,9 @@ def _gluon_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size:
         for cfg, wg in [c for c in dict.fromkeys((launch, lqq_wgmma_launch(m, n, k, max_warpgroups=1))) if c]:
             ws = lqq_ws_launch(cfg, wg) if ws_ok else None
             on_wgmma = wgmma_ok and cfg[3] <= LQQ_WGMMA_MAX_TAIL  # not the 256-token tiles: lqq_ws's alone
-            halves = lqq_ws_halves(m, n, k, ws)
-            if halves is not None:  # the last wave's tiles as two programs each; where that does not build, whole
-                y = launch_or_decline(LQQ_WS_KERNEL, (str(out_dtype),) + ws + ("halves",), lambda: lqq_ws_matmul(
+            halves = lqq_ws_halves(m, n, k, ws) if kernel_broken(LQQ_WS_HALVES_KERNEL) is None else None
+            if halves is not None:  # later tiles as two programs each (a build record of its own); else whole tiles
+                y = launch_or_decline(LQQ_WS_HALVES_KERNEL, (str(out_dtype),) + ws, lambda: lqq_ws_matmul(
                     a_codes, a_scales, tensors, meta, *ws, out=out, out_dtype=out_dtype, halves_from=halves),
                     fallback="the same launch with whole tiles")
             if ws is not None and y is None:

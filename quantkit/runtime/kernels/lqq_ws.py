@@ -38,7 +38,8 @@ warpgroups) holds its SM alone, so a launch of 192 such tiles on 132 SMs runs tw
 second wave holds 60 tiles. With ``halves_from`` the program axis is one-dimensional: programs below it run whole
 tiles in the 2-D launch's order (row tiles fastest), and each tile from there on runs as two programs of 128 tokens
 (without the tail tile: a runtime branch around :func:`_producer` and :func:`_consumers`, whose code is unchanged).
-Half the tokens dequantize the same weights, so a half takes ~0.6 of a whole tile's time, not 0.5; the same int32
+Half the tokens dequantize the same weights, so a half takes ~0.6 of a whole tile's time, not 0.5 (0.56 of a wave in
+the large-M model's fit, 0.65 in the 128-token launch's own timing); the same int32
 sums and epilogue, so the same bits. The program order is: whole tiles, then the first halves of the later tiles,
 then their second halves — a tile of a last token row of 128 tokens or fewer has none, so a ragged M (1025 tokens:
 four whole token rows and one of a single token) runs that row as 128-token programs.
@@ -67,6 +68,7 @@ from __future__ import annotations
 
 import torch
 
+from quantkit.runtime.kernels.configs import lqq_tiles_with_second_half
 from quantkit.runtime.kernels.launch import groups_in_halves, split_plan
 from quantkit.runtime.kernels.lqq_wgmma import lqq_operands, lqq_wgmma_problem
 from quantkit.runtime.kernels.splitk import split_workspace
@@ -74,6 +76,7 @@ from quantkit.runtime.kernels.wgmma_common import BN, HAVE_GLUON, PART_REGS, PRO
 
 KERNEL = "lqq_ws"
 K_PAIR_KERNEL = "lqq_ws_k_pair"  # the K-pair launches' own build record (launch_or_decline), apart from KERNEL's
+HALVES_KERNEL = "lqq_ws_halves"  # the halved launches' own build record: their failures leave KERNEL's launches be
 
 if HAVE_GLUON:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -310,6 +313,15 @@ if HAVE_GLUON:
                 (_producer, (x_desc, xt_desc, xs, xt, ready, empty, row0, t_begin, t_end, BM, BT, STAGES)),
             ], [4, 1], [PART_REGS, PRODUCER_REGS_C])
 
+def halved_programs(m: int, n: int, halves_from: int) -> int:
+    """Programs of a 256-token launch (128 rows × 256 tokens a tile) of M tokens on N rows with the tiles from
+    ``halves_from`` (<= the tiles) on halved: one per tile — whole, or its first half — then one per second half of
+    the tiles from ``halves_from`` on that have one (:func:`.configs.lqq_tiles_with_second_half`; module
+    docstring)."""
+    tiles = -(-n // 128) * -(-m // 256)
+    return tiles + max(lqq_tiles_with_second_half(m, n) - halves_from, 0)
+
+
 def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, meta: dict, bm: int = 128,
                   stages: int = 3, tail: int = 0, warpgroups: int = 1, per_sm: int = 1, split_k: int = 1,
                   out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16,
@@ -343,12 +355,9 @@ def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, 
     x_desc = TensorDescriptor(a_codes, [m, k], [a_codes.stride(0), 1], [bm, 128], layout)
     xt_desc = TensorDescriptor(a_codes, [m, k], [a_codes.stride(0), 1], [max(tail, 8), 128], layout)
     grid = (-(-n // (BN * warpgroups)), -(-m // (bm + tail)), split)
-    if halves_from is not None:  # one axis: the tiles, then the second halves of those from halves_from on that have one
-        tiles = grid[0] * grid[1]
-        halves_from = min(halves_from, tiles)
-        # a last token tile of <= 128 tokens has no second half
-        second = (tiles if m % (bm + tail) == 0 or m % (bm + tail) > bm else grid[0] * (grid[1] - 1)) - halves_from
-        grid = (tiles + max(second, 0), 1, 1)
+    if halves_from is not None:
+        halves_from = min(halves_from, grid[0] * grid[1])
+        grid = (halved_programs(m, n, halves_from), 1, 1)
     # two warpgroups store their rows on tickets of their own (the second set after the first)
     ws, tickets = split_workspace(a_codes.device, m * n, split, grid[0] * grid[1] * warpgroups)  # K-pair: 1
     if k_pair:
@@ -366,4 +375,4 @@ def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, 
     return out
 
 
-__all__ = ["KERNEL", "K_PAIR_KERNEL", "lqq_wgmma_problem", "lqq_ws_matmul"]
+__all__ = ["HALVES_KERNEL", "KERNEL", "K_PAIR_KERNEL", "halved_programs", "lqq_wgmma_problem", "lqq_ws_matmul"]

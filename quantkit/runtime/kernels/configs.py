@@ -436,7 +436,9 @@ LQQ_WS_HALVES = True
 LQQ_BIG_M_HALF = 0.56
 # from 577 tokens: with the model above the halved launches won at 640-4096 tokens, but at 513 and 576 on the two widest
 # layers (28672x4096, 18944x3584: three token rows, the last of 1-64 tokens) they ran 0.91-0.97x the 192-token
-# one-warpgroup launches they replaced (docs/bench/lqq_rule_ab.py, docs/logs/session26/rule_ab/)
+# one-warpgroup launches they replaced (docs/bench/lqq_rule_ab.py, docs/logs/session26/rule_ab/); at the other 77
+# points of 14 shapes where this model's launch differs from the rule before it (bdbaa65) it ran 1.047x that rule
+# (geometric mean, 0.959-1.199x, ABBA), bit-identical, none slower than fp16
 LQQ_HALVES_MIN_M = 577
 
 

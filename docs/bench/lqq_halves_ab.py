@@ -13,11 +13,10 @@ import statistics
 
 import torch
 
-from quantkit.bench.command import parse_shapes
-from quantkit.bench.problems import _packed, fp16_and_lqq_inputs
+from quantkit.bench.problems import fp16_and_lqq_inputs, lqq_ws_points
 from quantkit.bench.sweep_log import log_row
 from quantkit.bench.timing import time_abba
-from quantkit.runtime.kernels.configs import lqq_wgmma_launch, lqq_ws_halves, lqq_ws_launch
+from quantkit.runtime.kernels.configs import lqq_ws_halves
 from quantkit.runtime.kernels.lqq_ws import lqq_ws_matmul
 
 SHAPES = ("4096x4096,6144x4096,14336x4096,28672x4096,4096x14336,4608x3584,3584x3584,8192x4096,5120x13824,"
@@ -34,30 +33,23 @@ def main() -> None:
     p.add_argument("--out", default="halves_ab.json")
     args = p.parse_args()
     rows: list[dict] = []
-    for n, k in parse_shapes(args.shapes):
-        t = meta = None
-        for m in [int(v) for v in args.ms.split(",")]:
-            launch = lqq_wgmma_launch(m, n, k)
-            ws = lqq_ws_launch(*launch) if launch else None
-            halves = lqq_ws_halves(m, n, k, ws)
-            if halves is None:
-                continue
-            if t is None:
-                t, meta = _packed("w4a8-lqq", torch.randn(n, k, device="cuda"))
-            fp16, inputs = fp16_and_lqq_inputs(t, m, n, k)
-            calls = {"whole": lambda a, s, w: lqq_ws_matmul(a, s, w, meta, *ws),
-                     "halves": lambda a, s, w: lqq_ws_matmul(a, s, w, meta, *ws, halves_from=halves)}
-            same = bool(torch.equal(calls["halves"](*inputs[0]), calls["whole"](*inputs[0])))
-            times = time_abba(calls, inputs, args.reps)
-            row = {"n": n, "k": k, "m": m, "launch": ws, "halves_from": halves, "fp16": fp16["ms"] * 1e3,
-                   "bits_equal": same, **{f"{name}_us": v for name, v in times.items()},
-                   **{name: statistics.median(v) for name, v in times.items()}}
-            row["halves_vs_whole"] = row["whole"] / row["halves"]
-            row["whole_vs_fp16"] = row["fp16"] / row["whole"]
-            row["halves_vs_fp16"] = row["fp16"] / row["halves"]
-            log_row(args.out, rows, row, quiet=("whole_us", "halves_us"))
-            del inputs
-            torch.cuda.empty_cache()
+    for n, k, m, t, meta, ws in lqq_ws_points(args.shapes, args.ms,
+                                              lambda n, k, m, ws: lqq_ws_halves(m, n, k, ws) is not None):
+        halves = lqq_ws_halves(m, n, k, ws)
+        fp16, inputs = fp16_and_lqq_inputs(t, m, n, k)
+        calls = {"whole": lambda a, s, w: lqq_ws_matmul(a, s, w, meta, *ws),
+                 "halves": lambda a, s, w: lqq_ws_matmul(a, s, w, meta, *ws, halves_from=halves)}
+        same = bool(torch.equal(calls["halves"](*inputs[0]), calls["whole"](*inputs[0])))
+        times = time_abba(calls, inputs, args.reps)
+        row = {"n": n, "k": k, "m": m, "launch": ws, "halves_from": halves, "fp16": fp16["ms"] * 1e3,
+               "bits_equal": same, **{f"{name}_us": v for name, v in times.items()},
+               **{name: statistics.median(v) for name, v in times.items()}}
+        row["halves_vs_whole"] = row["whole"] / row["halves"]
+        row["whole_vs_fp16"] = row["fp16"] / row["whole"]
+        row["halves_vs_fp16"] = row["fp16"] / row["halves"]
+        log_row(args.out, rows, row, quiet=("whole_us", "halves_us"))
+        del inputs
+        torch.cuda.empty_cache()
     ratios = [r["halves_vs_whole"] for r in rows]
     if ratios:
         print(f"halves vs whole: geometric mean {statistics.geometric_mean(ratios):.3f} over {len(ratios)} points, "

@@ -19,12 +19,10 @@ import statistics
 
 import torch
 
-from quantkit.bench.command import parse_shapes
-from quantkit.bench.problems import _packed, fp16_and_lqq_inputs
+from quantkit.bench.problems import fp16_and_lqq_inputs, lqq_ws_points
 from quantkit.bench.sweep_log import log_row
 from quantkit.bench.timing import time_abba
 from quantkit.runtime.kernels import lqq_ws
-from quantkit.runtime.kernels.configs import lqq_wgmma_launch, lqq_ws_launch
 from quantkit.runtime.kernels.launch import groups_in_halves
 from quantkit.runtime.kernels.lqq_wgmma import lqq_operands
 from quantkit.runtime.kernels.wgmma_common import BN, PART_REGS, gl, gluon, mbarrier, ring_barriers, ws_maxnreg
@@ -114,26 +112,20 @@ def main() -> None:
     p.add_argument("--out", default="persistent.json")
     args = p.parse_args()
     rows: list[dict] = []
-    for n, k in parse_shapes(args.shapes):
-        t, meta = _packed("w4a8-lqq", torch.randn(n, k, device="cuda"))
-        for m in [int(v) for v in args.ms.split(",")]:
-            launch = lqq_wgmma_launch(m, n, k)
-            ws = lqq_ws_launch(*launch) if launch else None
-            if ws is None or ws[3] != 2:
-                continue
-            fp16, inputs = fp16_and_lqq_inputs(t, m, n, k)
-            calls = {"rule": lambda a, s, w: lqq_ws.lqq_ws_matmul(a, s, w, meta, *ws),
-                     "persistent": lambda a, s, w: persistent_matmul(a, s, w, meta, ws[2], ws[1])}
-            same = bool(torch.equal(calls["persistent"](*inputs[0]), calls["rule"](*inputs[0])))
-            times = time_abba(calls, inputs, args.reps)
-            row = {"n": n, "k": k, "m": m, "launch": ws, "fp16": fp16["ms"] * 1e3, "bits_equal": same,
-                   **{f"{name}_us": v for name, v in times.items()},
-                   **{name: statistics.median(v) for name, v in times.items()}}
-            row["persistent_vs_rule"] = row["rule"] / row["persistent"]
-            row["persistent_vs_fp16"] = row["fp16"] / row["persistent"]
-            log_row(args.out, rows, row, quiet=("rule_us", "persistent_us"))
-            del inputs
-            torch.cuda.empty_cache()
+    for n, k, m, t, meta, ws in lqq_ws_points(args.shapes, args.ms, lambda n, k, m, ws: ws[3] == 2):
+        fp16, inputs = fp16_and_lqq_inputs(t, m, n, k)
+        calls = {"rule": lambda a, s, w: lqq_ws.lqq_ws_matmul(a, s, w, meta, *ws),
+                 "persistent": lambda a, s, w: persistent_matmul(a, s, w, meta, ws[2], ws[1])}
+        same = bool(torch.equal(calls["persistent"](*inputs[0]), calls["rule"](*inputs[0])))
+        times = time_abba(calls, inputs, args.reps)
+        row = {"n": n, "k": k, "m": m, "launch": ws, "fp16": fp16["ms"] * 1e3, "bits_equal": same,
+               **{f"{name}_us": v for name, v in times.items()},
+               **{name: statistics.median(v) for name, v in times.items()}}
+        row["persistent_vs_rule"] = row["rule"] / row["persistent"]
+        row["persistent_vs_fp16"] = row["fp16"] / row["persistent"]
+        log_row(args.out, rows, row, quiet=("rule_us", "persistent_us"))
+        del inputs
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -24,12 +24,10 @@ import statistics
 import torch
 
 import quantkit.runtime.kernels.lqq_ws as lqq_ws
-from quantkit.bench.command import parse_shapes
 from quantkit.bench.patched import patched_copy
-from quantkit.bench.problems import _packed, fp16_and_lqq_inputs
+from quantkit.bench.problems import fp16_and_lqq_inputs, lqq_ws_points
 from quantkit.bench.sweep_log import log_row
 from quantkit.bench.timing import time_abba
-from quantkit.runtime.kernels.configs import lqq_wgmma_launch, lqq_ws_launch
 
 PRODUCER_OLD = '''        for t in range(t_begin, t_end):
             i = t - t_begin
@@ -105,29 +103,23 @@ def main() -> None:
     args = p.parse_args()
     mods = {v: build(v) for v in args.variants.split(",")}
     rows: list[dict] = []
-    for n, k in parse_shapes(args.shapes):
-        t, meta = _packed("w4a8-lqq", torch.randn(n, k, device="cuda"))
-        for m in [int(v) for v in args.ms.split(",")]:
-            launch = lqq_wgmma_launch(m, n, k)
-            ws = lqq_ws_launch(*launch) if launch else None
-            if ws is None or ws[3] != 2:
-                continue
-            fp16, inputs = fp16_and_lqq_inputs(t, m, n, k)
-            calls = {"rule": lambda a, s, w: lqq_ws.lqq_ws_matmul(a, s, w, meta, *ws)}
-            for v, mod in mods.items():
-                calls[v] = lambda a, s, w, mod=mod: mod.lqq_ws_matmul(a, s, w, meta, *ws)
-            want = calls["rule"](*inputs[0])
-            same = {f"{v}_bits_equal": bool(torch.equal(calls[v](*inputs[0]), want)) for v in mods}
-            times = time_abba(calls, inputs, args.reps)
-            row = {"n": n, "k": k, "m": m, "launch": ws, "fp16": fp16["ms"] * 1e3, **same,
-                   **{f"{name}_us": v for name, v in times.items()},
-                   **{name: statistics.median(v) for name, v in times.items()}}
-            for v in mods:
-                row[f"{v}_vs_rule"] = row["rule"] / row[v]
-            row["rule_vs_fp16"] = row["fp16"] / row["rule"]
-            log_row(args.out, rows, row, quiet=tuple(f"{name}_us" for name in calls))
-            del inputs
-            torch.cuda.empty_cache()
+    for n, k, m, t, meta, ws in lqq_ws_points(args.shapes, args.ms, lambda n, k, m, ws: ws[3] == 2):
+        fp16, inputs = fp16_and_lqq_inputs(t, m, n, k)
+        calls = {"rule": lambda a, s, w: lqq_ws.lqq_ws_matmul(a, s, w, meta, *ws)}
+        for v, mod in mods.items():
+            calls[v] = lambda a, s, w, mod=mod: mod.lqq_ws_matmul(a, s, w, meta, *ws)
+        want = calls["rule"](*inputs[0])
+        same = {f"{v}_bits_equal": bool(torch.equal(calls[v](*inputs[0]), want)) for v in mods}
+        times = time_abba(calls, inputs, args.reps)
+        row = {"n": n, "k": k, "m": m, "launch": ws, "fp16": fp16["ms"] * 1e3, **same,
+               **{f"{name}_us": v for name, v in times.items()},
+               **{name: statistics.median(v) for name, v in times.items()}}
+        for v in mods:
+            row[f"{v}_vs_rule"] = row["rule"] / row[v]
+        row["rule_vs_fp16"] = row["fp16"] / row["rule"]
+        log_row(args.out, rows, row, quiet=tuple(f"{name}_us" for name in calls))
+        del inputs
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -93,6 +93,25 @@ def fp16_and_lqq_inputs(tensors: dict, m: int, n: int, k: int) -> tuple[dict, li
     return fp16, [(a, s, {key: v.clone() for key, v in tensors.items()}) for a, s in codes]
 
 
+def lqq_ws_points(shapes: str, ms: str, keep: Callable[[int, int, int, tuple], bool]):
+    """For the A/B scripts of the warp-specialized LiquidQuant kernel: (n, k, m, packed tensors, meta, lqq_ws launch)
+    per [N, K] of ``shapes`` ("NxK,...") and M of ``ms`` ("1024,...") where the launch rule runs an lqq_ws launch
+    (:func:`quantkit.runtime.kernels.configs.lqq_ws_launch`) that ``keep(n, k, m, launch)`` accepts; each weight is
+    random, quantized and packed once, at its first kept point."""
+    from quantkit.bench.command import parse_shapes
+    from quantkit.runtime.kernels.configs import lqq_wgmma_launch, lqq_ws_launch
+
+    for n, k in parse_shapes(shapes):
+        packed = None
+        for m in [int(v) for v in ms.split(",")]:
+            launch = lqq_wgmma_launch(m, n, k)
+            ws = lqq_ws_launch(*launch) if launch else None
+            if ws is None or not keep(n, k, m, ws):
+                continue
+            packed = packed or _packed("w4a8-lqq", torch.randn(n, k, device="cuda"))
+            yield (n, k, m, *packed, ws)
+
+
 def fp16_and_w4a16_inputs(tensors: dict, m: int, n: int, k: int) -> tuple[dict, list[tuple]]:
     """For an A/B of W4A16 kernels on the packed weight ``tensors`` [N, K] at M tokens (the docs/bench scripts):
     cuBLAS fp16's :func:`.timing.time_rotating` result for the same product, and the rotating (fp16 activations, a

@@ -473,16 +473,29 @@ def lqq_halves_plan(m: int, n: int, sms: int = SMS_H100) -> tuple[int, float]:
     return best
 
 
+def _whole_waves(option: tuple[int, int, int], m: int, n: int, k: int, sms: int) -> float:
+    """Waves of the large-M model's ``option`` (tokens, warpgroups, stages) with whole tiles (:func:`lqq_big_m_waves`)."""
+    tokens, wg, _ = option
+    per_sm, solo, blend, _ = lqq_big_m_options(k)[option]
+    return lqq_big_m_waves(-(-n // (64 * wg)) * -(-m // tokens), per_sm, solo, blend, sms)
+
+
+@functools.lru_cache(maxsize=4096)  # lqq_ws_halves asks once per call of a 256-token launch
+def _halves_from(m: int, n: int, k: int, sms: int) -> int | None:
+    """The halved plan's ``halves_from`` where it has fewer waves than the 256-token option's whole tiles, else
+    None (M >= LQQ_HALVES_MIN_M)."""
+    h, waves = lqq_halves_plan(m, n, sms)
+    return h if waves < _whole_waves(LQQ_BIG_M_TOKENS_256, m, n, k, sms) else None
+
+
 def lqq_big_m_option_waves(option: tuple[int, int, int], m: int, n: int, k: int, sms: int = SMS_H100) -> float:
     """Waves of the large-M model's ``option`` (tokens, warpgroups, stages) for M tokens on an [N, K] weight
     (:func:`lqq_big_m_waves`); the 256-token option's the fewer of that and its halved plan's
     (:func:`lqq_halves_plan`)."""
-    tokens, wg, _ = option
-    per_sm, solo, blend, _ = lqq_big_m_options(k)[option]
-    waves = lqq_big_m_waves(-(-n // (64 * wg)) * -(-m // tokens), per_sm, solo, blend, sms)
-    halved = option == LQQ_BIG_M_TOKENS_256 and LQQ_WS_HALVES and m >= LQQ_HALVES_MIN_M
-    plan = lqq_halves_plan(m, n, sms) if halved else None
-    return waves if plan is None else min(waves, plan[1])
+    waves = _whole_waves(option, m, n, k, sms)
+    if option == LQQ_BIG_M_TOKENS_256 and LQQ_WS_HALVES and m >= LQQ_HALVES_MIN_M:
+        return min(waves, lqq_halves_plan(m, n, sms)[1])
+    return waves
 
 
 def lqq_ws_halves(m: int, n: int, k: int, launch: tuple[int, int, int, int, int, int] | None,
@@ -495,9 +508,7 @@ def lqq_ws_halves(m: int, n: int, k: int, launch: tuple[int, int, int, int, int,
     bm, _, tail, warpgroups, per_sm, split = launch
     if (bm, tail, warpgroups, per_sm, split) != (128, 128, 2, 1, 1):
         return None
-    h, waves = lqq_halves_plan(m, n, sms)
-    per_sm, solo, blend, _ = lqq_big_m_options(k)[LQQ_BIG_M_TOKENS_256]
-    return h if waves < lqq_big_m_waves(-(-n // 128) * -(-m // 256), per_sm, solo, blend, sms) else None
+    return _halves_from(m, n, k, sms)
 
 
 def lqq_big_m_launch(m: int, n: int, k: int, sms: int = SMS_H100,

@@ -180,6 +180,13 @@ def test_rule_takes_the_cluster_kernel_only_where_it_was_measured_faster():
     assert lqq_cluster_launch(384, 1024, 5120) == lqq_cluster_launch(384, 1024, 4096)  # K = 5120 up to 384 tokens
     assert lqq_cluster_launch(385, 1024, 5120) is None and lqq_cluster_launch(385, 1024, 4096) is not None
     assert lqq_cluster_launch(17, 5120, 5120) is None and lqq_cluster_launch(17, 5120, 4096) is not None
+    # session 27: the 512-row class runs its two-warpgroup launch from 513 tokens (the split of 8 there ran 0.73-0.80x
+    # fp16 on 512x4096), and at K = 5120 to 896 tokens, where the Gluon rule ran 0.90-0.98x
+    for k in (3584, 4096, 5120):
+        assert lqq_cluster_launch(513, 512, k) == lqq_cluster_launch(896, 512, k) == (128, 4, 3, 2, 128)
+        assert lqq_cluster_launch(449, 512, k) == (64, 2, 4, 1, 64)
+    assert lqq_cluster_launch(897, 512, 5120) is None and lqq_cluster_launch(897, 512, 4096) == (64, 2, 3, 2, 64)
+    assert lqq_cluster_launch(385, 513, 5120) is None
     for m, n, k in [(8, 512, 3584), (1025, 512, 3584), (513, 1024, 4096), (257, 2048, 4096), (16, 2049, 4096),
                     (129, 4096, 4096), (65, 6144, 4096), (32, 4608, 3584), (17, 6145, 4096), (17, 14336, 4096),
                     (40, 512, 2048), (40, 512, 8192), (40, 1024, 8192), (40, 512, 3840), (40, 4096, 14336)]:

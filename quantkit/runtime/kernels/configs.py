@@ -720,13 +720,19 @@ def lqq_k_pair(m: int, n: int, k: int, sms: int = SMS_H100) -> bool:
 #   on 5120×5120 (the 6144-row class) 1.00-1.02×, so K = 5120 takes the classes up to 2048 rows to M = 384. Checked
 #   through int8_matmul (cluster_rule_check_k5120_h100.json): 1.12-1.35× there. K = 8192 (1024×8192) was
 #   0.89-1.23×, slower at 5 of its 13 covered points: not taken.
-# K → None (all of the table) or (the largest N, the last M) it applies to; the K measured, these only
-LQQ_CLUSTER_K = {3584: None, 4096: None, 5120: (2048, 384)}
+# * Session 27 (docs/logs/session27/cluster_512/): the 512-row class's M = 513-640 launch (64 tokens, a split of 8)
+#   came from 512×3584; on 512×4096 it ran 12.8-13.7 µs, 0.73-0.80× fp16, where the two-warpgroup launch of 641-896
+#   ran 9.7-9.9 (the sweep's best or within 1 % of it; on 512×3584 within 1 % of the old launch). That launch now
+#   starts at 513. K = 5120's 512-row layers take the class to M = 896: there the Gluon rule ran 0.90-0.98× fp16 at
+#   513-896 and this launch (or the table's 449-512 one) 1.03-1.18× (cluster_512_rule_check_h100.json). Left slower
+#   than fp16 after it: 512×3584 at 513-1024 (0.90-0.98×) and the 512-row class at 897-1024 on every K (0.87-1.0×),
+#   where no launch of this kernel or the Gluon rule beat cuBLAS's 9-13 µs (cluster_512_top_h100.json).
+# K → None (all of the table) or the (largest N, last M) pairs it applies to; the K measured, these only
+LQQ_CLUSTER_K = {3584: None, 4096: None, 5120: ((2048, 384), (512, 896))}
 # largest N → ((first M, last M, (tokens per CTA, K split, stages, depth, rows)), ...); the first class that holds N
 LQQ_CLUSTER_TABLE = {
     512: ((9, 64, (64, 8, 3, 1, 64)), (65, 192, (64, 8, 4, 1, 64)), (193, 448, (64, 4, 3, 2, 64)),
-          (449, 512, (64, 2, 4, 1, 64)), (513, 640, (64, 8, 2, 1, 64)), (641, 896, (128, 4, 3, 2, 128)),
-          (897, 1024, (64, 2, 3, 2, 64))),
+          (449, 512, (64, 2, 4, 1, 64)), (513, 896, (128, 4, 3, 2, 128)), (897, 1024, (64, 2, 3, 2, 64))),
     1024: ((9, 64, (64, 4, 4, 1, 64)), (65, 192, (64, 4, 3, 2, 64)), (193, 256, (64, 2, 4, 1, 64)),
            (257, 320, (64, 4, 2, 1, 64)), (321, 384, (128, 4, 3, 2, 128)), (385, 512, (64, 2, 3, 2, 64))),
     2048: ((9, 16, (64, 8, 2, 1, 64)), (17, 64, (64, 4, 4, 2, 128)), (65, 128, (64, 2, 4, 2, 64)),
@@ -742,7 +748,7 @@ def lqq_cluster_launch(m: int, n: int, k: int) -> tuple[int, int, int, int, int]
     LiquidQuant weight, or None where the other kernels run (comment above)."""
     if k not in LQQ_CLUSTER_K:
         return None
-    if LQQ_CLUSTER_K[k] is not None and (n > LQQ_CLUSTER_K[k][0] or m > LQQ_CLUSTER_K[k][1]):
+    if LQQ_CLUSTER_K[k] is not None and not any(n <= max_n and m <= last_m for max_n, last_m in LQQ_CLUSTER_K[k]):
         return None
     for max_n, ranges in LQQ_CLUSTER_TABLE.items():
         if n <= max_n:

@@ -92,6 +92,9 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
         raise QuantkitError(f"{', '.join(calib)} set{'s' if len(calib) == 1 else ''} the calibration of --recipe; "
                             "add --recipe or drop " + ("it" if len(calib) == 1 else "them"))
     check_sample_count(calib_samples)
+    check_sample_count(max_windows, "--max-windows")  # before the model loads and the baseline runs
+    if seqlen is not None:
+        choose_seqlen(seqlen, None)  # its lower bound now; the model's own limit once it is loaded
     if packed and device_map is not None:
         raise QuantkitError("--device-map places an HF model's layers; a packed checkpoint loads on --device, so "
                             "drop --device-map")
@@ -228,6 +231,10 @@ def search(
     console = err_console if json_out else out_console
     console.print(summary_table(plan))
     console.print(f"plan written to {output}", highlight=False)
+    if plot is not None:
+        from quantkit.plotting import written_path
+
+        console.print(f"heatmap written to {written_path(plot)}", markup=False, highlight=False)
     if json_out:
         sys.stdout.write(json.dumps(summary(plan, output)) + "\n")
 
@@ -323,7 +330,8 @@ def bench(
     batch: Annotated[Optional[str], typer.Option(help="--decode-step batch sizes B, comma-separated (default "
                                                       f"{DEFAULT_BATCH})")] = None,
     context: Annotated[Optional[int], typer.Option(help="--decode-step tokens already in the KV cache (default "
-                                                        f"{DEFAULT_CONTEXT})")] = None,
+                                                        f"{DEFAULT_CONTEXT}, or the model's positions - 1 if "
+                                                        "fewer)")] = None,
     layer: Annotated[Optional[int], typer.Option(help="--decode-step decoder layer index (default 0)")] = None,
     device: Annotated[Optional[str], typer.Option(help="--decode-step device: cuda, cuda:N or cpu (CPU: no kernels, "
                                                        "a check of the mode only; default cuda)")] = None,
@@ -351,7 +359,7 @@ def bench(
         from quantkit.bench.report import format_table
         from quantkit.bench.runner import run_bench
 
-        command.check_kernel_only(batch, context, layer, device)
+        command.check_kernel_only(batch, context, layer, device, graph)
         bench_shapes, wanted = command.kernel_targets(packed, shapes, preset, methods)
         ms = command.parse_ints(DEFAULT_M if m is None else m, "--m")
         if plot is not None:
@@ -361,7 +369,10 @@ def bench(
         if plot is not None:
             from quantkit.bench.plot import save_speedup_plot
 
+            from quantkit.plotting import written_path
+
             save_speedup_plot(rows, plot)
+            console.print(f"plot written to {written_path(plot)}", markup=False, highlight=False)
     if json_out:
         sys.stdout.write(json.dumps(rows) + "\n")
 

@@ -42,6 +42,9 @@ ONE_OF = "give exactly one of PACKED"
     (["--shapes", "64x64", "--methods", "fp16", "--plot", "b.png"], "only fp16 is timed"),
     (["--shapes", "64x64", "--plot", "no/such/folder/b.png"], "folder 'no/such/folder' does not exist"),
     (["--shapes", "64x64", "--plot", "b.txt"], "matplotlib does not write .txt files"),
+    (["--shapes", "64x64", "--plot", "."], "--plot '.' is not a file name; give one such as --plot speedup.png"),
+    (["--shapes", "64x64", "--plot", ""], "is not a file name"),
+    (["--shapes", "64x64", "--no-graph"], "--no-graph is for --decode-step only"),
 ])
 def test_bench_option_errors(args, message):
     r = runner.invoke(app, ["bench", *args])
@@ -68,3 +71,33 @@ def test_plot_without_matplotlib_fails_before_timing(monkeypatch, tmp_path):
     r = runner.invoke(app, ["bench", "--shapes", "64x64", "--m", "1", "--plot", str(tmp_path / "b.png")])
     assert r.exit_code == 2 and "`pip install matplotlib`" in r.stderr
     assert not (tmp_path / "b.png").exists()
+
+
+def test_plot_into_a_folder_that_takes_no_file_fails_before_timing(monkeypatch, tmp_path):
+    """Root ignores permission bits and mounts can be read-only, so the check tries a file in the folder."""
+    import quantkit.plotting as plotting
+
+    def refuse(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(plotting.tempfile, "NamedTemporaryFile", refuse)
+    r = runner.invoke(app, ["bench", "--shapes", "64x64", "--m", "1", "--plot", str(tmp_path / "b.png")])
+    assert r.exit_code == 2 and r.stderr.strip().endswith("Permission denied; choose a folder you can write to")
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_written_path_is_where_savefig_puts_it(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from quantkit.plotting import save_figure, written_path
+
+    for name in ("speedup", "speedup.svg", "a.b.png"):
+        save_figure(plt.figure(), tmp_path / name, "plot")
+        assert written_path(tmp_path / name).is_file(), name
+    assert written_path("speedup").name == "speedup.png"
+
+
+def test_list_options_time_each_value_once():
+    from quantkit.bench.command import parse_ints
+
+    assert parse_ints("16,1,16, 4,1", "--m") == [16, 1, 4]

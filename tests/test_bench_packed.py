@@ -79,7 +79,8 @@ def test_methods_union_and_refusal():
     m = _manifest({"a.0.x": _lin(7, 200, [_part("w4a16")]), "a.0.y": _lin(7, 200, mixed),
                    "a.0.z": _lin(7, 200, [_part("reference")])}, A8)
     assert checkpoint_methods(m) == ["fp16", "w4a8+aq", "mixed+aq"]
-    with pytest.raises(QuantkitError, match="layout\\(s\\) reference with A8 .*--target sm80\\|sm90"):
+    with pytest.raises(QuantkitError, match="layout\\(s\\) reference with A8 .*--target sm90` \\(or sm80, "
+                                            "without --format gptq/awq\\)"):
         checkpoint_methods(_manifest({"a.0.z": _lin(7, 200, [_part("reference")])}, A8))
 
 
@@ -168,6 +169,16 @@ def test_decode_step_cli_json(packs):
     rows = json.loads(r.stdout.strip().splitlines()[-1])
     assert [row["batch"] for row in rows] == [1, 2] and all(row["packed_us"] > 0 for row in rows)
     assert "packed layer µs" in r.stderr and "max rel diff" in r.stderr
+
+
+def test_decode_step_default_context_fits_the_model_and_cpu_rows_say_what_they_are(packs):
+    """Without --context the KV cache is 1024 tokens or, in a model of fewer positions, all but the decoded one's;
+    a CPU table says its numbers are the reference path's, not kernel timings."""
+    r = CliRunner().invoke(app, ["bench", packs["w8a8"], "--decode-step", "--device", "cpu", "--batch", "1",
+                                 "--reps", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout.strip().splitlines()[-1])[0]["context"] == 255  # the tiny model has 256 positions
+    assert "CPU:" in r.stderr and "not kernel" in " ".join(r.stderr.split())
 
 
 @pytest.mark.parametrize("args,message", [

@@ -475,6 +475,23 @@ def test_interrupted_write_leaves_nothing(model_dir, tmp_path, monkeypatch, exc)
     assert not out.exists() and not _leftovers(tmp_path)
 
 
+def test_output_folder_that_takes_no_directory_is_refused_before_quantizing(model_dir, tmp_path, monkeypatch):
+    """A read-only or forbidden output folder is one line naming the fix, before the model is even loaded (root
+    ignores permission bits, so the check has to try a directory there)."""
+    import quantkit.checkpoint.atomic as atomic
+    import quantkit.model as model_pkg
+
+    def refuse(*a, **k):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(atomic.tempfile, "mkdtemp", refuse)
+    monkeypatch.setattr(model_pkg, "load_model", lambda *a, **k: pytest.fail("loaded the model before the check"))
+    with pytest.raises(QuantkitError, match="Read-only file system; nothing was written .choose a folder you can "
+                                            "write to with -o"):
+        run_pack(str(model_dir), "rtn-w4a16-g128", str(tmp_path / "out"), **FAST)
+    assert not (tmp_path / "out").exists() and not _leftovers(tmp_path)
+
+
 def test_existing_output_needs_force(model_dir, rtn_ckpt, tmp_path, monkeypatch):
     out = _copy(rtn_ckpt, tmp_path / "out")
     before = read_manifest(out)["recipe"]["name"]

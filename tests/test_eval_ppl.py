@@ -76,6 +76,20 @@ def test_user_errors_are_one_line_exit_2(args, message):
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in r.output
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--recipe", "gptq-w4a16-g128", "--max-windows", "0"], "--max-windows must be at least 1, got 0"),
+    (["--max-windows", "-1"], "--max-windows must be at least 1, got -1"),
+    (["--recipe", "gptq-w4a16-g128", "--seqlen", "1"], "--seqlen must be at least 2, got 1"),
+])
+def test_window_options_are_refused_before_the_model_loads(monkeypatch, args, message):
+    """Not after a GPTQ run: the model is never loaded (load_model would fail the test)."""
+    import quantkit.model as model_pkg
+
+    monkeypatch.setattr(model_pkg, "load_model", lambda *a, **k: pytest.fail("loaded the model before the check"))
+    r = runner.invoke(app, ["eval-ppl", "builtin:reference", *args])
+    assert r.exit_code == 2 and r.stderr.strip() == f"error: {message}"
+
+
 def test_dir_without_config_and_short_text_errors(tmp_path):
     r = runner.invoke(app, ["eval-ppl", str(tmp_path)])
     assert r.exit_code == 2 and "no config.json" in r.stderr

@@ -106,6 +106,20 @@ def test_run_bench_on_gpu():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_shapes_a_method_cannot_run_are_skipped_rows_not_tracebacks():
+    """Odd N and K (cuBLAS int8 wants multiples of 8) and a one-row layer (mixed has no 4-bit partition) give
+    ``skipped`` rows with the reason; the quantkit kernels time them."""
+    from quantkit.bench.runner import run_bench
+
+    rows = run_bench([(100, 260), (1, 256)], [32], ["int_mm", "mixed", "w4a16"], ceilings=CEIL, reps=3)
+    by = {(r["method"], r["n"]): r for r in rows}
+    assert "torch._int_mm cannot run M=32, N=100, K=260" in by["int_mm", 100]["skipped"]
+    assert by["mixed", 1]["skipped"] == "mixed needs N >= 2 (a 4-bit and an 8-bit partition), got N=1"
+    assert "ms" in by["mixed", 100] and "ms" in by["w4a16", 100] and "ms" in by["w4a16", 1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_measured_8bit_ceiling_is_the_faster_of_cublas_int8_and_fp8():
     from quantkit.bench.roofline import fp8_matmul, fp8_matmul_supported, measure_ceilings
 

@@ -20,14 +20,15 @@ DEFAULT_CONTEXT = 1024
 
 
 def parse_ints(text: str, option: str, minimum: int = 1) -> list[int]:
-    """Comma-separated integers ≥ ``minimum`` of a list option (``--m 1,16``), or a one-line QuantkitError."""
+    """Comma-separated integers ≥ ``minimum`` of a list option (``--m 1,16``), each once in the order given (a
+    repeated value would time and print the same point twice), or a one-line QuantkitError."""
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise QuantkitError(f"{option} takes comma-separated integers, got '{text}'") from None
     if not values or min(values) < minimum:
         raise QuantkitError(f"{option} takes comma-separated integers ≥ {minimum}, got '{text}'")
-    return values
+    return list(dict.fromkeys(values))
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -101,7 +102,7 @@ class DecodeStepArgs:
 
     packed: str
     batches: list[int]
-    context: int
+    context: int | None  # None: DEFAULT_CONTEXT, or the model's positions - 1 where it has fewer
     layer: int
     device: str
 
@@ -120,8 +121,7 @@ def decode_step_args(packed: str | None, shapes: str | None, preset: str | None,
         raise QuantkitError(f"{', '.join(given)} {_verb(given, 'is', 'are')} for the kernel sweep, not --decode-step; "
                             f"remove {_verb(given, 'it', 'them')} (--decode-step takes --batch, --context, --layer, "
                             "--device)")
-    context = DEFAULT_CONTEXT if context is None else context
-    if context < 1:
+    if context is not None and context < 1:
         raise QuantkitError(f"--context is the number of tokens already in the KV cache (≥ 1), got {context}")
     if layer is not None and layer < 0:
         raise QuantkitError(f"--layer is a decoder layer index (≥ 0), got {layer}")
@@ -129,10 +129,12 @@ def decode_step_args(packed: str | None, shapes: str | None, preset: str | None,
                           device or "cuda")
 
 
-def check_kernel_only(batch: str | None, context: int | None, layer: int | None, device: str | None) -> None:
-    """Refuse the ``--decode-step`` options in a kernel sweep (the sweep runs on the current CUDA device)."""
+def check_kernel_only(batch: str | None, context: int | None, layer: int | None, device: str | None,
+                      graph: bool = True) -> None:
+    """Refuse the ``--decode-step`` options in a kernel sweep (the sweep runs on the current CUDA device and times
+    small M with CUDA graphs, always)."""
     given = [opt for opt, v in (("--batch", batch), ("--context", context), ("--layer", layer),
-                                ("--device", device)) if v is not None]
+                                ("--device", device), ("--no-graph", None if graph else True)) if v is not None]
     if given:
         raise QuantkitError(f"{', '.join(given)} {_verb(given, 'is', 'are')} for --decode-step only; add "
                             f"--decode-step or remove {_verb(given, 'it', 'them')}")

@@ -203,12 +203,13 @@ def _device_name(device: str) -> str:
 
 
 @torch.no_grad()
-def run_decode_step(packed: str, batches: Sequence[int], context: int = 1024, layer: int = 0,
+def run_decode_step(packed: str, batches: Sequence[int], context: int | None = None, layer: int = 0,
                     device: str = "cuda", reps: int = 50, use_graph: bool = True, seed: int = 0) -> list[dict]:
     """Per batch size B one row: median µs of one decode step of decoder layer ``layer`` of the packed checkpoint
     ``packed`` (``packed_us``) and of its FP16 layer of the dequantized weights (``fp16_us``, module docstring),
     ``speedup`` = fp16_us / packed_us, ``max_rel_diff`` of the two outputs (:func:`max_rel_diff`), with a KV cache
-    of ``context`` tokens, in fp16 on ``device`` (cpu, cuda, cuda:N)."""
+    of ``context`` tokens (None: :data:`~quantkit.bench.command.DEFAULT_CONTEXT`, or the model's positions − 1 where
+    it has fewer), in fp16 on ``device`` (cpu, cuda, cuda:N)."""
     from quantkit.bench.packed_targets import linear_names
     from quantkit.checkpoint import load_packed, read_manifest
     from quantkit.model.loader import max_positions, resolve_device
@@ -217,6 +218,10 @@ def run_decode_step(packed: str, batches: Sequence[int], context: int = 1024, la
     manifest = read_manifest(packed)
     model = load_packed(packed, device=dev, dtype="fp16", load_tokenizer=False).model
     limit = max_positions(model)
+    if context is None:
+        from quantkit.bench.command import DEFAULT_CONTEXT
+
+        context = DEFAULT_CONTEXT if limit is None else max(1, min(DEFAULT_CONTEXT, limit - 1))
     if limit is not None and context + 1 > limit:
         raise QuantkitError(f"--context {context} plus the decoded token exceeds the model's {limit} positions; "
                             f"use --context {limit - 1} or less")

@@ -105,5 +105,6 @@ def checkpoint_methods(manifest: dict, where: str = "the checkpoint") -> list[st
         layouts = sorted({p["layout"] for e in manifest["linears"].values() for p in e["partitions"]})
         acts = f"A{act['bits']}" if act else "A16"
         raise QuantkitError(f"{where} stores its linears in layout(s) {', '.join(layouts)} with {acts} activations, "
-                            "which no benchmarked kernel reads; repack with --target sm80|sm90 or pass --methods")
+                            "which no benchmarked kernel reads; repack it with `quantkit pack … --target sm90` (or "
+                            "sm80, without --format gptq/awq) or pass --methods")
     return ["fp16", *methods]

@@ -163,6 +163,10 @@ def build_problem(method: str, m: int, n: int, k: int, config=None, seed: int = 
         copies = copies_to_defeat_l2(n * k + m * k + 4 * m * n)
         mk = lambda *s: torch.randint(-127, 128, s, generator=gen, device=dev, dtype=torch.int8)  # noqa: E731
         inputs = [(mk(m, k), mk(n, k).t()) for _ in range(copies)]
+        try:  # cuBLAS's shape rules (K and N multiples of 8 in the releases seen) vary with the torch release: ask it
+            torch._int_mm(*inputs[0])
+        except RuntimeError as e:
+            raise QuantkitError(f"torch._int_mm cannot run M={m}, N={n}, K={k}: {str(e).splitlines()[0]}") from e
         return Problem(lambda a, b: torch._int_mm(a, b), inputs, n * k, 1.0, True)
     if method == "fp8":
         return _fp8_problem(m, n, k, randn)
@@ -180,6 +184,8 @@ def build_problem(method: str, m: int, n: int, k: int, config=None, seed: int = 
     base, with_aq = method.split("+")[0], method.endswith("+aq")
     act_group = -1 if base == "w4a8-lqq" else 128
     if base == "mixed":
+        if n < 2:
+            raise QuantkitError(f"mixed needs N >= 2 (a 4-bit and an 8-bit partition), got N={n}")
         n8 = max(1, int(round(MIXED_8BIT_SHARE * n)))
         perm = torch.randperm(n, generator=gen, device=dev)
         rows8, rows4 = perm[:n8].sort().values, perm[n8:].sort().values

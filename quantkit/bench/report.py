@@ -55,7 +55,9 @@ def decode_step_table(rows: list[dict]) -> Table:
                     + ("" if first.get("graph", True) else " (no CUDA graph)")
                     + (", decode GEMVs with programmatic dependent launch" if first.get("gemv_pdl") else "")
                     + (f", {first['fused_gemms']} fused projection GEMMs" if first.get("fused_gemms") else "")
-                    + (f", {first['fused_norms']} quantkit RMSNorms" if first.get("fused_norms") else ""))
+                    + (f", {first['fused_norms']} quantkit RMSNorms" if first.get("fused_norms") else "")
+                    + (" — CPU: the torch reference path, a check of the mode, not kernel timings"
+                       if first.get("device") == "cpu" else ""))
     for name in ("batch", "fp16 layer µs", "packed layer µs", "speedup", "max rel diff"):
         t.add_column(name, justify="right")
     for r in rows:

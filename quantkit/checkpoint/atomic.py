@@ -46,6 +46,7 @@ def check_output(out: Path, force: bool) -> None:
     empty directory (so a mistyped path never deletes unrelated data); the parent folder must exist."""
     if not out.parent.is_dir():
         raise QuantkitError(f"cannot write '{out}': folder '{out.parent}' does not exist; create it first")
+    _check_writable(out)
     if not out.exists() and not out.is_symlink():
         return
     replaceable = out.is_dir() and not out.is_symlink() and ((out / MANIFEST_NAME).is_file()
@@ -57,10 +58,20 @@ def check_output(out: Path, force: bool) -> None:
                             "checkpoints — remove it yourself or choose another -o")
 
 
+def _check_writable(out: Path) -> None:
+    """Refuse a folder that will not take the checkpoint's temporary directory, before any quantization work: a probe
+    directory is created and removed, since permission bits cannot tell (root ignores them; read-only mounts)."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=f"{out.name}.probe-", dir=out.parent))
+    except OSError as e:
+        raise _disk_error(out, e) from None
+
+
 def _disk_error(out: Path, e: OSError) -> QuantkitError:
-    why = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else (e.strerror or str(e))
-    return QuantkitError(f"cannot write checkpoint '{out}': {why}; nothing was written (free space or choose "
-                         "another -o)")
+    full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+    why = "the disk is full" if full else (e.strerror or str(e))
+    fix = "free space or choose another -o" if full else "choose a folder you can write to with -o"
+    return QuantkitError(f"cannot write checkpoint '{out}': {why}; nothing was written ({fix})")
 
 
 @contextlib.contextmanager
@@ -70,7 +81,10 @@ def atomic_directory(out: str | os.PathLike, force: bool = False) -> Iterator[Pa
     temporary directory is removed and the exception re-raised (an OSError as a one-line QuantkitError)."""
     out = Path(out).absolute()
     check_output(out, force)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{out.name}.tmp-", dir=out.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f"{out.name}.tmp-", dir=out.parent))
+    except OSError as e:
+        raise _disk_error(out, e) from None
     os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; a checkpoint is shared like any save_pretrained dir
     try:
         yield tmp

@@ -76,7 +76,8 @@ def read_manifest(folder: str | Path) -> dict:
     folder = Path(folder).expanduser()
     path = folder / MANIFEST_NAME
     if not folder.is_dir():
-        raise QuantkitError(f"checkpoint '{folder}' does not exist or is not a directory")
+        raise QuantkitError(f"checkpoint '{folder}' does not exist or is not a directory; check the path (a folder "
+                            "written by `quantkit pack`)")
     if not path.is_file():
         raise QuantkitError(f"'{folder}' has no {MANIFEST_NAME}; it is not a packed quantkit checkpoint "
                             "(pack one with `quantkit pack`)")

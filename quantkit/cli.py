@@ -368,7 +368,6 @@ def bench(
         console.print(format_table(rows), markup=False, highlight=False)
         if plot is not None:
             from quantkit.bench.plot import save_speedup_plot
-
             from quantkit.plotting import written_path
 
             save_speedup_plot(rows, plot)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -130,7 +131,9 @@ def prepare_decode(model: nn.Module, layers: nn.ModuleList, index: int, ids: tor
     context = ids.shape[1] - 1
     cache = StaticCache(config=model.config, max_cache_len=context + 1)
     cache_layer = _cache_layer(cache, index, context)
-    model(input_ids=ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    # transformers 5.x renamed the forward's past_key_values to cache (the old name warns and goes in 5.40)
+    with_cache = {("cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"): cache}
+    model(input_ids=ids[:, :context], use_cache=True, logits_to_keep=1, **with_cache)
     store: dict = {}
 
     def catch(module, args, kwargs):
@@ -140,7 +143,7 @@ def prepare_decode(model: nn.Module, layers: nn.ModuleList, index: int, ids: tor
     hook = layers[index].register_forward_pre_hook(catch, with_kwargs=True)
     try:
         with contextlib.suppress(_Captured):  # the hook ends the forward as soon as layer i's inputs are stored
-            model(input_ids=ids[:, context:], past_key_values=cache, use_cache=True, logits_to_keep=1)
+            model(input_ids=ids[:, context:], use_cache=True, logits_to_keep=1, **with_cache)
     finally:
         hook.remove()
     args, kwargs = store["args"], store["kwargs"]

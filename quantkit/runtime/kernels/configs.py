@@ -724,9 +724,10 @@ def lqq_k_pair(m: int, n: int, k: int, sms: int = SMS_H100) -> bool:
 #   came from 512×3584; on 512×4096 it ran 12.8-13.7 µs, 0.73-0.80× fp16, where the two-warpgroup launch of 641-896
 #   ran 9.7-9.9 (the sweep's best or within 1 % of it; on 512×3584 within 1 % of the old launch). That launch now
 #   starts at 513. K = 5120's 512-row layers take the class to M = 896: there the Gluon rule ran 0.90-0.98× fp16 at
-#   513-896 and this launch (or the table's 449-512 one) 1.03-1.18× (cluster_512_rule_check_h100.json). Left slower
-#   than fp16 after it: 512×3584 at 513-1024 (0.90-0.98×) and the 512-row class at 897-1024 on every K (0.87-1.0×),
-#   where no launch of this kernel or the Gluon rule beat cuBLAS's 9-13 µs (cluster_512_top_h100.json).
+#   513-769 and this launch (or the table's 449-512 one) 1.03-1.18× (cluster_512_rule_check_h100.json). Left slower
+#   than fp16 after it: 512×3584 at most M of 513-1024 (0.90-0.98×) and the 512-row class at 897-1024 on every K
+#   (0.87-1.0×), where no launch of this kernel or the Gluon rule beat cuBLAS's 9.7-14.3 µs
+#   (cluster_512_top_h100.json).
 # K → None (all of the table) or the (largest N, last M) pairs it applies to; the K measured, these only
 LQQ_CLUSTER_K = {3584: None, 4096: None, 5120: ((2048, 384), (512, 896))}
 # largest N → ((first M, last M, (tokens per CTA, K split, stages, depth, rows)), ...); the first class that holds N

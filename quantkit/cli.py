@@ -103,27 +103,35 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
 
         check_source(calib_dataset)  # before the model loads and the baseline runs
     text = joined_text(dataset, "test")  # a bad --dataset fails before the model loads
+    if plan is not None and recipe is None:
+        raise QuantkitError("--plan needs --recipe (the plan says which bits, the recipe how to quantize)")
+    rec = plan_obj = None
+    if recipe is not None:  # a bad recipe or plan, or one that does not fit the other, fails before the model loads
+        from quantkit.quant.recipe import check_calibration_options, load_recipe
+
+        rec = load_recipe(recipe)
+        check_calibration_options(rec, calib)
+        if plan is not None:
+            from quantkit.search.plan_check import check_plan_recipe, read_plan
+
+            plan_obj = read_plan(plan)
+            check_plan_recipe(plan_obj, rec, f"plan '{plan}'")
     loaded = (load_packed(model_ref, device=device, dtype=dtype) if packed
               else load_model(model_ref, device=device, dtype=dtype, device_map=device_map))
     seqlen = choose_seqlen(seqlen, max_positions(loaded.model))
     ids = encode(loaded.tokenizer, text)
     result = {"model": model_ref, "dataset": dataset, "device": loaded.device,
               "dtype": str(loaded.dtype).replace("torch.", "")}
-    if recipe is None:
-        if plan is not None:
-            raise QuantkitError("--plan needs --recipe (the plan says which bits, the recipe how to quantize)")
+    if rec is None:
         r = _ppl_of(loaded.model, ids, seqlen, max_windows, "packed" if packed else "fp")
         result.update(r.as_dict())
         return result
     from quantkit.quant.apply import quantize_model
-    from quantkit.quant.recipe import load_recipe
 
-    rec = load_recipe(recipe)
-    plan_obj = None
-    if plan is not None:
-        from quantkit.search.plan import load_plan
+    if plan_obj is not None:
+        from quantkit.search.plan_check import check_plan_model
 
-        plan_obj = load_plan(plan, loaded.model)
+        check_plan_model(plan_obj, loaded.model, f"plan '{plan}'")
     if baseline:
         r0 = _ppl_of(loaded.model, ids, seqlen, max_windows, "fp")
         result.update(ppl_fp16=r0.ppl, nll_fp16=r0.nll)
@@ -221,9 +229,10 @@ def search(
 ):
     """MixLLM global precision search: Eq. 4 salience per output channel, ranked over the whole model, written
     as a precision plan for `pack` and `eval-ppl --plan`."""
-    from quantkit.search.command import run_search
+    from quantkit.search.command import check_salience_options, run_search
     from quantkit.search.report import summary, summary_table
 
+    check_salience_options(strategy, samples, seqlen, seed, dataset, not no_first_order, batch_size)
     plan = run_search(model, output, recipe, bits=bits, target_bits=target_bits, fractions=fractions,
                       strategy=strategy, samples=samples, seqlen=seqlen, seed=seed, dataset=dataset,
                       first_order=not no_first_order, batch_size=batch_size, device=device, dtype=dtype,

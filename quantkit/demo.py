@@ -31,6 +31,7 @@ def run_demo(max_windows: int | None = 40, device: str = "auto", calib_samples: 
              configs: list[tuple[str, str, float | None]] | None = None) -> list[dict]:
     """Evaluate the reference model in FP and under each configuration; prints a table, returns the rows."""
     from quantkit.cli import evaluate_ppl
+    from quantkit.quant.recipe import load_recipe
     from quantkit.search.command import run_search
 
     out_console.print(f"[bold]quantkit demo[/] — {MODEL}: 7.6 M-parameter Llama (GQA) trained on the shipped "
@@ -47,8 +48,9 @@ def run_demo(max_windows: int | None = 40, device: str = "auto", calib_samples: 
                 run_search(MODEL, plan, recipe, bits="4,8", target_bits=target, samples=calib_samples,
                            device=device)
             out_console.print(f"quantize + eval: {label} ({recipe})")
+            calibrated = load_recipe(recipe).uses_calibration  # RTN recipes refuse calibration options
             r = evaluate_ppl(MODEL, "kjv", None, max_windows, device, recipe=recipe, plan=plan, baseline=False,
-                             calib_samples=calib_samples)
+                             calib_samples=calib_samples if calibrated else None)
             rows.append(dict(r, config=label))
     base = rows[0]["ppl"]
     t = Table(title=f"quantkit demo — {MODEL}, perplexity on kjv test")

@@ -85,12 +85,17 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
     out = Path(output).expanduser()
     check_output(out.absolute(), force)
     rec = load_recipe(recipe)
+    if calib_samples is not None:
+        from quantkit.quant.recipe import check_calibration_options
+
+        check_calibration_options(rec, ["--calib-samples"])
     plan_raw = _plan_bytes(plan)
     plan_obj = None
     if plan is not None:
-        from quantkit.search.plan_check import read_plan
+        from quantkit.search.plan_check import check_plan_recipe, read_plan
 
         plan_obj = read_plan(plan)
+        check_plan_recipe(plan_obj, rec, f"plan '{plan}'")
         check_recipe_export(rec, export, any(lp.channels for lp in plan_obj.layers.values()))
     else:
         check_recipe_export(rec, export, False)

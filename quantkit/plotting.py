@@ -29,7 +29,7 @@ def check_plot_path(path: str | os.PathLike, option: str = "--plot") -> None:
     require_matplotlib()
     p = Path(path).expanduser()
     if not str(path).strip() or p.is_dir():
-        raise QuantkitError(f"{option} '{path}' is not a file name; give one such as {option} speedup.png")
+        raise QuantkitError(f"{option} '{path}' is not a file name; give one such as {option} plot.png")
     if not p.parent.is_dir():
         raise QuantkitError(f"cannot write {option} '{path}': folder '{p.parent}' does not exist; create it or "
                             "choose another path")

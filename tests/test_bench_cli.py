@@ -42,7 +42,7 @@ ONE_OF = "give exactly one of PACKED"
     (["--shapes", "64x64", "--methods", "fp16", "--plot", "b.png"], "only fp16 is timed"),
     (["--shapes", "64x64", "--plot", "no/such/folder/b.png"], "folder 'no/such/folder' does not exist"),
     (["--shapes", "64x64", "--plot", "b.txt"], "matplotlib does not write .txt files"),
-    (["--shapes", "64x64", "--plot", "."], "--plot '.' is not a file name; give one such as --plot speedup.png"),
+    (["--shapes", "64x64", "--plot", "."], "--plot '.' is not a file name; give one such as --plot plot.png"),
     (["--shapes", "64x64", "--plot", ""], "is not a file name"),
     (["--shapes", "64x64", "--no-graph"], "--no-graph is for --decode-step only"),
 ])

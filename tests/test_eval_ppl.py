@@ -187,3 +187,34 @@ def test_console_script_alone_prints_help_and_exits_0(monkeypatch, capsys, keep_
     with pytest.raises(SystemExit) as e:
         main()
     assert e.value.code == 0 and "Usage" in capsys.readouterr().out
+
+
+def test_demo_runs_calibrated_and_uncalibrated_recipes():
+    """The README's demo (a short version): RTN recipes get no calibration options (they would be refused), GPTQ
+    and the salience search get the demo's windows."""
+    from quantkit.demo import run_demo
+
+    rows = run_demo(max_windows=1, device="cpu", calib_samples=2,
+                    configs=[("RTN W4A16", "rtn-w4a16-g128", None), ("GPTQ W4A16", "gptq-w4a16-g128", None),
+                             ("MixLLM p10", "mixllm-w4a8-rtn", 4.4)])
+    assert [r["config"] for r in rows[1:]] == ["RTN W4A16", "GPTQ W4A16", "MixLLM p10"]
+    assert rows[1]["calibration"] is None and rows[2]["calibration"]["samples"] == 2
+    assert all(r["windows"] == 1 and r["ppl"] > 1 for r in rows)
+    assert 4.3 < rows[3]["avg_bits"] <= 4.4
+
+
+def test_calibration_options_for_a_recipe_without_calibration_are_refused(monkeypatch, tmp_path):
+    """RTN without clipping reads no calibration data: --calib-samples / --calib-dataset would change nothing."""
+    import quantkit.model as model_pkg
+    from quantkit.pack import run_pack
+
+    monkeypatch.setattr(model_pkg, "load_model", lambda *a, **k: pytest.fail("loaded the model before the check"))
+    r = runner.invoke(app, ["eval-ppl", "builtin:reference", "--recipe", "rtn-w4a16-g128", "--calib-samples", "8",
+                            "--calib-dataset", "kjv"])
+    assert r.exit_code == 2 and r.stderr.strip() == (
+        "error: recipe 'rtn-w4a16-g128' quantizes without calibration data (rtn, no clipping search), so "
+        "--calib-samples, --calib-dataset would change nothing; drop them or use a GPTQ, AWQ or clipping recipe")
+    with pytest.raises(QuantkitError, match="recipe 'lqq-w4a8' quantizes without calibration data .*drop it"):
+        run_pack("builtin:reference", "lqq-w4a8", str(tmp_path / "o"), calib_samples=4, device="cpu",
+                 progress=False)
+    assert not (tmp_path / "o").exists()

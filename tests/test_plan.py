@@ -4,6 +4,7 @@ reports and the CLI command."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -268,3 +269,64 @@ def test_cli_search(model_dir, tmp_path):
         bad = CliRunner().invoke(app, args)
         assert bad.exit_code == 2 and message in bad.output, (o, bad.output)
     assert other.read_text() == "keep me" and not (tmp_path / "p.json").exists()
+
+
+def test_cli_search_refuses_what_it_would_ignore(model_dir, tmp_path):
+    """Calibration options with a strategy that reads no data, a window of one token, and a --plot that savefig would
+    write onto the plan (no suffix: it adds .png) — each one line, before anything loads or is written."""
+    from typer.testing import CliRunner
+
+    from quantkit.cli import app
+
+    plan = tmp_path / "p.png"
+    for extra, message in ((["--strategy", "magnitude", "--samples", "4", "--seed", "5"],
+                            "--samples, --seed are for the salience strategies (global, local); --strategy magnitude "
+                            "reads no calibration data, so drop them"),
+                           (["--strategy", "random", "--no-first-order"], "--no-first-order is for the salience"),
+                           (["--seqlen", "1"], "--seqlen must be at least 2 tokens, got 1"),
+                           (["--plot", str(tmp_path / "p")], "-o and --plot both name")):
+        bad = CliRunner().invoke(app, ["search", str(tmp_path / "no-model"), "-o", str(plan), *extra])
+        assert bad.exit_code == 2 and message in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, extra
+    assert not plan.exists()
+    ok = run_search(str(model_dir), str(tmp_path / "r.json"), RECIPE, strategy="random", seed=3, device="cpu",
+                    show_progress=False)
+    assert ok.search["seed"] == 3  # random keeps its --seed
+
+
+def test_a_plan_is_applied_only_with_a_recipe_that_quantizes_its_widths_alike(plan_path, model_dir, tmp_path,
+                                                                               monkeypatch):
+    """The plan records the recipe's weight grid per planned width; a recipe with another group size or symmetry
+    (here w8a8: sym 4-bit channels, and 8-bit weights the plan would put mostly at 4 bits) is refused before the
+    model loads, by pack and by eval-ppl; the plan's own recipe and its calibrated sibling pass."""
+    import quantkit.model as model_pkg
+    from quantkit.pack import run_pack
+    from quantkit.quant.recipe import load_recipe
+    from quantkit.search.plan_check import check_plan_recipe
+
+    plan = load_plan(plan_path)
+    assert plan.search["recipe"] == {"name": RECIPE, "weights": {"4": {"group_size": 128, "sym": False},
+                                                                 "8": {"group_size": 128, "sym": True}}}
+    for ok in (RECIPE, "mixllm-w4a8"):
+        check_plan_recipe(plan, load_recipe(ok), "plan")
+    g32 = tmp_path / "g32.yaml"
+    shipped = (Path(__file__).parents[1] / "recipes" / f"{RECIPE}.yaml").read_text()
+    g32.write_text(shipped.replace("group_size: 128", "group_size: 32"))
+    with pytest.raises(QuantkitError, match=r"searched for 4-bit asym g128 weights, but recipe .* quantizes 4-bit "
+                                            r"channels asym g32; use the recipe the plan was searched with "
+                                            rf"\('{RECIPE}'\) or re-run `quantkit search --recipe"):
+        check_plan_recipe(plan, load_recipe(str(g32)), "plan")
+    monkeypatch.setattr(model_pkg, "load_model", lambda *a, **k: pytest.fail("loaded the model before the check"))
+    with pytest.raises(QuantkitError, match="quantizes 4-bit channels sym g128"):
+        run_pack(str(model_dir), "w8a8", str(tmp_path / "out"), plan=str(plan_path), device="cpu", progress=False)
+    from typer.testing import CliRunner
+
+    from quantkit.cli import app
+
+    r = CliRunner().invoke(app, ["eval-ppl", str(model_dir), "--recipe", "w8a8", "--plan", str(plan_path)])
+    assert r.exit_code == 2 and "quantizes 4-bit channels sym g128" in r.stderr
+    # a plan of an earlier version, with only the salience quantizer recorded, is checked on that width
+    old = json.loads(plan_path.read_text())
+    del old["search"]["recipe"]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    with pytest.raises(QuantkitError, match="searched for 4-bit asym g128"):
+        check_plan_recipe(load_plan(tmp_path / "old.json"), load_recipe("w8a8"), "plan")

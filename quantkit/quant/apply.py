@@ -124,7 +124,7 @@ def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, devic
             raise QuantkitError(f"the plan has no entry for '{missing[0]}' ({len(missing)} linears missing); "
                                 "re-run `quantkit search` for this model")
     method = recipe.weight.method
-    needs_data = method in ("gptq", "awq") or any(recipe.spec_for(n).clip for n in targets)
+    needs_data = recipe.uses_calibration
     records: dict[str, WeightRecord] = {}
     calib = None
     if not needs_data:

@@ -124,6 +124,13 @@ class Recipe:
         names = list(names)
         return [o.pattern for o in self.overrides if not any(fnmatch.fnmatchcase(n, o.pattern) for n in names)]
 
+    @property
+    def uses_calibration(self) -> bool:
+        """Whether quantizing needs calibration inputs: GPTQ and AWQ (layer inputs), and the clipping search of any
+        method (the clipped grid is chosen on the layer's outputs); RTN and LiquidQuant without clipping quantize
+        each weight on its own."""
+        return self.weight.method in ("gptq", "awq") or bool(self.weight.clip)
+
     def spec_for(self, name: str, bits: int | None = None) -> LinearSpec:
         """The quantizer for linear ``name``; ``bits`` (from a plan) picks that bit-width's spec.
 
@@ -286,3 +293,13 @@ def load_recipe(name_or_path: str) -> Recipe:
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise QuantkitError(f"recipe '{source}' is not valid YAML{where}: {getattr(e, 'problem', e)}") from None
     return parse_recipe(data, source)
+
+
+def check_calibration_options(recipe: Recipe, given: list[str]) -> None:
+    """Refuse calibration options (``--calib-samples``, ``--calib-dataset``) for a recipe that quantizes without
+    calibration data: they would be ignored."""
+    if given and not recipe.uses_calibration:
+        one = len(given) == 1
+        raise QuantkitError(f"recipe '{recipe.name}' quantizes without calibration data ({recipe.weight.method}, no "
+                            f"clipping search), so {', '.join(given)} would change nothing; drop "
+                            f"{'it' if one else 'them'} or use a GPTQ, AWQ or clipping recipe")

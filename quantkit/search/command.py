@@ -43,10 +43,29 @@ def _bars(enabled: bool) -> Iterator[tuple]:
                lambda d, n: prog.update(samples, completed=d, total=n))
 
 
+def check_salience_options(strategy: str, samples: int | None, seqlen: int | None, seed: int | None,
+                           dataset: str | None, first_order: bool, batch_size: int) -> None:
+    """Refuse the calibration options of the salience strategies (MixLLM Eq. 4 needs data and gradients) with
+    ``random`` or ``magnitude``, which read none of them (``random`` does use ``--seed``): they would change
+    nothing in the plan."""
+    if uses_salience(strategy):
+        return
+    given = [opt for opt, v in (("--samples", samples), ("--seqlen", seqlen), ("--dataset", dataset),
+                                ("--no-first-order", None if first_order else True),
+                                ("--batch-size", None if batch_size == 1 else batch_size),
+                                ("--seed", seed if strategy == "magnitude" else None)) if v is not None]
+    if given:
+        one = len(given) == 1
+        raise QuantkitError(f"{', '.join(given)} {'is' if one else 'are'} for the salience strategies (global, "
+                            f"local); --strategy {strategy} reads no calibration data, so drop "
+                            f"{'it' if one else 'them'}")
+
+
 def check_plan_output(output: str, plot: str | None = None) -> None:
     """Refuse, before the search, an ``-o`` the plan cannot be written to or must not overwrite: an empty path, a
     folder, a missing parent folder, the ``--plot`` file, or an existing file that is not a quantkit plan (a
     re-run may replace an earlier plan, nothing else)."""
+    from quantkit.plotting import written_path
     from quantkit.search.plan_check import read_plan
 
     out = Path(output).expanduser()
@@ -54,7 +73,7 @@ def check_plan_output(output: str, plot: str | None = None) -> None:
         raise QuantkitError(f"-o '{output}' is not a file path; name the plan file, e.g. -o plan.json")
     if not out.parent.is_dir():
         raise QuantkitError(f"cannot write plan '{out}': folder '{out.parent}' does not exist")
-    if plot is not None and Path(plot).expanduser().resolve() == out.resolve():
+    if plot is not None and written_path(plot).resolve() == out.resolve():  # where savefig puts it
         raise QuantkitError(f"-o and --plot both name '{output}'; give the heatmap its own file, e.g. --plot plan.png")
     if out.exists():
         try:
@@ -82,6 +101,8 @@ def run_search(model_ref: str, output: str, recipe: str = "mixllm-w4a8", *, bits
                              DEFAULT_TARGET if target_bits is None and fr is None else target_bits, fr)
     check_strategy(strategy)
     check_sample_count(samples, "--samples")
+    if seqlen is not None and seqlen < 2:
+        raise QuantkitError(f"--seqlen must be at least 2 tokens, got {seqlen}")
     if dataset is not None:
         check_source(dataset)  # before the model loads
     check_plan_output(output, plot)

@@ -151,3 +151,37 @@ def read_plan(path: str | os.PathLike) -> Plan:
         return parse_plan(d)
     except _Invalid as e:
         raise QuantkitError(f"plan file '{p}' is invalid: {e}") from None
+
+
+def _grid(group_size: int, sym: bool) -> str:
+    return f"{'sym' if sym else 'asym'} g{group_size}"
+
+
+def check_plan_recipe(plan: Plan, recipe, where: str) -> None:
+    """Refuse a recipe that quantizes the plan's bit-widths otherwise than the recipe the plan was searched with:
+    its channels were ranked (MixLLM Eq. 4's c_q) and its bits counted with that quantizer, so another group size
+    or symmetry — or an 8-bit recipe that would put most weights at the plan's 4 bits — is not the plan's model.
+    Compares ``search.recipe.weights`` (plans from session 27 on) and ``search.salience_quantizer`` (plans of the
+    salience strategies) with the recipe's spec of the plan's first layer at each width."""
+    recorded = {}
+    sq = plan.search.get("salience_quantizer")
+    if isinstance(sq, dict) and _is_int(sq.get("bits")):
+        recorded[sq["bits"]] = (sq.get("group_size"), sq.get("sym"))
+    rec = plan.search.get("recipe")
+    weights = rec.get("weights") if isinstance(rec, dict) else None
+    if isinstance(weights, dict):
+        for b, w in weights.items():
+            if str(b).isdigit() and isinstance(w, dict):
+                recorded[int(b)] = (w.get("group_size"), w.get("sym"))
+    if not recorded or not plan.layers:
+        return
+    first = next(iter(plan.layers))
+    searched = f" ('{rec['name']}')" if isinstance(rec, dict) and isinstance(rec.get("name"), str) else ""
+    for bits, (group_size, sym) in sorted(recorded.items()):
+        spec = recipe.spec_for(first, bits)
+        if spec.skip or (spec.group_size, spec.sym) == (group_size, sym):
+            continue
+        raise QuantkitError(f"{where} was searched for {bits}-bit {_grid(group_size, sym)} weights, but recipe "
+                            f"'{recipe.name}' quantizes {bits}-bit channels {_grid(spec.group_size, spec.sym)}; use "
+                            f"the recipe the plan was searched with{searched} or re-run `quantkit search --recipe "
+                            f"{recipe.name}`")

@@ -82,7 +82,11 @@ def search(loaded: LoadedModel, recipe, opts: SearchOptions, progress: Progress 
         raise QuantkitError("the recipe skips every linear layer; nothing to search")
     shapes = {n: tuple(linear_weight(lin).shape) for n, lin in linears}
     calibration = None
-    search_info = {"strategy": opts.strategy, "skipped": skipped}
+    # the recipe's weight quantizer per planned width, checked when pack / eval-ppl apply the plan with a recipe
+    first = linears[0][0]
+    search_info = {"strategy": opts.strategy, "skipped": skipped, "recipe": {
+        "name": recipe.name, "weights": {str(b): {"group_size": recipe.spec_for(first, b).group_size,
+                                                  "sym": recipe.spec_for(first, b).sym} for b in budget.bits}}}
     if uses_salience(opts.strategy):
         from quantkit.data import calibration_windows
         from quantkit.model.loader import max_positions
@@ -95,7 +99,7 @@ def search(loaded: LoadedModel, recipe, opts: SearchOptions, progress: Progress 
         calibration["tokens"] = int(ids.numel())
         low = budget.bits[0]
         # recorded as the first linear's spec; per-layer recipe overrides still apply inside the quantizer
-        spec = recipe.spec_for(linears[0][0], low)
+        spec = recipe.spec_for(first, low)
         result = compute_salience(model, ids, salience_quantizer(recipe, low), first_order=opts.first_order,
                                   batch_size=opts.batch_size, checkpoint_layers=opts.checkpoint_layers,
                                   progress=progress,

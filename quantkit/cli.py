@@ -257,7 +257,7 @@ def pack(
     plan: Annotated[Optional[str], typer.Option(help="precision plan from `quantkit search`")] = None,
     target: Annotated[Optional[str], typer.Option(help="reference, sm80 or sm90 (kernel layouts; --format "
                                                        "quantkit only; default reference)")] = None,
-    export_format: Annotated[str, typer.Option("--format", help="quantkit, gptq or awq")] = "quantkit",
+    export_format: Annotated[str, typer.Option("--format", help="quantkit, gptq, gptq_v2 or awq")] = "quantkit",
     max_shard_size: Annotated[str, typer.Option(help="largest shard, e.g. 500MB or 2GB")] = "2GB",
     calib_samples: Annotated[Optional[int], typer.Option(help="calibration windows (default: the "
                                                               "recipe's)")] = None,

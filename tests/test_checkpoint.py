@@ -93,7 +93,7 @@ def _packed_logits(out, ids, verify=True):
 
 
 @pytest.mark.parametrize("recipe,exports", [("rtn-w4a16-g128", ["quantkit", "awq"]), ("lqq-w4a8", ["quantkit"]),
-                                            ("gptq", ["quantkit", "gptq"])])
+                                            ("gptq", ["quantkit", "gptq", "gptq_v2"])])
 def test_packed_logits_equal_fake_quant_exactly(model_dir, gptq_recipe, tmp_path, recipe, exports):
     recipe = gptq_recipe if recipe == "gptq" else recipe
     ids = _ids(len(shipped_tokenizer()))
@@ -113,6 +113,8 @@ def test_packed_logits_equal_fake_quant_exactly(model_dir, gptq_recipe, tmp_path
                           "checkpoint_format": "gptq"}
             assert {f"model.layers.0.mlp.down_proj.{t}" for t in ("qweight", "qzeros", "scales", "g_idx")} \
                 <= set(manifest["tensors"])
+        elif export == "gptq_v2":  # GPTQModel's own format: zeros as they are, no producer check on asym
+            assert qc["checkpoint_format"] == "gptq_v2" and qc["sym"] is False
         elif export == "awq":  # AutoAWQ GEMM's config
             assert qc == {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}
         else:
@@ -610,3 +612,16 @@ def test_gpu_kernels_are_dispatched(tmp_path, monkeypatch):
     reference = perplexity(model, ids, 256, 8).ppl
     print(f"ppl with kernels {with_kernels!r}, torch reference {reference!r}")
     assert abs(with_kernels - reference) / reference < 1e-2
+
+
+def test_asymmetric_gptq_v1_export_says_who_loads_it(model_dir, tmp_path):
+    """GPTQModel.load() refuses asymmetric v1 files it did not write itself (a producer check, checked against
+    GPTQModel 7.7); transformers and vLLM read them. The export says so and names --format gptq_v2."""
+    warned = run_pack(str(model_dir), "rtn-w4a16-g128", str(tmp_path / "v1"), export="gptq", **FAST)["warnings"]
+    assert any("GPTQModel.load() refuses asymmetric v1" in w and "--format gptq_v2" in w for w in warned)
+    # in_features 64 and 200 are no multiples of 128: the engines refuse those layers (quantkit stores ceil(K/128))
+    assert any(w.startswith("14 linear(s), e.g. 'model.layers.0.self_attn.q_proj' (in_features 64), have "
+                            "in_features that are not a multiple of the group size 128") for w in warned)
+    sym = tmp_path / "sym.yaml"
+    sym.write_text("name: sym4\nweight: {method: rtn, bits: 4, group_size: 8, sym: true}\n")
+    assert run_pack(str(model_dir), str(sym), str(tmp_path / "s"), export="gptq", **FAST)["warnings"] == []

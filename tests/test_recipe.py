@@ -74,3 +74,12 @@ def test_unknown_recipe_and_bad_yaml(tmp_path):
     bad.write_text("weight: {method: rtn\n")
     with pytest.raises(QuantkitError, match="not valid YAML"):
         load_recipe(str(bad))
+
+
+def test_a_recipe_round_trips_through_json_as_manifests_store_it():
+    """A checkpoint manifest stores the recipe as JSON, whose keys are strings: it parses back to the same recipe."""
+    import json
+
+    for n in shipped_recipes():
+        r = load_recipe(n)
+        assert parse_recipe(json.loads(json.dumps(r.to_dict())), n).to_dict() == r.to_dict(), n

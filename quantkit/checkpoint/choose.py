@@ -4,7 +4,7 @@ hold at all.
 ``--format quantkit`` stores every partition in quantkit's own layouts: ``--target reference`` → ``reference``
 (plain bit-packing, torch reference kernels); ``--target sm80|sm90`` → the GPU kernel layout of the partition's
 kind (4-bit asymmetric → ``w4a16``, LiquidQuant → ``w4a8-lqq``, 8-bit symmetric → ``w8``), falling back to
-``reference`` with a warning when no kernel layout exists or it cannot hold the weight. ``--format gptq|awq``
+``reference`` with a warning when no kernel layout exists or it cannot hold the weight. ``--format gptq|gptq_v2|awq``
 writes the engines' formats for every linear, which exist only for uniform weight-only models: refusals are
 decided from the recipe and plan alone, before any model is loaded.
 """
@@ -19,11 +19,13 @@ from quantkit.quant.recipe import Recipe
 from quantkit.quant.records import QuantizedWeight
 
 TARGETS = ("reference", "sm80", "sm90")
-EXPORTS = ("quantkit", "gptq", "awq")
+EXPORTS = ("quantkit", "gptq", "gptq_v2", "awq")
 GPTQ_BITS = (2, 3, 4, 8)
 ALLOWED = {
     "gptq": "--format gptq holds uniform weight-only (A16) 2/3/4/8-bit rtn/gptq/awq recipes without a "
             "mixed-precision plan, LQQ or per-layer overrides",
+    "gptq_v2": "--format gptq_v2 holds uniform weight-only (A16) 2/3/4/8-bit rtn/gptq/awq recipes without a "
+               "mixed-precision plan, LQQ or per-layer overrides",
     "awq": "--format awq holds uniform weight-only (A16) 4-bit rtn/gptq/awq recipes without act-order, a "
            "mixed-precision plan, LQQ or per-layer overrides",
 }
@@ -38,7 +40,7 @@ def check_target_export(target: str | None, export: str) -> str:
     if export != "quantkit" and target not in (None, "reference"):
         raise QuantkitError(f"--target {target} cannot be combined with --format {export} (GPTQ/AWQ checkpoints "
                             f"have their engines' own layout); allowed: --format quantkit with --target "
-                            f"{'|'.join(TARGETS)}, or --format gptq|awq without --target")
+                            f"{'|'.join(TARGETS)}, or --format gptq|gptq_v2|awq without --target")
     return target or "reference"
 
 
@@ -62,7 +64,7 @@ def check_recipe_export(recipe: Recipe, export: str, plan_is_mixed: bool) -> Non
         raise _refuse(export, recipe, "the plan mixes bit-widths across output channels")
     if recipe.overrides:
         raise _refuse(export, recipe, f"it has {len(recipe.overrides)} per-layer override(s)")
-    if export == "gptq" and w.bits not in GPTQ_BITS:
+    if export in ("gptq", "gptq_v2") and w.bits not in GPTQ_BITS:
         raise _refuse(export, recipe, f"{w.bits}-bit weights")
     if export == "awq":
         if w.bits != 4:
@@ -152,9 +154,19 @@ def _engine_layouts(records: dict[str, WeightRecord], export: str,
         warn(f"writing checkpoint_format gptq_v2 (zero points stored as they are): {len(refusals)} linear(s), "
              f"e.g. '{first}', have a zero point GPTQ v1 cannot encode; GPTQModel reads v2, some engines only v1")
         refusals = {}
+    elif export == "gptq" and any(not qw.sym for qw in parts.values()):
+        warn("asymmetric weights in checkpoint_format gptq (v1): transformers (with GPTQModel) and vLLM load it, but "
+             "GPTQModel.load() refuses asymmetric v1 files that GPTQModel >= 0.9 did not write; for GPTQModel.load() "
+             "export with --format gptq_v2")
     if refusals:
         name, why = next(iter(refusals.items()))
         raise QuantkitError(f"--format {export} cannot hold linear '{name}': {why}")
+    ragged = [n for n, qw in parts.items() if qw.group_size > 0 and qw.shape[1] % qw.group_size]
+    if ragged:  # quantkit stores ceil(K / group) groups; AutoAWQ allocates K // group, GPTQModel refuses the layer
+        qw = parts[ragged[0]]
+        warn(f"{len(ragged)} linear(s), e.g. '{ragged[0]}' (in_features {qw.shape[1]}), have in_features that are "
+             f"not a multiple of the group size {qw.group_size}: quantkit loads them, but GPTQModel and AutoAWQ "
+             "refuse or misread such layers; use a group size that divides in_features for those engines")
     return {n: [layout] for n in parts}
 
 

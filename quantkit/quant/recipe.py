@@ -245,6 +245,8 @@ def parse_recipe(data: dict, source: str = "") -> Recipe:
     if not isinstance(raw_bs, dict):
         raise QuantkitError("recipe field 'bit_specs' must map a bit-width to {sym, group_size}")
     for k, v in raw_bs.items():
+        if isinstance(k, str) and k.isdigit():  # JSON keys are strings: a recipe read back from a manifest
+            k = int(k)
         if isinstance(k, bool) or not isinstance(k, int):
             raise QuantkitError(f"recipe field 'bit_specs' key {k!r} must be an integer bit-width")
         _check_bits(k, f"bit_specs.{k}")

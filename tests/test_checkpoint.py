@@ -119,6 +119,10 @@ def test_packed_logits_equal_fake_quant_exactly(model_dir, gptq_recipe, tmp_path
             assert qc == {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}
         else:
             assert qc["quant_method"] == "quantkit" and qc["recipe"] == load_recipe(recipe).name
+        if export.startswith("gptq"):  # AutoGPTQ's own copy; not for AWQ or quantkit's format
+            assert json.loads((out / "quantize_config.json").read_text()) == qc
+        else:
+            assert not (out / "quantize_config.json").exists()
 
 
 def test_mixed_plan_partitions_scatter_to_fake_quant(model_dir, gptq_recipe, plan_path, tmp_path):

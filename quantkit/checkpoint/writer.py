@@ -21,6 +21,7 @@ from quantkit.checkpoint.shards import nbytes, tensor_sha256, write_json, write_
 from quantkit.quant.partition import WeightRecord, record_bits
 from quantkit.quant.records import QuantizedWeight
 
+QUANTIZE_CONFIG_NAME = "quantize_config.json"  # GPTQ exports: AutoGPTQ's own copy of quantization_config
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "spiece.model", "vocab.json", "vocab.txt", "merges.txt", "added_tokens.json",
                    "chat_template.jinja", "chat_template.json", "generation_config.json")
@@ -171,6 +172,10 @@ def write_checkpoint(out: str | Path, packed: PackedModel, max_shard_bytes: int,
         for name, shard in weight_map.items():
             packed.manifest["tensors"][name]["shard"] = shard
         packed.config.save_pretrained(tmp)
+        qc = getattr(packed.config, "quantization_config", None)
+        if isinstance(qc, dict) and qc.get("quant_method") == "gptq":
+            # AutoGPTQ reads its config from this file only; GPTQModel writes it beside config.json's copy too
+            write_json(tmp / QUANTIZE_CONFIG_NAME, qc)
         for name, src in packed.extra_files.items():
             shutil.copyfile(src, tmp / name)
         if tokenizer is not None and not set(packed.extra_files) - {"generation_config.json"}:

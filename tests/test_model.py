@@ -113,3 +113,39 @@ def test_cuda_requested_without_gpu():
         pytest.skip("a GPU is present")
     with pytest.raises(QuantkitError, match="no CUDA GPU"):
         load_model("builtin:reference", device="cuda")
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_a_folder_without_tokenizer_files_is_one_line_naming_the_files(tiny_model_dir, tmp_path, arch):
+    """transformers 5 builds an empty Qwen2 tokenizer (one token) where the files are missing, so a pack would have
+    written a broken tokenizer and eval-ppl blamed the text; every family now gets the same line, the packed
+    checkpoint's loader too."""
+    import shutil
+
+    from quantkit.checkpoint import load_packed
+    from quantkit.pack import run_pack
+
+    src = tiny_model_dir(arch)
+    dst = tmp_path / "no-tokenizer"
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("tokenizer*", "special_tokens*", "*.jinja"))
+    with pytest.raises(QuantkitError, match=r"tokenizer of '.*no-tokenizer'.*copy the model's tokenizer files "
+                                            r"\(tokenizer.json / tokenizer.model, tokenizer_config.json\)") as e:
+        load_model(str(dst), device="cpu")
+    assert "\n" not in str(e.value)
+    packed = tmp_path / "packed"
+    run_pack(str(src), "rtn-w4a16-g128", str(packed), device="cpu", progress=False)
+    for f in packed.glob("tokenizer*"):
+        f.unlink()
+    with pytest.raises(QuantkitError, match="tokenizer of checkpoint .*copy the model's tokenizer files"):
+        load_packed(packed, device="cpu")
+
+
+def test_a_packed_checkpoint_without_its_manifest_says_so(tiny_model_dir, tmp_path):
+    from quantkit.pack import run_pack
+
+    packed = tmp_path / "packed"
+    run_pack(str(tiny_model_dir("llama")), "rtn-w4a16-g128", str(packed), device="cpu", progress=False)
+    (packed / "quantkit.json").unlink()
+    with pytest.raises(QuantkitError, match="packed quantkit checkpoint without its quantkit.json manifest "
+                                            r"\(incomplete\); copy the whole folder again or re-run `quantkit pack`"):
+        load_model(str(packed), device="cpu")

@@ -164,13 +164,9 @@ def load_packed(path: str | Path, device: str = "auto", dtype: str | None = None
     share_sibling_inputs(model)
     tokenizer = None
     if load_tokenizer:
-        from transformers import AutoTokenizer
+        from quantkit.model.loader import load_tokenizer_of
 
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(folder)
-        except (OSError, ValueError) as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise QuantkitError(f"could not load the tokenizer of checkpoint '{folder}': {first}") from None
+        tokenizer = load_tokenizer_of(str(folder), f"checkpoint '{folder}'")
     return LoadedModel(model, tokenizer, str(path), str(folder), dev, torch_dtype)
 
 

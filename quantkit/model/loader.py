@@ -146,6 +146,11 @@ def check_not_quantized(config, name_or_path: str) -> None:
         return
     method = (qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)) or "unknown"
     if str(method) == "quantkit":
+        from quantkit.checkpoint.atomic import MANIFEST_NAME
+
+        if Path(name_or_path).expanduser().is_dir() and not (Path(name_or_path).expanduser() / MANIFEST_NAME).exists():
+            raise QuantkitError(f"'{name_or_path}' is a packed quantkit checkpoint without its {MANIFEST_NAME} "
+                                "manifest (incomplete); copy the whole folder again or re-run `quantkit pack`")
         raise QuantkitError(f"'{name_or_path}' is a packed quantkit checkpoint (already quantized); quantize the "
                             "full-precision model it came from (`quantkit inspect` names it), or evaluate this one "
                             "with `quantkit eval-ppl`")
@@ -162,7 +167,7 @@ def load_model(name_or_path: str, device: str = "auto", dtype: str | None = None
     ``device`` is where compute runs; ``device_map`` (e.g. 'auto') hands placement to accelerate for models that
     do not fit one GPU. The model is returned in eval mode.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from quantkit.model.walk import check_supported
 
@@ -188,16 +193,29 @@ def load_model(name_or_path: str, device: str = "auto", dtype: str | None = None
     if device_map is None:
         model.to(dev)
     model.eval()
-    tokenizer = None
-    if load_tokenizer:
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(path)
-        except (OSError, ValueError) as e:
-            msg = str(e).strip().splitlines()[0].rstrip(": ") if str(e).strip() else type(e).__name__
-            raise QuantkitError(f"could not load the tokenizer of '{name_or_path}' ({msg}); copy the model's "
-                                "tokenizer files (tokenizer.json / tokenizer.model, tokenizer_config.json) into "
-                                "its folder") from None
+    tokenizer = load_tokenizer_of(path, f"'{name_or_path}'") if load_tokenizer else None
     return LoadedModel(model, tokenizer, name_or_path, path, dev, torch_dtype)
+
+
+def load_tokenizer_of(path: str, what: str):
+    """The tokenizer saved with a model (``what`` names it in errors), or a one-line QuantkitError saying which files
+    to copy. transformers 5 builds an empty tokenizer of the model's family where the folder has no tokenizer files
+    (Qwen2's: one token, every text encoded to nothing), so a tokenizer of fewer than two tokens is refused too."""
+    from transformers import AutoTokenizer
+
+    fix = ("copy the model's tokenizer files (tokenizer.json / tokenizer.model, tokenizer_config.json) into its "
+           "folder")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        msg = " ".join(str(e).split()).rstrip(": ") or type(e).__name__  # HF's messages run over several lines
+        if len(msg) > 200:
+            msg = msg[:197] + "..."
+        raise QuantkitError(f"could not load the tokenizer of {what} ({msg}); {fix}") from None
+    if len(tokenizer) < 2:
+        raise QuantkitError(f"the tokenizer of {what} has {len(tokenizer)} token(s): its tokenizer files are missing "
+                            f"or empty; {fix}")
+    return tokenizer
 
 
 def max_positions(model) -> int | None:

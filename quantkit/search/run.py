@@ -84,9 +84,9 @@ def search(loaded: LoadedModel, recipe, opts: SearchOptions, progress: Progress 
     calibration = None
     # the recipe's weight quantizer per planned width, checked when pack / eval-ppl apply the plan with a recipe
     first = linears[0][0]
+    specs = {b: recipe.spec_for(first, b) for b in budget.bits}
     search_info = {"strategy": opts.strategy, "skipped": skipped, "recipe": {
-        "name": recipe.name, "weights": {str(b): {"group_size": recipe.spec_for(first, b).group_size,
-                                                  "sym": recipe.spec_for(first, b).sym} for b in budget.bits}}}
+        "name": recipe.name, "weights": {str(b): {"group_size": s.group_size, "sym": s.sym} for b, s in specs.items()}}}
     if uses_salience(opts.strategy):
         from quantkit.data import calibration_windows
         from quantkit.model.loader import max_positions
@@ -99,7 +99,7 @@ def search(loaded: LoadedModel, recipe, opts: SearchOptions, progress: Progress 
         calibration["tokens"] = int(ids.numel())
         low = budget.bits[0]
         # recorded as the first linear's spec; per-layer recipe overrides still apply inside the quantizer
-        spec = recipe.spec_for(first, low)
+        spec = specs[low]
         result = compute_salience(model, ids, salience_quantizer(recipe, low), first_order=opts.first_order,
                                   batch_size=opts.batch_size, checkpoint_layers=opts.checkpoint_layers,
                                   progress=progress,

@@ -149,3 +149,117 @@ def test_a_packed_checkpoint_without_its_manifest_says_so(tiny_model_dir, tmp_pa
     with pytest.raises(QuantkitError, match="packed quantkit checkpoint without its quantkit.json manifest "
                                             r"\(incomplete\); copy the whole folder again or re-run `quantkit pack`"):
         load_model(str(packed), device="cpu")
+
+
+def test_builtin_name_always_means_the_embedded_model(tmp_path, monkeypatch):
+    """A packed folder named `builtin:reference` in the working directory used to be read instead of the shipped
+    model by eval-ppl (is_checkpoint looked at the folder first)."""
+    from quantkit.checkpoint import is_checkpoint
+    from quantkit.model.loader import resolve_model_path
+
+    monkeypatch.chdir(tmp_path)
+    fake = tmp_path / "builtin:reference"
+    fake.mkdir()
+    (fake / "quantkit.json").write_text("{}")
+    (fake / "config.json").write_text("{}")
+    assert not is_checkpoint("builtin:reference")
+    assert is_checkpoint(str(fake))  # the same folder by a path is still a checkpoint
+    assert resolve_model_path("builtin:reference") == (str(builtin_model_dir()), True)
+
+
+@pytest.mark.parametrize("output", ["builtin:reference", "./builtin:reference", "builtin:", "a/../builtin:x"])
+def test_output_named_like_a_builtin_model_is_refused(output):
+    from quantkit.model.loader import check_not_builtin_name
+
+    with pytest.raises(QuantkitError, match=r"^-o '.*' is a built-in model name, which always means the model "
+                                            r"shipped with quantkit; choose another output path$"):
+        check_not_builtin_name(output)
+
+
+def test_output_with_builtin_in_a_folder_is_allowed():
+    from quantkit.model.loader import check_not_builtin_name
+
+    check_not_builtin_name("out/builtin:reference")  # read back as out/builtin:reference, no clash
+    check_not_builtin_name("plan.json", "-o")
+
+
+@pytest.mark.parametrize("name", ["./nosuch-model", "../nosuch-model", "models/llama/7b", "~/nosuch-model",
+                                  "model.safetensors", "/nonexistent/llama"])
+def test_a_path_like_name_fails_at_once_without_the_hub(name, tmp_path, monkeypatch):
+    from quantkit import hub
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(hub, "hub_unreachable_reason", lambda: pytest.fail("the hub was asked about a path"))
+    with pytest.raises(QuantkitError, match=r"does not exist \(no such folder: .*\); pass a HuggingFace model "
+                                            r"directory, a hub id \(org/name\) or builtin:reference"):
+        load_model(name, device="cpu")
+
+
+def test_a_hub_id_with_the_hub_off_and_no_cache_says_both(tmp_path, monkeypatch):
+    import time
+
+    from quantkit import hub
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hub, "cached_model_folder", lambda repo_id: None)
+    monkeypatch.setattr(hub, "hub_unreachable_reason", lambda: pytest.fail("the hub was probed while offline"))
+    start = time.perf_counter()
+    with pytest.raises(QuantkitError, match=r"'nosuch-org/nosuch-model' is not a local folder \(no such folder: "
+                                            r".*nosuch-org/nosuch-model\), and the hub is off \(HF_HUB_OFFLINE\) "
+                                            "with no copy in the local HF cache"):
+        load_model("nosuch-org/nosuch-model", device="cpu")
+    assert time.perf_counter() - start < 2
+
+
+def test_a_hub_id_with_the_hub_unreachable_says_both(tmp_path, monkeypatch):
+    from quantkit import hub
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(hub, "hub_offline", lambda datasets=False: False)
+    monkeypatch.setattr(hub, "hub_unreachable_reason", lambda: "Name or service not known")
+    monkeypatch.setattr(hub, "cached_model_folder", lambda repo_id: None)
+    with pytest.raises(QuantkitError, match=r"'org/model' is not a local folder \(no such folder: .*\), and the hub "
+                                            r"https://\S+ could not be reached \(Name or service not known\); check "
+                                            "the path, or the network for a hub id"):
+        load_model("org/model", device="cpu")
+
+
+def test_a_cached_hub_model_loads_from_its_snapshot_when_the_hub_is_unreachable(tiny_model_dir, tmp_path,
+                                                                                  monkeypatch):
+    from quantkit import hub
+    from quantkit.model.loader import resolve_model_path
+
+    monkeypatch.chdir(tmp_path)
+    snapshot = tiny_model_dir("llama")
+    monkeypatch.setattr(hub, "hub_offline", lambda datasets=False: False)
+    monkeypatch.setattr(hub, "hub_unreachable_reason", lambda: "timed out")
+    monkeypatch.setattr(hub, "cached_model_folder", lambda repo_id: snapshot)
+    assert resolve_model_path("org/model") == (str(snapshot), True)
+    monkeypatch.setattr(hub, "hub_unreachable_reason", lambda: None)  # reachable: transformers asks the hub
+    assert resolve_model_path("org/model") == ("org/model", False)
+
+
+def test_the_hub_probe_is_one_quick_request(monkeypatch):
+    """An address that refuses connections answers at once with a reason, instead of huggingface_hub's five
+    retries; the answer is kept for the process."""
+    import time
+
+    from quantkit import hub
+
+    monkeypatch.setattr(hub, "_probed", {})
+    monkeypatch.setattr(hub, "hub_endpoint", lambda: "http://127.0.0.1:9")
+    start = time.perf_counter()
+    reason = hub.hub_unreachable_reason()
+    assert reason and time.perf_counter() - start < 2
+    monkeypatch.setattr(hub, "_probe", lambda endpoint: pytest.fail("probed twice"))
+    assert hub.hub_unreachable_reason() == reason
+
+
+@pytest.mark.parametrize("name,path_like", [("./m", True), ("/abs/m", True), ("~/m", True), ("a/b/c", True),
+                                            ("notes.txt", True), ("m.safetensors", True), ("org/name", False),
+                                            ("gpt2", False), ("Qwen/Qwen2.5-0.5B", False)])
+def test_which_names_can_only_be_paths(name, path_like):
+    from quantkit.hub import looks_like_path
+
+    assert looks_like_path(name) is path_like

@@ -24,7 +24,10 @@ _PART_KEYS = ("bits", "layout", "meta", "tensors", "rows")
 
 
 def is_checkpoint(path: str | Path) -> bool:
-    """True when ``path`` is a directory holding a quantkit manifest (a packed checkpoint)."""
+    """True when ``path`` is a directory holding a quantkit manifest (a packed checkpoint); never for a built-in
+    model name such as ``builtin:reference``, which always means the embedded model."""
+    if str(path).startswith("builtin:"):
+        return False
     p = Path(path).expanduser()
     return p.is_dir() and (p / MANIFEST_NAME).is_file()
 

@@ -45,6 +45,14 @@ def builtin_model_dir(name: str = "reference") -> Path:
     return path
 
 
+def check_not_builtin_name(output: str, option: str = "-o") -> None:
+    """Refuse an output path that reads as a built-in model name (``builtin:reference``): that name always means
+    the embedded model, so a folder or file written under it could never be read back by the same name."""
+    if os.path.normpath(output).startswith(BUILTIN_PREFIX):
+        raise QuantkitError(f"{option} '{output}' is a built-in model name, which always means the model shipped "
+                            "with quantkit; choose another output path")
+
+
 def resolve_device(device: str = "auto") -> str:
     """'auto' → 'cuda' when a GPU is visible, else 'cpu'; 'cuda'/'cuda:N'/'cpu' are checked."""
     if device == "auto":
@@ -72,23 +80,49 @@ def resolve_dtype(dtype: str | None, device: str, config_dtype: object = None) -
 
 
 def resolve_model_path(name_or_path: str) -> tuple[str, bool]:
-    """Map what the user typed to (local dir or hub id, is_local) and check a local dir is a model dir."""
+    """Map what the user typed to (local dir or hub id, is_local) and check a local dir is a model dir.
+
+    Order: ``builtin:NAME`` is always the embedded model (a folder of that name never shadows it); then an
+    existing local path; then a name that can only be a path fails at once ("no such folder"); anything else is a
+    hub id, looked up without waiting on huggingface_hub's retries: with the hub off (HF_HUB_OFFLINE) transformers
+    reads the local HF cache, with the hub unreachable a cached snapshot folder is used, and with neither the
+    error says that the local folder does not exist and the hub could not be reached.
+    """
+    from quantkit import hub
+
     if name_or_path.startswith(BUILTIN_PREFIX):
         return str(builtin_model_dir(name_or_path[len(BUILTIN_PREFIX):])), True
     p = Path(name_or_path).expanduser()
-    looks_local = p.exists() or name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1 \
-        or os.sep == "\\" and "\\" in name_or_path
-    if not looks_local:
+    if p.exists():
+        return str(_check_model_dir(p, name_or_path)), True
+    fix = "pass a HuggingFace model directory, a hub id (org/name) or builtin:reference"
+    if hub.looks_like_path(name_or_path) or not hub.is_repo_id(name_or_path):
+        raise QuantkitError(f"model path '{name_or_path}' does not exist (no such folder: {p.absolute()}); {fix}")
+    missing = f"'{name_or_path}' is not a local folder (no such folder: {p.absolute()})"
+    if hub.hub_offline():
+        if hub.cached_model_folder(name_or_path) is None:
+            raise QuantkitError(f"{missing}, and the hub is off (HF_HUB_OFFLINE) with no copy in the local HF "
+                                f"cache; check the path, or fetch the model once with network access")
+        return name_or_path, False  # transformers reads the cached copy in offline mode
+    reason = hub.hub_unreachable_reason()
+    if reason is None:
         return name_or_path, False  # a hub id such as meta-llama/Llama-3.1-8B
-    if not p.exists():
-        raise QuantkitError(f"model path '{name_or_path}' does not exist; pass a HF model directory or a hub id")
+    cached = hub.cached_model_folder(name_or_path)
+    if cached is not None:
+        return str(_check_model_dir(cached, name_or_path)), True
+    raise QuantkitError(f"{missing}, and the hub {hub.hub_endpoint()} could not be reached ({reason}); check the "
+                        "path, or the network for a hub id")
+
+
+def _check_model_dir(p: Path, name_or_path: str) -> Path:
+    """``p`` when it is a folder holding config.json and whole safetensors files; else a one-line QuantkitError."""
     if not p.is_dir():
         raise QuantkitError(f"model path '{name_or_path}' is a file; pass the directory that holds config.json")
     if not (p / "config.json").is_file():
         raise QuantkitError(f"'{name_or_path}' has no config.json; pass a HuggingFace model directory "
                             "(save_pretrained output)")
     check_safetensors_files(p)
-    return str(p), True
+    return p
 
 
 def check_safetensors_files(folder: Path) -> None:
@@ -134,7 +168,7 @@ def _config(path: str, is_local: bool):
         return AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        where = "local directory" if is_local else "hub (no network or no cached copy?)"
+        where = "local directory" if is_local else "hub (there is no local folder of that name)"
         raise QuantkitError(f"could not read the model config of '{path}' from the {where}: {first}") from None
 
 

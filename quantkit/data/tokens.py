@@ -15,9 +15,10 @@ def encode(tokenizer, text: str) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
-def eval_token_stream(tokenizer, source: str, split: str = "test") -> torch.Tensor:
-    """The whole split joined with "\\n\\n" and tokenized once (GPTQ/MixLLM perplexity protocol); 1-D LongTensor."""
-    return encode(tokenizer, joined_text(source, split))
+def eval_token_stream(tokenizer, source: str, split: str = "test", text_column: str | None = None) -> torch.Tensor:
+    """The whole split joined with "\\n\\n" and tokenized once (GPTQ/MixLLM perplexity protocol); 1-D LongTensor.
+    ``text_column`` names the text column of record files and datasets folders (default ``text``)."""
+    return encode(tokenizer, joined_text(source, split, text_column))
 
 
 def check_sample_count(samples: int | None, option: str = "--calib-samples") -> None:
@@ -27,16 +28,17 @@ def check_sample_count(samples: int | None, option: str = "--calib-samples") -> 
 
 
 def calibration_windows(tokenizer, source: str = "kjv", n: int = 128, seqlen: int = 2048, seed: int = 0,
-                        split: str = "train") -> torch.Tensor:
+                        split: str = "train", text_column: str | None = None) -> torch.Tensor:
     """``n`` windows of ``seqlen`` tokens, LongTensor [n, seqlen], deterministic in ``seed``.
 
     Documents are shuffled with the seed and tokenized (joined with "\\n\\n") until the stream holds enough tokens
     for distinct windows (or the source is exhausted); window starts are drawn uniformly from that stream with the
-    same seed. Large hub corpora thus cost only the tokens actually needed.
+    same seed. Large hub corpora thus cost only the tokens actually needed. ``text_column`` names the text column
+    of record files and datasets folders (default ``text``).
     """
     if n < 1 or seqlen < 2:
         raise QuantkitError(f"need at least 1 sample of 2 tokens, got n={n}, seqlen={seqlen}")
-    docs = documents(source, split)
+    docs = documents(source, split, text_column)
     gen = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(docs), generator=gen).tolist()
     want = max(n * seqlen * 2, seqlen + 1)

@@ -89,8 +89,10 @@ def _layer_config(recipe: Recipe, method: str):
 
 
 def calibration_inputs(tokenizer, recipe: Recipe, max_positions: int | None, dataset: str | None = None,
-                       samples: int | None = None, seqlen: int | None = None) -> tuple[torch.Tensor, dict]:
-    """Calibration windows per the recipe (options override it); seqlen is capped at the model's max positions."""
+                       samples: int | None = None, seqlen: int | None = None,
+                       text_column: str | None = None) -> tuple[torch.Tensor, dict]:
+    """Calibration windows per the recipe (options override it); seqlen is capped at the model's max positions;
+    ``text_column`` names the text column of a record file or datasets folder (default ``text``)."""
     from quantkit.data import calibration_windows, check_sample_count
 
     c = recipe.calibration
@@ -100,19 +102,23 @@ def calibration_inputs(tokenizer, recipe: Recipe, max_positions: int | None, dat
     seqlen = seqlen if seqlen is not None else c.seqlen
     if max_positions:
         seqlen = min(seqlen, max_positions)
-    ids = calibration_windows(tokenizer, dataset, samples, seqlen, c.seed)
-    return ids, {"dataset": dataset, "samples": samples, "seqlen": seqlen, "seed": c.seed}
+    ids = calibration_windows(tokenizer, dataset, samples, seqlen, c.seed, text_column=text_column)
+    info = {"dataset": dataset, "samples": samples, "seqlen": seqlen, "seed": c.seed}
+    if text_column is not None:
+        info["text_column"] = text_column
+    return ids, info
 
 
 def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, device: str | None = None,
                    progress_factory: ProgressFactory | None = None, dataset: str | None = None,
                    samples: int | None = None, seqlen: int | None = None,
-                   calib_ids: torch.Tensor | None = None) -> QuantizeResult:
+                   calib_ids: torch.Tensor | None = None, text_column: str | None = None) -> QuantizeResult:
     """Quantize every decoder-layer linear of ``model`` per ``recipe`` (and ``plan``), in place (fake-quant).
 
     Returns the integer records (what ``quantkit pack`` writes) and attaches A8 input hooks when the recipe
     quantizes activations. ``device`` is where layer-by-layer calibration runs (default: the model's device).
-    ``calib_ids`` [n, T] replaces the recipe's calibration windows (benchmarks, tests).
+    ``calib_ids`` [n, T] replaces the recipe's calibration windows (benchmarks, tests); ``text_column`` names the
+    text column of a record-file ``dataset``.
     """
     device = device or str(next(model.parameters()).device)
     targets = {n: lin for n, lin in iter_linears(model) if not recipe.spec_for(n).skip}
@@ -147,7 +153,8 @@ def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, devic
         if calib_ids is not None:
             ids, calib = calib_ids, {"dataset": "given", "samples": calib_ids.shape[0], "seqlen": calib_ids.shape[1]}
         else:
-            ids, calib = calibration_inputs(tokenizer, recipe, max_positions(model), dataset, samples, seqlen)
+            ids, calib = calibration_inputs(tokenizer, recipe, max_positions(model), dataset, samples, seqlen,
+                                            text_column)
         records = _quantize_layerwise(model, recipe, plan, targets, ids, device, method, progress_factory)
     handles = []
     if recipe.activation.enabled:

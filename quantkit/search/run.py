@@ -31,6 +31,7 @@ class SearchOptions:
     first_order: bool = True
     batch_size: int = 1
     checkpoint_layers: bool = True
+    text_column: str | None = None  # the text column of a record-file dataset (None: "text")
 
 
 def salience_quantizer(recipe, bits: int) -> Quantizer:
@@ -95,7 +96,9 @@ def search(loaded: LoadedModel, recipe, opts: SearchOptions, progress: Progress 
         if loaded.tokenizer is None:
             raise QuantkitError("the model has no tokenizer; the salience search needs one to read calibration text")
         ids = calibration_windows(loaded.tokenizer, calibration["source"], calibration["samples"],
-                                  calibration["seqlen"], calibration["seed"])
+                                  calibration["seqlen"], calibration["seed"], text_column=opts.text_column)
+        if opts.text_column is not None:
+            calibration["text_column"] = opts.text_column
         calibration["tokens"] = int(ids.numel())
         low = budget.bits[0]
         # recorded as the first linear's spec; per-layer recipe overrides still apply inside the quantizer

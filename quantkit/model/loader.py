@@ -148,15 +148,24 @@ def check_safetensors_files(folder: Path) -> None:
 
 
 def quiet_hf() -> None:
-    """Silence transformers/datasets/hub progress bars and info chatter; quantkit draws its own progress."""
+    """Silence transformers/datasets/hub progress bars and info chatter; quantkit draws its own progress. With
+    ``quantkit -v`` their warnings and progress bars stay on."""
     import logging
 
     from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    from quantkit.ui import verbose
+
+    if verbose():
+        hf_logging.set_verbosity_warning()
+        hf_logging.enable_progress_bar()
+        level = logging.WARNING
+    else:
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        level = logging.ERROR
     for name in ("huggingface_hub", "datasets", "filelock", "accelerate"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+        logging.getLogger(name).setLevel(level)
 
 
 def _config(path: str, is_local: bool):

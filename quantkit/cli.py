@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -14,10 +15,77 @@ from rich.text import Text
 
 from quantkit.bench.command import DEFAULT_BATCH, DEFAULT_CONTEXT, DEFAULT_M, DEFAULT_METHODS, PRESETS
 from quantkit.errors import QuantkitError
-from quantkit.ui import err_console, out_console, progress_bar
+from quantkit.ui import err_console, info, out_console, progress_bar
 
-app = typer.Typer(name="quantkit", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+app = typer.Typer(name="quantkit", no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False,
                   help="Offline LLM quantization: MixLLM search, GPTQ/AWQ/LiquidQuant, packed GPU checkpoints.")
+
+
+def _plain_flags() -> None:
+    """Show flags (``--json``, ``--force``, ``--help``) without a value placeholder in ``--help``: they take no
+    value, but typer's rich help (0.2x) prints the ``<bool>`` type after each one. A no-op on typers without
+    ``display_type_rich`` (older ones print no type for flags)."""
+    from typer.core import TyperOption
+
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None or getattr(shown, "plain_flags", False):
+        return
+
+    def display_type_rich(self, ctx):
+        if self.is_flag or self.count:
+            return None
+        return shown(self, ctx)
+
+    display_type_rich.plain_flags = True
+    TyperOption.display_type_rich = display_type_rich
+
+
+_plain_flags()
+
+
+def _flat_help(doc: str | None) -> str:
+    """A command's ``--help`` text from its docstring, each paragraph on one line: typer's rich help keeps a
+    docstring's single line breaks, which cut sentences wherever the source wraps (the command list shows the
+    first paragraph, so it is one short sentence)."""
+    paragraphs = inspect.cleandoc(doc or "").split("\n\n")
+    return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
+
+
+def command(name: str):
+    """``@app.command(name)`` with the help text of :func:`_flat_help`."""
+
+    def register(fn):
+        return app.command(name, help=_flat_help(fn.__doc__))(fn)
+
+    return register
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from quantkit import __version__
+
+        sys.stdout.write(f"quantkit {__version__}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_show_version,
+                                          help="print the version and exit")] = False,
+    verbose: Annotated[bool, typer.Option("-v", "--verbose", help="print more: details of each step and the "
+                                                                  "HF/transformers warnings quantkit "
+                                                                  "silences")] = False,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="print less: no progress or informational lines "
+                                                              "(results, warnings and errors still print)")] = False,
+):
+    """Offline LLM quantization: MixLLM search, GPTQ/AWQ/LiquidQuant, packed GPU checkpoints. Global options go
+    before the command: ``quantkit -q pack ...``."""
+    from quantkit.ui import NORMAL, QUIET, VERBOSE, set_verbosity
+
+    if verbose and quiet:
+        _error_line("-v/--verbose and -q/--quiet contradict each other; give one of them")
+        raise typer.Exit(QuantkitError.exit_code)
+    set_verbosity(VERBOSE if verbose else QUIET if quiet else NORMAL)
 
 
 def _error_line(message: str) -> None:
@@ -61,6 +129,18 @@ Device = Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto (GPU when p
 Dtype = Annotated[Optional[str], typer.Option(help="fp32, fp16 or bf16 (default: fp32 on CPU, fp16/bf16 on GPU)")]
 Dataset = Annotated[str, typer.Option(help="kjv (shipped), wikitext2, c4, pile, or a .txt/.jsonl path")]
 Json = Annotated[bool, typer.Option("--json", help="print one JSON object on stdout (tables go to stderr)")]
+CalibDataset = Annotated[Optional[str], typer.Option("--calib-dataset", help="calibration text: kjv (shipped), "
+                                                     "wikitext2, c4, pile, or a .txt/.jsonl path (default: the "
+                                                     "recipe's)")]
+
+
+DTYPE_LABELS = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+DTYPE_BITS = {"float32": 32, "float16": 16, "bfloat16": 16}
+
+
+def dtype_label(dtype: str) -> str:
+    """The short name of a torch dtype name as the options spell it: float32 → fp32, bfloat16 → bf16."""
+    return DTYPE_LABELS.get(dtype, dtype)
 
 
 def _ppl_of(model, ids, seqlen, max_windows, label):
@@ -86,8 +166,7 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
     packed = is_checkpoint(model_ref)
     if packed and (recipe or plan):
         raise QuantkitError(f"'{model_ref}' is a packed checkpoint (already quantized); drop --recipe/--plan")
-    calib = [opt for opt, v in (("--calib-samples", calib_samples), ("--calib-dataset", calib_dataset))
-             if v is not None]
+    calib = given_options(("--calib-samples", calib_samples), ("--calib-dataset", calib_dataset))
     if calib and recipe is None:
         raise QuantkitError(f"{', '.join(calib)} set{'s' if len(calib) == 1 else ''} the calibration of --recipe; "
                             "add --recipe or drop " + ("it" if len(calib) == 1 else "them"))
@@ -110,7 +189,8 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
         from quantkit.quant.recipe import check_calibration_options, load_recipe
 
         rec = load_recipe(recipe)
-        check_calibration_options(rec, calib)
+        if check_calibration_options(rec, calib):  # warned: the recipe reads no calibration data
+            calib_samples = calib_dataset = None
         if plan is not None:
             from quantkit.search.plan_check import check_plan_recipe, read_plan
 
@@ -122,8 +202,12 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
     ids = encode(loaded.tokenizer, text)
     result = {"model": model_ref, "dataset": dataset, "device": loaded.device,
               "dtype": str(loaded.dtype).replace("torch.", "")}
+    from quantkit.ui import detail
+
+    detail(f"loaded {model_ref} on {loaded.device} in {result['dtype']}; {ids.numel():,} test tokens, windows of "
+           f"{seqlen}")
     if rec is None:
-        r = _ppl_of(loaded.model, ids, seqlen, max_windows, "packed" if packed else "fp")
+        r = _ppl_of(loaded.model, ids, seqlen, max_windows, "packed" if packed else dtype_label(result["dtype"]))
         result.update(r.as_dict())
         return result
     from quantkit.quant.apply import quantize_model
@@ -132,9 +216,9 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
         from quantkit.search.plan_check import check_plan_model
 
         check_plan_model(plan_obj, loaded.model, f"plan '{plan}'")
-    if baseline:
-        r0 = _ppl_of(loaded.model, ids, seqlen, max_windows, "fp")
-        result.update(ppl_fp16=r0.ppl, nll_fp16=r0.nll)
+    if baseline:  # the unquantized model in the dtype it was loaded in (result["dtype"])
+        r0 = _ppl_of(loaded.model, ids, seqlen, max_windows, dtype_label(result["dtype"]))
+        result.update(ppl_baseline=r0.ppl, nll_baseline=r0.nll)
     qres = quantize_model(loaded.model, loaded.tokenizer, rec, plan=plan_obj, device=loaded.device,
                           progress_factory=progress_bar, dataset=calib_dataset, samples=calib_samples)
     r = _ppl_of(loaded.model, ids, seqlen, max_windows, rec.name)
@@ -143,65 +227,104 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
     return result
 
 
+def given_options(*pairs: tuple[str, object]) -> list[str]:
+    """The option names of the (name, value) pairs whose value was given (not None)."""
+    return [name for name, value in pairs if value is not None]
+
+
+def renamed_option(old: str, old_value, new: str, new_value):
+    """The value of an option given under its deprecated name ``old`` (a warning says to use ``new``) or under
+    ``new``; both at once is an error."""
+    if old_value is None:
+        return new_value
+    if new_value is not None:
+        raise QuantkitError(f"{old} is the old name of {new}; give {new} only")
+    from quantkit.ui import warn
+
+    warn(f"{old} is deprecated: use {new} (same meaning)")
+    return old_value
+
+
 def _ppl_table(title: str, rows: list[tuple[str, dict]]) -> Table:
+    bits = any(r.get("avg_bits") is not None for _, r in rows)
     t = Table(title=title)
-    for col in ("model", "dataset", "windows × seqlen", "nll", "ppl"):
-        t.add_column(col, justify="right" if col in ("nll", "ppl") else "left")
+    for col in ("model", "dataset", "windows × seqlen") + (("avg bits",) if bits else ()) + ("nll", "ppl"):
+        t.add_column(col, justify="right" if col in ("avg bits", "nll", "ppl") else "left")
     for label, r in rows:
-        t.add_row(label, r["dataset"], f"{r['windows']} × {r['seqlen']}", f"{r['nll']:.4f}", f"{r['ppl']:.3f}")
+        cells = [label, r["dataset"], f"{r['windows']} × {r['seqlen']}"]
+        if bits:
+            cells.append(f"{r['avg_bits']:.2f}" if r.get("avg_bits") is not None else "")
+        t.add_row(*cells, f"{r['nll']:.4f}", f"{r['ppl']:.3f}")
     return t
 
 
-@app.command("eval-ppl")
+def ppl_rows(res: dict) -> list[tuple[str, dict]]:
+    """The rows of the eval-ppl table for an :func:`evaluate_ppl` record: the unquantized baseline, labelled with
+    the dtype it ran in and that dtype's bits, then the evaluated model (the recipe, and plan, with their average
+    weight bits)."""
+    rows = []
+    if "ppl_baseline" in res:
+        rows.append((dtype_label(res["dtype"]), dict(res, ppl=res["ppl_baseline"], nll=res["nll_baseline"],
+                                                     avg_bits=DTYPE_BITS.get(res["dtype"]))))
+    label = res["model"]
+    if res.get("recipe"):
+        label = res["recipe"] + (f" + plan {Path(res['plan']).name}" if res.get("plan") else "")
+    rows.append((label, res))
+    return rows
+
+
+@command("eval-ppl")
 @user_errors
 def eval_ppl(
-    model: Annotated[str, typer.Argument(help="HF model dir, hub id, packed quantkit checkpoint or builtin:reference")],
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="HF model dir, hub id, packed quantkit checkpoint or "
+                                                               "builtin:reference")],
     dataset: Dataset = "kjv",
     seqlen: Annotated[Optional[int], typer.Option(help="window length (default 2048, capped at the model's)")] = None,
     max_windows: Annotated[Optional[int], typer.Option(help="evaluate only the first N windows")] = None,
     recipe: Annotated[Optional[str], typer.Option(help="fake-quantize in memory with this recipe first")] = None,
     plan: Annotated[Optional[str], typer.Option(help="precision plan from `quantkit search` (needs --recipe)")] = None,
-    no_baseline: Annotated[bool, typer.Option("--no-baseline", help="with --recipe: skip the FP16 ppl")] = False,
+    no_baseline: Annotated[bool, typer.Option("--no-baseline", help="with --recipe: skip the unquantized model's "
+                                                                    "ppl")] = False,
     calib_samples: Annotated[Optional[int], typer.Option(help="calibration windows (default: the recipe's)")] = None,
-    calib_dataset: Annotated[Optional[str], typer.Option(help="calibration text (default: the recipe's)")] = None,
+    calib_dataset: CalibDataset = None,
     device: Device = "auto",
     dtype: Dtype = None,
     device_map: Annotated[Optional[str], typer.Option(help="accelerate device_map (e.g. auto) for models that do "
                                                           "not fit one GPU")] = None,
     json_out: Json = False,
 ):
-    """Perplexity the way GPTQ/MixLLM report it (non-overlapping windows of the test split joined with blank lines)."""
+    """Perplexity of a model, a packed checkpoint or a recipe applied in memory.
+
+    Measured the way GPTQ/MixLLM report it: non-overlapping windows of the test split joined with blank lines.
+    With --recipe the unquantized model's ppl comes first, in the dtype it ran in."""
     res = evaluate_ppl(model, dataset, seqlen, max_windows, device, dtype, recipe, plan, baseline=not no_baseline,
                        calib_samples=calib_samples, calib_dataset=calib_dataset, device_map=device_map)
-    rows = []
-    if "ppl_fp16" in res:
-        rows.append(("fp16" if res["dtype"] != "float32" else "fp32",
-                     dict(res, ppl=res["ppl_fp16"], nll=res["nll_fp16"])))
-    rows.append((res.get("recipe") or res["model"], res))
     console = err_console if json_out else out_console
-    console.print(_ppl_table(f"perplexity — {res['model']} ({res['device']}, {res['dtype']})", rows))
+    console.print(_ppl_table(f"perplexity — {res['model']} ({res['device']}, {res['dtype']})", ppl_rows(res)))
     if json_out:
         sys.stdout.write(json.dumps(res) + "\n")
 
 
-@app.command("demo")
+@command("demo")
 @user_errors
 def demo(
     max_windows: Annotated[int, typer.Option(help="test windows per evaluation (90 = the whole split)")] = 40,
     calib_samples: Annotated[int, typer.Option(help="calibration windows for GPTQ/AWQ/search")] = 32,
     device: Device = "auto",
 ):
-    """Tour of quantkit on the embedded reference model (builtin:reference, trained on the shipped corpus):
-    FP vs RTN/GPTQ/AWQ W4A16, MixLLM W4A8 with 0/10/20% 8-bit channels from the global search, W8A8."""
+    """Tour of quantkit on the embedded reference model (builtin:reference).
+
+    The reference model is trained on the shipped corpus: FP vs RTN/GPTQ/AWQ W4A16, MixLLM W4A8 with 0/10/20%
+    8-bit channels from the global search, W8A8."""
     from quantkit.demo import run_demo
 
     run_demo(max_windows=max_windows, device=device, calib_samples=calib_samples)
 
 
-@app.command("search")
+@command("search")
 @user_errors
 def search(
-    model: Annotated[str, typer.Argument(help="HF model dir, hub id or builtin:reference")],
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="HF model dir, hub id or builtin:reference")],
     output: Annotated[str, typer.Option("-o", "--output", help="where to write the plan (plan.json)")],
     recipe: Annotated[str, typer.Option(help="recipe giving the quantizer of each bit-width")] = "mixllm-w4a8",
     target_bits: Annotated[Optional[float], typer.Option(help="average bits per weight element "
@@ -210,12 +333,12 @@ def search(
     fractions: Annotated[Optional[str], typer.Option(help="element share of each --bits entry, e.g. 0.3,0.6,0.1 "
                                                           "(most salient channels get the highest bits)")] = None,
     strategy: Annotated[str, typer.Option(help="global (MixLLM), local (per layer), random, magnitude")] = "global",
-    samples: Annotated[Optional[int], typer.Option(help="calibration windows (default: the recipe's, 128)")] = None,
+    samples: Annotated[Optional[int], typer.Option("--calib-samples", help="calibration windows (default: the "
+                                                                        "recipe's, 128)")] = None,
     seqlen: Annotated[Optional[int], typer.Option(help="tokens per window (default: the recipe's, capped at "
                                                        "the model's context)")] = None,
     seed: Annotated[Optional[int], typer.Option(help="window sampling / random-strategy seed")] = None,
-    dataset: Annotated[Optional[str], typer.Option(help="calibration text: kjv (shipped), wikitext2, c4, pile, "
-                                                        "or a .txt/.jsonl path (default: the recipe's)")] = None,
+    dataset: CalibDataset = None,
     no_first_order: Annotated[bool, typer.Option("--no-first-order", help="drop the first-order Taylor term "
                                                                           "of Eq. 4 (ablation)")] = False,
     batch_size: Annotated[int, typer.Option(help="windows per backward (each keeps its own gradient)")] = 1,
@@ -226,12 +349,18 @@ def search(
     plot: Annotated[Optional[str], typer.Option(help="write a layer × projection heatmap PNG (needs "
                                                      "matplotlib)")] = None,
     json_out: Json = False,
+    old_samples: Annotated[Optional[int], typer.Option("--samples", hidden=True)] = None,
+    old_dataset: Annotated[Optional[str], typer.Option("--dataset", hidden=True)] = None,
 ):
-    """MixLLM global precision search: Eq. 4 salience per output channel, ranked over the whole model, written
-    as a precision plan for `pack` and `eval-ppl --plan`."""
+    """MixLLM precision search: which output channels get more bits, written as a plan.
+
+    Global search: Eq. 4 salience per output channel, ranked over the whole model, written as a precision plan for
+    `pack` and `eval-ppl --plan`."""
     from quantkit.search.command import check_salience_options, run_search
     from quantkit.search.report import summary, summary_table
 
+    samples = renamed_option("--samples", old_samples, "--calib-samples", samples)
+    dataset = renamed_option("--dataset", old_dataset, "--calib-dataset", dataset)
     check_salience_options(strategy, samples, seqlen, seed, dataset, not no_first_order, batch_size)
     plan = run_search(model, output, recipe, bits=bits, target_bits=target_bits, fractions=fractions,
                       strategy=strategy, samples=samples, seqlen=seqlen, seed=seed, dataset=dataset,
@@ -239,19 +368,19 @@ def search(
                       device_map=device_map, plot=plot)
     console = err_console if json_out else out_console
     console.print(summary_table(plan))
-    console.print(f"plan written to {output}", highlight=False)
+    info(f"plan written to {output}", console)
     if plot is not None:
         from quantkit.plotting import written_path
 
-        console.print(f"heatmap written to {written_path(plot)}", markup=False, highlight=False)
+        info(f"heatmap written to {written_path(plot)}", console)
     if json_out:
         sys.stdout.write(json.dumps(summary(plan, output)) + "\n")
 
 
-@app.command("pack")
+@command("pack")
 @user_errors
 def pack(
-    model: Annotated[str, typer.Argument(help="HF model dir, hub id or builtin:reference")],
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="HF model dir, hub id or builtin:reference")],
     output: Annotated[str, typer.Option("-o", "--output", help="checkpoint directory to write (atomically)")],
     recipe: Annotated[str, typer.Option(help="shipped recipe name or YAML path")],
     plan: Annotated[Optional[str], typer.Option(help="precision plan from `quantkit search`")] = None,
@@ -261,28 +390,32 @@ def pack(
     max_shard_size: Annotated[str, typer.Option(help="largest shard, e.g. 500MB or 2GB")] = "2GB",
     calib_samples: Annotated[Optional[int], typer.Option(help="calibration windows (default: the "
                                                               "recipe's)")] = None,
+    calib_dataset: CalibDataset = None,
     force: Annotated[bool, typer.Option("--force", help="replace an existing checkpoint at -o")] = False,
     device: Device = "auto",
     dtype: Dtype = None,
     json_out: Json = False,
 ):
-    """Quantize a model with a recipe (and plan) and write a packed checkpoint: config.json with a
-    quantization_config, quantkit.json manifest, sharded safetensors, tokenizer."""
+    """Quantize a model with a recipe (and plan) and write a packed checkpoint.
+
+    The checkpoint folder holds config.json with a quantization_config, the quantkit.json manifest, sharded
+    safetensors and the tokenizer."""
     from quantkit.checkpoint.report import summary_table
     from quantkit.pack import run_pack
 
     res = run_pack(model, recipe, output, plan=plan, target=target, export=export_format,
-                   max_shard_size=max_shard_size, device=device, dtype=dtype, calib_samples=calib_samples, force=force)
+                   max_shard_size=max_shard_size, device=device, dtype=dtype, calib_samples=calib_samples,
+                   calib_dataset=calib_dataset, force=force)
     console = err_console if json_out else out_console
     console.print(summary_table(res, f"packed — {output}"))
     if json_out:
         sys.stdout.write(json.dumps(res) + "\n")
 
 
-@app.command("inspect")
+@command("inspect")
 @user_errors
 def inspect_checkpoint(
-    checkpoint: Annotated[str, typer.Argument(help="packed checkpoint directory")],
+    checkpoint: Annotated[str, typer.Argument(metavar="CHECKPOINT", help="packed checkpoint directory")],
     verify: Annotated[bool, typer.Option("--verify", help="recompute every tensor's sha256 (exit 2 on a "
                                                           "mismatch)")] = False,
     json_out: Json = False,
@@ -306,7 +439,7 @@ def inspect_checkpoint(
         err_console.print(f"[bold red]sha256 mismatch:[/] tensor '{m['tensor']}' in {m['shard']}", highlight=False,
                           soft_wrap=True)
     if verify and not res["mismatches"]:
-        console.print(f"verified: all {res['tensors']} tensors match their sha256", highlight=False)
+        info(f"verified: all {res['tensors']} tensors match their sha256", console)
     if json_out:
         sys.stdout.write(json.dumps(res) + "\n")
     if res.get("mismatches"):
@@ -317,7 +450,49 @@ def inspect_checkpoint(
         raise typer.Exit(QuantkitError.exit_code)
 
 
-@app.command("bench")
+def first_sentence(text: str) -> str:
+    """The first sentence of a description (up to a full stop followed by a capital letter), on one line."""
+    import re
+
+    text = " ".join(text.split())
+    m = re.search(r"\.\s+(?=[A-Z])", text)
+    return text[:m.start() + 1] if m else text
+
+
+def recipe_rows() -> list[dict]:
+    """One record per shipped recipe: name, scheme (W/A bits and group), method, whether it reads calibration
+    data, and the first sentence of its description."""
+    from quantkit.quant.recipe import load_recipe, shipped_recipes
+
+    rows = []
+    for name in shipped_recipes():
+        r = load_recipe(name)
+        a = r.activation.bits if r.activation.enabled else 16
+        group = "per-channel" if r.weight.group_size == -1 else f"g{r.weight.group_size}"
+        rows.append({"name": name, "scheme": f"W{r.weight.bits}A{a} {group}", "method": r.weight.method,
+                     "calibration": r.uses_calibration, "description": first_sentence(r.description)})
+    return rows
+
+
+@command("recipes")
+@user_errors
+def recipes(json_out: Annotated[bool, typer.Option("--json", help="print one JSON list on stdout (the table goes "
+                                                                  "to stderr)")] = False):
+    """List the shipped recipes (for --recipe) with a one-line description of each.
+
+    A YAML file path works as --recipe too: copy a shipped recipe (recipes/*.yaml in the source tree) and edit it."""
+    rows = recipe_rows()
+    t = Table(title="shipped recipes (--recipe NAME)")
+    for col in ("name", "scheme", "calibration data", "description"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        t.add_row(r["name"], r["scheme"], "yes" if r["calibration"] else "no", r["description"])
+    (err_console if json_out else out_console).print(t)
+    if json_out:
+        sys.stdout.write(json.dumps(rows) + "\n")
+
+
+@command("bench")
 @user_errors
 def bench(
     packed: Annotated[Optional[str], typer.Argument(
@@ -342,17 +517,20 @@ def bench(
                                                         f"{DEFAULT_CONTEXT}, or the model's positions - 1 if "
                                                         "fewer)")] = None,
     layer: Annotated[Optional[int], typer.Option(help="--decode-step decoder layer index (default 0)")] = None,
-    device: Annotated[Optional[str], typer.Option(help="--decode-step device: cuda, cuda:N or cpu (CPU: no kernels, "
-                                                       "a check of the mode only; default cuda)")] = None,
+    device: Annotated[str, typer.Option(help="--decode-step device: cuda, cuda:N, cpu (no kernels: a check of the "
+                                             "mode only) or auto (cuda when present)")] = "auto",
     graph: Annotated[bool, typer.Option("--graph/--no-graph", help="--decode-step: time CUDA graph replays or "
                                                                    "eager calls")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="print the rows as one JSON list on stdout (tables go "
                                                           "to stderr)")] = False,
 ):
-    """Kernel speed on this GPU against torch FP16 (cuBLAS): median µs (CUDA events, rotating inputs, CUDA graphs),
-    TFLOP/s, GB/s, % of the HBM and matmul ceilings measured in the same run, speedup vs FP16 — for the linear
-    shapes of PACKED, a --preset or --shapes. With --decode-step: one decode step of one decoder layer of PACKED
-    (batch B, KV cache of --context tokens) against the FP16 layer of its dequantized weights."""
+    """Kernel speed on this GPU against torch FP16 (cuBLAS), or one decode step of a packed model.
+
+    Median µs (CUDA events, rotating inputs, CUDA graphs), TFLOP/s, GB/s, % of the HBM and matmul ceilings
+    measured in the same run, speedup vs FP16 — for the linear shapes of PACKED, a --preset or --shapes.
+
+    With --decode-step: one decode step of one decoder layer of PACKED (batch B, KV cache of --context tokens)
+    against the FP16 layer of its dequantized weights."""
     from quantkit.bench import command
 
     console = err_console if json_out else out_console
@@ -380,7 +558,7 @@ def bench(
             from quantkit.plotting import written_path
 
             save_speedup_plot(rows, plot)
-            console.print(f"plot written to {written_path(plot)}", markup=False, highlight=False)
+            info(f"plot written to {written_path(plot)}", console)
     if json_out:
         sys.stdout.write(json.dumps(rows) + "\n")
 

@@ -57,8 +57,8 @@ def _parameters(model: torch.nn.Module) -> int:
 
 def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = None, target: str | None = None,
              export: str = "quantkit", max_shard_size: str | int = "2GB", device: str = "auto",
-             dtype: str | None = None, calib_samples: int | None = None, force: bool = False,
-             progress: bool = True, warn: Callable[[str], None] | None = None) -> dict:
+             dtype: str | None = None, calib_samples: int | None = None, calib_dataset: str | None = None,
+             force: bool = False, progress: bool = True, warn: Callable[[str], None] | None = None) -> dict:
     """Quantize ``model_ref`` with ``recipe`` (and ``plan``) and write a packed checkpoint to ``output``
     (docs/checkpoint-format.md); returns :func:`quantkit.checkpoint.summarize` of what was written plus any
     warnings."""
@@ -82,13 +82,18 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
     target = check_target_export(target, export)
     max_bytes = parse_size(max_shard_size)
     check_sample_count(calib_samples)
+    if calib_dataset is not None:
+        from quantkit.data import check_source
+
+        check_source(calib_dataset)
     out = Path(output).expanduser()
     check_output(out.absolute(), force)
     rec = load_recipe(recipe)
-    if calib_samples is not None:
-        from quantkit.quant.recipe import check_calibration_options
+    from quantkit.quant.recipe import check_calibration_options
 
-        check_calibration_options(rec, ["--calib-samples"])
+    calib = [o for o, v in (("--calib-samples", calib_samples), ("--calib-dataset", calib_dataset)) if v is not None]
+    if check_calibration_options(rec, calib, warn_all):  # ignored: the recipe reads no calibration data
+        calib_samples = calib_dataset = None
     plan_raw = _plan_bytes(plan)
     plan_obj = None
     if plan is not None:
@@ -121,7 +126,7 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
 
         progress_factory = progress_bar
     result = quantize_model(loaded.model, loaded.tokenizer, rec, plan=plan_obj, device=compute,
-                            progress_factory=progress_factory, samples=calib_samples)
+                            progress_factory=progress_factory, samples=calib_samples, dataset=calib_dataset)
     layouts = choose_layouts(result.weights, target, export, warn_all)
     act = None
     if rec.activation.enabled:

@@ -105,7 +105,7 @@ def test_bad_options(model_dir, tmp_path):
     with pytest.raises(QuantkitError, match="folder .* does not exist"):
         run_search(str(model_dir), str(tmp_path / "nope" / "p.json"), RECIPE, **FAST)
     # a missing model path proves these fail before anything loads
-    with pytest.raises(QuantkitError, match="--samples must be at least 1, got 0"):
+    with pytest.raises(QuantkitError, match="--calib-samples must be at least 1, got 0"):
         run_search(str(tmp_path / "no-model"), str(tmp_path / "p.json"), RECIPE, **dict(FAST, samples=0))
     with pytest.raises(QuantkitError, match="unknown dataset 'wikitxt'"):
         run_search(str(tmp_path / "no-model"), str(tmp_path / "p.json"), RECIPE, dataset="wikitxt", **FAST)
@@ -252,7 +252,7 @@ def test_cli_search(model_dir, tmp_path):
     from quantkit.cli import app
 
     out = tmp_path / "plan.json"
-    res = CliRunner().invoke(app, ["search", str(model_dir), "-o", str(out), "--recipe", RECIPE, "--samples", "2",
+    res = CliRunner().invoke(app, ["search", str(model_dir), "-o", str(out), "--recipe", RECIPE, "--calib-samples", "2",
                                    "--seqlen", "32", "--device", "cpu", "--target-bits", "4.2", "--json"])
     assert res.exit_code == 0, res.output
     summary_line = json.loads(res.stdout.strip().splitlines()[-1])
@@ -272,18 +272,24 @@ def test_cli_search(model_dir, tmp_path):
 
 
 def test_cli_search_refuses_what_it_would_ignore(model_dir, tmp_path):
-    """Calibration options with a strategy that reads no data, a window of one token, and a --plot that savefig would
-    write onto the plan (no suffix: it adds .png) — each one line, before anything loads or is written."""
+    """A window of one token and a --plot that savefig would write onto the plan (no suffix: it adds .png) — each
+    one line, before anything loads or is written. Calibration options with a strategy that reads no data are a
+    warning line, and the search goes on (here to the missing model)."""
     from typer.testing import CliRunner
 
     from quantkit.cli import app
 
     plan = tmp_path / "p.png"
-    for extra, message in ((["--strategy", "magnitude", "--samples", "4", "--seed", "5"],
-                            "--samples, --seed are for the salience strategies (global, local); --strategy magnitude "
-                            "reads no calibration data, so drop them"),
-                           (["--strategy", "random", "--no-first-order"], "--no-first-order is for the salience"),
-                           (["--seqlen", "1"], "--seqlen must be at least 2 tokens, got 1"),
+    for extra, warning in ((["--strategy", "magnitude", "--calib-samples", "4", "--seed", "5"],
+                            "warning: --calib-samples, --seed are ignored: --strategy magnitude reads no calibration "
+                            "data (they are for the salience strategies global and local)"),
+                           (["--strategy", "random", "--no-first-order"],
+                            "warning: --no-first-order is ignored: --strategy random reads no calibration data (it "
+                            "is for the salience strategies global and local)")):
+        r = CliRunner().invoke(app, ["search", str(tmp_path / "no-model"), "-o", str(plan), *extra])
+        lines = r.stderr.strip().splitlines()
+        assert r.exit_code == 2 and lines[0] == warning and "no-model" in lines[1] and len(lines) == 2, r.stderr
+    for extra, message in ((["--seqlen", "1"], "--seqlen must be at least 2 tokens, got 1"),
                            (["--plot", str(tmp_path / "p")], "-o and --plot both name")):
         bad = CliRunner().invoke(app, ["search", str(tmp_path / "no-model"), "-o", str(plan), *extra])
         assert bad.exit_code == 2 and message in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, extra

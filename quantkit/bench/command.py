@@ -104,14 +104,16 @@ class DecodeStepArgs:
     batches: list[int]
     context: int | None  # None: DEFAULT_CONTEXT, or the model's positions - 1 where it has fewer
     layer: int
-    device: str
+    device: str  # resolved: cuda, cuda:N or cpu
 
 
 def decode_step_args(packed: str | None, shapes: str | None, preset: str | None, m: str | None,
                      methods: str | None, plot: str | None, batch: str | None, context: int | None,
                      layer: int | None, device: str | None) -> DecodeStepArgs:
     """Check the options of the ``--decode-step`` mode (it times a whole decoder layer of PACKED, so the kernel
-    sweep's shape/method/plot options do not apply) and fill in the defaults."""
+    sweep's shape/method/plot options do not apply) and fill in the defaults. ``device`` auto (or None) is cuda
+    when a GPU is visible, else cpu, where the step runs the torch reference path — a check of the mode, not a
+    kernel timing — which a warning line says."""
     if packed is None:
         raise QuantkitError("--decode-step times a decoder layer of a packed model; give PACKED (a `quantkit pack` "
                             "folder)")
@@ -125,16 +127,25 @@ def decode_step_args(packed: str | None, shapes: str | None, preset: str | None,
         raise QuantkitError(f"--context is the number of tokens already in the KV cache (≥ 1), got {context}")
     if layer is not None and layer < 0:
         raise QuantkitError(f"--layer is a decoder layer index (≥ 0), got {layer}")
-    return DecodeStepArgs(packed, parse_ints(batch or DEFAULT_BATCH, "--batch"), context, layer or 0,
-                          device or "cuda")
+    batches = parse_ints(batch or DEFAULT_BATCH, "--batch")
+    from quantkit.model.loader import resolve_device
+
+    resolved = resolve_device(device or "auto")
+    if device in (None, "auto") and resolved == "cpu":
+        from quantkit.ui import warn
+
+        warn("no CUDA GPU is visible, so --decode-step runs on the CPU: the torch reference path, no kernels (a check "
+             "of the mode, not a timing); run it on a GPU machine to time the kernels")
+    return DecodeStepArgs(packed, batches, context, layer or 0, resolved)
 
 
 def check_kernel_only(batch: str | None, context: int | None, layer: int | None, device: str | None,
                       graph: bool = True) -> None:
     """Refuse the ``--decode-step`` options in a kernel sweep (the sweep runs on the current CUDA device and times
-    small M with CUDA graphs, always)."""
+    small M with CUDA graphs, always). ``--device auto``, the default, is no choice and passes."""
     given = [opt for opt, v in (("--batch", batch), ("--context", context), ("--layer", layer),
-                                ("--device", device), ("--no-graph", None if graph else True)) if v is not None]
+                                ("--device", None if device == "auto" else device),
+                                ("--no-graph", None if graph else True)) if v is not None]
     if given:
         raise QuantkitError(f"{', '.join(given)} {_verb(given, 'is', 'are')} for --decode-step only; add "
                             f"--decode-step or remove {_verb(given, 'it', 'them')}")

@@ -273,21 +273,41 @@ def shipped_recipes() -> list[str]:
 
 
 def load_recipe(name_or_path: str) -> Recipe:
-    """A shipped recipe by name (``gptq-w4a16-g128``) or a YAML file path."""
+    """A shipped recipe by name (``gptq-w4a16-g128``) or a YAML file path.
+
+    A YAML file keeps the ``name`` it declares (its file stem when it declares none), except when that is the name
+    of a shipped recipe and the file quantizes differently (any field but ``name`` and ``description``): an edited
+    copy of a shipped recipe must not pass for the original in a checkpoint's manifest, a plan or a results table,
+    so its name becomes ``<name> (edited: <file name>)``, e.g. ``gptq-w4a16-g128 (edited: my-gptq.yaml)``. The
+    whole recipe is recorded next to the name wherever one is written; to give an edited recipe a name of its
+    own, change its ``name`` field."""
     p = Path(name_or_path).expanduser()
     if p.is_file():
         try:
             text, source = p.read_text(encoding="utf-8"), str(p)
         except UnicodeDecodeError:
             raise QuantkitError(f"recipe file '{p}' is not UTF-8 text; pass a YAML recipe file") from None
-    else:
-        ref = shipped_dir("quantkit.recipes", "recipes").joinpath(f"{name_or_path}.yaml")
-        if not ref.is_file():
-            if name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path:
-                raise QuantkitError(f"recipe file '{name_or_path}' does not exist")
-            raise QuantkitError(f"unknown recipe '{name_or_path}'; shipped: {', '.join(shipped_recipes())} "
-                                "(or pass a YAML file path)")
-        text, source = ref.read_text(encoding="utf-8"), name_or_path
+        recipe = _parse_text(text, source)
+        recipe.name = _edited_name(recipe, p.name)
+        return recipe
+    ref = _shipped_file(name_or_path)
+    if ref is None:
+        if name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path:
+            raise QuantkitError(f"recipe file '{name_or_path}' does not exist")
+        raise QuantkitError(f"unknown recipe '{name_or_path}'; shipped: {', '.join(shipped_recipes())} "
+                            "(or pass a YAML file path)")
+    return _parse_text(ref.read_text(encoding="utf-8"), name_or_path)
+
+
+def _shipped_file(name: str):
+    """The shipped recipe file called ``name``, or None."""
+    if not name or "/" in name or "\\" in name:
+        return None
+    ref = shipped_dir("quantkit.recipes", "recipes").joinpath(f"{name}.yaml")
+    return ref if ref.is_file() else None
+
+
+def _parse_text(text: str, source: str) -> Recipe:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -297,11 +317,38 @@ def load_recipe(name_or_path: str) -> Recipe:
     return parse_recipe(data, source)
 
 
-def check_calibration_options(recipe: Recipe, given: list[str]) -> None:
-    """Refuse calibration options (``--calib-samples``, ``--calib-dataset``) for a recipe that quantizes without
-    calibration data: they would be ignored."""
-    if given and not recipe.uses_calibration:
-        one = len(given) == 1
-        raise QuantkitError(f"recipe '{recipe.name}' quantizes without calibration data ({recipe.weight.method}, no "
-                            f"clipping search), so {', '.join(given)} would change nothing; drop "
-                            f"{'it' if one else 'them'} or use a GPTQ, AWQ or clipping recipe")
+def _settings(recipe: Recipe) -> dict:
+    """What a recipe quantizes: everything but its name and description."""
+    d = recipe.to_dict()
+    d.pop("name"), d.pop("description")
+    return d
+
+
+def _edited_name(recipe: Recipe, file_name: str) -> str:
+    """``recipe.name``, or ``<name> (edited: <file_name>)`` when a shipped recipe of that name quantizes
+    differently (see :func:`load_recipe`)."""
+    ref = _shipped_file(recipe.name)
+    if ref is None:
+        return recipe.name
+    try:
+        shipped = _parse_text(ref.read_text(encoding="utf-8"), recipe.name)
+    except QuantkitError:
+        return recipe.name
+    if _settings(shipped) == _settings(recipe):
+        return recipe.name
+    return f"{recipe.name} (edited: {file_name})"
+
+
+def check_calibration_options(recipe: Recipe, given: list[str], warn=None) -> list[str]:
+    """Warn about (through ``warn``, default one yellow line on stderr) and return the calibration options
+    (``--calib-samples``, ``--calib-dataset``) given for a recipe that quantizes without calibration data: they are
+    ignored, and the command goes on, so one loop can pass the same options to every recipe."""
+    if not given or recipe.uses_calibration:
+        return []
+    if warn is None:
+        from quantkit.ui import warn
+
+    one = len(given) == 1
+    warn(f"{', '.join(given)} {'is' if one else 'are'} ignored: recipe '{recipe.name}' quantizes without calibration "
+         f"data ({recipe.weight.method}, no clipping search)")
+    return list(given)

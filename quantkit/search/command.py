@@ -26,39 +26,36 @@ def parse_list(text: str | None, kind: type, option: str) -> list | None:
 
 @contextlib.contextmanager
 def _bars(enabled: bool) -> Iterator[tuple]:
-    """Two rich bars on stderr in one live display: Δ per linear, then calibration samples."""
+    """Two progress bars on stderr in one display (:func:`quantkit.ui.progress_group`): Δ per linear, then
+    calibration samples."""
     if not enabled:
         yield None, None
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-        TimeRemainingColumn
+    from quantkit.ui import progress_group
 
-    from quantkit.ui import err_console
-
-    with Progress(TextColumn("[bold blue]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TimeRemainingColumn(), console=err_console) as prog:
-        layers = prog.add_task("quantize linears (Δ)", total=None)
-        samples = prog.add_task("salience samples", total=None)
-        yield (lambda d, n: prog.update(layers, completed=d, total=n),
-               lambda d, n: prog.update(samples, completed=d, total=n))
+    with progress_group("quantize linears (Δ)", "salience samples") as bars:
+        yield bars
 
 
 def check_salience_options(strategy: str, samples: int | None, seqlen: int | None, seed: int | None,
-                           dataset: str | None, first_order: bool, batch_size: int) -> None:
-    """Refuse the calibration options of the salience strategies (MixLLM Eq. 4 needs data and gradients) with
-    ``random`` or ``magnitude``, which read none of them (``random`` does use ``--seed``): they would change
-    nothing in the plan."""
+                           dataset: str | None, first_order: bool, batch_size: int) -> list[str]:
+    """Warn about (one yellow line) and return the calibration options of the salience strategies (MixLLM Eq. 4
+    needs data and gradients) given with ``random`` or ``magnitude``, which read none of them (``random`` does use
+    ``--seed``): they change nothing in the plan, and the search goes on without them (so a loop over strategies
+    can pass the same options to each)."""
     if uses_salience(strategy):
-        return
-    given = [opt for opt, v in (("--samples", samples), ("--seqlen", seqlen), ("--dataset", dataset),
+        return []
+    given = [opt for opt, v in (("--calib-samples", samples), ("--seqlen", seqlen), ("--calib-dataset", dataset),
                                 ("--no-first-order", None if first_order else True),
                                 ("--batch-size", None if batch_size == 1 else batch_size),
                                 ("--seed", seed if strategy == "magnitude" else None)) if v is not None]
     if given:
+        from quantkit.ui import warn
+
         one = len(given) == 1
-        raise QuantkitError(f"{', '.join(given)} {'is' if one else 'are'} for the salience strategies (global, "
-                            f"local); --strategy {strategy} reads no calibration data, so drop "
-                            f"{'it' if one else 'them'}")
+        warn(f"{', '.join(given)} {'is' if one else 'are'} ignored: --strategy {strategy} reads no calibration data "
+             f"({'it is' if one else 'they are'} for the salience strategies global and local)")
+    return given
 
 
 def check_plan_output(output: str, plot: str | None = None) -> None:
@@ -100,7 +97,7 @@ def run_search(model_ref: str, output: str, recipe: str = "mixllm-w4a8", *, bits
     budget = BitBudget.parse(parse_list(bits, int, "--bits"),
                              DEFAULT_TARGET if target_bits is None and fr is None else target_bits, fr)
     check_strategy(strategy)
-    check_sample_count(samples, "--samples")
+    check_sample_count(samples, "--calib-samples")
     if seqlen is not None and seqlen < 2:
         raise QuantkitError(f"--seqlen must be at least 2 tokens, got {seqlen}")
     if dataset is not None:

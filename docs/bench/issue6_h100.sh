@@ -69,7 +69,7 @@ for f in (Path('quantkit') / 'assets' / 'reference-model').iterdir():
 EOF
 [ -d "$WORK/l8b-w4a16" ] || $QK pack "$WORK/l8b" --recipe rtn-w4a16-g128 -o "$WORK/l8b-w4a16" --target sm90 \
     --device cuda > /dev/null 2>&1 || echo "pack l8b rtn failed"
-[ -f "$WORK/l8b-p10.json" ] || $QK search "$WORK/l8b" --recipe mixllm-w4a8 --bits 4,8 --target-bits 4.4 --samples 8 \
+[ -f "$WORK/l8b-p10.json" ] || $QK search "$WORK/l8b" --recipe mixllm-w4a8 --bits 4,8 --target-bits 4.4 --calib-samples 8 \
     --seqlen 512 -o "$WORK/l8b-p10.json" --device cuda --dtype fp16 > /dev/null 2>&1 || echo "search l8b failed"
 [ -d "$WORK/l8b-mixed" ] || $QK pack "$WORK/l8b" --recipe mixllm-w4a8-rtn --plan "$WORK/l8b-p10.json" \
     -o "$WORK/l8b-mixed" --target sm90 --device cuda > /dev/null 2>&1 || echo "pack l8b mixed failed"

@@ -103,7 +103,8 @@ def layer_output(layer: nn.Module, batch: LayerBatch) -> torch.Tensor:
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
-LayerCallback = Callable[[int, str, nn.Module, list[LayerBatch]], None]
+# returns the layer's outputs as a list of batches when it computed them itself (e.g. replaying sub-blocks)
+LayerCallback = Callable[[int, str, nn.Module, list[LayerBatch]], "list[LayerBatch] | None"]
 
 
 @torch.no_grad()
@@ -115,16 +116,17 @@ def run_layerwise(model: nn.Module, input_ids: torch.Tensor, device: str | torch
 
     For each layer: move it to ``device``, call ``on_layer(i, name, layer, inputs)`` (where a quantizer collects
     statistics and rewrites the weights; it may enable grad itself), compute the outputs with the *modified* layer,
-    move the layer back to where it came from. ``progress(i, n_layers)`` is called after each layer.
+    move the layer back to where it came from. A callback that returns a list of batches gives those outputs
+    itself (computed with the modified layer), and the layer is not run again. ``progress(i, n_layers)`` is
+    called after each layer.
     """
     path, layers = find_decoder_layers(model)
     batches = capture_layer_inputs(model, input_ids, device, batch_size)
     for i, layer in enumerate(layers):
         home = next(layer.parameters()).device
         layer.to(device)
-        if on_layer is not None:
-            on_layer(i, f"{path}.{i}", layer, batches)
-        batches = [LayerBatch(layer_output(layer, b), b.kwargs) for b in batches]
+        given = on_layer(i, f"{path}.{i}", layer, batches) if on_layer is not None else None
+        batches = given if isinstance(given, list) else [LayerBatch(layer_output(layer, b), b.kwargs) for b in batches]
         layer.to(home)
         if progress is not None:
             progress(i + 1, len(layers))

@@ -174,15 +174,20 @@ def _quantize_layerwise(model, recipe, plan, targets, ids, device, method, progr
     def on_layer(i, prefix, layer, batches):
         names = {n: lin for n, lin in targets.items() if n.startswith(prefix + ".")}
         layer_records: dict[str, WeightRecord] = {}
-        _quantize_one_layer(layer, batches, names, layer_records)
+        outputs = _quantize_one_layer(layer, batches, names, layer_records)
         records.update({n: record_to(r, "cpu") for n, r in layer_records.items()})
+        return outputs
 
     def _quantize_one_layer(layer, batches, names, records):
+        """Quantize one layer's linears into ``records``; returns the layer's outputs when the quantizer
+        computed them (GPTQ replays its sub-blocks), else None."""
         row_bits = {n: plan.row_bits(n) for n in names} if plan is not None else None
         if method == "gptq":
             from quantkit.quant.gptq import gptq_quantize_layer
 
-            records.update(gptq_quantize_layer(layer, batches, names, config, row_bits=row_bits))
+            outputs: list = []
+            records.update(gptq_quantize_layer(layer, batches, names, config, row_bits=row_bits, outputs=outputs))
+            return outputs
         elif method == "awq":
             from quantkit.quant.awq import awq_quantize_layer
 

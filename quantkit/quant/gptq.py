@@ -21,6 +21,7 @@ import torch.nn as nn
 
 from quantkit.errors import QuantkitError
 from quantkit.model.layerwise import LayerBatch, layer_output
+from quantkit.model.replay import BlockReplay
 from quantkit.quant import grid
 from quantkit.quant.clip import sample_tokens, search_clip
 from quantkit.quant.hessian import HessianAccumulator, damped_inverse_cholesky
@@ -199,12 +200,13 @@ def _current_columns(w, w1, err1, u, rows, i1: int, i2: int, j: int, end: int) -
 
 
 class GPTQ:
-    """GPTQ for one nn.Linear: feed it the linear's inputs with :meth:`add_batch`, then :meth:`quantize`."""
+    """GPTQ for one nn.Linear: feed it the linear's inputs with :meth:`add_batch`, then :meth:`quantize`.
+    Linears that read one input tensor (q/k/v, gate/up) may share one ``accumulator``: H depends only on X."""
 
-    def __init__(self, linear: nn.Linear, name: str = ""):
+    def __init__(self, linear: nn.Linear, name: str = "", accumulator: HessianAccumulator | None = None):
         self.linear = linear
         self.name = name
-        self.accumulator = HessianAccumulator(linear.in_features, linear.weight.device)
+        self.accumulator = accumulator or HessianAccumulator(linear.in_features, linear.weight.device)
 
     @property
     def hessian(self) -> torch.Tensor:
@@ -256,13 +258,16 @@ def _partitioned(linear: nn.Linear, specs: list[RowSpec], result: GPTQResult) ->
 @dataclass
 class GPTQConfig(LayerQuantConfig):
     """GPTQ settings for :func:`gptq_quantize_layer` (defaults: the paper's 4-bit g128, 1% dampening, blocks of
-    128, true-sequential). ``clip`` adds MixLLM Sec. 4.1's clipping search on each linear's inputs before GPTQ."""
+    128, true-sequential). ``clip`` adds MixLLM Sec. 4.1's clipping search on each linear's inputs before GPTQ.
+    ``replay`` (true-sequential only) replays final sub-blocks instead of recomputing them: the same bits, less
+    compute, one copy of each replayed block's input and last-linear input per window in memory."""
 
     act_order: bool = False
     static_groups: bool = False
     percdamp: float = 0.01
     blocksize: int = 128
     true_sequential: bool = True
+    replay: bool = True
     clip: bool = False
     clip_grid: int = 20
     clip_max_shrink: float = 0.5
@@ -316,30 +321,51 @@ def sequential_stages(layer: nn.Module, batch: LayerBatch, linears: dict[str, nn
     return stages
 
 
-def _collect(layer: nn.Module, batches: list[LayerBatch], stage: dict[str, nn.Linear],
-             config: GPTQConfig) -> tuple[dict[str, GPTQ], dict[str, list[torch.Tensor]]]:
-    """Run the layer over the batches, accumulating each stage linear's Hessian (and token samples for clipping)."""
-    gptqs = {n: GPTQ(lin, n) for n, lin in stage.items()}
-    samples: dict[str, list[torch.Tensor]] = {n: [] for n in stage}
+def _collect(layer: nn.Module, batches: list[LayerBatch], groups: list[list[str]], linears: dict[str, nn.Linear],
+             config: GPTQConfig, replay: BlockReplay | None = None,
+             ) -> tuple[dict[str, GPTQ], dict[str, list[torch.Tensor]]]:
+    """Run the layer over the batches, accumulating one Hessian per group of linears that read one input tensor
+    (:func:`sequential_stages`; and token samples for clipping). The forward stops at the first linear of the
+    last group, whose input is then known; ``replay`` skips
+    the sub-blocks it can replay (:mod:`quantkit.model.replay`)."""
+    gptqs: dict[str, GPTQ] = {}
+    samples: dict[str, list[torch.Tensor]] = {}
+    group_of: dict[str, int] = {}
+    for gi, group in enumerate(groups):
+        shared = HessianAccumulator(linears[group[0]].in_features, linears[group[0]].weight.device)
+        kept: list[torch.Tensor] = []
+        for n in group:
+            gptqs[n] = GPTQ(linears[n], n, shared)
+            samples[n] = kept
+            group_of[n] = gi
     per_batch = -(-config.clip_n_tokens // max(1, len(batches)))
-    fired: set[str] = set()
+    seen: dict[int, torch.Tensor] = {}
 
     def observe(name, args, kwargs):
         x = linear_input(args, kwargs)
+        gi = group_of[name]
+        if gi in seen:
+            return
+        seen[gi] = x  # the group's first linear of this forward: the input every linear of the group reads
         gptqs[name].add_batch(x)
         if config.clip:
             samples[name].append(sample_tokens(x, x.shape[-1], per_batch))
-        fired.add(name)
-        if len(fired) == len(stage):  # decoder-layer linears run once per forward
+        if len(seen) == len(groups):  # every group's input is known: the rest of the forward is not needed
             raise _StageDone
 
-    with torch.no_grad(), pre_hooks(stage, observe):
-        for b in batches:
-            fired.clear()
-            try:
-                layer_output(layer, b)
-            except _StageDone:
-                pass
+    def forward(b: LayerBatch) -> None:
+        seen.clear()
+        try:
+            layer_output(layer, b)
+        except _StageDone:
+            pass
+
+    with torch.no_grad(), pre_hooks({n: linears[n] for n in gptqs}, observe):
+        if replay is None:
+            for b in batches:
+                forward(b)
+        else:
+            replay.run(batches, forward)
     return gptqs, samples
 
 
@@ -362,26 +388,34 @@ def _row_specs(name: str, linear: nn.Linear, bits_of_rows: torch.Tensor | None, 
 def gptq_quantize_layer(layer: nn.Module, batches: list[LayerBatch], linear_names: dict[str, nn.Linear],
                         config: GPTQConfig | dict,
                         row_bits: dict[str, torch.Tensor] | None = None,
+                        outputs: list[LayerBatch] | None = None,
                         ) -> dict[str, QuantizedWeight | PartitionedWeight]:
     """GPTQ-quantize the linears of one decoder layer (GPTQ Sec. 4 "Step 3" / Sec. 5 setup) and write the
     dequantized weights back into them (in each weight's dtype).
 
-    The layer runs on the captured ``batches`` with hooks accumulating each linear's Hessian. With
-    ``true_sequential`` the linears are quantized stage by stage (q,k,v → o → gate,up → down), each stage's
-    Hessians taken with the earlier stages already quantized. ``row_bits[name]`` (a bit-width per output
-    channel, MixLLM plans) makes that linear a :class:`PartitionedWeight` with one grid per bit-width.
+    The layer runs on the captured ``batches`` with hooks accumulating one Hessian per group of linears that read
+    the same input. With ``true_sequential`` the groups are quantized stage by stage (q,k,v → o → gate,up →
+    down), each stage's Hessians taken with the earlier stages already quantized; sub-blocks whose linears are
+    final are replayed from their last linear's recorded input instead of recomputed (:mod:`quantkit.model.replay`:
+    the attention core runs once per window). ``row_bits[name]`` (a bit-width per output channel, MixLLM plans)
+    makes that linear a :class:`PartitionedWeight` with one grid per bit-width. A list passed as ``outputs``
+    receives the quantized layer's output for every batch (the next layer's inputs).
     """
     config = GPTQConfig.coerce(config)
     if not linear_names:
+        if outputs is not None:
+            outputs.extend(LayerBatch(layer_output(layer, b), b.kwargs) for b in batches)
         return {}
     row_bits = check_row_bits(row_bits, linear_names)
-    if config.true_sequential:
-        stages = sequential_stages(layer, batches[0], linear_names)
-    else:
-        stages = [list(linear_names)]
+    groups = sequential_stages(layer, batches[0], linear_names)
+    stages = groups if config.true_sequential else [[n for g in groups for n in g]]
+    replay = BlockReplay(layer, linear_names, batches[0]) if config.true_sequential and config.replay else None
     out: dict[str, QuantizedWeight | PartitionedWeight] = {}
     for stage in stages:
-        gptqs, samples = _collect(layer, batches, {n: linear_names[n] for n in stage}, config)
+        if replay is not None:
+            replay.stage(stage)
+        stage_groups = [[n for n in g if n in stage] for g in groups]
+        gptqs, samples = _collect(layer, batches, [g for g in stage_groups if g], linear_names, config, replay)
         for name in stage:
             linear = linear_names[name]
             specs = _row_specs(name, linear, row_bits.get(name), config, samples[name])
@@ -389,4 +423,9 @@ def gptq_quantize_layer(layer: nn.Module, batches: list[LayerBatch], linear_name
                                            config.static_groups)
             write_weight(linear, result.weight)
             out[name] = result.parts[0] if specs[0].rows is None else _partitioned(linear, specs, result)
+        if replay is not None:
+            replay.finish(stage)
+    if outputs is not None:
+        outputs.extend(replay.outputs(batches) if replay is not None
+                       else [LayerBatch(layer_output(layer, b), b.kwargs) for b in batches])
     return out

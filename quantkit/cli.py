@@ -77,6 +77,8 @@ def root(
                                                                   "silences")] = False,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="print less: no progress or informational lines "
                                                               "(results, warnings and errors still print)")] = False,
+    threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch (default: QUANTKIT_THREADS, else "
+                                                        "one per core)")] = None,
 ):
     """Offline LLM quantization: MixLLM search, GPTQ/AWQ/LiquidQuant, packed GPU checkpoints. Global options go
     before the command: ``quantkit -q pack ...``."""
@@ -86,6 +88,10 @@ def root(
         _error_line("-v/--verbose and -q/--quiet contradict each other; give one of them")
         raise typer.Exit(QuantkitError.exit_code)
     set_verbosity(VERBOSE if verbose else QUIET if quiet else NORMAL)
+    if threads is not None:
+        from quantkit.threads import configure_cpu_threads, parse_threads
+
+        configure_cpu_threads(parse_threads(threads, "--threads"))
 
 
 def _error_line(message: str) -> None:
@@ -574,9 +580,12 @@ def main() -> None:
     not click's usage box."""
     import signal
 
+    from quantkit.threads import configure_cpu_threads
+
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     usage_error, no_args_is_help = _click_usage_errors()
     try:
+        configure_cpu_threads()  # before any command imports torch
         code = app(standalone_mode=False)
     except usage_error as e:  # a bad option value, an unknown option or command: one line, as quantkit's own
         if no_args_is_help is not None and isinstance(e, no_args_is_help):
@@ -587,6 +596,9 @@ def main() -> None:
     except typer.Abort:  # Ctrl-C
         err_console.print("Aborted.")
         code = 1
+    except QuantkitError as e:  # outside a command: a bad QUANTKIT_THREADS
+        _error_line(str(e))
+        code = QuantkitError.exit_code
     sys.exit(code if type(code) is int else 0)  # a command's return value is not an exit code
 
 

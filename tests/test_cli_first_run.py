@@ -226,3 +226,43 @@ def test_an_edited_copy_of_a_shipped_recipe_says_so_in_its_name(tmp_path):
     assert load_recipe(str(edited)).name == "gptq-w4a16-g128 (edited: my-gptq.yaml)"
     assert load_recipe(str(renamed)).name == "my-w3"
     assert load_recipe("gptq-w4a16-g128").name == "gptq-w4a16-g128"
+
+
+def test_threads_option_and_environment(monkeypatch):
+    """--threads and QUANTKIT_THREADS set torch's CPU threads; a bad value is one error line, exit 2."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; from quantkit.cli import main; sys.argv = ['quantkit'] + sys.argv[1:]; "
+            "import atexit; atexit.register(lambda: print('threads', torch.get_num_threads(), file=sys.stderr)); "
+            "main()")
+    run = lambda args, env: subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                                           env={**__import__("os").environ, **env})
+    r = run(["--threads", "1", "recipes"], {})
+    assert r.returncode == 0 and "threads 1" in r.stderr
+    r = run(["recipes"], {"QUANTKIT_THREADS": "1"})
+    assert r.returncode == 0 and "threads 1" in r.stderr
+    r = run(["recipes"], {"QUANTKIT_THREADS": "zero"})
+    assert r.returncode == 2 and "QUANTKIT_THREADS must be a positive number" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = run(["--threads", "0", "recipes"], {})
+    assert r.returncode == 2 and "--threads must be a positive number" in r.stderr
+
+
+def test_waiting_threads_sleep_unless_the_user_chose():
+    from quantkit.threads import configure_cpu_threads
+
+    import os
+    saved = os.environ.get("OMP_WAIT_POLICY")
+    try:
+        os.environ.pop("OMP_WAIT_POLICY", None)
+        configure_cpu_threads()
+        assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+        os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
+        configure_cpu_threads()
+        assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+    finally:
+        if saved is None:
+            os.environ.pop("OMP_WAIT_POLICY", None)
+        else:
+            os.environ["OMP_WAIT_POLICY"] = saved

@@ -207,3 +207,31 @@ def test_bad_config():
         AWQConfig.coerce({"alpha": 0.5})
     with pytest.raises(QuantkitError, match="group_size"):
         AWQConfig(group_size=0)
+
+
+def test_single_linear_blocks_take_the_closed_form_loss():
+    """down_proj's α search in closed form (Σ ΔW G ΔWᵀ) gives the losses of running the linear on its tokens."""
+    _, layer, calib, _ = layer_setup("llama")
+    linears = layer_linears(layer)
+    group = next(g for g in scaling_groups(layer, linears) if g.block_name == "mlp.down_proj")
+    inputs = []
+    with torch.no_grad(), pre_hooks({"down": group.linears[0]}, lambda n, a, kw: inputs.append(a[0])):
+        for b in calib:
+            layer_output(layer, b)
+    calls = [((x,), {}) for x in inputs]
+    grids = [[(None, QuantSpec(3, 32, False))]]
+    closed = search_scale(group, inputs, calls, grids, n_grid=8)
+    direct = search_scale(ScaleGroup(group.prev_name, group.prev, group.names, group.linears, "copy",
+                                     copy.deepcopy(group.block)), inputs, calls, grids, n_grid=8)
+    assert closed.losses == pytest.approx(direct.losses, rel=1e-4)
+    assert closed.alpha == direct.alpha
+
+
+def test_search_calls_keep_evenly_spaced_windows_within_the_token_budget():
+    from quantkit.quant.awq import search_calls
+
+    calls = [((), {"hidden_states": torch.zeros(1, 64, 8)}) for _ in range(10)]
+    assert search_calls(calls, None) is calls and search_calls(calls, 10_000) is calls
+    kept = search_calls(calls, 256)
+    assert [next(i for i, c in enumerate(calls) if c is k) for k in kept] == [0, 2, 5, 7]
+    assert len(search_calls(calls, 1)) == 1

@@ -288,3 +288,20 @@ def test_magnitude_scores_are_row_norms(tiny):
 def test_unknown_strategy():
     with pytest.raises(QuantkitError, match="unknown strategy 'best'"):
         check_strategy("best")
+
+
+def test_layers_are_recomputed_only_when_activations_would_crowd_memory(tiny, monkeypatch):
+    """checkpoint_layers=None: no recomputation while the saved activations fit a quarter of free memory."""
+    import quantkit.search.salience as sal
+
+    model, ids = tiny
+    lin = next(mod for _, mod in iter_linears(model))
+    for free, expect in ((1 << 40, 1), (1, 2)):
+        monkeypatch.setattr(sal, "free_memory", lambda device, _f=free: _f)
+        calls = []
+        h = lin.register_forward_hook(lambda *a: calls.append(1))
+        got = compute_salience(model, ids[:1], quantizer)
+        h.remove()
+        assert len(calls) == expect
+        _assert_scores_equal(got.scores, brute_force(model, ids[:1], quantizer))
+    assert sal.activation_bytes(model, 100) > 0

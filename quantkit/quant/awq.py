@@ -64,9 +64,12 @@ class ScaleSearch:
 class AWQConfig(LayerQuantConfig):
     """AWQ settings (defaults of the AWQ paper / release: 4-bit g128, 20-point α grid, clipping with 20 ratios
     down to 0.5 on 512 tokens). ``clip_skip`` lists linear leaf names left unclipped: the release skips q/k,
-    whose errors act through the attention softmax rather than the projection output the clip search measures."""
+    whose errors act through the attention softmax rather than the projection output the clip search measures.
+    ``search_tokens`` caps the calibration tokens the α search runs its multi-linear blocks on (evenly spaced
+    windows; None = all, as the release); s_X and single-linear blocks always use every token."""
 
     n_grid: int = 20
+    search_tokens: int | None = None
     clip: bool = True
     clip_grid: int = 20
     clip_max_shrink: float = 0.5
@@ -77,6 +80,8 @@ class AWQConfig(LayerQuantConfig):
         super().__post_init__()
         if int(self.n_grid) < 1:
             raise QuantkitError(f"AWQ n_grid must be >= 1, got {self.n_grid}; use e.g. 20")
+        if self.search_tokens is not None and int(self.search_tokens) < 1:
+            raise QuantkitError(f"AWQ search_tokens must be >= 1 or None (every token), got {self.search_tokens}")
 
 
 def scaling_groups(layer: nn.Module, linear_names: dict[str, nn.Linear]) -> list[ScaleGroup]:
@@ -165,15 +170,69 @@ def awq_scales(magnitude: torch.Tensor, alpha: float) -> torch.Tensor:
     return s / (s.max() * s.min()).sqrt()
 
 
+def _linear_block_loss(group: ScaleGroup, inputs: list[torch.Tensor]):
+    """For a group whose block is its one linear (down_proj, o_proj): the block's mean squared output error
+    as a function of its quantized weight, in closed form. (Ŵ - W) x summed over tokens is
+    Σ_rows ΔW G ΔWᵀ with G = Σ_t x_t x_tᵀ, so each α costs N·K² instead of a pass over every token; the same
+    loss up to float32 rounding."""
+    lin = group.linears[0]
+    k = lin.in_features
+    gram = torch.zeros(k, k, dtype=torch.float32, device=lin.weight.device)
+    tokens = 0
+    for x in inputs:
+        x = x.reshape(-1, k).to(device=gram.device, dtype=torch.float32)
+        gram.addmm_(x.t(), x)
+        tokens += x.shape[0]
+    w0 = lin.weight.detach().float()
+    numel = max(tokens * lin.out_features, 1)
+
+    def loss() -> float:
+        delta = lin.weight.detach().float() - w0
+        return float(((delta @ gram) * delta).sum()) / numel
+
+    return loss
+
+
+def _block_loss(group: ScaleGroup, calls: list[tuple[tuple, dict]]):
+    """The block's mean squared output error against its FP output on the captured ``calls``."""
+    reference = [_first(group.block(*a, **kw)) for a, kw in calls]
+
+    def loss() -> float:
+        err = 0.0
+        numel = 0
+        for (a, kw), ref in zip(calls, reference):
+            err += float((_first(group.block(*a, **kw)).float() - ref.float()).pow(2).sum())
+            numel += ref.numel()
+        return err / max(numel, 1)
+
+    return loss
+
+
+def search_calls(calls: list[tuple[tuple, dict]], max_tokens: int | None) -> list[tuple[tuple, dict]]:
+    """The captured block calls the α search runs: all of them, or evenly spaced ones holding at most
+    ``max_tokens`` tokens (at least one call)."""
+    if max_tokens is None or not calls:
+        return calls
+    a, kw = calls[0]
+    hidden = a[0] if a else kw.get("hidden_states", next(iter(kw.values()), None))
+    per_call = hidden.shape[:-1].numel() if isinstance(hidden, torch.Tensor) else 1
+    keep = max(1, min(len(calls), int(max_tokens) // per_call))
+    if keep >= len(calls):
+        return calls
+    return [calls[(i * len(calls)) // keep] for i in range(keep)]
+
+
 @torch.no_grad()
 def search_scale(group: ScaleGroup, inputs: list[torch.Tensor], calls: list[tuple[tuple, dict]],
                  grids: list[RowGrids], n_grid: int = 20) -> ScaleSearch:
     """AWQ Sec. 3.3 grid search: for α = i / n_grid (i = 0..n_grid-1), fake-quantize W·diag(s) (each linear on
-    its ``grids``, row partitions included) and run the block with weights Q(W·diag(s))·diag(s)⁻¹ on its captured
-    calls; keep the α of least mean squared output error against the FP block. The linears are restored before
-    returning (nothing is folded)."""
+    its ``grids``, row partitions included) and measure the block with weights Q(W·diag(s))·diag(s)⁻¹ against
+    the FP block: on its captured ``calls``, or, when the block is the group's one linear, in closed form over
+    every input token (:func:`_linear_block_loss`). Keeps the α of least mean squared output error. The linears
+    are restored before returning (nothing is folded)."""
     magnitude = channel_magnitude(inputs)
-    reference = [_first(group.block(*a, **kw)) for a, kw in calls]
+    single = len(group.linears) == 1 and group.block is group.linears[0]
+    measure = _linear_block_loss(group, inputs) if single else _block_loss(group, calls)
     originals = [lin.weight.detach().clone() for lin in group.linears]
     losses: list[float] = []
     best = (float("inf"), 0.0, None)
@@ -184,12 +243,7 @@ def search_scale(group: ScaleGroup, inputs: list[torch.Tensor], calls: list[tupl
             for lin, w0, rows_grids in zip(group.linears, originals, grids):
                 s_dev = s.to(w0.device)
                 write_weight(lin, fake_quantize_rows(w0.float() * s_dev, rows_grids) / s_dev)
-            err = 0.0
-            numel = 0
-            for (a, kw), ref in zip(calls, reference):
-                err += float((_first(group.block(*a, **kw)).float() - ref.float()).pow(2).sum())
-                numel += ref.numel()
-            loss = err / max(numel, 1)
+            loss = measure()
             losses.append(loss)
             if loss < best[0]:
                 best = (loss, alpha, s)
@@ -265,7 +319,8 @@ def awq_quantize_layer(layer: nn.Module, batches: list[LayerBatch], linear_names
         x = inputs[g.names[0]]
         if any(any(a is not b for a, b in zip(inputs[n], x)) for n in g.names[1:]):
             continue  # the linears did not read one shared tensor: not a scaling group in this architecture
-        found = search_scale(g, x, calls[g.block_name], [grids[n] for n in g.names], config.n_grid)
+        found = search_scale(g, x, search_calls(calls[g.block_name], config.search_tokens),
+                             [grids[n] for n in g.names], config.n_grid)
         fold_scales(g, found.scales)
         scaled = [xi / found.scales.to(device=xi.device, dtype=xi.dtype) for xi in x]
         for n in g.names:

@@ -30,7 +30,7 @@ class SearchOptions:
     seed: int | None = None
     first_order: bool = True
     batch_size: int = 1
-    checkpoint_layers: bool = True
+    checkpoint_layers: bool | None = None  # None: recompute layers in backward only when memory needs it
     text_column: str | None = None  # the text column of a record-file dataset (None: "text")
 
 

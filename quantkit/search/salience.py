@@ -22,6 +22,7 @@ the activations of one decoder layer when ``checkpoint_layers`` is on.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -150,8 +151,44 @@ def sample_loss(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     return ce.reshape(b, t - 1).mean(1).sum()
 
 
+# elements kept per token and decoder layer for the backward pass, in units of hidden and intermediate size: a
+# generous bound for Llama-like layers (norm, q/k/v/o, rotary, attention output, gate/up/act/product, the probes)
+_SAVED_PER_HIDDEN = 16
+_SAVED_PER_INTERMEDIATE = 8
+# share of the free memory the saved activations may take before layers are recomputed instead
+_ACTIVATION_SHARE = 0.25
+
+
+def activation_bytes(model: nn.Module, tokens: int) -> int:
+    """An upper estimate of the activation bytes one backward over ``tokens`` tokens keeps without checkpointing."""
+    cfg = getattr(model, "config", None)
+    hidden = int(getattr(cfg, "hidden_size", 0) or 0)
+    inter = int(getattr(cfg, "intermediate_size", 0) or 4 * hidden)
+    _, layers = find_decoder_layers(model)
+    elem = max(p.element_size() for p in model.parameters())
+    return len(layers) * tokens * (_SAVED_PER_HIDDEN * hidden + _SAVED_PER_INTERMEDIATE * inter) * elem
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes free for new tensors on ``device``: the GPU's free memory, or the host's available memory."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def needs_checkpointing(model: nn.Module, tokens: int, device: torch.device) -> bool:
+    """Whether one backward over ``tokens`` tokens should recompute each layer (activation checkpointing): when
+    the saved activations would take more than a quarter of the free memory. Recomputing costs one more forward
+    of every layer, about a third of the search's time."""
+    return activation_bytes(model, tokens) > _ACTIVATION_SHARE * free_memory(device)
+
+
 def compute_salience(model: nn.Module, input_ids: torch.Tensor, quantizer: Quantizer, *, first_order: bool = True,
-                     batch_size: int = 1, checkpoint_layers: bool = True, autocast_dtype: torch.dtype | None = None,
+                     batch_size: int = 1, checkpoint_layers: bool | None = None,
+                     autocast_dtype: torch.dtype | None = None,
                      progress: Progress | None = None, on_linear: Progress | None = None,
                      skip: set[str] | frozenset[str] = frozenset()) -> SalienceResult:
     """MixLLM Eq. 4 salience of every output channel of every decoder linear, over calibration windows.
@@ -161,6 +198,8 @@ def compute_salience(model: nn.Module, input_ids: torch.Tensor, quantizer: Quant
     per backward, each still contributing its own gradient. ``autocast_dtype`` (e.g. bf16 for an fp32 model on
     a GPU) runs the matmuls under autocast. ``progress(done, total)`` is called after each batch and
     ``on_linear(done, total)`` after each linear's Δ is ready; linears named in ``skip`` get no score.
+    ``checkpoint_layers`` recomputes each decoder layer in the backward pass; None decides by memory
+    (:func:`needs_checkpointing`).
 
     fp16 compute: the per-token gradients of a mean loss are ~1/seqlen and fall below fp16's smallest normal,
     so the loss is scaled by the number of predicted tokens (a token sum) and s1 divided back in fp32.
@@ -185,9 +224,11 @@ def compute_salience(model: nn.Module, input_ids: torch.Tensor, quantizer: Quant
             if on_linear is not None:
                 on_linear(i + 1, len(linears))
         stack.enter_context(_frozen(model))
+        dev = _input_device(model)
+        if checkpoint_layers is None:
+            checkpoint_layers = needs_checkpointing(model, min(batch_size, n) * input_ids.shape[1], dev)
         if checkpoint_layers:
             stack.enter_context(checkpointed_layers(model))
-        dev = _input_device(model)
         for start in range(0, n, batch_size):
             ids = input_ids[start:start + batch_size].to(dev)
             with ExitStack() as ctx:

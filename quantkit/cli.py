@@ -133,11 +133,14 @@ def user_errors(fn):
 
 Device = Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto (GPU when present)")]
 Dtype = Annotated[Optional[str], typer.Option(help="fp32, fp16 or bf16 (default: fp32 on CPU, fp16/bf16 on GPU)")]
-Dataset = Annotated[str, typer.Option(help="kjv (shipped), wikitext2, c4, pile, or a .txt/.jsonl path")]
+Dataset = Annotated[str, typer.Option(help="kjv (shipped), wikitext2, c4, pile, a .txt/.jsonl/.json/.csv/.parquet "
+                                           "file, or a folder (datasets save_to_disk, or train.*/test.* files)")]
+TextColumn = Annotated[Optional[str], typer.Option(help="the column that holds the text in .jsonl/.json/.csv/.parquet "
+                                                        "files and datasets folders (default: text)")]
 Json = Annotated[bool, typer.Option("--json", help="print one JSON object on stdout (tables go to stderr)")]
 CalibDataset = Annotated[Optional[str], typer.Option("--calib-dataset", help="calibration text: kjv (shipped), "
-                                                     "wikitext2, c4, pile, or a .txt/.jsonl path (default: the "
-                                                     "recipe's)")]
+                                                     "wikitext2, c4, pile, a .txt/.jsonl/.json/.csv/.parquet file or "
+                                                     "a folder (default: the recipe's)")]
 
 
 DTYPE_LABELS = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
@@ -159,6 +162,7 @@ def _ppl_of(model, ids, seqlen, max_windows, label):
 def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None, max_windows: int | None = None,
                  device: str = "auto", dtype: str | None = None, recipe: str | None = None,
                  plan: str | None = None, baseline: bool = True, calib_samples: int | None = None,
+                 text_column: str | None = None,
                  calib_dataset: str | None = None, device_map: str | None = None) -> dict:
     """Run the eval-ppl job and return its result record (used by the CLI and the demo)."""
     from quantkit.checkpoint import is_checkpoint, load_packed
@@ -186,8 +190,8 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
     if calib_dataset is not None:
         from quantkit.data import check_source
 
-        check_source(calib_dataset)  # before the model loads and the baseline runs
-    text = joined_text(dataset, "test")  # a bad --dataset fails before the model loads
+        check_source(calib_dataset, text_column=text_column)  # before the model loads and the baseline runs
+    text = joined_text(dataset, "test", text_column)  # a bad or empty --dataset fails before the model loads
     if plan is not None and recipe is None:
         raise QuantkitError("--plan needs --recipe (the plan says which bits, the recipe how to quantize)")
     rec = plan_obj = None
@@ -202,6 +206,10 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
 
             plan_obj = read_plan(plan)
             check_plan_recipe(plan_obj, rec, f"plan '{plan}'")
+    from quantkit.data import check_text_column
+
+    check_text_column(text_column, [dataset, (calib_dataset or rec.calibration.dataset)
+                                    if rec is not None and rec.uses_calibration else None])
     loaded = (load_packed(model_ref, device=device, dtype=dtype) if packed
               else load_model(model_ref, device=device, dtype=dtype, device_map=device_map))
     seqlen = choose_seqlen(seqlen, max_positions(loaded.model))
@@ -226,7 +234,8 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
         r0 = _ppl_of(loaded.model, ids, seqlen, max_windows, dtype_label(result["dtype"]))
         result.update(ppl_baseline=r0.ppl, nll_baseline=r0.nll)
     qres = quantize_model(loaded.model, loaded.tokenizer, rec, plan=plan_obj, device=loaded.device,
-                          progress_factory=progress_bar, dataset=calib_dataset, samples=calib_samples)
+                          progress_factory=progress_bar, dataset=calib_dataset, samples=calib_samples,
+                          text_column=text_column)
     r = _ppl_of(loaded.model, ids, seqlen, max_windows, rec.name)
     result.update(r.as_dict())
     result.update(recipe=rec.name, plan=plan, avg_bits=qres.avg_bits, calibration=qres.calibration)
@@ -285,6 +294,7 @@ def eval_ppl(
     model: Annotated[str, typer.Argument(metavar="MODEL", help="HF model dir, hub id, packed quantkit checkpoint or "
                                                                "builtin:reference")],
     dataset: Dataset = "kjv",
+    text_column: TextColumn = None,
     seqlen: Annotated[Optional[int], typer.Option(help="window length (default 2048, capped at the model's)")] = None,
     max_windows: Annotated[Optional[int], typer.Option(help="evaluate only the first N windows")] = None,
     recipe: Annotated[Optional[str], typer.Option(help="fake-quantize in memory with this recipe first")] = None,
@@ -304,6 +314,7 @@ def eval_ppl(
     Measured the way GPTQ/MixLLM report it: non-overlapping windows of the test split joined with blank lines.
     With --recipe the unquantized model's ppl comes first, in the dtype it ran in."""
     res = evaluate_ppl(model, dataset, seqlen, max_windows, device, dtype, recipe, plan, baseline=not no_baseline,
+                       text_column=text_column,
                        calib_samples=calib_samples, calib_dataset=calib_dataset, device_map=device_map)
     console = err_console if json_out else out_console
     console.print(_ppl_table(f"perplexity — {res['model']} ({res['device']}, {res['dtype']})", ppl_rows(res)))
@@ -345,6 +356,7 @@ def search(
                                                        "the model's context)")] = None,
     seed: Annotated[Optional[int], typer.Option(help="window sampling / random-strategy seed")] = None,
     dataset: CalibDataset = None,
+    text_column: TextColumn = None,
     no_first_order: Annotated[bool, typer.Option("--no-first-order", help="drop the first-order Taylor term "
                                                                           "of Eq. 4 (ablation)")] = False,
     batch_size: Annotated[int, typer.Option(help="windows per backward (each keeps its own gradient)")] = 1,
@@ -367,9 +379,10 @@ def search(
 
     samples = renamed_option("--samples", old_samples, "--calib-samples", samples)
     dataset = renamed_option("--dataset", old_dataset, "--calib-dataset", dataset)
-    check_salience_options(strategy, samples, seqlen, seed, dataset, not no_first_order, batch_size)
+    check_salience_options(strategy, samples, seqlen, seed, dataset, not no_first_order, batch_size, text_column)
     plan = run_search(model, output, recipe, bits=bits, target_bits=target_bits, fractions=fractions,
                       strategy=strategy, samples=samples, seqlen=seqlen, seed=seed, dataset=dataset,
+                      text_column=text_column,
                       first_order=not no_first_order, batch_size=batch_size, device=device, dtype=dtype,
                       device_map=device_map, plot=plot)
     console = err_console if json_out else out_console
@@ -397,6 +410,7 @@ def pack(
     calib_samples: Annotated[Optional[int], typer.Option(help="calibration windows (default: the "
                                                               "recipe's)")] = None,
     calib_dataset: CalibDataset = None,
+    text_column: TextColumn = None,
     force: Annotated[bool, typer.Option("--force", help="replace an existing checkpoint at -o")] = False,
     device: Device = "auto",
     dtype: Dtype = None,
@@ -411,7 +425,7 @@ def pack(
 
     res = run_pack(model, recipe, output, plan=plan, target=target, export=export_format,
                    max_shard_size=max_shard_size, device=device, dtype=dtype, calib_samples=calib_samples,
-                   calib_dataset=calib_dataset, force=force)
+                   calib_dataset=calib_dataset, text_column=text_column, force=force)
     console = err_console if json_out else out_console
     console.print(summary_table(res, f"packed — {output}"))
     if json_out:
@@ -591,7 +605,7 @@ def main() -> None:
         if no_args_is_help is not None and isinstance(e, no_args_is_help):
             sys.exit(0)  # `quantkit` alone: the help was printed
         where = e.ctx.command_path if e.ctx is not None else "quantkit"
-        _error_line(f"{e.format_message().rstrip('.')} (see `{where} --help`)")
+        _error_line(f"{_all_missing(e) or e.format_message().rstrip('.')} (see `{where} --help`)")
         code = e.exit_code
     except typer.Abort:  # Ctrl-C
         err_console.print("Aborted.")
@@ -600,6 +614,32 @@ def main() -> None:
         _error_line(str(e))
         code = QuantkitError.exit_code
     sys.exit(code if type(code) is int else 0)  # a command's return value is not an exit code
+
+
+def _all_missing(e) -> str | None:
+    """One message naming every required argument and option the command line lacks, where click stops at the
+    first (so --recipe was reported only once -o was given); None for other usage errors or one missing parameter.
+    Click processes the given parameters first, so those not in ``ctx.params`` when it stops were not given."""
+    ctx = e.ctx
+    if type(e).__name__ != "MissingParameter" or ctx is None:
+        return None
+    missing = [p for p in ctx.command.params if p.required and p.name not in ctx.params]
+    if len(missing) < 2:
+        return None
+
+    def hint(p) -> str:
+        try:
+            return p.get_error_hint(ctx)  # click
+        except TypeError:
+            return p.get_error_hint()  # typer's own click
+
+    def named(kind: str, hints: list[str]) -> str:
+        listed = hints[0] if len(hints) == 1 else ", ".join(hints[:-1]) + " and " + hints[-1]
+        return f"{kind}{'s' if len(hints) > 1 else ''} {listed}"
+
+    groups = [named(kind, [hint(p) for p in missing if p.param_type_name == kind])
+              for kind in ("argument", "option") if any(p.param_type_name == kind for p in missing)]
+    return "Missing " + "; ".join(groups)
 
 
 def _click_usage_errors() -> tuple[type, type | None]:

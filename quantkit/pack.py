@@ -58,10 +58,11 @@ def _parameters(model: torch.nn.Module) -> int:
 def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = None, target: str | None = None,
              export: str = "quantkit", max_shard_size: str | int = "2GB", device: str = "auto",
              dtype: str | None = None, calib_samples: int | None = None, calib_dataset: str | None = None,
-             force: bool = False, progress: bool = True, warn: Callable[[str], None] | None = None) -> dict:
+             text_column: str | None = None, force: bool = False, progress: bool = True,
+             warn: Callable[[str], None] | None = None) -> dict:
     """Quantize ``model_ref`` with ``recipe`` (and ``plan``) and write a packed checkpoint to ``output``
     (docs/checkpoint-format.md); returns :func:`quantkit.checkpoint.summarize` of what was written plus any
-    warnings."""
+    warnings. ``text_column`` names the text column of a record-file calibration dataset (default ``text``)."""
     from quantkit import __version__
     from quantkit.checkpoint.atomic import check_output
     from quantkit.checkpoint.choose import check_recipe_export, check_target_export, choose_layouts
@@ -69,6 +70,7 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
     from quantkit.checkpoint.shards import parse_size
     from quantkit.checkpoint.writer import build_checkpoint, tokenizer_files, write_checkpoint
     from quantkit.model import load_model
+    from quantkit.model.loader import check_not_builtin_name
     from quantkit.model.loader import resolve_device, resolve_dtype
     from quantkit.quant.apply import quantize_model
     from quantkit.quant.recipe import load_recipe
@@ -79,21 +81,25 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
         warnings.append(msg)
         (warn or _warn_line)(msg)
 
+    rec = load_recipe(recipe)  # the command's main choice: its errors come first
     target = check_target_export(target, export)
     max_bytes = parse_size(max_shard_size)
     check_sample_count(calib_samples)
     if calib_dataset is not None:
         from quantkit.data import check_source
 
-        check_source(calib_dataset)
+        check_source(calib_dataset, text_column=text_column)
+    check_not_builtin_name(output)
     out = Path(output).expanduser()
     check_output(out.absolute(), force)
-    rec = load_recipe(recipe)
+    from quantkit.data import check_text_column
     from quantkit.quant.recipe import check_calibration_options
 
-    calib = [o for o, v in (("--calib-samples", calib_samples), ("--calib-dataset", calib_dataset)) if v is not None]
+    calib = [o for o, v in (("--calib-samples", calib_samples), ("--calib-dataset", calib_dataset),
+                            ("--text-column", text_column)) if v is not None]
     if check_calibration_options(rec, calib, warn_all):  # ignored: the recipe reads no calibration data
-        calib_samples = calib_dataset = None
+        calib_samples = calib_dataset = text_column = None
+    check_text_column(text_column, [calib_dataset or rec.calibration.dataset])
     plan_raw = _plan_bytes(plan)
     plan_obj = None
     if plan is not None:
@@ -126,7 +132,8 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
 
         progress_factory = progress_bar
     result = quantize_model(loaded.model, loaded.tokenizer, rec, plan=plan_obj, device=compute,
-                            progress_factory=progress_factory, samples=calib_samples, dataset=calib_dataset)
+                            progress_factory=progress_factory, samples=calib_samples, dataset=calib_dataset,
+                            text_column=text_column)
     layouts = choose_layouts(result.weights, target, export, warn_all)
     act = None
     if rec.activation.enabled:

@@ -38,7 +38,8 @@ def _bars(enabled: bool) -> Iterator[tuple]:
 
 
 def check_salience_options(strategy: str, samples: int | None, seqlen: int | None, seed: int | None,
-                           dataset: str | None, first_order: bool, batch_size: int) -> list[str]:
+                           dataset: str | None, first_order: bool, batch_size: int,
+                           text_column: str | None = None) -> list[str]:
     """Warn about (one yellow line) and return the calibration options of the salience strategies (MixLLM Eq. 4
     needs data and gradients) given with ``random`` or ``magnitude``, which read none of them (``random`` does use
     ``--seed``): they change nothing in the plan, and the search goes on without them (so a loop over strategies
@@ -46,6 +47,7 @@ def check_salience_options(strategy: str, samples: int | None, seqlen: int | Non
     if uses_salience(strategy):
         return []
     given = [opt for opt, v in (("--calib-samples", samples), ("--seqlen", seqlen), ("--calib-dataset", dataset),
+                                ("--text-column", text_column),
                                 ("--no-first-order", None if first_order else True),
                                 ("--batch-size", None if batch_size == 1 else batch_size),
                                 ("--seed", seed if strategy == "magnitude" else None)) if v is not None]
@@ -62,9 +64,11 @@ def check_plan_output(output: str, plot: str | None = None) -> None:
     """Refuse, before the search, an ``-o`` the plan cannot be written to or must not overwrite: an empty path, a
     folder, a missing parent folder, the ``--plot`` file, or an existing file that is not a quantkit plan (a
     re-run may replace an earlier plan, nothing else)."""
+    from quantkit.model.loader import check_not_builtin_name
     from quantkit.plotting import written_path
     from quantkit.search.plan_check import read_plan
 
+    check_not_builtin_name(output)
     out = Path(output).expanduser()
     if not output.strip() or out.is_dir():
         raise QuantkitError(f"-o '{output}' is not a file path; name the plan file, e.g. -o plan.json")
@@ -85,9 +89,10 @@ def run_search(model_ref: str, output: str, recipe: str = "mixllm-w4a8", *, bits
                samples: int | None = None, seqlen: int | None = None, seed: int | None = None,
                dataset: str | None = None, first_order: bool = True, batch_size: int = 1, device: str = "auto",
                dtype: str | None = None, device_map: str | None = None, plot: str | None = None,
+               text_column: str | None = None,  # the text column of a record-file dataset (None: "text")
                show_progress: bool = True):
     """Load the model, run the search, write ``output`` (and the heatmap ``plot``); returns the Plan."""
-    from quantkit.data import check_sample_count, check_source
+    from quantkit.data import check_sample_count, check_source, check_text_column
     from quantkit.model import load_model
     from quantkit.quant.recipe import load_recipe
     from quantkit.plotting import check_plot_path
@@ -101,16 +106,18 @@ def run_search(model_ref: str, output: str, recipe: str = "mixllm-w4a8", *, bits
     if seqlen is not None and seqlen < 2:
         raise QuantkitError(f"--seqlen must be at least 2 tokens, got {seqlen}")
     if dataset is not None:
-        check_source(dataset)  # before the model loads
+        check_source(dataset, text_column=text_column)  # before the model loads
     check_plan_output(output, plot)
     out = Path(output).expanduser()
     if plot is not None:
         check_plot_path(plot)  # fail before the search, not after it
     rec = load_recipe(recipe)
+    if uses_salience(strategy):
+        check_text_column(text_column, [dataset or rec.calibration.dataset])
     loaded = load_model(model_ref, device=device, dtype=dtype, device_map=device_map,
                         load_tokenizer=uses_salience(strategy))
     opts = SearchOptions(budget=budget, strategy=strategy, dataset=dataset, samples=samples, seqlen=seqlen,
-                         seed=seed, first_order=first_order, batch_size=batch_size)
+                         seed=seed, first_order=first_order, batch_size=batch_size, text_column=text_column)
     with _bars(show_progress and uses_salience(strategy)) as (layer_bar, sample_bar):
         plan, _ = search(loaded, rec, opts, progress=sample_bar, layer_progress=layer_bar)
     plan.save(out)

@@ -248,3 +248,16 @@ def test_text_column_is_refused_where_no_source_has_columns(tmp_path):
         check_text_column("body", ["kjv", str(tmp_path / "a.txt"), None])
     with pytest.raises(QuantkitError, match="--text-column is empty"):
         check_text_column(" ", [str(tmp_path / "b.csv")])
+
+
+def test_quantize_calibration_reads_and_records_the_text_column(tmp_path):
+    import datasets
+
+    from quantkit.quant.apply import calibration_inputs
+    from quantkit.quant.recipe import load_recipe
+
+    datasets.Dataset.from_dict({"body": builtin_text("train")[:20000].split("\n\n")}).to_parquet(
+        str(tmp_path / "c.parquet"))
+    ids, info = calibration_inputs(shipped_tokenizer(), load_recipe("gptq-w4a16-g128"), 256,
+                                   dataset=str(tmp_path / "c.parquet"), samples=2, seqlen=32, text_column="body")
+    assert ids.shape == (2, 32) and info["text_column"] == "body" and info["dataset"].endswith("c.parquet")

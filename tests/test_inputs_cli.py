@@ -51,7 +51,9 @@ def test_eval_ppl_reads_the_shipped_model_even_beside_a_folder_of_its_name(tmp_p
     fake = tmp_path / "builtin:reference"
     fake.mkdir()
     (fake / "quantkit.json").write_text("{}")  # a broken "packed checkpoint": reading it would fail
-    r = runner.invoke(app, ["eval-ppl", "builtin:reference", "--json", *FAST])
+    text = tmp_path / "short.txt"
+    text.write_text("In the beginning God created the heaven and the earth. " * 20)
+    r = runner.invoke(app, ["eval-ppl", "builtin:reference", "--dataset", str(text), "--json", *FAST])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout.strip().splitlines()[-1])["model"] == "builtin:reference"
 
@@ -93,7 +95,7 @@ def test_eval_ppl_on_a_parquet_column_and_a_refused_text_column(tmp_path):
     _one_error_line(r, "--text-column picks the text column", "'kjv' has no columns, so drop it")
 
 
-def test_pack_calibrates_on_a_csv_column(tmp_path):
+def test_pack_checks_the_calibration_text_column_before_loading(tmp_path):
     from quantkit.data.sources import builtin_text
 
     f = tmp_path / "calib.csv"

@@ -366,6 +366,7 @@ def search(
                                                            "do not fit one GPU")] = None,
     plot: Annotated[Optional[str], typer.Option(help="write a layer × projection heatmap PNG (needs "
                                                      "matplotlib)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="replace an existing plan at -o")] = False,
     json_out: Json = False,
     old_samples: Annotated[Optional[int], typer.Option("--samples", hidden=True)] = None,
     old_dataset: Annotated[Optional[str], typer.Option("--dataset", hidden=True)] = None,
@@ -384,7 +385,7 @@ def search(
                       strategy=strategy, samples=samples, seqlen=seqlen, seed=seed, dataset=dataset,
                       text_column=text_column,
                       first_order=not no_first_order, batch_size=batch_size, device=device, dtype=dtype,
-                      device_map=device_map, plot=plot)
+                      device_map=device_map, plot=plot, force=force)
     console = err_console if json_out else out_console
     console.print(summary_table(plan))
     info(f"plan written to {output}", console)

@@ -60,10 +60,11 @@ def check_salience_options(strategy: str, samples: int | None, seqlen: int | Non
     return given
 
 
-def check_plan_output(output: str, plot: str | None = None) -> None:
+def check_plan_output(output: str, plot: str | None = None, force: bool = False) -> None:
     """Refuse, before the search, an ``-o`` the plan cannot be written to or must not overwrite: an empty path, a
-    folder, a missing parent folder, the ``--plot`` file, or an existing file that is not a quantkit plan (a
-    re-run may replace an earlier plan, nothing else)."""
+    folder, a missing parent folder, the ``--plot`` file, an existing file without ``force``, and with ``force`` an
+    existing file that is not a quantkit plan (the rule of ``pack -o``: ``--force`` replaces a plan, nothing
+    else)."""
     from quantkit.model.loader import check_not_builtin_name
     from quantkit.plotting import written_path
     from quantkit.search.plan_check import read_plan
@@ -76,12 +77,14 @@ def check_plan_output(output: str, plot: str | None = None) -> None:
         raise QuantkitError(f"cannot write plan '{out}': folder '{out.parent}' does not exist")
     if plot is not None and written_path(plot).resolve() == out.resolve():  # where savefig puts it
         raise QuantkitError(f"-o and --plot both name '{output}'; give the heatmap its own file, e.g. --plot plan.png")
-    if out.exists():
+    if out.exists() or out.is_symlink():
         try:
             read_plan(out)
         except QuantkitError:
-            raise QuantkitError(f"-o '{output}' exists and is not a quantkit plan; choose another path or remove "
-                                "that file") from None
+            raise QuantkitError(f"-o '{output}' exists and is not a quantkit plan; --force only replaces plans — "
+                                "choose another path or remove that file yourself") from None
+        if not force:
+            raise QuantkitError(f"plan '{output}' already exists; pass --force to replace it or choose another -o")
 
 
 def run_search(model_ref: str, output: str, recipe: str = "mixllm-w4a8", *, bits: str = "4,8",
@@ -90,8 +93,9 @@ def run_search(model_ref: str, output: str, recipe: str = "mixllm-w4a8", *, bits
                dataset: str | None = None, first_order: bool = True, batch_size: int = 1, device: str = "auto",
                dtype: str | None = None, device_map: str | None = None, plot: str | None = None,
                text_column: str | None = None,  # the text column of a record-file dataset (None: "text")
-               show_progress: bool = True):
-    """Load the model, run the search, write ``output`` (and the heatmap ``plot``); returns the Plan."""
+               show_progress: bool = True, force: bool = False):
+    """Load the model, run the search, write ``output`` (and the heatmap ``plot``); returns the Plan. An existing
+    plan at ``output`` is replaced only with ``force``, which is checked before the model loads."""
     from quantkit.data import check_sample_count, check_source, check_text_column
     from quantkit.model import load_model
     from quantkit.quant.recipe import load_recipe
@@ -107,7 +111,7 @@ def run_search(model_ref: str, output: str, recipe: str = "mixllm-w4a8", *, bits
         raise QuantkitError(f"--seqlen must be at least 2 tokens, got {seqlen}")
     if dataset is not None:
         check_source(dataset, text_column=text_column)  # before the model loads
-    check_plan_output(output, plot)
+    check_plan_output(output, plot, force)
     out = Path(output).expanduser()
     if plot is not None:
         check_plot_path(plot)  # fail before the search, not after it

@@ -124,7 +124,8 @@ def test_a_utf8_byte_order_mark_is_dropped(tmp_path):
 
 # --- empty sources --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,content,what", [("empty.txt", "", "'.*empty.txt'"), ("blank.txt", "\n\n  \n", "'.*blank.txt'"),
+@pytest.mark.parametrize("name,content,what", [("empty.txt", "", "'.*empty.txt'"),
+                                               ("blank.txt", "\n\n  \n", "'.*blank.txt'"),
                                                ("empty.jsonl", '{"text": ""}\n', "column 'text' of '.*empty.jsonl'")])
 def test_an_empty_source_names_the_file_and_the_fix(tmp_path, name, content, what):
     """The empty-dataset error suggested a smaller --seqlen, after the model had loaded."""
@@ -201,6 +202,9 @@ def test_a_json_array_file_and_a_jsonl_column(tmp_path):
     assert documents(str(jl), "test", text_column="body") == ["p q"]
     with pytest.raises(QuantkitError, match=r"b.jsonl:1 has no string 'text' field \(it has: body, id\)"):
         documents(str(jl), "test")
+    sep = tmp_path / "c.jsonl"  # U+2028 is a line break to str.splitlines, not to JSON lines
+    sep.write_text(json.dumps({"text": "one\u2028two"}, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert documents(str(sep), "test") == ["one\u2028two"]
 
 
 def test_a_save_to_disk_folder_gives_its_splits(tmp_path):

@@ -96,7 +96,7 @@ def _paragraphs(path: Path) -> list[str]:
 
 def _jsonl_documents(path: Path, column: str) -> list[str]:
     docs = []
-    for lineno, line in enumerate(_read_utf8(path).splitlines(), 1):
+    for lineno, line in enumerate(_read_utf8(path).split("\n"), 1):  # JSON strings may hold U+2028
         if not line.strip():
             continue
         try:
@@ -112,11 +112,17 @@ def _jsonl_documents(path: Path, column: str) -> list[str]:
 
 
 def _quiet_datasets() -> None:
-    """datasets' own progress bars and info lines off; quantkit draws its own progress."""
+    """datasets' own progress bars and info lines off (quantkit draws its own progress), unless ``quantkit -v``."""
     import datasets
 
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
+    from quantkit.ui import verbose
+
+    if verbose():
+        datasets.enable_progress_bars()
+        datasets.logging.set_verbosity_warning()
+    else:
+        datasets.disable_progress_bars()
+        datasets.logging.set_verbosity_error()
 
 
 def _column_texts(ds, column: str, where: str) -> list[str]:

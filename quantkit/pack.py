@@ -3,7 +3,9 @@ layer on the compute device, choose each partition's layout, and write the check
 
 Everything that can be refused from the options, the recipe and the plan alone (unknown target/format, GPTQ/AWQ
 export of what those formats cannot hold, an existing output without --force, a bad --max-shard-size) is refused
-before the model is loaded; a plan made for another model is refused right after loading, before quantizing.
+before the model is loaded; a plan made for another model, or an output file system without room for the
+checkpoint, is refused right after loading, before quantizing. Temporary folders that killed packs to the same
+output left behind are removed first.
 """
 
 from __future__ import annotations
@@ -50,6 +52,53 @@ def _source_dtype(model_ref: str) -> torch.dtype:
     return DTYPES.get(name, torch.float32)
 
 
+def _load_dtype(dtype: str | None, compute: str, source_dtype: torch.dtype, calibrated: bool) -> torch.dtype:
+    """The dtype the model is held in while packing. On the CPU a recipe without calibration data (RTN, LiquidQuant
+    without clipping) keeps the source dtype: its quantizers read each weight upcast to fp32 on their own, so the
+    codes equal those of an fp32 load at half the memory for an fp16/bf16 source. Calibrated recipes run whole
+    decoder layers, whose CPU forwards must stay in fp32 to produce the codes that ``eval-ppl --recipe`` does."""
+    from quantkit.model.loader import resolve_dtype
+
+    if dtype not in (None, "auto") or compute != "cpu" or calibrated:
+        return resolve_dtype(dtype, compute, source_dtype)
+    return source_dtype
+
+
+def estimate_bytes(model: torch.nn.Module, recipe, plan, source_dtype: torch.dtype) -> int:
+    """A lower bound of the checkpoint's size, known before quantizing: each quantized linear's codes at its
+    bit-widths (the plan's per channel, else the recipe's), every other tensor in the source dtype (shared ones
+    once); scales, zero points and headers come on top."""
+    from quantkit.model.walk import iter_linears
+
+    codes: dict[str, int] = {}
+    for name, lin in iter_linears(model):
+        spec = recipe.spec_for(name)
+        if spec.skip:
+            continue
+        n, k = lin.weight.shape
+        bits = int(plan.row_bits(name).sum()) if plan is not None and name in plan.layers else spec.bits * n
+        codes[f"{name}.weight"] = bits * k // 8
+    total = sum(codes.values())
+    elt = torch.empty((), dtype=source_dtype).element_size()
+    seen = set()
+    for key, t in model.state_dict().items():
+        ptr = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key in codes or ptr in seen:
+            continue
+        seen.add(ptr)
+        total += t.numel() * (elt if t.is_floating_point() else t.element_size())
+    return total
+
+
+def _release_weights(model: torch.nn.Module, records: dict) -> None:
+    """Free the fake-quant weights of the quantized linears: the checkpoint stores their records instead, and
+    nothing after quantizing reads them (``pack_model`` takes only their names), so building and writing the
+    checkpoint does not hold both."""
+    for name in records:
+        lin = model.get_submodule(name)
+        lin.weight = torch.nn.Parameter(torch.empty(0, dtype=lin.weight.dtype), requires_grad=False)
+
+
 def _parameters(model: torch.nn.Module) -> int:
     """Parameter count with shared tensors (tied embeddings) counted once."""
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
@@ -64,14 +113,14 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
     (docs/checkpoint-format.md); returns :func:`quantkit.checkpoint.summarize` of what was written plus any
     warnings. ``text_column`` names the text column of a record-file calibration dataset (default ``text``)."""
     from quantkit import __version__
-    from quantkit.checkpoint.atomic import check_output
+    from quantkit.checkpoint.atomic import check_free_space, check_output, remove_stale_temps
     from quantkit.checkpoint.choose import check_recipe_export, check_target_export, choose_layouts
     from quantkit.checkpoint.report import summarize
     from quantkit.checkpoint.shards import parse_size
     from quantkit.checkpoint.writer import build_checkpoint, tokenizer_files, write_checkpoint
     from quantkit.model import load_model
     from quantkit.model.loader import check_not_builtin_name
-    from quantkit.model.loader import resolve_device, resolve_dtype
+    from quantkit.model.loader import resolve_device
     from quantkit.quant.apply import quantize_model
     from quantkit.quant.recipe import load_recipe
 
@@ -92,6 +141,8 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
     check_not_builtin_name(output)
     out = Path(output).expanduser()
     check_output(out.absolute(), force)
+    for stale in remove_stale_temps(out):
+        warn_all(f"removed '{stale}', the temporary folder of an earlier pack to '{out}' that was killed")
     from quantkit.data import check_text_column
     from quantkit.quant.recipe import check_calibration_options
 
@@ -114,12 +165,14 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
     compute = resolve_device(device)
     # weights stay in CPU memory; run_layerwise moves one decoder layer at a time to the compute device
     source_dtype = _source_dtype(model_ref)
-    load_dtype = resolve_dtype(dtype, compute, source_dtype)
+    load_dtype = _load_dtype(dtype, compute, source_dtype, rec.uses_calibration)
     loaded = load_model(model_ref, device="cpu", dtype=str(load_dtype).replace("torch.", ""))
     if plan is not None:
         from quantkit.search.plan_check import check_plan_model
 
         check_plan_model(plan_obj, loaded.model, f"plan '{plan}'")
+    # before the hours a large model may quantize; write_checkpoint checks the exact size again
+    check_free_space(out.absolute(), estimate_bytes(loaded.model, rec, plan_obj, source_dtype), at_least=True)
     from quantkit.model.walk import iter_linears
 
     for pattern in rec.unmatched_overrides(name for name, _ in iter_linears(loaded.model)):
@@ -134,6 +187,7 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
     result = quantize_model(loaded.model, loaded.tokenizer, rec, plan=plan_obj, device=compute,
                             progress_factory=progress_factory, samples=calib_samples, dataset=calib_dataset,
                             text_column=text_column)
+    _release_weights(loaded.model, result.weights)
     layouts = choose_layouts(result.weights, target, export, warn_all)
     act = None
     if rec.activation.enabled:

@@ -25,6 +25,9 @@ QUANTIZE_CONFIG_NAME = "quantize_config.json"  # GPTQ exports: AutoGPTQ's own co
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "spiece.model", "vocab.json", "vocab.txt", "merges.txt", "added_tokens.json",
                    "chat_template.jinja", "chat_template.json", "generation_config.json")
+JSON_BYTES_PER_TENSOR = 1536  # its entries in a shard header, the index and the manifest, generously
+JSON_BYTES = 64 * 1024  # config.json, quantize_config.json and the manifest's fixed part
+SAVED_TOKENIZER_BYTES = 4 * 10 ** 6  # a tokenizer saved from a hub model rather than copied, generously
 
 
 @dataclass
@@ -162,12 +165,26 @@ def tokenizer_files(source_dir: str | None) -> dict[str, Path]:
     return {n: src / n for n in TOKENIZER_FILES if (src / n).is_file()}
 
 
+def _saves_tokenizer(packed: PackedModel, tokenizer) -> bool:
+    return tokenizer is not None and not set(packed.extra_files) - {"generation_config.json"}
+
+
+def checkpoint_bytes(packed: PackedModel, tokenizer=None) -> int:
+    """Bytes the checkpoint will take on disk, slightly from above: tensor data, the JSON that describes it, the
+    copied files, and an allowance for a tokenizer saved from ``tokenizer``."""
+    data = sum(nbytes(t) for t in packed.tensors.values())
+    copied = sum(p.stat().st_size for p in packed.extra_files.values())
+    saved = SAVED_TOKENIZER_BYTES if _saves_tokenizer(packed, tokenizer) else 0
+    return data + JSON_BYTES_PER_TENSOR * len(packed.tensors) + JSON_BYTES + copied + saved
+
+
 def write_checkpoint(out: str | Path, packed: PackedModel, max_shard_bytes: int, force: bool = False,
                      tokenizer=None, progress: Callable[[int, int], None] | None = None) -> Path:
-    """Write ``packed`` to ``out`` atomically (see :mod:`quantkit.checkpoint.atomic`); tokenizer files are
-    copied from ``packed.extra_files``, or saved from ``tokenizer`` when that holds none (hub sources)."""
+    """Write ``packed`` to ``out`` atomically (see :mod:`quantkit.checkpoint.atomic`; too little free space is
+    refused before the first byte); tokenizer files are copied from ``packed.extra_files``, or saved from
+    ``tokenizer`` when that holds none (hub sources)."""
     out = Path(out)
-    with atomic_directory(out, force) as tmp:
+    with atomic_directory(out, force, needed=checkpoint_bytes(packed, tokenizer)) as tmp:
         weight_map = write_shards(tmp, packed.tensors, max_shard_bytes, progress)
         for name, shard in weight_map.items():
             packed.manifest["tensors"][name]["shard"] = shard
@@ -178,7 +195,7 @@ def write_checkpoint(out: str | Path, packed: PackedModel, max_shard_bytes: int,
             write_json(tmp / QUANTIZE_CONFIG_NAME, qc)
         for name, src in packed.extra_files.items():
             shutil.copyfile(src, tmp / name)
-        if tokenizer is not None and not set(packed.extra_files) - {"generation_config.json"}:
+        if _saves_tokenizer(packed, tokenizer):
             tokenizer.save_pretrained(tmp)
         write_json(tmp / MANIFEST_NAME, packed.manifest)
     return out

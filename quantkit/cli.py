@@ -325,17 +325,24 @@ def eval_ppl(
 @command("demo")
 @user_errors
 def demo(
-    max_windows: Annotated[int, typer.Option(help="test windows per evaluation (90 = the whole split)")] = 40,
-    calib_samples: Annotated[int, typer.Option(help="calibration windows for GPTQ/AWQ/search")] = 32,
+    full: Annotated[bool, typer.Option("--full", help="the protocol of the accuracy tables in docs/BENCHMARKS.md "
+                                                     "(40 test windows, 32 calibration windows, p20 too)")] = False,
+    max_windows: Annotated[Optional[int], typer.Option(help="test windows per evaluation (90 = the whole split; "
+                                                            "default 16, 40 with --full)")] = None,
+    calib_samples: Annotated[Optional[int], typer.Option(help="calibration windows for GPTQ/AWQ/search (default "
+                                                              "16, 32 with --full)")] = None,
     device: Device = "auto",
 ):
-    """Tour of quantkit on the embedded reference model (builtin:reference).
+    """Tour of quantkit on the embedded reference model (builtin:reference), in under two minutes on a laptop.
 
-    The reference model is trained on the shipped corpus: FP vs RTN/GPTQ/AWQ W4A16, MixLLM W4A8 with 0/10/20%
-    8-bit channels from the global search, W8A8."""
+    The reference model is trained on the shipped corpus: FP against RTN/GPTQ/AWQ W4A16, MixLLM W4A8 with 0 and
+    10 % 8-bit channels from the global search, LiquidQuant W4A8 and W8A8."""
+    from quantkit.data import check_sample_count
     from quantkit.demo import run_demo
 
-    run_demo(max_windows=max_windows, device=device, calib_samples=calib_samples)
+    check_sample_count(max_windows, "--max-windows")
+    check_sample_count(calib_samples)
+    run_demo(full=full, device=device, max_windows=max_windows, calib_samples=calib_samples)
 
 
 @command("search")

@@ -33,6 +33,7 @@ LOG_STEP = 0.1  # and one each time the step passes another tenth of its total
 LOG_MIN_GAP_S = 1.0  # but never more often than this (a quick step logs its end only)
 
 _verbosity = NORMAL
+_transient = False
 _clock = time.monotonic  # tests replace it
 
 
@@ -55,6 +56,18 @@ def quiet() -> bool:
 def verbose() -> bool:
     """Whether extra detail (and the HF libraries' own warnings) is shown (``-v``)."""
     return _verbosity >= VERBOSE
+
+
+@contextlib.contextmanager
+def transient_progress() -> Iterator[None]:
+    """Live progress bars opened inside this context vanish when their step ends (the demo keeps one line per
+    finished step on the screen instead); plain progress lines on a non-terminal are unchanged."""
+    global _transient
+    saved, _transient = _transient, True
+    try:
+        yield
+    finally:
+        _transient = saved
 
 
 def info(message: str, console: Console | None = None) -> None:
@@ -144,7 +157,7 @@ def progress_group(*descriptions: str, totals: tuple[int | None, ...] | None = N
                     log.emit()
         return
     with Progress(TextColumn("[bold blue]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False) as prog:
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=_transient) as prog:
         tasks = [prog.add_task(d, total=t) for d, t in zip(descriptions, totals)]
 
         def updater(task):

@@ -189,18 +189,33 @@ def test_console_script_alone_prints_help_and_exits_0(monkeypatch, capsys, keep_
     assert e.value.code == 0 and "Usage" in capsys.readouterr().out
 
 
-def test_demo_runs_calibrated_and_uncalibrated_recipes():
-    """The README's demo (a short version): RTN recipes get no calibration options (they would be refused), GPTQ
-    and the salience search get the demo's windows."""
-    from quantkit.demo import run_demo
+def test_demo_runs_calibrated_and_uncalibrated_recipes(capsys):
+    """The README's demo (a short version): RTN recipes get no calibration options, GPTQ and the salience search
+    get the demo's windows; a line per finished configuration, the table, and one next step."""
+    from quantkit.demo import DemoRow, run_demo
 
     rows = run_demo(max_windows=1, device="cpu", calib_samples=2,
-                    configs=[("RTN W4A16", "rtn-w4a16-g128", None), ("GPTQ W4A16", "gptq-w4a16-g128", None),
-                             ("MixLLM p10", "mixllm-w4a8-rtn", 4.4)])
+                    configs=[DemoRow("RTN W4A16", "rtn-w4a16-g128"), DemoRow("GPTQ W4A16", "gptq-w4a16-g128"),
+                             DemoRow("MixLLM p10", "mixllm-w4a8-rtn", 4.4)])
     assert [r["config"] for r in rows[1:]] == ["RTN W4A16", "GPTQ W4A16", "MixLLM p10"]
     assert rows[1]["calibration"] is None and rows[2]["calibration"]["samples"] == 2
-    assert all(r["windows"] == 1 and r["ppl"] > 1 for r in rows)
+    assert all(r["windows"] == 1 and r["ppl"] > 1 and r["seconds"] > 0 for r in rows)
     assert 4.3 < rows[3]["avg_bits"] <= 4.4
+    out = capsys.readouterr()
+    assert "done  GPTQ W4A16" in out.err and "quantkit demo" in out.out and "Next, on your own model" in out.out
+
+
+def test_demo_protocols_cover_the_story():
+    """The quick demo shows FP, RTN, GPTQ, AWQ, MixLLM p0/p10, LiquidQuant and W8A8; --full adds p20 and reads
+    the BENCHMARKS protocol's windows."""
+    from quantkit.demo import FULL_PROTOCOL, QUICK_PROTOCOL
+
+    recipes = [r.recipe for r in QUICK_PROTOCOL.rows]
+    assert recipes == ["rtn-w4a16-g128", "gptq-w4a16-g128", "awq-w4a16-g128", "mixllm-w4a8", "mixllm-w4a8",
+                       "lqq-w4a8", "w8a8"]
+    assert [r.target_bits for r in QUICK_PROTOCOL.rows if r.target_bits] == [4.4]
+    assert [r.target_bits for r in FULL_PROTOCOL.rows if r.target_bits] == [4.4, 4.8]
+    assert (FULL_PROTOCOL.windows, FULL_PROTOCOL.calib_samples) == (40, 32)
 
 
 def test_calibration_options_for_a_recipe_without_calibration_warn_and_go_on(monkeypatch, tmp_path):

@@ -163,8 +163,9 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
                  device: str = "auto", dtype: str | None = None, recipe: str | None = None,
                  plan: str | None = None, baseline: bool = True, calib_samples: int | None = None,
                  text_column: str | None = None,
-                 calib_dataset: str | None = None, device_map: str | None = None) -> dict:
-    """Run the eval-ppl job and return its result record (used by the CLI and the demo)."""
+                 calib_dataset: str | None = None, device_map: str | None = None, verify: bool = False) -> dict:
+    """Run the eval-ppl job and return its result record (used by the CLI and the demo); ``verify`` recomputes a
+    packed checkpoint's sha256s before loading it."""
     from quantkit.checkpoint import is_checkpoint, load_packed
     from quantkit.data import check_sample_count, joined_text
     from quantkit.data.tokens import encode
@@ -174,6 +175,9 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
 
     quiet_hf()
     packed = is_checkpoint(model_ref)
+    if verify and not packed:
+        raise QuantkitError(f"--verify checks a packed checkpoint's sha256s; '{model_ref}' is not one, so drop "
+                            "--verify")
     if packed and (recipe or plan):
         raise QuantkitError(f"'{model_ref}' is a packed checkpoint (already quantized); drop --recipe/--plan")
     calib = given_options(("--calib-samples", calib_samples), ("--calib-dataset", calib_dataset))
@@ -210,7 +214,7 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
 
     check_text_column(text_column, [dataset, (calib_dataset or rec.calibration.dataset)
                                     if rec is not None and rec.uses_calibration else None])
-    loaded = (load_packed(model_ref, device=device, dtype=dtype) if packed
+    loaded = (load_packed(model_ref, device=device, dtype=dtype, verify=verify) if packed
               else load_model(model_ref, device=device, dtype=dtype, device_map=device_map))
     seqlen = choose_seqlen(seqlen, max_positions(loaded.model))
     ids = encode(loaded.tokenizer, text)
@@ -307,6 +311,8 @@ def eval_ppl(
     dtype: Dtype = None,
     device_map: Annotated[Optional[str], typer.Option(help="accelerate device_map (e.g. auto) for models that do "
                                                           "not fit one GPU")] = None,
+    verify: Annotated[bool, typer.Option("--verify", help="packed checkpoint: recompute every tensor's sha256 "
+                                                          "first (shard sizes and headers are always checked)")] = False,
     json_out: Json = False,
 ):
     """Perplexity of a model, a packed checkpoint or a recipe applied in memory.
@@ -315,7 +321,8 @@ def eval_ppl(
     With --recipe the unquantized model's ppl comes first, in the dtype it ran in."""
     res = evaluate_ppl(model, dataset, seqlen, max_windows, device, dtype, recipe, plan, baseline=not no_baseline,
                        text_column=text_column,
-                       calib_samples=calib_samples, calib_dataset=calib_dataset, device_map=device_map)
+                       calib_samples=calib_samples, calib_dataset=calib_dataset, device_map=device_map,
+                       verify=verify)
     console = err_console if json_out else out_console
     console.print(_ppl_table(f"perplexity — {res['model']} ({res['device']}, {res['dtype']})", ppl_rows(res)))
     if json_out:
@@ -450,14 +457,13 @@ def inspect_checkpoint(
 ):
     """Summary of a packed checkpoint (source, recipe, layers, bits, layouts, size); --verify checks its bytes."""
     from quantkit.checkpoint import read_manifest, summarize, verify_checkpoint
-    from quantkit.checkpoint.reader import check_files
+    from quantkit.checkpoint.reader import check_config, check_files
     from quantkit.checkpoint.report import summary_table
 
     manifest = read_manifest(checkpoint)
     folder = Path(checkpoint).expanduser()
-    check_files(folder, manifest)  # missing, empty or truncated shards, without reading the tensors
-    if not (folder / "config.json").is_file():
-        raise QuantkitError(f"checkpoint '{checkpoint}' has no config.json; re-run `quantkit pack` to write it whole")
+    check_files(folder, manifest)  # shard sizes and headers against the manifest, without reading the tensors
+    check_config(folder, manifest)
     res = summarize(checkpoint, manifest)
     if verify:
         res["mismatches"] = verify_checkpoint(checkpoint, manifest)

@@ -68,6 +68,11 @@ def validate(manifest: dict, path: Path) -> dict:
             for tname in list(p["tensors"].values()) + ([p["rows"]] if p["rows"] else []):
                 if tname not in tensors:
                     raise _bad(path, f"linear '{name}' names tensor '{tname}', which the manifest does not list")
+    shards = manifest.get("shards")  # optional: checkpoints written before it was recorded lack it
+    if shards is not None and not (isinstance(shards, dict) and all(
+            isinstance(r, dict) and isinstance(r.get("bytes"), int) and isinstance(r.get("header_sha256"), str)
+            for r in shards.values())):
+        raise _bad(path, "field 'shards' is not a map of shard file to its bytes and header_sha256")
     for alias, target in manifest["aliases"].items():
         if target not in tensors:
             raise _bad(path, f"alias '{alias}' points to unknown tensor '{target}'")

@@ -1,10 +1,12 @@
 """Loading a packed checkpoint back into a runnable model: the HF architecture from config.json (no weights,
 accelerate's ``init_empty_weights``), each quantized linear replaced by a
 :class:`~quantkit.runtime.quant_linear.QuantLinear` holding its packed tensors, everything else loaded as stored.
-Shards are checked before use (missing, truncated, wrong contents); ``verify`` also recomputes every sha256."""
+Shards are checked before use against the manifest (missing, truncated or extended, a header that changed,
+tensors laid out otherwise) without reading tensor data; ``verify`` also recomputes every tensor's sha256."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -17,12 +19,33 @@ from quantkit.errors import QuantkitError
 
 
 def check_files(folder: Path, manifest: dict) -> None:
-    """Every shard the manifest names exists, is complete, and holds its tensors with the listed shapes."""
-    from quantkit.model.loader import check_safetensors_files
-
-    check_safetensors_files(folder)
+    """Every shard the manifest names exists, has the size and header written (when the manifest records them),
+    and its header lays out the listed tensors with their dtypes and shapes — without reading tensor data."""
+    records = manifest.get("shards") or {}
     for shard, entries in shard_contents(manifest).items():
-        check_shard(folder / shard, entries)
+        check_shard(folder / shard, entries, records.get(shard))
+
+
+def check_config(folder: Path, manifest: dict | None = None) -> dict:
+    """config.json of checkpoint ``folder`` as a dict: it exists, is a JSON object with a ``model_type`` — the
+    manifest's, when given; QuantkitError naming the problem otherwise."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise QuantkitError(f"checkpoint '{folder}' has no config.json; re-run `quantkit pack` to write it whole")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise QuantkitError(f"config.json of checkpoint '{folder}' is not readable JSON ({e}); re-run "
+                            "`quantkit pack` or copy the checkpoint again") from None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if not isinstance(model_type, str) or not model_type:
+        raise QuantkitError(f"config.json of checkpoint '{folder}' has no model_type; re-run `quantkit pack` or "
+                            "copy the checkpoint again")
+    want = (manifest or {}).get("source", {}).get("model_type")
+    if want and model_type != want:
+        raise QuantkitError(f"config.json of checkpoint '{folder}' is for model_type '{model_type}', its manifest "
+                            f"for '{want}'; the manifest and config.json do not belong together")
+    return config
 
 
 def verify_checkpoint(folder: str | Path, manifest: dict | None = None) -> list[dict]:
@@ -87,8 +110,7 @@ def _empty_model(folder: Path, dtype: torch.dtype) -> nn.Module:
     from quantkit.model.walk import check_supported
 
     quiet_hf()
-    if not (Path(folder) / "config.json").is_file():
-        raise QuantkitError(f"checkpoint '{folder}' has no config.json; re-run `quantkit pack` to write it whole")
+    check_config(folder)
     try:
         config = AutoConfig.from_pretrained(folder)
     except (OSError, ValueError) as e:
@@ -151,6 +173,7 @@ def load_packed(path: str | Path, device: str = "auto", dtype: str | None = None
 
     folder = Path(path).expanduser()
     manifest = read_manifest(folder)
+    check_config(folder, manifest)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev, manifest["source"].get("dtype"))
     tensors = read_tensors(folder, manifest, verify=verify)

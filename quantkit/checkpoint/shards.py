@@ -1,6 +1,7 @@
 """Sharded safetensors files as HuggingFace writes them: ``model-0000i-of-0000n.safetensors`` split by a maximum
 shard size, plus ``model.safetensors.index.json`` ({"metadata": {"total_size"}, "weight_map": name → file}).
-Also the byte-level sha256 of a tensor, which the manifest records and ``--verify`` recomputes."""
+Also the byte-level sha256 of a tensor, which the manifest records and ``--verify`` recomputes, and the cheap
+check of a shard against the manifest (size, header hash and layout) that every load runs."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import hashlib
 import json
 import os
 import re
+import struct
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -16,6 +18,11 @@ import torch
 from quantkit.errors import QuantkitError
 
 INDEX_NAME = "model.safetensors.index.json"
+SAFETENSORS_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
+                      "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
+                      "uint16": "U16", "uint32": "U32", "uint64": "U64", "float8_e4m3fn": "F8_E4M3",
+                      "float8_e5m2": "F8_E5M2"}  # torch dtype name → safetensors' code
+_MAX_HEADER = 100_000_000  # safetensors refuses larger headers
 _UNITS = {"": 1, "B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12,
           "KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30, "TIB": 2 ** 40}
 
@@ -107,36 +114,97 @@ def write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _shard_error(path: Path, e: Exception) -> QuantkitError:
+def _shard_error(path: Path, e: Exception | str) -> QuantkitError:
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     return QuantkitError(f"shard '{path.name}' of checkpoint '{path.parent}' is corrupt ({first}); "
                          "re-run `quantkit pack` or copy the checkpoint again")
 
 
-def check_shard(path: Path, expected: dict[str, dict]) -> None:
-    """Check that shard ``path`` exists and holds every tensor of ``expected`` (name → manifest entry) with the
-    manifest's shape; QuantkitError naming the problem. (Truncation: :func:`quantkit.model.loader.
-    check_safetensors_files`, which the reader runs over the folder first.)"""
-    from safetensors import SafetensorError, safe_open
+def read_header(path: Path) -> tuple[bytes, dict]:
+    """(raw bytes of the length prefix and JSON header, the parsed header) of safetensors file ``path``: an 8-byte
+    little-endian length n, then n bytes of JSON mapping each tensor to its dtype, shape and ``data_offsets`` into
+    the data that follows; QuantkitError naming the shard when that cannot be read."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        prefix = fh.read(8)
+        if len(prefix) < 8:
+            raise QuantkitError(f"shard '{path.name}' of checkpoint '{path.parent}' is truncated ({size} bytes, "
+                                "shorter than its header); re-run `quantkit pack` or copy the checkpoint again")
+        (n,) = struct.unpack("<Q", prefix)
+        if n > min(size - 8, _MAX_HEADER):
+            raise _shard_error(path, f"its header claims {n} bytes, the file has {size}")
+        raw = fh.read(n)
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _shard_error(path, f"its header is not JSON: {e}") from None
+    if not isinstance(header, dict):
+        raise _shard_error(path, "its header is not a JSON object")
+    return prefix + raw, header
 
+
+def shard_record(path: Path) -> dict:
+    """What the manifest records of a written shard to check it cheaply on load: its size in bytes and the sha256
+    of its length prefix and header (which hold every tensor's name, dtype, shape and offsets)."""
+    raw, _ = read_header(path)
+    return {"bytes": path.stat().st_size, "header_sha256": hashlib.sha256(raw).hexdigest()}
+
+
+def _fail(path: Path, what: str) -> QuantkitError:
+    return QuantkitError(f"shard '{path.name}' of checkpoint '{path.parent}' {what}; re-run `quantkit pack` or "
+                         "copy the checkpoint again")
+
+
+def check_shard(path: Path, expected: dict[str, dict], record: dict | None = None) -> None:
+    """Check shard ``path`` against the manifest without reading tensor data: it exists; its header lists exactly
+    the tensors of ``expected`` (name → manifest entry) with the manifest's dtype, shape and byte count, laid end to
+    end; the file ends where the last one does; its size and header hash equal ``record`` (the manifest's
+    ``shards`` entry, absent in older checkpoints). QuantkitError naming the first problem."""
     if not path.is_file():
         first = next(iter(expected), "?")
         raise QuantkitError(f"shard '{path.name}' of checkpoint '{path.parent}' is missing (it holds '{first}' "
                             f"and {len(expected) - 1} more); re-run `quantkit pack` or copy the checkpoint again")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            have = set(f.keys())
-            for name, entry in expected.items():
-                if name not in have:
-                    raise QuantkitError(f"tensor '{name}' is missing from shard '{path.name}'; the checkpoint "
-                                        "does not match its manifest (re-run `quantkit pack`)")
-                sl = f.get_slice(name)
-                shape = list(sl.get_shape())
-                if shape != list(entry["shape"]):
-                    raise QuantkitError(f"tensor '{name}' in shard '{path.name}' has shape {shape}, the manifest "
-                                        f"says {entry['shape']}; re-run `quantkit pack`")
-    except SafetensorError as e:
-        raise _shard_error(path, e) from None
+    size = path.stat().st_size
+    raw, header = read_header(path)
+    header.pop("__metadata__", None)
+    spans = []
+    for name, entry in expected.items():
+        h = header.get(name)
+        if not isinstance(h, dict):
+            raise QuantkitError(f"tensor '{name}' is missing from shard '{path.name}'; the checkpoint does not match "
+                                "its manifest (re-run `quantkit pack`)")
+        try:
+            dtype, shape, (begin, end) = h["dtype"], [int(d) for d in h["shape"]], h["data_offsets"]
+            begin, end = int(begin), int(end)
+        except (KeyError, TypeError, ValueError):
+            raise _shard_error(path, f"the header entry of '{name}' is malformed") from None
+        if shape != list(entry["shape"]):
+            raise QuantkitError(f"tensor '{name}' in shard '{path.name}' has shape {shape}, the manifest says "
+                                f"{entry['shape']}; re-run `quantkit pack`")
+        want = SAFETENSORS_DTYPES.get(entry["dtype"])
+        if want is not None and dtype != want:
+            raise QuantkitError(f"tensor '{name}' in shard '{path.name}' is {dtype}, the manifest says "
+                                f"{entry['dtype']}; re-run `quantkit pack`")
+        if "nbytes" in entry and end - begin != entry["nbytes"]:
+            raise _shard_error(path, f"'{name}' spans {end - begin} bytes, the manifest says {entry['nbytes']}")
+        spans.append((begin, end, name))
+    extra = sorted(set(header) - set(expected))
+    if extra:
+        raise _shard_error(path, f"it holds tensor '{extra[0]}', which the manifest does not place there")
+    position = 0
+    for begin, end, name in sorted(spans):
+        if begin != position or end < begin:
+            raise _shard_error(path, f"the data offsets of '{name}' do not follow the tensor before it")
+        position = end
+    data_end = len(raw) + position
+    if size < data_end:
+        raise _fail(path, f"is truncated ({size} bytes, its header needs {data_end})")
+    if size > data_end:
+        raise _fail(path, f"is corrupt ({size - data_end} bytes after the last tensor)")
+    if record is not None and size != record.get("bytes"):
+        raise _fail(path, f"is not the file written ({size} bytes, the manifest says {record.get('bytes')})")
+    if record is not None and hashlib.sha256(raw).hexdigest() != record.get("header_sha256"):
+        raise _fail(path, "is corrupt (its header differs from the one written)")
 
 
 def read_shard(path: Path, names: Iterable[str]) -> dict[str, torch.Tensor]:

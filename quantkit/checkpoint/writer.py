@@ -17,7 +17,7 @@ import torch.nn as nn
 from quantkit.checkpoint.atomic import MANIFEST_NAME, atomic_directory
 from quantkit.checkpoint.choose import record_parts
 from quantkit.checkpoint.manifest import DENSE, FORMAT, FORMAT_VERSION
-from quantkit.checkpoint.shards import nbytes, tensor_sha256, write_json, write_shards
+from quantkit.checkpoint.shards import nbytes, shard_record, tensor_sha256, write_json, write_shards
 from quantkit.quant.partition import WeightRecord, record_bits
 from quantkit.quant.records import QuantizedWeight
 
@@ -182,12 +182,13 @@ def write_checkpoint(out: str | Path, packed: PackedModel, max_shard_bytes: int,
                      tokenizer=None, progress: Callable[[int, int], None] | None = None) -> Path:
     """Write ``packed`` to ``out`` atomically (see :mod:`quantkit.checkpoint.atomic`; too little free space is
     refused before the first byte); tokenizer files are copied from ``packed.extra_files``, or saved from
-    ``tokenizer`` when that holds none (hub sources)."""
+    ``tokenizer`` when that holds none (hub sources). The manifest records each shard's size and header hash."""
     out = Path(out)
     with atomic_directory(out, force, needed=checkpoint_bytes(packed, tokenizer)) as tmp:
         weight_map = write_shards(tmp, packed.tensors, max_shard_bytes, progress)
         for name, shard in weight_map.items():
             packed.manifest["tensors"][name]["shard"] = shard
+        packed.manifest["shards"] = {f: shard_record(tmp / f) for f in sorted(set(weight_map.values()))}
         packed.config.save_pretrained(tmp)
         qc = getattr(packed.config, "quantization_config", None)
         if isinstance(qc, dict) and qc.get("quant_method") == "gptq":

@@ -266,3 +266,22 @@ def test_waiting_threads_sleep_unless_the_user_chose():
             os.environ.pop("OMP_WAIT_POLICY", None)
         else:
             os.environ["OMP_WAIT_POLICY"] = saved
+
+
+def test_python_api_quantize_then_load(tmp_path):
+    """The README's Python example: quantkit.quantize writes what `quantkit pack` writes, quantkit.load reads it
+    back as the HF model with QuantLinear modules that generates tokens."""
+    import torch
+
+    import quantkit
+    from quantkit.runtime.quant_linear import QuantLinear
+
+    out = tmp_path / "ref-rtn"
+    info = quantkit.quantize("builtin:reference", "rtn-w4a16-g128", str(out))
+    assert info["recipe"] == "rtn-w4a16-g128" and (out / "quantkit.json").is_file()
+    model = quantkit.load(str(out), device="cpu")
+    assert any(isinstance(m, QuantLinear) for m in model.modules())
+    ids = torch.tensor([[1, 2, 3, 4]])
+    assert model.generate(ids, max_new_tokens=3, do_sample=False).shape == (1, 7)
+    with pytest.raises(quantkit.QuantkitError, match="--force"):
+        quantkit.quantize("builtin:reference", "rtn-w4a16-g128", str(out))

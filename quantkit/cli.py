@@ -15,7 +15,8 @@ from rich.text import Text
 
 from quantkit.bench.command import DEFAULT_BATCH, DEFAULT_CONTEXT, DEFAULT_M, DEFAULT_METHODS, PRESETS
 from quantkit.errors import QuantkitError
-from quantkit.ui import err_console, info, out_console, progress_bar
+from quantkit.eval.job import dtype_label, evaluate_ppl
+from quantkit.ui import err_console, info, out_console
 
 app = typer.Typer(name="quantkit", no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False,
                   help="Offline LLM quantization: MixLLM search, GPTQ/AWQ/LiquidQuant, packed GPU checkpoints.")
@@ -143,112 +144,7 @@ CalibDataset = Annotated[Optional[str], typer.Option("--calib-dataset", help="ca
                                                      "a folder (default: the recipe's)")]
 
 
-DTYPE_LABELS = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 DTYPE_BITS = {"float32": 32, "float16": 16, "bfloat16": 16}
-
-
-def dtype_label(dtype: str) -> str:
-    """The short name of a torch dtype name as the options spell it: float32 → fp32, bfloat16 → bf16."""
-    return DTYPE_LABELS.get(dtype, dtype)
-
-
-def _ppl_of(model, ids, seqlen, max_windows, label):
-    from quantkit.eval import perplexity
-
-    with progress_bar(f"ppl {label}") as update:
-        return perplexity(model, ids, seqlen, max_windows, progress=update)
-
-
-def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None, max_windows: int | None = None,
-                 device: str = "auto", dtype: str | None = None, recipe: str | None = None,
-                 plan: str | None = None, baseline: bool = True, calib_samples: int | None = None,
-                 text_column: str | None = None,
-                 calib_dataset: str | None = None, device_map: str | None = None, verify: bool = False) -> dict:
-    """Run the eval-ppl job and return its result record (used by the CLI and the demo); ``verify`` recomputes a
-    packed checkpoint's sha256s before loading it."""
-    from quantkit.checkpoint import is_checkpoint, load_packed
-    from quantkit.data import check_sample_count, joined_text
-    from quantkit.data.tokens import encode
-    from quantkit.eval.ppl import choose_seqlen
-    from quantkit.model import load_model
-    from quantkit.model.loader import max_positions, quiet_hf
-
-    quiet_hf()
-    packed = is_checkpoint(model_ref)
-    if verify and not packed:
-        raise QuantkitError(f"--verify checks a packed checkpoint's sha256s; '{model_ref}' is not one, so drop "
-                            "--verify")
-    if packed and (recipe or plan):
-        raise QuantkitError(f"'{model_ref}' is a packed checkpoint (already quantized); drop --recipe/--plan")
-    calib = given_options(("--calib-samples", calib_samples), ("--calib-dataset", calib_dataset))
-    if calib and recipe is None:
-        raise QuantkitError(f"{', '.join(calib)} set{'s' if len(calib) == 1 else ''} the calibration of --recipe; "
-                            "add --recipe or drop " + ("it" if len(calib) == 1 else "them"))
-    check_sample_count(calib_samples)
-    check_sample_count(max_windows, "--max-windows")  # before the model loads and the baseline runs
-    if seqlen is not None:
-        choose_seqlen(seqlen, None)  # its lower bound now; the model's own limit once it is loaded
-    if packed and device_map is not None:
-        raise QuantkitError("--device-map places an HF model's layers; a packed checkpoint loads on --device, so "
-                            "drop --device-map")
-    if calib_dataset is not None:
-        from quantkit.data import check_source
-
-        check_source(calib_dataset, text_column=text_column)  # before the model loads and the baseline runs
-    text = joined_text(dataset, "test", text_column)  # a bad or empty --dataset fails before the model loads
-    if plan is not None and recipe is None:
-        raise QuantkitError("--plan needs --recipe (the plan says which bits, the recipe how to quantize)")
-    rec = plan_obj = None
-    if recipe is not None:  # a bad recipe or plan, or one that does not fit the other, fails before the model loads
-        from quantkit.quant.recipe import check_calibration_options, load_recipe
-
-        rec = load_recipe(recipe)
-        if check_calibration_options(rec, calib):  # warned: the recipe reads no calibration data
-            calib_samples = calib_dataset = None
-        if plan is not None:
-            from quantkit.search.plan_check import check_plan_recipe, read_plan
-
-            plan_obj = read_plan(plan)
-            check_plan_recipe(plan_obj, rec, f"plan '{plan}'")
-    from quantkit.data import check_text_column
-
-    check_text_column(text_column, [dataset, (calib_dataset or rec.calibration.dataset)
-                                    if rec is not None and rec.uses_calibration else None])
-    loaded = (load_packed(model_ref, device=device, dtype=dtype, verify=verify) if packed
-              else load_model(model_ref, device=device, dtype=dtype, device_map=device_map))
-    seqlen = choose_seqlen(seqlen, max_positions(loaded.model))
-    ids = encode(loaded.tokenizer, text)
-    result = {"model": model_ref, "dataset": dataset, "device": loaded.device,
-              "dtype": str(loaded.dtype).replace("torch.", "")}
-    from quantkit.ui import detail
-
-    detail(f"loaded {model_ref} on {loaded.device} in {result['dtype']}; {ids.numel():,} test tokens, windows of "
-           f"{seqlen}")
-    if rec is None:
-        r = _ppl_of(loaded.model, ids, seqlen, max_windows, "packed" if packed else dtype_label(result["dtype"]))
-        result.update(r.as_dict())
-        return result
-    from quantkit.quant.apply import quantize_model
-
-    if plan_obj is not None:
-        from quantkit.search.plan_check import check_plan_model
-
-        check_plan_model(plan_obj, loaded.model, f"plan '{plan}'")
-    if baseline:  # the unquantized model in the dtype it was loaded in (result["dtype"])
-        r0 = _ppl_of(loaded.model, ids, seqlen, max_windows, dtype_label(result["dtype"]))
-        result.update(ppl_baseline=r0.ppl, nll_baseline=r0.nll)
-    qres = quantize_model(loaded.model, loaded.tokenizer, rec, plan=plan_obj, device=loaded.device,
-                          progress_factory=progress_bar, dataset=calib_dataset, samples=calib_samples,
-                          text_column=text_column)
-    r = _ppl_of(loaded.model, ids, seqlen, max_windows, rec.name)
-    result.update(r.as_dict())
-    result.update(recipe=rec.name, plan=plan, avg_bits=qres.avg_bits, calibration=qres.calibration)
-    return result
-
-
-def given_options(*pairs: tuple[str, object]) -> list[str]:
-    """The option names of the (name, value) pairs whose value was given (not None)."""
-    return [name for name, value in pairs if value is not None]
 
 
 def renamed_option(old: str, old_value, new: str, new_value):

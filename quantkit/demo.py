@@ -63,7 +63,7 @@ def run_demo(full: bool = False, device: str = "auto", max_windows: int | None =
     """Evaluate the reference model in FP and under each configuration, printing one line per finished
     configuration and a table at the end; returns the result rows (FP first). ``max_windows``,
     ``calib_samples`` and ``configs`` override the protocol (quick, or ``full``)."""
-    from quantkit.cli import evaluate_ppl
+    from quantkit.eval.job import evaluate_ppl
     from quantkit.quant.recipe import load_recipe
     from quantkit.search.command import run_search
 

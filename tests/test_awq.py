@@ -220,9 +220,21 @@ def test_single_linear_blocks_take_the_closed_form_loss():
             layer_output(layer, b)
     calls = [((x,), {}) for x in inputs]
     grids = [[(None, QuantSpec(3, 32, False))]]
+    before = group.linears[0].weight.detach().clone()
     closed = search_scale(group, inputs, calls, grids, n_grid=8)
-    direct = search_scale(ScaleGroup(group.prev_name, group.prev, group.names, group.linears, "copy",
-                                     copy.deepcopy(group.block)), inputs, calls, grids, n_grid=8)
+    assert torch.equal(group.linears[0].weight, before)
+
+    class Through(nn.Module):  # the same linear behind another module: the search runs it on every token
+        def __init__(self, lin):
+            super().__init__()
+            self.lin = lin
+
+        def forward(self, x):
+            return self.lin(x)
+
+    direct = search_scale(ScaleGroup(group.prev_name, group.prev, group.names, group.linears, "through",
+                                     Through(group.linears[0])), inputs, calls, grids, n_grid=8)
+    assert min(direct.losses) > 0 and max(direct.losses) > 1.1 * min(direct.losses)  # the weights did change
     assert closed.losses == pytest.approx(direct.losses, rel=1e-4)
     assert closed.alpha == direct.alpha
 

@@ -183,7 +183,7 @@ def _linear_block_loss(group: ScaleGroup, inputs: list[torch.Tensor]):
         x = x.reshape(-1, k).to(device=gram.device, dtype=torch.float32)
         gram.addmm_(x.t(), x)
         tokens += x.shape[0]
-    w0 = lin.weight.detach().float()
+    w0 = lin.weight.detach().float().clone()  # the search overwrites the weight in place
     numel = max(tokens * lin.out_features, 1)
 
     def loss() -> float:

@@ -63,7 +63,7 @@ def run_demo(full: bool = False, device: str = "auto", max_windows: int | None =
     """Evaluate the reference model in FP and under each configuration, printing one line per finished
     configuration and a table at the end; returns the result rows (FP first). ``max_windows``,
     ``calib_samples`` and ``configs`` override the protocol (quick, or ``full``)."""
-    from quantkit.eval.job import evaluate_ppl
+    from quantkit.eval.job import dtype_label, evaluate_ppl
     from quantkit.quant.recipe import load_recipe
     from quantkit.search.command import run_search
 
@@ -72,13 +72,14 @@ def run_demo(full: bool = False, device: str = "auto", max_windows: int | None =
     calib = calib_samples if calib_samples is not None else proto.calib_samples
     rows_to_run = list(configs) if configs is not None else list(proto.rows)
     info(f"quantkit demo — {MODEL}: a 7.6 M-parameter Llama (GQA) trained on the shipped KJV corpus; "
-         f"perplexity on its held-out test split ({windows or 'all'} windows of 1024 tokens), {calib} calibration "
-         f"windows for GPTQ, AWQ and the search{'' if full else '; --full for the BENCHMARKS protocol'}")
+         f"perplexity on its held-out test split ({_count(windows, 'window')} of 1024 tokens), "
+         f"{_count(calib, 'calibration window')} for GPTQ, AWQ and the search"
+         f"{'' if full else '; --full for the BENCHMARKS protocol'}")
     started = time.monotonic()
     with transient_progress():
         t0 = time.monotonic()
         fp = evaluate_ppl(MODEL, "kjv", None, windows, device)
-        rows = [dict(fp, config=f"FP ({fp['dtype']})", avg_bits=16.0 if fp["dtype"] != "float32" else 32.0,
+        rows = [dict(fp, config=f"FP ({dtype_label(fp['dtype'])})", avg_bits=16.0 if fp["dtype"] != "float32" else 32.0,
                      seconds=time.monotonic() - t0)]
         _done(rows[-1], rows[0]["ppl"])
         with tempfile.TemporaryDirectory(prefix="quantkit-demo-") as tmp:
@@ -95,8 +96,12 @@ def run_demo(full: bool = False, device: str = "auto", max_windows: int | None =
                 rows.append(dict(r, config=row.label, seconds=time.monotonic() - t0))
                 _done(rows[-1], rows[0]["ppl"])
     out_console.print(_table(rows))
-    out_console.print(_next_step(rows, time.monotonic() - started), highlight=False)
+    out_console.print(_next_step(rows, time.monotonic() - started), highlight=False, soft_wrap=True)
     return rows
+
+
+def _count(n: int | None, noun: str) -> str:
+    return f"all {noun}s" if n is None else f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _done(row: dict, fp_ppl: float) -> None:
@@ -117,7 +122,7 @@ def _table(rows: list[dict]) -> Table:
 
 
 def _next_step(rows: list[dict], seconds: float) -> str:
-    """One suggestion of what to try next: the best 4-bit configuration, on the user's own model."""
+    """One suggestion of what to try next: the configuration of lowest ppl under 8 bits, on the user's model."""
     four = [r for r in rows[1:] if r["avg_bits"] < 8]
     best = min(four, key=lambda r: r["ppl"]) if four else None
     recipe = best.get("recipe") if best else "mixllm-w4a8"
@@ -126,5 +131,5 @@ def _next_step(rows: list[dict], seconds: float) -> str:
            f"quantkit pack ./your-model --recipe {recipe} --plan plan.json --target sm90 -o your-model-q"
            if plan else f"quantkit pack ./your-model --recipe {recipe} --target sm90 -o your-model-q")
     label = best["config"] if best else "MixLLM"
-    return (f"finished in {seconds:.0f} s. Lowest 4-bit ppl here: {label}. Next, on your own model:\n  {cmd}\n"
+    return (f"finished in {seconds:.0f} s. Lowest ppl under 8 bits here: {label}. Next, on your own model:\n  {cmd}\n"
             f"  then: quantkit eval-ppl your-model-q   (quantkit recipes lists every recipe)")

@@ -51,6 +51,8 @@ def test_overrides_by_pattern(tmp_path):
     ({"activation": {"bits": 8}}, "weight"),
     ({"weight": {"method": "lqq", "bits": 8}}, "weight.bits"),
     ({"weight": {"method": "rtn"}, "calibration": {"seqlen": 1}}, "calibration.seqlen"),
+    ({"weight": {"method": "awq", "search_tokens": 0}}, "weight.search_tokens"),
+    ({"weight": {"method": "awq", "search_tokens": "all"}}, "weight.search_tokens"),
 ])
 def test_malformed_recipe_names_the_field(data, field):
     with pytest.raises(QuantkitError, match=f"'{field}'".replace("[", r"\[").replace("]", r"\]")):
@@ -83,3 +85,14 @@ def test_a_recipe_round_trips_through_json_as_manifests_store_it():
     for n in shipped_recipes():
         r = load_recipe(n)
         assert parse_recipe(json.loads(json.dumps(r.to_dict())), n).to_dict() == r.to_dict(), n
+
+
+def test_awq_search_tokens_reach_the_layer_config():
+    """The AWQ recipe's α search reads a quarter of its calibration tokens (same ppl as all of them, BENCHMARKS);
+    null searches on every token."""
+    from quantkit.quant.apply import _layer_config
+
+    rec = load_recipe("awq-w4a16-g128")
+    assert rec.weight.search_tokens == 16384 == _layer_config(rec, "awq").search_tokens
+    every = parse_recipe({"weight": {"method": "awq", "search_tokens": None}}, "t.yaml")
+    assert _layer_config(every, "awq").search_tokens is None

@@ -85,7 +85,7 @@ def _layer_config(recipe: Recipe, method: str):
                           blocksize=w.block_size, true_sequential=w.true_sequential, clip=w.clip)
     from quantkit.quant.awq import AWQConfig
 
-    return AWQConfig(**common, clip=w.clip)
+    return AWQConfig(**common, clip=w.clip, search_tokens=w.search_tokens)
 
 
 def calibration_inputs(tokenizer, recipe: Recipe, max_positions: int | None, dataset: str | None = None,

@@ -15,6 +15,7 @@ Schema (every field optional except ``weight.method``; unknown fields are errors
       damp: 0.01              # GPTQ dampening, fraction of mean diag(H)
       block_size: 128         # GPTQ lazy-batch block
       true_sequential: true
+      search_tokens: 16384    # AWQ: calibration tokens its α search runs the attention/MLP blocks on (null: all)
     bit_specs:                # the quantizer of each other bit-width a plan may assign (MixLLM Sec. 4.1:
       8: {sym: true, group_size: 128}   #   4-bit asym g128, 8-bit sym g128)
     activation:
@@ -57,6 +58,7 @@ class WeightSpec:
     damp: float = 0.01
     block_size: int = 128
     true_sequential: bool = True
+    search_tokens: int | None = None
 
 
 @dataclass
@@ -228,6 +230,9 @@ def parse_recipe(data: dict, source: str = "") -> Recipe:
         raise QuantkitError(f"recipe field 'weight.method' is '{weight.method}'; use one of {', '.join(METHODS)}")
     _check_bits(weight.bits, "weight.bits")
     _check_group(weight.group_size, "weight.group_size")
+    if weight.search_tokens is not None and weight.search_tokens < 1:
+        raise QuantkitError(f"recipe field 'weight.search_tokens' must be at least 1 (or null: every calibration "
+                            f"token), got {weight.search_tokens}")
     if not 0 <= weight.damp < 1:
         raise QuantkitError(f"recipe field 'weight.damp' must be in [0, 1), got {weight.damp}")
     if weight.method == "lqq" and (weight.bits != 4 or weight.sym):

@@ -15,7 +15,6 @@ from rich.text import Text
 
 from quantkit.bench.command import DEFAULT_BATCH, DEFAULT_CONTEXT, DEFAULT_M, DEFAULT_METHODS, PRESETS
 from quantkit.errors import QuantkitError
-from quantkit.eval.job import dtype_label, evaluate_ppl
 from quantkit.ui import err_console, info, out_console
 
 app = typer.Typer(name="quantkit", no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False,
@@ -144,9 +143,6 @@ CalibDataset = Annotated[Optional[str], typer.Option("--calib-dataset", help="ca
                                                      "a folder (default: the recipe's)")]
 
 
-DTYPE_BITS = {"float32": 32, "float16": 16, "bfloat16": 16}
-
-
 def renamed_option(old: str, old_value, new: str, new_value):
     """The value of an option given under its deprecated name ``old`` (a warning says to use ``new``) or under
     ``new``; both at once is an error."""
@@ -177,6 +173,8 @@ def ppl_rows(res: dict) -> list[tuple[str, dict]]:
     """The rows of the eval-ppl table for an :func:`evaluate_ppl` record: the unquantized baseline, labelled with
     the dtype it ran in and that dtype's bits, then the evaluated model (the recipe, and plan, with their average
     weight bits)."""
+    from quantkit.eval.job import DTYPE_BITS, dtype_label
+
     rows = []
     if "ppl_baseline" in res:
         rows.append((dtype_label(res["dtype"]), dict(res, ppl=res["ppl_baseline"], nll=res["nll_baseline"],
@@ -215,6 +213,8 @@ def eval_ppl(
 
     Measured the way GPTQ/MixLLM report it: non-overlapping windows of the test split joined with blank lines.
     With --recipe the unquantized model's ppl comes first, in the dtype it ran in."""
+    from quantkit.eval.job import evaluate_ppl
+
     res = evaluate_ppl(model, dataset, seqlen, max_windows, device, dtype, recipe, plan, baseline=not no_baseline,
                        text_column=text_column,
                        calib_samples=calib_samples, calib_dataset=calib_dataset, device_map=device_map,

@@ -63,7 +63,7 @@ def run_demo(full: bool = False, device: str = "auto", max_windows: int | None =
     """Evaluate the reference model in FP and under each configuration, printing one line per finished
     configuration and a table at the end; returns the result rows (FP first). ``max_windows``,
     ``calib_samples`` and ``configs`` override the protocol (quick, or ``full``)."""
-    from quantkit.eval.job import dtype_label, evaluate_ppl
+    from quantkit.eval.job import DTYPE_BITS, dtype_label, evaluate_ppl
     from quantkit.quant.recipe import load_recipe
     from quantkit.search.command import run_search
 
@@ -79,7 +79,7 @@ def run_demo(full: bool = False, device: str = "auto", max_windows: int | None =
     with transient_progress():
         t0 = time.monotonic()
         fp = evaluate_ppl(MODEL, "kjv", None, windows, device)
-        rows = [dict(fp, config=f"FP ({dtype_label(fp['dtype'])})", avg_bits=16.0 if fp["dtype"] != "float32" else 32.0,
+        rows = [dict(fp, config=f"FP ({dtype_label(fp['dtype'])})", avg_bits=float(DTYPE_BITS[fp["dtype"]]),
                      seconds=time.monotonic() - t0)]
         _done(rows[-1], rows[0]["ppl"])
         with tempfile.TemporaryDirectory(prefix="quantkit-demo-") as tmp:

@@ -39,8 +39,10 @@ def _probe(endpoint: str) -> str | None:
     None when any HTTP answer comes back, else the connection error's first line."""
     from huggingface_hub.utils import get_session
 
-    try:
-        get_session().head(endpoint, timeout=PROBE_TIMEOUT_S, follow_redirects=False)
+    try:  # a HEAD follows no redirect by default in both the requests and the httpx sessions
+        get_session().head(endpoint, timeout=PROBE_TIMEOUT_S)
+    except (TypeError, AttributeError):  # a call this huggingface_hub's session does not take: a bug, not the network
+        raise
     except Exception as e:  # noqa: BLE001 - any transport failure (DNS, refused, timeout, proxy) means unreachable
         text = str(e).strip()
         return (text.splitlines()[0] if text else type(e).__name__)[:160]

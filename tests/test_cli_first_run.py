@@ -285,3 +285,10 @@ def test_python_api_quantize_then_load(tmp_path):
     assert model.generate(ids, max_new_tokens=3, do_sample=False).shape == (1, 7)
     with pytest.raises(quantkit.QuantkitError, match="--force"):
         quantkit.quantize("builtin:reference", "rtn-w4a16-g128", str(out))
+
+
+def test_the_command_line_starts_without_torch():
+    """`quantkit --version`, `--help` and shell completion import only the CLI: torch loads inside commands."""
+    code = "import sys, quantkit.cli; print('torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr

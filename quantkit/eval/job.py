@@ -8,6 +8,7 @@ from quantkit.errors import QuantkitError
 from quantkit.ui import progress_bar
 
 DTYPE_LABELS = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+DTYPE_BITS = {"float32": 32, "float16": 16, "bfloat16": 16}
 
 
 def dtype_label(dtype: str) -> str:
@@ -24,9 +25,9 @@ def _ppl_of(model, ids, seqlen, max_windows, label):
 
 def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None, max_windows: int | None = None,
                  device: str = "auto", dtype: str | None = None, recipe: str | None = None,
-                 plan: str | None = None, baseline: bool = True, calib_samples: int | None = None,
-                 text_column: str | None = None,
-                 calib_dataset: str | None = None, device_map: str | None = None, verify: bool = False) -> dict:
+                 plan: str | None = None, *, baseline: bool = True, calib_samples: int | None = None,
+                 calib_dataset: str | None = None, text_column: str | None = None, device_map: str | None = None,
+                 verify: bool = False) -> dict:
     """Run the eval-ppl job and return its result record (used by the CLI and the demo); ``verify`` recomputes a
     packed checkpoint's sha256s before loading it."""
     from quantkit.checkpoint import is_checkpoint, load_packed

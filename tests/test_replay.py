@@ -90,3 +90,35 @@ def test_changed_inputs_or_unfinished_linears_run_the_block():
         calls.clear()
         got = [b.hidden for b in replay.outputs(batches)]
     assert len(calls) == len(batches) and all(torch.equal(e, g) for e, g in zip(expect, got))
+
+
+def test_a_block_that_changes_the_linears_output_in_place_is_not_replayed():
+    """M(x) returning L's output object after changing it in place is not L(x_L): the probe sees the version."""
+    layer, linears, batches = _layer0()
+
+    def double_in_place(module, args, y):
+        y.mul_(2)  # the block returns down_proj's output object, with other values
+
+    layer.mlp.register_forward_hook(double_in_place)
+    names = {type(b.module).__name__ for b in BlockReplay(layer, linears, batches[0]).blocks}
+    assert names == {"LlamaAttention"}
+
+
+def test_replay_is_skipped_when_its_records_would_crowd_memory(monkeypatch):
+    """GPTQ records sub-block inputs only while they fit a quarter of the free memory; the bits are the same."""
+    from quantkit.model.replay import record_bytes
+
+    layer, linears, batches = _layer0()
+    hidden = batches[0].hidden.shape[-1]
+    widest = max(lin.in_features for lin in linears.values())
+    assert record_bytes(batches, linears) == sum(b.hidden.shape[1] for b in batches) * (3 * hidden + widest) * 4
+    built = []
+    real = BlockReplay.__init__
+    monkeypatch.setattr(BlockReplay, "__init__", lambda self, *a: (built.append(1), real(self, *a))[1])
+    for free, expect in ((0, []), (1 << 40, [1])):
+        monkeypatch.setattr("quantkit.model.memory.free_memory", lambda device, _f=free: _f)
+        built.clear()
+        lyr = copy.deepcopy(layer)
+        gptq_quantize_layer(lyr, batches, {n: m for n, m in lyr.named_modules() if isinstance(m, torch.nn.Linear)},
+                            GPTQConfig())
+        assert built == expect

@@ -297,7 +297,7 @@ def test_layers_are_recomputed_only_when_activations_would_crowd_memory(tiny, mo
     model, ids = tiny
     lin = next(mod for _, mod in iter_linears(model))
     for free, expect in ((1 << 40, 1), (1, 2)):
-        monkeypatch.setattr(sal, "free_memory", lambda device, _f=free: _f)
+        monkeypatch.setattr("quantkit.model.memory.free_memory", lambda device, _f=free: _f)
         calls = []
         h = lin.register_forward_hook(lambda *a: calls.append(1))
         got = compute_salience(model, ids[:1], quantizer)

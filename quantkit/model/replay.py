@@ -12,7 +12,7 @@ L) can instead return ``L(x_L)`` from the input x_L recorded in the stage that c
 
 L is called as a module, with its current (quantized) weight and any hooks, so the replay is exact: the same
 values the full forward computes, minus the work of f. Recorded tensors stay where the batches are; the cost is
-one copy of M's input and of x_L per window.
+one copy of M's input and of x_L per window, which :func:`record_bytes` estimates.
 """
 
 from __future__ import annotations
@@ -139,21 +139,21 @@ class BlockReplay:
 
 def _find_blocks(layer: nn.Module, linears: Mapping[str, nn.Linear], batch: LayerBatch) -> list[_Block]:
     """Modules of ``layer`` holding linears whose output, in one forward of ``batch``, is their last linear's
-    output object (alone, or first with only Nones after it)."""
+    output object, unchanged since the linear returned it (alone, or first with only Nones after it)."""
     by_id = {id(m): n for n, m in linears.items()}
     parents = {}
     for name, module in layer.named_modules():
         inner = [by_id[id(m)] for m in module.modules() if id(m) in by_id]
         if module is not layer and inner and not isinstance(module, nn.Linear):
             parents[name] = (module, inner)
-    last_out: dict[str, torch.Tensor] = {}
+    last_out: dict[str, tuple[torch.Tensor, int]] = {}  # the linear's output and its version when returned
     calls: dict[str, list[str]] = {n: [] for n in parents}
     outs: dict[str, object] = {}
     handles = []
     try:
         for lname, lin in linears.items():
             handles.append(lin.register_forward_hook(
-                lambda _m, _a, y, _n=lname: last_out.__setitem__(_n, y)))
+                lambda _m, _a, y, _n=lname: last_out.__setitem__(_n, (y, y._version))))
         for pname, (module, inner) in parents.items():
             handles.append(module.register_forward_pre_hook(lambda _m, _a, _p=pname: calls[_p].clear()))
             for lname in inner:
@@ -174,9 +174,20 @@ def _find_blocks(layer: nn.Module, linears: Mapping[str, nn.Linear], batch: Laye
         trailing = None
         if isinstance(y, tuple) and y and all(t is None for t in y[1:]):
             trailing, y = len(y) - 1, y[0]
-        if y is not last_out.get(last):
+        seen = last_out.get(last)
+        if seen is None or y is not seen[0] or y._version != seen[1]:  # another tensor, or changed in place
             continue
         blocks.append(_Block(module, last, linears[last], frozenset(set(inner) - {last}), trailing))
     # a block nested in another replayable one with the same last linear adds nothing
     return [b for b in blocks if not any(o is not b and o.last == b.last and b.module in set(o.module.modules())
                                          for o in blocks)]
+
+
+def record_bytes(batches: list[LayerBatch], linears: Mapping[str, nn.Linear]) -> int:
+    """An upper estimate of what replaying a Llama-like layer records over ``batches``: per token, the inputs of
+    the attention and MLP blocks (hidden size each) and of their last linears (o_proj's, at most hidden size;
+    down_proj's, the widest input of the layer's linears)."""
+    tokens = sum(b.hidden.shape[:-1].numel() for b in batches)
+    hidden = batches[0].hidden.shape[-1]
+    widest = max(lin.in_features for lin in linears.values())
+    return tokens * (3 * hidden + widest) * batches[0].hidden.element_size()

@@ -21,7 +21,8 @@ import torch.nn as nn
 
 from quantkit.errors import QuantkitError
 from quantkit.model.layerwise import LayerBatch, layer_output
-from quantkit.model.replay import BlockReplay
+from quantkit.model.memory import fits
+from quantkit.model.replay import BlockReplay, record_bytes
 from quantkit.quant import grid
 from quantkit.quant.clip import sample_tokens, search_clip
 from quantkit.quant.hessian import HessianAccumulator, damped_inverse_cholesky
@@ -260,7 +261,8 @@ class GPTQConfig(LayerQuantConfig):
     """GPTQ settings for :func:`gptq_quantize_layer` (defaults: the paper's 4-bit g128, 1% dampening, blocks of
     128, true-sequential). ``clip`` adds MixLLM Sec. 4.1's clipping search on each linear's inputs before GPTQ.
     ``replay`` (true-sequential only) replays final sub-blocks instead of recomputing them: the same bits, less
-    compute, one copy of each replayed block's input and last-linear input per window in memory."""
+    compute, one copy of each replayed block's input and last-linear input per window in memory — taken only
+    while that fits a quarter of the free memory where the batches are (:func:`quantkit.model.memory.fits`)."""
 
     act_order: bool = False
     static_groups: bool = False
@@ -409,7 +411,9 @@ def gptq_quantize_layer(layer: nn.Module, batches: list[LayerBatch], linear_name
     row_bits = check_row_bits(row_bits, linear_names)
     groups = sequential_stages(layer, batches[0], linear_names)
     stages = groups if config.true_sequential else [[n for g in groups for n in g]]
-    replay = BlockReplay(layer, linear_names, batches[0]) if config.true_sequential and config.replay else None
+    replay = None
+    if config.true_sequential and config.replay and fits(record_bytes(batches, linear_names), batches[0].hidden.device):
+        replay = BlockReplay(layer, linear_names, batches[0])
     out: dict[str, QuantizedWeight | PartitionedWeight] = {}
     for stage in stages:
         if replay is not None:

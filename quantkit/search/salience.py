@@ -22,7 +22,6 @@ the activations of one decoder layer when ``checkpoint_layers`` is on.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from quantkit.errors import QuantkitError
+from quantkit.model.memory import fits
 from quantkit.model.walk import find_decoder_layers, iter_linears
 
 # (linear name, fp32 weight [N, K]) -> its fake-quantized fp32 weight, e.g. 4-bit asym g128 RTN (MixLLM Sec. 4.1)
@@ -169,21 +169,11 @@ def activation_bytes(model: nn.Module, tokens: int) -> int:
     return len(layers) * tokens * (_SAVED_PER_HIDDEN * hidden + _SAVED_PER_INTERMEDIATE * inter) * elem
 
 
-def free_memory(device: torch.device) -> int:
-    """Bytes free for new tensors on ``device``: the GPU's free memory, or the host's available memory."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return 0
-
-
 def needs_checkpointing(model: nn.Module, tokens: int, device: torch.device) -> bool:
     """Whether one backward over ``tokens`` tokens should recompute each layer (activation checkpointing): when
     the saved activations would take more than a quarter of the free memory. Recomputing costs one more forward
     of every layer, about a third of the search's time."""
-    return activation_bytes(model, tokens) > _ACTIVATION_SHARE * free_memory(device)
+    return not fits(activation_bytes(model, tokens), device, _ACTIVATION_SHARE)
 
 
 def compute_salience(model: nn.Module, input_ids: torch.Tensor, quantizer: Quantizer, *, first_order: bool = True,

@@ -290,7 +290,10 @@ def search(
 
     samples = renamed_option("--samples", old_samples, "--calib-samples", samples)
     dataset = renamed_option("--dataset", old_dataset, "--calib-dataset", dataset)
-    check_salience_options(strategy, samples, seqlen, seed, dataset, not no_first_order, batch_size, text_column)
+    ignored = check_salience_options(strategy, samples, seqlen, seed, dataset, not no_first_order, batch_size,
+                                     text_column)
+    if ignored:  # warned: the strategy reads no calibration data, so nothing checks or loads it
+        samples = seqlen = dataset = text_column = None
     plan = run_search(model, output, recipe, bits=bits, target_bits=target_bits, fractions=fractions,
                       strategy=strategy, samples=samples, seqlen=seqlen, seed=seed, dataset=dataset,
                       text_column=text_column,

@@ -134,10 +134,6 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
     target = check_target_export(target, export)
     max_bytes = parse_size(max_shard_size)
     check_sample_count(calib_samples)
-    if calib_dataset is not None:
-        from quantkit.data import check_source
-
-        check_source(calib_dataset, text_column=text_column)
     check_not_builtin_name(output)
     out = Path(output).expanduser()
     check_output(out.absolute(), force)
@@ -150,6 +146,10 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
                             ("--text-column", text_column)) if v is not None]
     if check_calibration_options(rec, calib, warn_all):  # ignored: the recipe reads no calibration data
         calib_samples = calib_dataset = text_column = None
+    if calib_dataset is not None:
+        from quantkit.data import check_source
+
+        check_source(calib_dataset, text_column=text_column)
     check_text_column(text_column, [calib_dataset or rec.calibration.dataset])
     plan_raw = _plan_bytes(plan)
     plan_obj = None

@@ -292,3 +292,17 @@ def test_the_command_line_starts_without_torch():
     code = "import sys, quantkit.cli; print('torch' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["eval-ppl", "builtin:reference", "--recipe", "rtn-w4a16-g128", "--max-windows", "1", "--seqlen", "32",
+     "--no-baseline", "--calib-dataset", "no-such.parquet"],
+    ["search", "builtin:reference", "--strategy", "random", "--target-bits", "4.4", "-o", "PLAN",
+     "--calib-dataset", "no-such.txt", "--calib-samples", "3"],
+])
+def test_ignored_calibration_options_are_not_read(args, tmp_path):
+    """Options a recipe or strategy ignores get one warning and are never opened or checked."""
+    args = [str(tmp_path / "plan.json") if a == "PLAN" else a for a in args]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert "is ignored" in r.output or "are ignored" in r.output

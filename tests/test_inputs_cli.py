@@ -102,7 +102,7 @@ def test_pack_checks_the_calibration_text_column_before_loading(tmp_path):
     f.write_text("id,body\n" + "".join(f"{i},\"{p}\"\n" for i, p in enumerate(builtin_text("train")[:8000]
                                                                               .replace('"', "").split("\n\n"))))
     out = tmp_path / "packed"
-    r = runner.invoke(app, ["pack", "builtin:reference", "-o", str(out), "--recipe", "rtn-w4a16-g128",
+    r = runner.invoke(app, ["pack", "builtin:reference", "-o", str(out), "--recipe", "gptq-w4a16-g128",
                             "--calib-dataset", str(f), "--text-column", "nope", "--device", "cpu"])
     _one_error_line(r, "has no column 'nope' (its columns: id, body)")
     assert not out.exists()

@@ -55,10 +55,6 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
     if packed and device_map is not None:
         raise QuantkitError("--device-map places an HF model's layers; a packed checkpoint loads on --device, so "
                             "drop --device-map")
-    if calib_dataset is not None:
-        from quantkit.data import check_source
-
-        check_source(calib_dataset, text_column=text_column)  # before the model loads and the baseline runs
     text = joined_text(dataset, "test", text_column)  # a bad or empty --dataset fails before the model loads
     if plan is not None and recipe is None:
         raise QuantkitError("--plan needs --recipe (the plan says which bits, the recipe how to quantize)")
@@ -69,6 +65,10 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
         rec = load_recipe(recipe)
         if check_calibration_options(rec, calib):  # warned: the recipe reads no calibration data
             calib_samples = calib_dataset = None
+        if calib_dataset is not None:
+            from quantkit.data import check_source
+
+            check_source(calib_dataset, text_column=text_column)  # before the model loads and the baseline runs
         if plan is not None:
             from quantkit.search.plan_check import check_plan_recipe, read_plan
 

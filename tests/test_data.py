@@ -29,6 +29,26 @@ def test_shipped_corpus_is_real_and_split():
     assert not set(train.split("\n\n")[:50]) & set(test.split("\n\n"))
 
 
+def test_pydoc_corpus_is_shipped_split_and_rebuildable():
+    """The generic-domain corpus: Python reference text, test sections held out, and (on the Python release that
+    made it) rebuilt byte for byte by calibration/make_pydoc_corpus.py."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    train, test = builtin_text("train", "pydoc"), builtin_text("test", "pydoc")
+    assert "assignment" in train and len(test) > 70_000
+    assert not set(train.split("\n\n")) & set(test.split("\n\n"))
+    assert documents("pydoc", "test") == [p for p in test.split("\n\n") if p.strip()]
+    spec = importlib.util.spec_from_file_location("make_pydoc", Path(__file__).parents[1] / "calibration" /
+                                                  "make_pydoc_corpus.py")
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    sections = make.sections()
+    if sys.version_info[:2] == (3, 11):
+        assert "\n\n".join(s for i, s in enumerate(sections) if i % 5 == 4) + "\n" == test
+
+
 def test_windows_are_deterministic_and_shaped():
     tok = shipped_tokenizer()
     a = calibration_windows(tok, "kjv", n=5, seqlen=64, seed=3)

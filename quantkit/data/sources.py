@@ -3,6 +3,8 @@
 A source name is one of:
 
 * ``kjv`` (alias ``builtin``) — the public-domain King James Bible shipped in ``calibration/`` (train/test split);
+* ``pydoc`` — the Python reference topics (English technical prose with code, PSF licence) shipped beside it: a
+  generic, modern-English domain for real pretrained models, whose training text is far from the 1611 Bible;
 * a local file: ``.txt``/``.md`` (paragraphs separated by blank lines), ``.jsonl`` (one JSON object per line),
   ``.json`` (JSON lines or an array of objects), ``.csv`` (with a header row) or ``.parquet``; the last four hold
   records whose text is in one column (``--text-column``, default ``text``); ``.json``/``.csv``/``.parquet`` are
@@ -28,7 +30,8 @@ from pathlib import Path
 from quantkit.errors import QuantkitError
 from quantkit.resources import shipped_dir
 
-BUILTIN_NAMES = ("kjv", "builtin")
+BUILTIN_CORPORA = {"kjv": "kjv", "builtin": "kjv", "pydoc": "pydoc"}  # name -> calibration/{file}-{split}.txt
+BUILTIN_NAMES = tuple(BUILTIN_CORPORA)
 HUB_NAMES = ("wikitext2", "c4", "pile")
 SPLITS = ("train", "test")
 DEFAULT_TEXT_COLUMN = "text"
@@ -42,8 +45,8 @@ _memo: dict[tuple, list[str]] = {}
 
 def known_sources() -> str:
     """The accepted source names, for help texts and errors."""
-    return ("kjv (shipped), wikitext2, c4, pile, a .txt/.jsonl/.json/.csv/.parquet file, or a folder (datasets "
-            "save_to_disk, or train.*/test.* files)")
+    return ("kjv or pydoc (shipped), wikitext2, c4, pile, a .txt/.jsonl/.json/.csv/.parquet file, or a folder "
+            "(datasets save_to_disk, or train.*/test.* files)")
 
 
 def _check_split(split: str) -> None:
@@ -51,10 +54,11 @@ def _check_split(split: str) -> None:
         raise QuantkitError(f"unknown split '{split}'; use train or test")
 
 
-def builtin_text(split: str) -> str:
-    """The shipped KJV corpus split (calibration/kjv-{split}.txt, installed as quantkit.calibration)."""
+def builtin_text(split: str, name: str = "kjv") -> str:
+    """A shipped corpus split (calibration/{kjv,pydoc}-{split}.txt, installed as quantkit.calibration)."""
     _check_split(split)
-    return shipped_dir("quantkit.calibration", "calibration").joinpath(f"kjv-{split}.txt").read_text(encoding="utf-8")
+    folder = shipped_dir("quantkit.calibration", "calibration")
+    return folder.joinpath(f"{BUILTIN_CORPORA[name]}-{split}.txt").read_text(encoding="utf-8")
 
 
 def _not_utf8(path: Path, offset: int, line: int, byte: int) -> QuantkitError:
@@ -328,7 +332,7 @@ def documents(source: str, split: str, text_column: str | None = None) -> list[s
     is the column read from record files and datasets folders."""
     _check_split(split)
     if source in BUILTIN_NAMES:
-        return [p for p in builtin_text(split).split("\n\n") if p.strip()]
+        return [p for p in builtin_text(split, source).split("\n\n") if p.strip()]
     check_source(source, split, text_column)
     if source in HUB_NAMES:
         return _hub_documents(source, split)

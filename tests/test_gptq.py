@@ -208,12 +208,12 @@ def test_row_grids_resolve_plans():
     """A linear's own grid (override) applies to rows at its own bit-width; other bit-widths take bit_specs."""
     cfg = GPTQConfig(bits=4, group_size=128, override=lambda name: (4, 64, False) if name == "a" else None,
                      bit_specs={4: (128, True), 8: (128, True)})
-    assert cfg.row_grids("a", 5, None) == [(None, (4, 64, False))]
-    assert cfg.row_grids("a", 5, torch.full((5,), 4)) == [(None, (4, 64, False))]
-    assert cfg.row_grids("b", 5, torch.full((5,), 3)) == [(None, (3, 128, False))]
+    assert cfg.row_grids("a", 5, None) == [(None, (4, 64, False, False))]
+    assert cfg.row_grids("a", 5, torch.full((5,), 4)) == [(None, (4, 64, False, False))]
+    assert cfg.row_grids("b", 5, torch.full((5,), 3)) == [(None, (3, 128, False, False))]
     (rows4, g4), (rows8, g8) = cfg.row_grids("a", 5, torch.tensor([8, 4, 4, 8, 4]))
-    assert rows4.tolist() == [1, 2, 4] and g4 == (4, 64, False)
-    assert rows8.tolist() == [0, 3] and g8 == (8, 128, True)
+    assert rows4.tolist() == [1, 2, 4] and g4 == (4, 64, False, False)
+    assert rows8.tolist() == [0, 3] and g8 == (8, 128, True, False)
     with pytest.raises(QuantkitError, match="output channels"):
         cfg.row_grids("a", 6, torch.full((5,), 4))
 
@@ -319,3 +319,63 @@ def test_cuda_matches_cpu():
         gpu = gptq_solve(w.cuda(), h.cuda(), [RowSpec(None, 4, 128, False)], act_order=act_order)
         assert gpu.weight.is_cuda and torch.equal(grid.dequantize(gpu.parts[0]), gpu.weight)
         assert (gpu.parts[0].codes.cpu() != cpu.parts[0].codes).float().mean() < 0.005
+
+
+@pytest.mark.parametrize("k,group_size,blocksize", [(200, 128, 128), (300, 128, 50), (256, 64, 128)])
+def test_lqq_grid_matches_the_plain_sweep(k, group_size, blocksize):
+    """GPTQ on the LiquidQuant grid against a plain column-by-column sweep: s_c from the original weights, each
+    group's second level fitted to the weights as they stand when the sweep reaches it."""
+    from quantkit.quant import lqq
+    from quantkit.quant.clip import _weight_error
+
+    x = correlated_inputs(400, k, seed=k)
+    w = torch.randn(9, k, generator=torch.Generator().manual_seed(2)) * 0.02
+    w[:, 4] *= 10
+    h = hessian_of(x).float()
+    s_c = lqq.lqq_search(w, group_size).channel_scales
+    u, _ = damped_inverse_cholesky(h, 0.01)
+    ref, cur = torch.zeros_like(w), w.clone()
+    for j in range(k):
+        if j % group_size == 0:
+            xg = (cur[:, j:j + group_size] / s_c[:, None]).unsqueeze(1)
+            m, s, q_max, _ = lqq.lqq_search_groups(xg.clamp(-119, 119), _weight_error, target=xg)
+            m, s, q_max = m[:, 0], s[:, 0], q_max[:, 0]
+        q = lqq.lqq_codes((cur[:, j] / s_c)[:, None], m, s, q_max)[:, 0]
+        ref[:, j] = (q * s + m) * s_c
+        e = (cur[:, j] - ref[:, j]) / u[j, j]
+        cur[:, j + 1:] -= e[:, None] * u[j, j + 1:][None, :]
+    res = gptq_solve(w, h, [RowSpec(None, 4, group_size, lqq=True)], blocksize=blocksize)
+    qw = res.parts[0]
+    assert torch.equal(grid.dequantize(qw), res.weight)  # what GPTQ compensated is what the kernel reads
+    assert qw.channel_scales is not None and qw.meta["grid"] == "lqq"
+    gi = qw.group_index()
+    assert int((qw.codes.long() * qw.scales.long()[:, gi] + qw.zeros.long()[:, gi]).max()) <= 255
+    assert (res.weight != ref).float().mean() < 0.01
+    step = float((s_c * 16).max())
+    torch.testing.assert_close(res.weight, ref, rtol=0, atol=step)  # a flip is one step
+
+
+def test_lqq_grid_beats_rtn_lqq_and_mixes_with_8bit_rows():
+    from quantkit.quant import lqq
+
+    k = 256
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(33, k, generator=gen) * 0.02
+    x = correlated_inputs(8 * k, k, seed=k)
+    held_out = correlated_inputs(8 * k, k, seed=k, sample_seed=k + 1)
+    h = hessian_of(x).float()
+
+    def err(wq):
+        return float(((held_out @ (w - wq).T) ** 2).mean())
+
+    res = gptq_solve(w, h, [RowSpec(None, 4, 128, lqq=True)])
+    assert err(res.weight) < 0.85 * err(grid.dequantize(lqq.lqq_search(w, 128)))
+    rows8, rows4 = torch.tensor([0, 7, 20]), torch.tensor([r for r in range(33) if r not in (0, 7, 20)])
+    mixed = gptq_solve(w, h, [RowSpec(rows4, 4, 128, lqq=True), RowSpec(rows8, 8, 128, sym=True)])
+    assert torch.equal(grid.dequantize(mixed.parts[0]), mixed.weight[rows4])
+    assert torch.equal(grid.dequantize(mixed.parts[1]), mixed.weight[rows8])
+    assert mixed.parts[1].channel_scales is None and mixed.parts[1].bits == 8
+    with pytest.raises(QuantkitError, match="static_groups"):
+        gptq_solve(w, h, [RowSpec(None, 4, 128, lqq=True)], act_order=True)
+    static = gptq_solve(w, h, [RowSpec(None, 4, 128, lqq=True)], act_order=True, static_groups=True)
+    assert torch.equal(grid.dequantize(static.parts[0]), static.weight)

@@ -119,3 +119,81 @@ def test_error_close_to_plain_4bit_asym_g128():
     e_rtn = float((grid.dequantize(grid.quantize(w, 4, 128, False)) - w).pow(2).mean())
     print(f"MSE lqq g128 {e_lqq:.4e}  rtn 4-bit asym g128 {e_rtn:.4e}  ratio {e_lqq / e_rtn:.3f}")
     assert e_lqq < 1.25 * e_rtn
+
+
+def _plain_fit(x: list[float], ratio: float, minus: int) -> tuple[int, int, int, list[int]]:
+    """lqq_fit_groups + lqq_codes for one group, element by element in float32 (module docstring's rule)."""
+    lo = F32(min(min(x), 0.0)) * F32(ratio)
+    hi = F32(max(max(x), 0.0)) * F32(ratio)
+    m = int(min(max(np.round(lo), -119), 119))
+    s = int(min(max(math.ceil(F32(F32(hi) - F32(m)) / F32(15)) - minus, 1), 16))
+    q_max = min(15, (127 - m) // s)
+    codes = [int(min(max(np.round(F32(F32(v) - F32(m)) / F32(s)), 0), q_max)) for v in x]
+    return m, s, q_max, codes
+
+
+@pytest.mark.parametrize("ratio,minus", [(1.0, 0), (1.0, 1), (0.79, 0), (0.7, 1)])
+def test_fit_groups_matches_plain_loop(ratio, minus):
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(9, 37, generator=g) * 40).clamp(-119, 119)
+    x[0] = x[0].abs()  # a group with no negative value: m = 0
+    m, s, q_max = lqq.lqq_fit_groups(x, ratio, minus)
+    q = lqq.lqq_codes(x, m, s, q_max)
+    for r in range(x.shape[0]):
+        pm, ps, pq, pc = _plain_fit(x[r].tolist(), ratio, minus)
+        assert (int(m[r]), int(s[r]), int(q_max[r])) == (pm, ps, pq)
+        assert q[r].long().tolist() == pc
+
+
+@pytest.mark.parametrize("n,k,group_size", [(1, 128, 128), (7, 300, 128), (33, 256, 64), (5, 96, -1),
+                                            (3, 640, 256)])
+@pytest.mark.parametrize("with_inputs", [False, True])
+def test_search_stays_in_the_kernel_format(n, k, group_size, with_inputs):
+    """Every searched group keeps Q_u4·s_u8 + a <= 255 and s_u8 in 1..16, the packer accepts and round-trips it
+    bit for bit, and its error is no larger than the paper's rule (the rule's candidate is in the search)."""
+    from quantkit.formats import w4a8_lqq
+
+    g = torch.Generator().manual_seed(n * k)
+    w = torch.randn(n, k, generator=g) * 0.02
+    w[:, 3] *= 25  # an input column with outlier weights
+    x = torch.randn(64, k, generator=g) if with_inputs else None
+    qw = lqq.lqq_search(w, group_size, inputs=x)
+    gi = qw.group_index()
+    lane = qw.codes.long() * qw.scales.long()[:, gi] + qw.zeros.long()[:, gi]
+    assert int(lane.max()) <= 255 and int(qw.codes.max()) <= 15
+    assert torch.equal(qw.scales, qw.scales.round()) and 1 <= float(qw.scales.min()) <= float(qw.scales.max()) <= 16
+    if group_size % 128 == 0:  # the kernels' groups
+        assert w4a8_lqq.supports(qw) is None
+        back = w4a8_lqq.unpack(w4a8_lqq.pack(qw), w4a8_lqq.layout_meta(qw))
+        assert torch.equal(grid.dequantize(back), grid.dequantize(qw))
+    d_search = w - grid.dequantize(qw)
+    d_rule = w - grid.dequantize(lqq.lqq_quantize(w, group_size))
+    if with_inputs:
+        assert float((d_search @ x.T).pow(2).sum()) <= float((d_rule @ x.T).pow(2).sum()) * 1.0001
+    else:
+        assert float(d_search.pow(2).sum()) <= float(d_rule.pow(2).sum()) * 1.0001
+
+
+def test_search_picks_the_best_candidate():
+    """Brute force over the same candidates, one group at a time: the search keeps the lowest-error one."""
+    g = torch.Generator().manual_seed(11)
+    w = torch.randn(4, 64, generator=g) * 0.05
+    w[1, 7] = 0.9  # saturates under a first-level shrink
+    qw = lqq.lqq_search(w, 32, channel_ratios=(1.0, 0.9), grid_steps=4, max_shrink=0.2)
+    err = (w - grid.dequantize(qw)).pow(2).sum(1)
+    for r in range(4):
+        best = math.inf
+        for cr in (1.0, 0.9):
+            s_c = lqq.lqq_channel_scales(w[r:r + 1], cr)
+            total = 0.0
+            for gi in range(2):
+                x = w[r:r + 1, gi * 32:(gi + 1) * 32] / s_c
+                group_best = math.inf
+                for ratio in torch.linspace(1.0, 0.8, 5).tolist():
+                    for minus in (0, 1):
+                        m, s, q_max = lqq.lqq_fit_groups(x.clamp(-119, 119), torch.tensor(ratio).float(), minus)
+                        dq = (lqq.lqq_codes(x.clamp(-119, 119), m, s, q_max) * s + m) * s_c
+                        group_best = min(group_best, float((w[r:r + 1, gi * 32:(gi + 1) * 32] - dq).pow(2).sum()))
+                total += group_best
+            best = min(best, total)
+        assert float(err[r]) == pytest.approx(best, rel=1e-5)

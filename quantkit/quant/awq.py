@@ -283,9 +283,9 @@ def _round_linear(name: str, weight: torch.Tensor, grids: RowGrids, inputs: list
     parts = []
     for rows, spec in grids:
         w = weight if rows is None else weight[rows.to(weight.device)]
-        ratios = search_clip(w, *spec, inputs=inputs, grid=config.clip_grid, max_shrink=config.clip_max_shrink,
+        ratios = search_clip(w, *spec.affine, inputs=inputs, grid=config.clip_grid, max_shrink=config.clip_max_shrink,
                              n_tokens=config.clip_n_tokens) if clip else 1.0
-        qw = grid.quantize(w, *spec, clip=ratios)
+        qw = grid.quantize(w, *spec.affine, clip=ratios)
         qw.meta = dict(meta)
         parts.append((rows, qw))
     if parts[0][0] is None:

@@ -10,6 +10,13 @@ are then* (already error-compensated), like the paper's g128 results; ``static_g
 group up front on the original column order (GPTQ's static-groups option for act-order). Rows never interact
 in GPTQ (H is shared, the update of row n depends only on row n's errors), so an output-channel partition with
 several bit-widths (MixLLM Sec. 3.4) runs as one sweep in which each row uses its own grid.
+
+A RowSpec with ``lqq`` quantizes its rows on LiquidQuant's two-level grid (LiquidGEMM Sec. 4): the per-channel
+first-level scale s_c is fixed up front (:func:`quantkit.quant.lqq.lqq_search` on the original weights), and at
+each group's first column the integer second level (offset m, s_u8, code ceiling) is fitted to the compensated
+weights divided by s_c (:func:`quantkit.quant.lqq.lqq_search_groups`, weight MSE). Each column is then coded
+q = clamp(round((w / s_c - m) / s_u8), 0, q_max) and dequantized as (q · s_u8 + m) · s_c, exactly the kernels'
+Eq. 12 followed by the epilogue's s_c, so GPTQ compensates the error of the grid the kernel really reads.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from quantkit.model.layerwise import LayerBatch, layer_output
 from quantkit.model.memory import fits
 from quantkit.model.replay import BlockReplay, record_bytes
 from quantkit.quant import grid
-from quantkit.quant.clip import sample_tokens, search_clip
+from quantkit.quant import lqq
+from quantkit.quant.clip import _weight_error, sample_tokens, search_clip
 from quantkit.quant.hessian import HessianAccumulator, damped_inverse_cholesky
 from quantkit.quant.layerquant import LayerQuantConfig, check_row_bits, linear_input, pre_hooks, write_weight
 from quantkit.quant.records import Partition, PartitionedWeight, QuantizedWeight
@@ -33,13 +41,15 @@ from quantkit.quant.records import Partition, PartitionedWeight, QuantizedWeight
 @dataclass
 class RowSpec:
     """Rows of a weight quantized on one grid. ``rows`` None = all rows; ``clip`` a float or [n_rows, G]
-    per-group range ratios (:func:`quantkit.quant.clip.search_clip`)."""
+    per-group range ratios (:func:`quantkit.quant.clip.search_clip`); ``lqq`` the LiquidQuant two-level 4-bit
+    grid (module docstring; ``sym`` and ``clip`` do not apply to it)."""
 
     rows: torch.Tensor | None
     bits: int
     group_size: int = 128
     sym: bool = False
     clip: torch.Tensor | float | None = None
+    lqq: bool = False
 
 
 @dataclass
@@ -58,8 +68,10 @@ class GPTQResult:
 class _RowGrid:
     """Sweep state of one RowSpec: its rows, grid, per-group scales/zeros as they get fixed."""
 
-    def __init__(self, spec: RowSpec, n: int, k: int, device: torch.device):
+    def __init__(self, spec: RowSpec, n: int, k: int, device: torch.device, weight: torch.Tensor):
         grid.check_bits(spec.bits)
+        if spec.lqq and spec.bits != 4:
+            raise ValueError(f"the LiquidQuant grid is 4-bit, got bits={spec.bits}")
         self.spec = spec
         self.rows = slice(None) if spec.rows is None else spec.rows.to(device=device, dtype=torch.long)
         self.n_rows = n if spec.rows is None else int(spec.rows.numel())
@@ -72,9 +84,19 @@ class _RowGrid:
             raise ValueError(f"clip has shape {tuple(self.clip.shape)}, expected {(self.n_rows, self.ng)}")
         self.scales = torch.zeros(self.n_rows, self.ng, dtype=torch.float32, device=device)
         self.zeros = torch.zeros(self.n_rows, self.ng, dtype=torch.float32, device=device)
+        self.channel_scales = self.q_max = None
+        if spec.lqq:  # scales = s_u8, zeros = the offset m, per group; s_c per row, fixed up front
+            self.channel_scales = lqq.lqq_search(weight[self.rows], spec.group_size).channel_scales.to(device)
+            self.q_max = torch.zeros(self.n_rows, self.ng, dtype=torch.float32, device=device)
 
     def fix_group(self, g: int, w: torch.Tensor) -> None:
-        """Scale/zero of group ``g`` from its weights ``w`` [n_rows, cols] (grid.group_params, clip of g)."""
+        """Grid of group ``g`` from its weights ``w`` [n_rows, cols]: scale/zero (grid.group_params, clip of g),
+        or LiquidQuant's s_u8, offset and code ceiling fitted to w / s_c (lqq.lqq_search_groups)."""
+        if self.spec.lqq:
+            x = (w.float() / self.channel_scales.unsqueeze(1)).unsqueeze(1)  # [rows, 1, cols]
+            m, s, q_max, _ = lqq.lqq_search_groups(x.clamp(-lqq.PROTECT, lqq.PROTECT), _weight_error, target=x)
+            self.zeros[:, g], self.scales[:, g], self.q_max[:, g] = m[:, 0], s[:, 0], q_max[:, 0]
+            return
         s, z = grid.group_params(w, self.spec.bits, self.spec.sym, self.clip[:, g])
         self.scales[:, g] = s
         self.zeros[:, g] = z
@@ -111,12 +133,15 @@ def gptq_solve(weight: torch.Tensor, hessian: torch.Tensor, specs: list[RowSpec]
                                                for s in specs):
         raise QuantkitError("GPTQ clip ratios are per consecutive column group, but act_order without "
                             "static_groups regroups the columns; set static_groups=True to use clipping")
+    if act_order and not static_groups and any(s.lqq for s in specs):
+        raise QuantkitError("the LiquidQuant grid needs consecutive column groups, but act_order without "
+                            "static_groups regroups the columns; set static_groups=True or turn act_order off")
     w = weight.detach().to(dtype=torch.float32).clone()
     h = hessian.detach().to(device=dev, dtype=torch.float32).clone()
     dead = h.diagonal() == 0
     h.diagonal()[dead] = 1.0
     w[:, dead] = 0.0
-    grids = [_RowGrid(s, n, k, dev) for s in specs]
+    grids = [_RowGrid(s, n, k, dev, w) for s in specs]
 
     if static_groups:
         for rg in grids:
@@ -139,6 +164,14 @@ def gptq_solve(weight: torch.Tensor, hessian: torch.Tensor, specs: list[RowSpec]
     for rg in grids:
         lo[rg.rows] = 1.0 if rg.spec.sym else 0.0  # sym codes stay in [1, 2^b - 1] (records.py)
         hi[rg.rows] = float(2 ** rg.spec.bits - 1)
+    lqq_rows = None  # LiquidQuant rows: mask, and s_c per row (scale/zero/hi then hold s_u8, m, q_max)
+    if any(rg.spec.lqq for rg in grids):
+        lqq_rows = torch.zeros(n, dtype=torch.bool, device=dev)
+        s_c = torch.ones(n, dtype=torch.float32, device=dev)
+        for rg in grids:
+            if rg.spec.lqq:
+                lqq_rows[rg.rows] = True
+                s_c[rg.rows] = rg.channel_scales
     loss = torch.zeros((), dtype=torch.float64, device=dev)
 
     for i1 in range(0, k, blocksize):
@@ -158,9 +191,15 @@ def gptq_solve(weight: torch.Tensor, hessian: torch.Tensor, specs: list[RowSpec]
                     continue
                 scale[rg.rows] = rg.scales[:, g]
                 zero[rg.rows] = rg.zeros[:, g]
+                if rg.spec.lqq:
+                    hi[rg.rows] = rg.q_max[:, g]
             col = w1[:, i]
             q = torch.minimum(torch.maximum(torch.round(col / scale) + zero, lo), hi)
             dq = (q - zero) * scale
+            if lqq_rows is not None:
+                q_l = torch.minimum(torch.round((col / s_c - zero) / scale).clamp_(min=0), hi)
+                q = torch.where(lqq_rows, q_l, q)
+                dq = torch.where(lqq_rows, (q_l * scale + zero) * s_c, dq)
             codes[:, j] = q
             decided[:, j] = dq
             e = (col - dq) / u1[i, i]
@@ -180,6 +219,10 @@ def gptq_solve(weight: torch.Tensor, hessian: torch.Tensor, specs: list[RowSpec]
             g_idx = None
         meta = {"method": "gptq", "act_order": act_order, "static_groups": static_groups,
                 "percdamp": damp_used, "blocksize": blocksize}
+        if rg.spec.lqq:
+            parts.append(lqq.lqq_record(codes[rg.rows], rg.zeros, rg.scales, rg.channel_scales,
+                                        rg.spec.group_size, {**meta, "grid": "lqq"}))
+            continue
         parts.append(QuantizedWeight(codes=codes[rg.rows], scales=rg.scales,
                                      zeros=rg.zeros.to(torch.uint8), bits=rg.spec.bits,
                                      group_size=rg.spec.group_size, sym=rg.spec.sym, g_idx=g_idx, meta=meta))
@@ -378,11 +421,11 @@ def _row_specs(name: str, linear: nn.Linear, bits_of_rows: torch.Tensor | None, 
     specs = []
     for rows, spec in config.row_grids(name, linear.out_features, bits_of_rows):
         clip = None
-        if config.clip:
+        if config.clip and not spec.lqq:  # the LiquidQuant grid searches its own fit at each group
             w = linear.weight if rows is None else linear.weight[rows.to(linear.weight.device)]
             clip = search_clip(w, spec.bits, spec.group_size, spec.sym, inputs=samples, grid=config.clip_grid,
                                max_shrink=config.clip_max_shrink, n_tokens=config.clip_n_tokens)
-        specs.append(RowSpec(rows, spec.bits, spec.group_size, spec.sym, clip))
+        specs.append(RowSpec(rows, spec.bits, spec.group_size, spec.sym, clip, spec.lqq))
     return specs
 
 

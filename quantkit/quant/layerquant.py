@@ -22,11 +22,18 @@ from quantkit.quant.partition import split_rows
 
 
 class QuantSpec(NamedTuple):
-    """The grid of one linear or one output-channel partition (records.py conventions)."""
+    """The grid of one linear or one output-channel partition (records.py conventions); ``lqq`` the LiquidQuant
+    two-level 4-bit grid (:mod:`quantkit.quant.lqq`) instead of the one-level affine grid."""
 
     bits: int
     group_size: int
     sym: bool
+    lqq: bool = False
+
+    @property
+    def affine(self) -> tuple[int, int, bool]:
+        """(bits, group_size, sym): the arguments of the affine grid functions (grid.quantize, search_clip)."""
+        return self.bits, self.group_size, self.sym
 
 
 # name of a linear -> (bits, group_size, sym) for it, or None to keep the config's defaults
@@ -47,13 +54,15 @@ def check_spec(bits: int, group_size: int, where: str) -> None:
 class LayerQuantConfig:
     """Default grid of every linear, an optional per-linear ``override`` (e.g. a recipe's pattern overrides) and
     ``bit_specs``: bit-width → (group_size, sym) for the output-channel partitions a MixLLM plan assigns
-    (MixLLM Sec. 4.1: 4-bit asymmetric g128, 8-bit symmetric g128)."""
+    (MixLLM Sec. 4.1: 4-bit asymmetric g128, 8-bit symmetric g128). ``lqq`` puts every 4-bit grid on
+    LiquidQuant's two-level grid (GPTQ only)."""
 
     bits: int = 4
     group_size: int = 128
     sym: bool = False
     override: Override | None = None
     bit_specs: dict[int, tuple[int, bool]] = field(default_factory=dict)
+    lqq: bool = False
 
     def __post_init__(self) -> None:
         check_spec(self.bits, self.group_size, type(self).__name__)
@@ -63,9 +72,9 @@ class LayerQuantConfig:
     def spec(self, name: str) -> QuantSpec:
         """The grid of linear ``name``: the override's answer, or the defaults."""
         got = self.override(name) if self.override is not None else None
-        spec = QuantSpec(self.bits, self.group_size, self.sym) if got is None else QuantSpec(*got)
-        check_spec(spec.bits, spec.group_size, f"override for {name}:")
-        return spec
+        bits, group_size, sym = (self.bits, self.group_size, self.sym) if got is None else got
+        check_spec(bits, group_size, f"override for {name}:")
+        return QuantSpec(bits, group_size, sym, self.lqq and bits == 4)
 
     def partition_spec(self, name: str, bits: int) -> QuantSpec:
         """The grid of the rows of ``name`` that a plan assigns ``bits``: the linear's own grid at its own
@@ -75,7 +84,7 @@ class LayerQuantConfig:
             return base
         gs, sym = self.bit_specs.get(int(bits), (base.group_size, base.sym))
         check_spec(int(bits), gs, f"partition of {name}:")
-        return QuantSpec(int(bits), gs, sym)
+        return QuantSpec(int(bits), gs, sym, self.lqq and int(bits) == 4)
 
     def row_grids(self, name: str, out_features: int, bits_of_rows: torch.Tensor | None) -> RowGrids:
         """The grids of linear ``name``: [(None, its grid)] without a plan, else one (sorted rows, grid) per
@@ -109,11 +118,11 @@ class LayerQuantConfig:
 def fake_quantize_rows(weight: torch.Tensor, grids: RowGrids) -> torch.Tensor:
     """Quantize → dequantize ``weight`` [N, K] (float32) with each row subset on its own grid (RTN)."""
     if len(grids) == 1 and grids[0][0] is None:
-        return grid.fake_quantize(weight.float(), *grids[0][1])
+        return grid.fake_quantize(weight.float(), *grids[0][1].affine)
     out = torch.empty(weight.shape, dtype=torch.float32, device=weight.device)
     for rows, spec in grids:
         rows = rows.to(weight.device)
-        out[rows] = grid.fake_quantize(weight[rows].float(), *spec)
+        out[rows] = grid.fake_quantize(weight[rows].float(), *spec.affine)
     return out
 
 

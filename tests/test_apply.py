@@ -60,3 +60,19 @@ def test_calibration_inputs_take_explicit_options_literally():
     rec = load_recipe("gptq-w4a16-g128")
     with pytest.raises(QuantkitError, match="--calib-samples must be at least 1, got 0"):
         calibration_inputs(None, rec, None, samples=0)
+
+
+@pytest.mark.parametrize("weight", [{"method": "gptq", "grid": "lqq"}, {"method": "lqq", "clip": True}])
+def test_lqq_grid_recipes_write_what_the_kernel_reads(weight):
+    """GPTQ on the LiquidQuant grid and the searched LiquidQuant fit give two-level records (the w4a8-lqq layout)
+    whose dequantization is exactly the weights written into the model; SmoothQuant folds run first."""
+    from quantkit.checkpoint.choose import kernel_layout
+
+    model = build_tiny_model("llama", seed=5, vocab_size=len(shipped_tokenizer()))
+    recipe = parse_recipe({"weight": weight, "activation": {"bits": 8, "group_size": -1, "smooth": 0.5},
+                           "calibration": {"samples": 4, "seqlen": 32}})
+    norm_before = model.model.layers[0].input_layernorm.weight.clone()
+    res = quantize_model(model, shipped_tokenizer(), recipe, device="cpu")
+    _check_written(model, res)
+    assert all(kernel_layout(r) == "w4a8-lqq" for r in res.weights.values())
+    assert not torch.equal(model.model.layers[0].input_layernorm.weight, norm_before)  # smoothing folded

@@ -53,6 +53,11 @@ def test_overrides_by_pattern(tmp_path):
     ({"weight": {"method": "rtn"}, "calibration": {"seqlen": 1}}, "calibration.seqlen"),
     ({"weight": {"method": "awq", "search_tokens": 0}}, "weight.search_tokens"),
     ({"weight": {"method": "awq", "search_tokens": "all"}}, "weight.search_tokens"),
+    ({"weight": {"method": "gptq", "grid": "nf4"}}, "weight.grid"),
+    ({"weight": {"method": "awq", "grid": "lqq"}}, "weight.grid: lqq"),
+    ({"weight": {"method": "gptq", "grid": "lqq", "bits": 3}}, "weight.bits"),
+    ({"weight": {"method": "rtn", "bits": 8}, "activation": {"bits": 8, "smooth": -0.1}}, "activation.smooth"),
+    ({"weight": {"method": "rtn", "bits": 8}, "activation": {"bits": 8, "smooth": "yes"}}, "activation.smooth"),
 ])
 def test_malformed_recipe_names_the_field(data, field):
     with pytest.raises(QuantkitError, match=f"'{field}'".replace("[", r"\[").replace("]", r"\]")):
@@ -96,3 +101,17 @@ def test_awq_search_tokens_reach_the_layer_config():
     assert rec.weight.search_tokens == 16384 == _layer_config(rec, "awq").search_tokens
     every = parse_recipe({"weight": {"method": "awq", "search_tokens": None}}, "t.yaml")
     assert _layer_config(every, "awq").search_tokens is None
+
+
+def test_lqq_grid_resolves_per_bit_width():
+    """A plan's 8-bit rows of a LiquidQuant recipe fall back to the affine grid; the GPTQ config carries it."""
+    from quantkit.quant.apply import _layer_config
+
+    rec = parse_recipe({"weight": {"method": "gptq", "grid": "lqq"}, "bit_specs": {8: {"sym": True,
+                                                                                       "group_size": -1}}})
+    assert rec.spec_for("x").grid == "lqq" and rec.spec_for("x", 8).grid == "affine"
+    assert rec.spec_for("x", 8).method == "gptq"
+    config = _layer_config(rec, "gptq")
+    assert config.lqq and config.partition_spec("x", 4).lqq and not config.partition_spec("x", 8).lqq
+    plain = parse_recipe({"weight": {"method": "lqq"}})
+    assert plain.spec_for("x").grid == "lqq" and plain.spec_for("x", 8).method == "rtn"

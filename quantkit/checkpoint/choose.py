@@ -58,7 +58,7 @@ def check_recipe_export(recipe: Recipe, export: str, plan_is_mixed: bool) -> Non
     w = recipe.weight
     if recipe.activation.enabled:
         raise _refuse(export, recipe, f"it quantizes activations to {recipe.activation.bits} bits")
-    if w.method == "lqq":
+    if w.method == "lqq" or w.grid == "lqq":
         raise _refuse(export, recipe, "LiquidQuant two-level weights")
     if plan_is_mixed:
         raise _refuse(export, recipe, "the plan mixes bit-widths across output channels")

@@ -56,13 +56,13 @@ def _row_bits_for(plan, name: str, linear: nn.Linear, default_bits: int) -> torc
 
 def _rows_quantizer(recipe: Recipe, name: str, inputs=None):
     """quantize_rows(sub_weight, bits) for RTN / LiquidQuant partitions of linear ``name``."""
-    from quantkit.quant.lqq import lqq_quantize
+    from quantkit.quant.lqq import lqq_quantize, lqq_search
     from quantkit.quant.rtn import rtn_quantize
 
     def quantize_rows(w: torch.Tensor, bits: int):
         spec = recipe.spec_for(name, bits)
         if spec.method == "lqq":
-            return lqq_quantize(w, spec.group_size)
+            return lqq_search(w, spec.group_size, inputs=inputs) if spec.clip else lqq_quantize(w, spec.group_size)
         if spec.clip:
             return rtn_quantize(w, spec.bits, spec.group_size, spec.sym, clip=True, inputs=inputs)
         return rtn_quantize(w, spec.bits, spec.group_size, spec.sym)
@@ -87,7 +87,8 @@ def _layer_config(recipe: Recipe, method: str):
         from quantkit.quant.gptq import GPTQConfig
 
         return GPTQConfig(**common, act_order=w.act_order, static_groups=w.static_groups, percdamp=w.damp,
-                          blocksize=w.block_size, true_sequential=w.true_sequential, clip=w.clip)
+                          blocksize=w.block_size, true_sequential=w.true_sequential, clip=w.clip,
+                          lqq=w.grid == "lqq")
     from quantkit.quant.awq import AWQConfig
 
     return AWQConfig(**common, clip=w.clip, search_tokens=w.search_tokens)
@@ -177,6 +178,10 @@ def _quantize_layerwise(model, recipe, plan, targets, ids, device, method, progr
     config = _layer_config(recipe, method) if method in ("gptq", "awq") else None
 
     def on_layer(i, prefix, layer, batches):
+        if recipe.activation.smooth is not None:
+            from quantkit.quant.smooth import smooth_layer
+
+            smooth_layer(layer, batches, recipe.activation.smooth)
         names = {n: lin for n, lin in targets.items() if n.startswith(prefix + ".")}
         layer_records: dict[str, WeightRecord] = {}
         outputs = _quantize_one_layer(layer, batches, names, layer_records)

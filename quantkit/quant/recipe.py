@@ -5,11 +5,12 @@ Schema (every field optional except ``weight.method``; unknown fields are errors
     name: mixllm-w4a8
     description: free text
     weight:
-      method: gptq            # rtn | gptq | awq | lqq
+      method: gptq            # rtn | gptq | awq | lqq (RTN on the LiquidQuant grid)
+      grid: affine            # affine | lqq: LiquidQuant's two-level 4-bit grid (with method gptq or lqq)
       bits: 4                 # default bit-width (2..8)
       group_size: 128         # 32 | 64 | 128 | ... | -1 (per-channel)
       sym: false
-      clip: true              # clipping search (AWQ/MixLLM)
+      clip: true              # clipping search (AWQ/MixLLM); with method lqq the searched two-level fit
       act_order: false        # GPTQ desc_act
       static_groups: true     # GPTQ act-order with groups fixed on the original column order
       damp: 0.01              # GPTQ dampening, fraction of mean diag(H)
@@ -22,6 +23,7 @@ Schema (every field optional except ``weight.method``; unknown fields are errors
       bits: 8                 # 16 (or null) = no activation quantization
       group_size: 128         # -1 = per-token
       sym: true
+      smooth: 0.5             # SmoothQuant migration strength α folded into norms/linears (null: off)
     overrides:                # per-layer, by fnmatch pattern on the linear's name; later entries win
       - {pattern: "*.down_proj", bits: 8}
       - {pattern: "model.layers.0.*", skip: true}
@@ -44,6 +46,7 @@ from quantkit.errors import QuantkitError
 from quantkit.resources import shipped_dir
 
 METHODS = ("rtn", "gptq", "awq", "lqq")
+GRIDS = ("affine", "lqq")  # one-level group-wise affine, or LiquidQuant's two-level 4-bit grid
 
 
 @dataclass
@@ -59,6 +62,7 @@ class WeightSpec:
     block_size: int = 128
     true_sequential: bool = True
     search_tokens: int | None = None
+    grid: str = "affine"
 
 
 @dataclass
@@ -66,6 +70,7 @@ class ActSpec:
     bits: int | None = None
     group_size: int = 128
     sym: bool = True
+    smooth: float | None = None  # SmoothQuant migration strength α (quantkit.quant.smooth); None = off
 
     @property
     def enabled(self) -> bool:
@@ -105,6 +110,7 @@ class LinearSpec:
     sym: bool
     clip: bool
     skip: bool = False
+    grid: str = "affine"
 
 
 @dataclass
@@ -128,10 +134,11 @@ class Recipe:
 
     @property
     def uses_calibration(self) -> bool:
-        """Whether quantizing needs calibration inputs: GPTQ and AWQ (layer inputs), and the clipping search of any
-        method (the clipped grid is chosen on the layer's outputs); RTN and LiquidQuant without clipping quantize
-        each weight on its own."""
-        return self.weight.method in ("gptq", "awq") or bool(self.weight.clip)
+        """Whether quantizing needs calibration inputs: GPTQ and AWQ (layer inputs), the clipping search of any
+        method (the clipped grid is chosen on the layer's outputs) and SmoothQuant (activation maxima); RTN and
+        LiquidQuant without clipping quantize each weight on its own."""
+        return (self.weight.method in ("gptq", "awq") or bool(self.weight.clip)
+                or self.activation.smooth is not None)
 
     def spec_for(self, name: str, bits: int | None = None) -> LinearSpec:
         """The quantizer for linear ``name``; ``bits`` (from a plan) picks that bit-width's spec.
@@ -139,7 +146,8 @@ class Recipe:
         Resolution order: recipe weight defaults → ``bit_specs`` of the bit-width → matching overrides.
         """
         w = self.weight
-        spec = LinearSpec(w.method, w.bits, w.group_size, w.sym, w.clip)
+        spec = LinearSpec(w.method, w.bits, w.group_size, w.sym, w.clip,
+                          grid="lqq" if w.method == "lqq" else w.grid)
         for o in self.overrides:
             if fnmatch.fnmatchcase(name, o.pattern):
                 spec.bits = o.bits if o.bits is not None else spec.bits
@@ -152,8 +160,10 @@ class Recipe:
         if bs is not None:
             spec.sym = bs.sym if bs.sym is not None else spec.sym
             spec.group_size = bs.group_size if bs.group_size is not None else spec.group_size
-        if spec.method == "lqq" and spec.bits != 4:
-            spec.method = "rtn"  # LQQ is a 4-bit scheme; a plan's 8-bit partitions use the plain sym-8 grid
+        if spec.grid == "lqq" and spec.bits != 4:  # LQQ is a 4-bit scheme; other partitions use the affine grid
+            spec.grid = "affine"
+            if spec.method == "lqq":
+                spec.method = "rtn"
         return spec
 
     def to_dict(self) -> dict:
@@ -235,12 +245,25 @@ def parse_recipe(data: dict, source: str = "") -> Recipe:
                             f"token), got {weight.search_tokens}")
     if not 0 <= weight.damp < 1:
         raise QuantkitError(f"recipe field 'weight.damp' must be in [0, 1), got {weight.damp}")
-    if weight.method == "lqq" and (weight.bits != 4 or weight.sym):
-        raise QuantkitError("recipe field 'weight.bits' must be 4 and 'weight.sym' false for method lqq "
+    if weight.grid not in GRIDS:
+        raise QuantkitError(f"recipe field 'weight.grid' is '{weight.grid}'; use one of {', '.join(GRIDS)}")
+    if weight.grid == "lqq" and weight.method not in ("gptq", "lqq"):
+        raise QuantkitError(f"recipe field 'weight.grid: lqq' works with method gptq (or method lqq, which implies "
+                            f"it), not {weight.method}")
+    if (weight.method == "lqq" or weight.grid == "lqq") and (weight.bits != 4 or weight.sym):
+        raise QuantkitError("recipe fields 'weight.bits' must be 4 and 'weight.sym' false for the LiquidQuant grid "
                             "(LiquidQuant is UINT4 over INT8)")
     act = _build(ActSpec, data.get("activation"), "activation")
     _check_bits(act.bits, "activation.bits", allow_16=True)
     _check_group(act.group_size, "activation.group_size")
+    if act.smooth is not None:
+        if isinstance(act.smooth, bool) or not isinstance(act.smooth, (int, float)) or not 0 <= act.smooth <= 1:
+            raise QuantkitError(f"recipe field 'activation.smooth' is SmoothQuant's alpha in [0, 1] (e.g. 0.5), "
+                                f"got {act.smooth!r}")
+        if not act.enabled:
+            raise QuantkitError("recipe field 'activation.smooth' needs quantized activations (activation.bits "
+                                "8); drop it for weight-only recipes")
+        act.smooth = float(act.smooth)
     calib = _build(CalibSpec, data.get("calibration"), "calibration")
     if calib.samples < 1 or calib.seqlen < 2:
         raise QuantkitError(f"recipe fields 'calibration.samples' (≥ 1) and 'calibration.seqlen' (≥ 2 tokens) are out "

@@ -36,12 +36,19 @@ class SearchOptions:
 
 def salience_quantizer(recipe, bits: int) -> Quantizer:
     """c_q of Eq. 4: RTN at ``bits`` with the recipe's spec for that width (MixLLM Sec. 4.1: 4-bit asym g128),
-    with the recipe's clipping search on weight MSE (no activations exist in this pass)."""
+    with the recipe's clipping search on weight MSE (no activations exist in this pass); on a LiquidQuant grid
+    the recipe's two-level grid: the paper's rule for plain ``lqq``, else the searched fit
+    (:func:`quantkit.quant.lqq.lqq_search`, weight MSE)."""
     from quantkit.quant.grid import dequantize
+    from quantkit.quant.lqq import lqq_quantize, lqq_search
     from quantkit.quant.rtn import rtn_quantize
 
     def quantize(name: str, w: torch.Tensor) -> torch.Tensor:
         spec = recipe.spec_for(name, bits)
+        if spec.grid == "lqq":
+            plain = spec.method == "lqq" and not spec.clip
+            qw = lqq_quantize(w, spec.group_size) if plain else lqq_search(w, spec.group_size)
+            return dequantize(qw, torch.float32)
         return dequantize(rtn_quantize(w, spec.bits, spec.group_size, spec.sym, clip=spec.clip), torch.float32)
 
     return quantize

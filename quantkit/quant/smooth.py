@@ -1,0 +1,160 @@
+"""SmoothQuant: move activation outliers into the weights before per-token 8-bit activation quantization.
+
+Xiao et al. 2023, "SmoothQuant", Sec. 4, Eq. 3-4: Y = (X diag(s)⁻¹) · (diag(s) W) with the per-input-channel
+factor
+
+    s_j = max|X_j|^α / max|W_j|^(1-α),
+
+α the migration strength (0.5 in the paper for most models). Dividing X by s flattens the few channels whose
+magnitude is 10-100× the rest (the outliers that make one per-token scale coarse for every other channel), and
+the weights, quantized per output channel or per group, absorb the factor.
+
+The division is folded into the op that produces X, so nothing runs online and the kernels read the smoothed
+weights unchanged (llm-compressor's mappings for Llama-like layers):
+
+* input_layernorm → q_proj, k_proj, v_proj (the RMSNorm weight is divided; the fused norm + A8 kernel reads it);
+* post_attention_layernorm → gate_proj, up_proj;
+* v_proj → o_proj (v's output rows are divided; with grouped-query attention one factor per KV channel, shared by
+  the query heads that read it);
+* up_proj → down_proj (the MLP's product act(gate)·up is linear in up's output).
+
+max|X_j| is measured on the calibration windows as they reach the layer, before its weights are quantized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from quantkit.errors import QuantkitError
+from quantkit.model.layerwise import LayerBatch, layer_output
+from quantkit.quant.layerquant import linear_input, pre_hooks
+
+MIN_SCALE = 1e-5  # SmoothQuant's clamp on s: an all-zero channel keeps a finite factor
+
+
+@dataclass
+class SmoothPair:
+    """One fold: ``producer`` (an RMSNorm or a linear) makes the input of ``consumers``; ``rep`` > 1 when each
+    producer channel feeds ``rep`` consumer channels (o_proj under grouped-query attention, head size ``head``)."""
+
+    name: str
+    producer: nn.Module
+    consumers: list[nn.Linear]
+    rep: int = 1
+    head: int = 0
+
+
+def smooth_pairs(layer: nn.Module) -> list[SmoothPair]:
+    """The four SmoothQuant folds of a Llama-like decoder layer (module docstring); a QuantkitError naming the
+    missing module when the layer does not have that shape."""
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    needed = {"input_layernorm": layer, "post_attention_layernorm": layer, "self_attn": attn, "mlp": mlp}
+    missing = [n for n, m in needed.items() if m is None or (n.endswith("norm") and not hasattr(layer, n))]
+    for owner, names in ((attn, ("q_proj", "k_proj", "v_proj", "o_proj")), (mlp, ("gate_proj", "up_proj",
+                                                                                 "down_proj"))):
+        missing += [n for n in names if owner is None or not isinstance(getattr(owner, n, None), nn.Linear)]
+    if missing:
+        raise QuantkitError(f"SmoothQuant folds need a Llama-like layer; {type(layer).__name__} lacks "
+                            f"{', '.join(missing)} — drop activation.smooth from the recipe for this model")
+    heads = attn.o_proj.in_features // attn.v_proj.out_features  # query heads per KV head
+    head = attn.o_proj.in_features // _num_heads(attn)
+    return [SmoothPair("input_layernorm", layer.input_layernorm, [attn.q_proj, attn.k_proj, attn.v_proj]),
+            SmoothPair("post_attention_layernorm", layer.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj]),
+            SmoothPair("v_proj", attn.v_proj, [attn.o_proj], rep=heads, head=head),
+            SmoothPair("up_proj", mlp.up_proj, [mlp.down_proj])]
+
+
+def _num_heads(attn: nn.Module) -> int:
+    config = getattr(attn, "config", None)
+    n = getattr(config, "num_attention_heads", None) or getattr(attn, "num_heads", None)
+    if not n:
+        raise QuantkitError("SmoothQuant's v_proj → o_proj fold needs the attention's head count "
+                            "(config.num_attention_heads)")
+    return int(n)
+
+
+def _to_producer(v: torch.Tensor, pair: SmoothPair) -> torch.Tensor:
+    """Per-consumer-channel values [K] → per-producer-channel [K / rep] (max over the query heads sharing a KV
+    head: head h of o_proj's input reads KV head h // rep)."""
+    if pair.rep == 1:
+        return v
+    n_q = v.numel() // pair.head
+    return v.view(n_q // pair.rep, pair.rep, pair.head).amax(dim=1).reshape(-1)
+
+
+def _to_consumer(s: torch.Tensor, pair: SmoothPair) -> torch.Tensor:
+    if pair.rep == 1:
+        return s
+    return s.view(-1, 1, pair.head).expand(-1, pair.rep, -1).reshape(-1)
+
+
+def input_absmax(layer: nn.Module, batches: list[LayerBatch], pairs: list[SmoothPair]) -> list[torch.Tensor]:
+    """max |X_j| per input channel of each pair's consumers, over every token of ``batches`` (float32)."""
+    first = {f"{i}": p.consumers[0] for i, p in enumerate(pairs)}
+    stats: dict[str, torch.Tensor] = {}
+
+    def observe(name, args, kwargs):
+        x = linear_input(args, kwargs).detach()
+        m = x.reshape(-1, x.shape[-1]).abs().amax(dim=0).float()
+        stats[name] = m if name not in stats else torch.maximum(stats[name], m)
+
+    with torch.no_grad(), pre_hooks(first, observe):
+        for b in batches:
+            layer_output(layer, b)
+    return [stats[f"{i}"] for i in range(len(pairs))]
+
+
+def smoothing_scales(x_absmax: torch.Tensor, weights: list[torch.Tensor], alpha: float) -> torch.Tensor:
+    """SmoothQuant Eq. 4: s_j = max|X_j|^α / max_j|W|^(1-α) over the consumers' columns j (float32 [K])."""
+    w_absmax = torch.stack([w.detach().abs().amax(dim=0).float() for w in weights]).amax(dim=0)
+    s = x_absmax.clamp(min=MIN_SCALE).pow(alpha) / w_absmax.clamp(min=MIN_SCALE).pow(1 - alpha)
+    return s.clamp(min=MIN_SCALE)
+
+
+@torch.no_grad()
+def fold_scales(pair: SmoothPair, s: torch.Tensor) -> None:
+    """Divide the producer's output channel j by s_j and multiply the consumers' input column j by s_j (s per
+    producer channel), in place, in float32 then back to each tensor's dtype."""
+    p = pair.producer
+    weight = p.weight
+    if isinstance(p, nn.Linear):
+        weight.copy_((weight.float() / s.to(weight.device).unsqueeze(1)).to(weight.dtype))
+        if p.bias is not None:
+            p.bias.copy_((p.bias.float() / s.to(p.bias.device)).to(p.bias.dtype))
+    else:
+        weight.copy_((weight.float() / s.to(weight.device)).to(weight.dtype))
+        if getattr(p, "bias", None) is not None:
+            p.bias.copy_((p.bias.float() / s.to(p.bias.device)).to(p.bias.dtype))
+    sc = _to_consumer(s, pair)
+    for lin in pair.consumers:
+        lin.weight.copy_((lin.weight.float() * sc.to(lin.weight.device).unsqueeze(0)).to(lin.weight.dtype))
+
+
+def smooth_layer(layer: nn.Module, batches: list[LayerBatch], alpha: float) -> dict[str, float]:
+    """Apply SmoothQuant's four folds to one decoder layer from its calibration inputs ``batches``; returns the
+    largest factor s per fold (for logs). The layer computes the same function afterwards, up to rounding."""
+    if not 0.0 <= alpha <= 1.0:
+        raise QuantkitError(f"SmoothQuant alpha must be in [0, 1], got {alpha}; the paper uses 0.5")
+    pairs = smooth_pairs(layer)
+    x_absmax = input_absmax(layer, batches, pairs)
+    out = {}
+    for pair, xa in zip(pairs, x_absmax):
+        xa = _to_producer(xa, pair)
+        weights = [_to_producer_columns(lin.weight, pair) for lin in pair.consumers]
+        s = smoothing_scales(xa, weights, alpha)
+        fold_scales(pair, s)
+        out[pair.name] = float(s.max())
+    return out
+
+
+def _to_producer_columns(weight: torch.Tensor, pair: SmoothPair) -> torch.Tensor:
+    """A consumer weight [N, K] as [N·rep, K / rep] so that column j is every weight that producer channel j
+    meets (only the column maxima are used)."""
+    if pair.rep == 1:
+        return weight
+    n, k = weight.shape
+    return weight.view(n, k // (pair.rep * pair.head), pair.rep, pair.head).transpose(1, 2).reshape(n * pair.rep,
+                                                                                                    -1)

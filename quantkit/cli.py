@@ -134,14 +134,15 @@ def user_errors(fn):
 Device = Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto (GPU when present)")]
 Dtype = Annotated[Optional[str], typer.Option(help="fp32, fp16 or bf16 (default: fp32 on CPU, fp16/bf16 on GPU)")]
 Dataset = Annotated[str, typer.Option(help="kjv or pydoc (shipped), wikitext2, c4, pile, a .txt/.jsonl/.json/.csv/"
-                                           ".parquet file, or a folder (datasets save_to_disk, or train.*/test.* "
-                                           "files)")]
+                                           ".parquet file, a folder (datasets save_to_disk, or train.*/test.* "
+                                           "files), or several joined with + (e.g. kjv+pydoc)")]
 TextColumn = Annotated[Optional[str], typer.Option(help="the column that holds the text in .jsonl/.json/.csv/.parquet "
                                                         "files and datasets folders (default: text)")]
 Json = Annotated[bool, typer.Option("--json", help="print one JSON object on stdout (tables go to stderr)")]
 CalibDataset = Annotated[Optional[str], typer.Option("--calib-dataset", help="calibration text: kjv or pydoc "
-                                                     "(shipped), wikitext2, c4, pile, a .txt/.jsonl/.json/.csv/.parquet file or "
-                                                     "a folder (default: the recipe's)")]
+                                                     "(shipped), wikitext2, c4, pile, a .txt/.jsonl/.json/.csv/"
+                                                     ".parquet file, a folder, or several joined with + (default: "
+                                                     "the recipe's, kjv+pydoc)")]
 
 
 def renamed_option(old: str, old_value, new: str, new_value):

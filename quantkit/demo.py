@@ -22,6 +22,7 @@ from rich.table import Table
 from quantkit.ui import info, out_console, transient_progress
 
 MODEL = "builtin:reference"
+REFERENCE_DOMAIN = "kjv"  # the embedded model was trained on the KJV only: it calibrates on its own domain
 
 
 @dataclass(frozen=True)
@@ -89,10 +90,11 @@ def run_demo(full: bool = False, device: str = "auto", max_windows: int | None =
                 if row.target_bits is not None:
                     plan = str(Path(tmp) / f"plan-{row.target_bits}.json")
                     run_search(MODEL, plan, row.recipe, bits="4,8", target_bits=row.target_bits, samples=calib,
-                               device=device)
+                               dataset=REFERENCE_DOMAIN, device=device)
                 calibrated = load_recipe(row.recipe).uses_calibration
                 r = evaluate_ppl(MODEL, "kjv", None, windows, device, recipe=row.recipe, plan=plan,
-                                 baseline=False, calib_samples=calib if calibrated else None)
+                                 baseline=False, calib_samples=calib if calibrated else None,
+                                 calib_dataset=REFERENCE_DOMAIN if calibrated else None)
                 rows.append(dict(r, config=row.label, seconds=time.monotonic() - t0))
                 _done(rows[-1], rows[0]["ppl"])
     out_console.print(_table(rows))

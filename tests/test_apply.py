@@ -48,7 +48,7 @@ def test_clip_recipe_runs_layerwise_and_records_calibration():
                            "calibration": {"samples": 4, "seqlen": 32}})
     res = quantize_model(model, shipped_tokenizer(), recipe, device="cpu")
     _check_written(model, res)
-    assert res.calibration == {"dataset": "kjv", "samples": 4, "seqlen": 32, "seed": 0}
+    assert res.calibration == {"dataset": "kjv+pydoc", "samples": 4, "seqlen": 32, "seed": 0}
     assert all(r.meta["clip"] == "output" for r in res.weights.values())
 
 

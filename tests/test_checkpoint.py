@@ -145,7 +145,7 @@ def test_mixed_plan_partitions_scatter_to_fake_quant(model_dir, gptq_recipe, pla
 def test_calib_samples_overrides_the_recipe(model_dir, gptq_recipe, tmp_path):
     out = tmp_path / "c1"
     run_pack(str(model_dir), gptq_recipe, str(out), calib_samples=1, **FAST)
-    assert read_manifest(out)["calibration"] == {"dataset": "kjv", "samples": 1, "seqlen": 32, "seed": 0}
+    assert read_manifest(out)["calibration"] == {"dataset": "kjv+pydoc", "samples": 1, "seqlen": 32, "seed": 0}
     with pytest.raises(QuantkitError, match="--calib-samples must be at least 1"):
         run_pack(str(model_dir), gptq_recipe, str(tmp_path / "c0"), calib_samples=0, **FAST)
 

@@ -49,6 +49,26 @@ def test_pydoc_corpus_is_shipped_split_and_rebuildable():
         assert "\n\n".join(s for i, s in enumerate(sections) if i % 5 == 4) + "\n" == test
 
 
+def test_sources_joined_with_plus_mix_in_equal_shares(tmp_path):
+    """kjv+pydoc (the recipes' default) takes about as many characters from each source, interleaved; a file whose
+    own name holds a + stays one source; an empty part or an unknown part is refused before any model loads."""
+    from quantkit.data.sources import check_source
+
+    mixed = documents("kjv+pydoc", "train")
+    kjv = set(builtin_text("train").split("\n\n"))
+    from_kjv = sum(len(d) for d in mixed if d in kjv)
+    from_pydoc = sum(len(d) for d in mixed if d not in kjv)
+    assert 0.8 < from_kjv / from_pydoc < 1.25
+    assert mixed[0] in kjv and mixed[1] not in kjv  # interleaved in the order given
+    plus = tmp_path / "a+b.txt"
+    plus.write_text("one paragraph\n\nanother")
+    assert documents(str(plus), "train") == ["one paragraph", "another"]
+    with pytest.raises(QuantkitError, match="empty part"):
+        check_source("kjv+")
+    with pytest.raises(QuantkitError, match="unknown dataset 'nope'"):
+        check_source("kjv+nope")
+
+
 def test_windows_are_deterministic_and_shaped():
     tok = shipped_tokenizer()
     a = calibration_windows(tok, "kjv", n=5, seqlen=64, seed=3)

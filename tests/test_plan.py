@@ -37,7 +37,7 @@ def test_search_writes_a_valid_plan(plan_path, model_dir):
     names = [n for n, _ in iter_linears(model)]
     assert list(plan.layers) == names
     assert plan.bits == [4, 8] and plan.default_bits == 4 and plan.target_bits == 4.4
-    assert plan.calibration == {"source": "kjv", "samples": 2, "seqlen": 32, "seed": 0, "tokens": 64}
+    assert plan.calibration == {"source": "kjv+pydoc", "samples": 2, "seqlen": 32, "seed": 0, "tokens": 64}
     assert plan.search["strategy"] == "global" and plan.search["first_order"] is True
     assert plan.search["salience_quantizer"] == {"bits": 4, "group_size": 128, "sym": False, "clip": False,
                                                  "method": "rtn"}

@@ -13,7 +13,10 @@ A source name is one of:
   standing in for a missing ``test``; a single Dataset serves both splits), or a folder holding ``train.*`` and
   ``test.*`` files of the kinds above;
 * a ``datasets`` hub name — ``wikitext2``, ``c4``, ``pile`` — read the way GPTQ/AWQ/MixLLM read them, when the hub
-  (or a local HF cache with HF_HUB_OFFLINE=1) is reachable.
+  (or a local HF cache with HF_HUB_OFFLINE=1) is reachable;
+* several of the above joined with ``+`` (``kjv+pydoc``, the recipes' calibration default): equal shares of text
+  from each, since calibrating on one narrow domain fits the quantized model to it (GPTQ on a real model lost to
+  round-to-nearest on text of another domain, docs/BENCHMARKS.md).
 
 Text is read as UTF-8 only (a leading byte-order mark is dropped): a file with other bytes is refused with the
 byte offset of the first one and an ``iconv`` line to convert it, since a guessed encoding silently changes the
@@ -43,10 +46,36 @@ _MEMO_SIZE = 2  # local sources read by check_source, kept so the read after the
 _memo: dict[tuple, list[str]] = {}
 
 
+MIX = "+"
+
+
 def known_sources() -> str:
     """The accepted source names, for help texts and errors."""
-    return ("kjv or pydoc (shipped), wikitext2, c4, pile, a .txt/.jsonl/.json/.csv/.parquet file, or a folder "
-            "(datasets save_to_disk, or train.*/test.* files)")
+    return ("kjv or pydoc (shipped), wikitext2, c4, pile, a .txt/.jsonl/.json/.csv/.parquet file, a folder "
+            "(datasets save_to_disk, or train.*/test.* files), or several joined with + (e.g. kjv+pydoc)")
+
+
+def mixed_sources(source: str) -> list[str] | None:
+    """The parts of a ``+``-joined source (None for a single source, or for a file or folder whose own name holds
+    a ``+``); a QuantkitError for an empty part."""
+    if MIX not in source or Path(source).expanduser().exists():
+        return None
+    parts = source.split(MIX)
+    if any(not p.strip() for p in parts):
+        raise QuantkitError(f"dataset '{source}' has an empty part; join source names with + (e.g. kjv+pydoc)")
+    return parts
+
+
+def mix_documents(sources: list[list[str]]) -> list[str]:
+    """Equal shares of several sources' documents: from each, evenly spaced documents totalling about as many
+    characters as the smallest source holds, interleaved one from each source in turn."""
+    sizes = [sum(len(d) for d in docs) for docs in sources]
+    budget = min(sizes)
+    picked = [docs[::max(1, round(size / budget))] if budget else [] for docs, size in zip(sources, sizes)]
+    out = []
+    for i in range(max(len(p) for p in picked)):
+        out.extend(p[i] for p in picked if i < len(p))
+    return out
 
 
 def _check_split(split: str) -> None:
@@ -284,6 +313,9 @@ def _hub_documents(name: str, split: str) -> list[str]:
 
 def has_columns(source: str) -> bool:
     """True when ``source`` is a local file or folder whose records have named columns (what --text-column picks)."""
+    parts = mixed_sources(source)
+    if parts is not None:
+        return any(has_columns(p) for p in parts)
     path = Path(source).expanduser()
     return path.is_dir() or (path.is_file() and path.suffix.lower() in RECORD_SUFFIXES)
 
@@ -308,6 +340,11 @@ def check_source(source: str, split: str = "train", text_column: str | None = No
     no text (local sources are read here, and the read is kept for :func:`documents`)."""
     from quantkit.hub import looks_like_path
 
+    parts = mixed_sources(source)
+    if parts is not None:
+        for part in parts:
+            check_source(part, split, text_column)
+        return
     if source in BUILTIN_NAMES:
         return
     if source in HUB_NAMES:
@@ -331,6 +368,9 @@ def documents(source: str, split: str, text_column: str | None = None) -> list[s
     """The documents of a source split (see module doc for the accepted names); ``text_column`` (default ``text``)
     is the column read from record files and datasets folders."""
     _check_split(split)
+    parts = mixed_sources(source)
+    if parts is not None:
+        return mix_documents([documents(part, split, text_column) for part in parts])
     if source in BUILTIN_NAMES:
         return [p for p in builtin_text(split, source).split("\n\n") if p.strip()]
     check_source(source, split, text_column)

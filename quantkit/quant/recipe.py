@@ -28,7 +28,7 @@ Schema (every field optional except ``weight.method``; unknown fields are errors
       - {pattern: "*.down_proj", bits: 8}
       - {pattern: "model.layers.0.*", skip: true}
     calibration:
-      dataset: kjv
+      dataset: kjv+pydoc      # equal shares of the shipped KJV and Python-reference text
       samples: 128
       seqlen: 2048
       seed: 0
@@ -79,7 +79,7 @@ class ActSpec:
 
 @dataclass
 class CalibSpec:
-    dataset: str = "kjv"
+    dataset: str = "kjv+pydoc"
     samples: int = 128
     seqlen: int = 2048
     seed: int = 0

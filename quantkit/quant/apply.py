@@ -122,11 +122,15 @@ def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, devic
     """Quantize every decoder-layer linear of ``model`` per ``recipe`` (and ``plan``), in place (fake-quant).
 
     Returns the integer records (what ``quantkit pack`` writes) and attaches A8 input hooks when the recipe
-    quantizes activations. ``device`` is where layer-by-layer calibration runs (default: the model's device).
+    quantizes activations; its residual rotation and SmoothQuant folds change the model's other weights too. ``device`` is where layer-by-layer calibration runs (default: the model's device).
     ``calib_ids`` [n, T] replaces the recipe's calibration windows (benchmarks, tests); ``text_column`` names the
     text column of a record-file ``dataset``.
     """
     device = device or str(next(model.parameters()).device)
+    if recipe.activation.rotate:
+        from quantkit.quant.rotate import rotate_model
+
+        rotate_model(model, recipe.calibration.seed)
     targets = {n: lin for n, lin in iter_linears(model) if not recipe.spec_for(n).skip}
     if not targets:
         raise QuantkitError("the recipe skips every linear layer; nothing to quantize")

@@ -24,6 +24,7 @@ Schema (every field optional except ``weight.method``; unknown fields are errors
       group_size: 128         # -1 = per-token
       sym: true
       smooth: 0.5             # SmoothQuant migration strength α folded into norms/linears (null: off)
+      rotate: false           # QuaRot/SpinQuant R1: a random Hadamard rotation of the residual stream, folded
     overrides:                # per-layer, by fnmatch pattern on the linear's name; later entries win
       - {pattern: "*.down_proj", bits: 8}
       - {pattern: "model.layers.0.*", skip: true}
@@ -71,6 +72,7 @@ class ActSpec:
     group_size: int = 128
     sym: bool = True
     smooth: float | None = None  # SmoothQuant migration strength α (quantkit.quant.smooth); None = off
+    rotate: bool = False  # fold a random Hadamard rotation into the residual stream (quantkit.quant.rotate)
 
     @property
     def enabled(self) -> bool:
@@ -264,6 +266,9 @@ def parse_recipe(data: dict, source: str = "") -> Recipe:
             raise QuantkitError("recipe field 'activation.smooth' needs quantized activations (activation.bits "
                                 "8); drop it for weight-only recipes")
         act.smooth = float(act.smooth)
+    if act.rotate and not act.enabled:
+        raise QuantkitError("recipe field 'activation.rotate' needs quantized activations (activation.bits 8); "
+                            "drop it for weight-only recipes")
     calib = _build(CalibSpec, data.get("calibration"), "calibration")
     if calib.samples < 1 or calib.seqlen < 2:
         raise QuantkitError(f"recipe fields 'calibration.samples' (≥ 1) and 'calibration.seqlen' (≥ 2 tokens) are out "

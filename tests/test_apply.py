@@ -20,7 +20,7 @@ def _check_written(model, result):
         assert torch.equal(lin.weight.data, dequantize_record(result.weights[name], lin.weight.dtype)), name
 
 
-@pytest.mark.parametrize("recipe", ["rtn-w4a16-g128", "w8a8", "lqq-w4a8"])
+@pytest.mark.parametrize("recipe", ["rtn-w4a16-g128", "w8a8", "lqq-w4a8-rtn"])
 def test_data_free_recipes(recipe):
     model = build_tiny_model("llama", seed=3)
     res = quantize_model(model, None, load_recipe(recipe), device="cpu")

@@ -221,7 +221,7 @@ def test_a_loaded_checkpoint_fuses_and_keeps_every_logit(mixed_pack, quantizatio
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("recipe", ["rtn-w4a16-g128", "w8a8", "lqq-w4a8", "mixllm-w4a8-rtn"])
+@pytest.mark.parametrize("recipe", ["rtn-w4a16-g128", "w8a8", "lqq-w4a8-rtn", "mixllm-w4a8-rtn"])
 def test_fused_kernels_agree_with_the_unfused_ones_on_the_gpu(tmp_path, recipe):
     """builtin:reference packed for sm90: with the GPU kernels the fused model runs q/k/v as one GEMM (the slices
     are views of one output) and its perplexity is the unfused model's within 1e-3 relative (the kernels may
@@ -325,7 +325,7 @@ def test_manifest_groups_compare_shared_tensors_by_sha256():
 
 
 @pytest.mark.parametrize("arch", ["mistral", "qwen2", "qwen3"])
-@pytest.mark.parametrize("recipe", ["rtn-w4a16-g128", "lqq-w4a8"])
+@pytest.mark.parametrize("recipe", ["rtn-w4a16-g128", "lqq-w4a8-rtn"])
 def test_other_families_fuse_at_load_and_keep_every_logit(tmp_path, arch, recipe):
     """Mistral (Llama's layout), Qwen2 (q/k/v biases, concatenated when fused) and Qwen3 (q_norm / k_norm after the
     q and k projections: they read the fused GEMM's slices) load fused with the same logits as unfused."""

@@ -315,7 +315,7 @@ class _Loaded(Exception):
     pass
 
 
-@pytest.mark.parametrize("recipe", ["rtn-w4a16-g128", "lqq-w4a8"])
+@pytest.mark.parametrize("recipe", ["rtn-w4a16-g128", "lqq-w4a8-rtn"])
 def test_pack_on_cpu_holds_an_fp16_source_in_fp16(fp16_model_dir, tmp_path, monkeypatch, recipe):
     """RTN/LiquidQuant quantize each weight upcast to fp32 on its own: holding the fp16 source as fp16 (half the
     memory of fp32) writes the same checkpoint as an fp32 load."""

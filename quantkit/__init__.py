@@ -18,8 +18,8 @@ def load(path, device: str = "auto", verify: bool = False, dtype: str | None = N
 
 
 def quantize(model: str, recipe: str, output: str, *, plan: str | None = None, target: str | None = None,
-             calib_dataset: str | None = None, calib_samples: int | None = None, device: str = "auto",
-             force: bool = False) -> dict:
+             calib_dataset: str | None = None, calib_samples: int | None = None, calib_seqlen: int | None = None,
+             device: str = "auto", force: bool = False) -> dict:
     """Quantize a HF causal LM (local folder, hub id or ``builtin:reference``) with a recipe (a shipped name from
     ``quantkit recipes`` or a YAML path), and a MixLLM precision plan from ``quantkit search`` if given, and write
     a packed checkpoint to ``output`` — what ``quantkit pack`` does. ``target`` picks the kernel layout
@@ -27,7 +27,7 @@ def quantize(model: str, recipe: str, output: str, *, plan: str | None = None, t
     from quantkit.pack import run_pack
 
     return run_pack(model, recipe, output, plan=plan, target=target, calib_dataset=calib_dataset,
-                    calib_samples=calib_samples, device=device, force=force)
+                    calib_samples=calib_samples, calib_seqlen=calib_seqlen, device=device, force=force)
 
 
 __all__ = ["QuantkitError", "__version__", "load", "quantize"]

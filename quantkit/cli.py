@@ -138,6 +138,8 @@ Dataset = Annotated[str, typer.Option(help="kjv or pydoc (shipped), wikitext2, c
                                            "files), or several joined with + (e.g. kjv+pydoc)")]
 TextColumn = Annotated[Optional[str], typer.Option(help="the column that holds the text in .jsonl/.json/.csv/.parquet "
                                                         "files and datasets folders (default: text)")]
+CalibSeqlen = Annotated[Optional[int], typer.Option(help="tokens per calibration window (default: the recipe's, "
+                                                        "capped at the model's context)")]
 Json = Annotated[bool, typer.Option("--json", help="print one JSON object on stdout (tables go to stderr)")]
 CalibDataset = Annotated[Optional[str], typer.Option("--calib-dataset", help="calibration text: kjv or pydoc "
                                                      "(shipped), wikitext2, c4, pile, a .txt/.jsonl/.json/.csv/"
@@ -202,6 +204,7 @@ def eval_ppl(
     no_baseline: Annotated[bool, typer.Option("--no-baseline", help="with --recipe: skip the unquantized model's "
                                                                     "ppl")] = False,
     calib_samples: Annotated[Optional[int], typer.Option(help="calibration windows (default: the recipe's)")] = None,
+    calib_seqlen: CalibSeqlen = None,
     calib_dataset: CalibDataset = None,
     device: Device = "auto",
     dtype: Dtype = None,
@@ -219,7 +222,8 @@ def eval_ppl(
 
     res = evaluate_ppl(model, dataset, seqlen, max_windows, device, dtype, recipe, plan, baseline=not no_baseline,
                        text_column=text_column,
-                       calib_samples=calib_samples, calib_dataset=calib_dataset, device_map=device_map,
+                       calib_samples=calib_samples, calib_seqlen=calib_seqlen, calib_dataset=calib_dataset,
+                       device_map=device_map,
                        verify=verify)
     console = err_console if json_out else out_console
     console.print(_ppl_table(f"perplexity — {res['model']} ({res['device']}, {res['dtype']})", ppl_rows(res)))
@@ -325,6 +329,7 @@ def pack(
     max_shard_size: Annotated[str, typer.Option(help="largest shard, e.g. 500MB or 2GB")] = "2GB",
     calib_samples: Annotated[Optional[int], typer.Option(help="calibration windows (default: the "
                                                               "recipe's)")] = None,
+    calib_seqlen: CalibSeqlen = None,
     calib_dataset: CalibDataset = None,
     text_column: TextColumn = None,
     force: Annotated[bool, typer.Option("--force", help="replace an existing checkpoint at -o")] = False,
@@ -341,7 +346,7 @@ def pack(
 
     res = run_pack(model, recipe, output, plan=plan, target=target, export=export_format,
                    max_shard_size=max_shard_size, device=device, dtype=dtype, calib_samples=calib_samples,
-                   calib_dataset=calib_dataset, text_column=text_column, force=force)
+                   calib_seqlen=calib_seqlen, calib_dataset=calib_dataset, text_column=text_column, force=force)
     console = err_console if json_out else out_console
     console.print(summary_table(res, f"packed — {output}"))
     if json_out:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from quantkit.data.tokens import check_sample_count
+from quantkit.data.tokens import check_calib_seqlen, check_sample_count
 from quantkit.errors import QuantkitError
 
 
@@ -106,7 +106,8 @@ def _parameters(model: torch.nn.Module) -> int:
 
 def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = None, target: str | None = None,
              export: str = "quantkit", max_shard_size: str | int = "2GB", device: str = "auto",
-             dtype: str | None = None, calib_samples: int | None = None, calib_dataset: str | None = None,
+             dtype: str | None = None, calib_samples: int | None = None, calib_seqlen: int | None = None,
+             calib_dataset: str | None = None,
              text_column: str | None = None, force: bool = False, progress: bool = True,
              warn: Callable[[str], None] | None = None) -> dict:
     """Quantize ``model_ref`` with ``recipe`` (and ``plan``) and write a packed checkpoint to ``output``
@@ -134,6 +135,7 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
     target = check_target_export(target, export)
     max_bytes = parse_size(max_shard_size)
     check_sample_count(calib_samples)
+    check_calib_seqlen(calib_seqlen)
     check_not_builtin_name(output)
     out = Path(output).expanduser()
     check_output(out.absolute(), force)
@@ -142,10 +144,11 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
     from quantkit.data import check_text_column
     from quantkit.quant.recipe import check_calibration_options
 
-    calib = [o for o, v in (("--calib-samples", calib_samples), ("--calib-dataset", calib_dataset),
+    calib = [o for o, v in (("--calib-samples", calib_samples), ("--calib-seqlen", calib_seqlen),
+                            ("--calib-dataset", calib_dataset),
                             ("--text-column", text_column)) if v is not None]
     if check_calibration_options(rec, calib, warn_all):  # ignored: the recipe reads no calibration data
-        calib_samples = calib_dataset = text_column = None
+        calib_samples = calib_seqlen = calib_dataset = text_column = None
     if calib_dataset is not None:
         from quantkit.data import check_source
 
@@ -185,7 +188,8 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
 
         progress_factory = progress_bar
     result = quantize_model(loaded.model, loaded.tokenizer, rec, plan=plan_obj, device=compute,
-                            progress_factory=progress_factory, samples=calib_samples, dataset=calib_dataset,
+                            progress_factory=progress_factory, samples=calib_samples, seqlen=calib_seqlen,
+                            dataset=calib_dataset,
                             text_column=text_column)
     _release_weights(loaded.model, result.weights)
     layouts = choose_layouts(result.weights, target, export, warn_all)

@@ -148,6 +148,10 @@ def test_calib_samples_overrides_the_recipe(model_dir, gptq_recipe, tmp_path):
     assert read_manifest(out)["calibration"] == {"dataset": "kjv+pydoc", "samples": 1, "seqlen": 32, "seed": 0}
     with pytest.raises(QuantkitError, match="--calib-samples must be at least 1"):
         run_pack(str(model_dir), gptq_recipe, str(tmp_path / "c0"), calib_samples=0, **FAST)
+    run_pack(str(model_dir), gptq_recipe, str(tmp_path / "c2"), calib_samples=2, calib_seqlen=16, **FAST)
+    assert read_manifest(tmp_path / "c2")["calibration"]["seqlen"] == 16
+    with pytest.raises(QuantkitError, match="--calib-seqlen must be at least 2 tokens"):
+        run_pack(str(model_dir), gptq_recipe, str(tmp_path / "c3"), calib_seqlen=1, **FAST)
 
 
 def test_tied_fp16_source_keeps_dtype_and_writes_embedding_once(tmp_path):

@@ -236,7 +236,7 @@ def test_calibration_options_for_a_recipe_without_calibration_warn_and_go_on(mon
         "error: the model would load here"]
     warned = []
     with pytest.raises(QuantkitError, match="the model would load here"):
-        run_pack("builtin:reference", "lqq-w4a8", str(tmp_path / "o"), calib_samples=4, calib_dataset="kjv",
-                 device="cpu", progress=False, warn=warned.append)
-    assert warned == ["--calib-samples, --calib-dataset are ignored: recipe 'lqq-w4a8' quantizes without "
-                      "calibration data (lqq, no clipping search)"]
+        run_pack("builtin:reference", "lqq-w4a8-rtn", str(tmp_path / "o"), calib_samples=4, calib_seqlen=64,
+                 calib_dataset="kjv", device="cpu", progress=False, warn=warned.append)
+    assert warned == ["--calib-samples, --calib-seqlen, --calib-dataset are ignored: recipe 'lqq-w4a8-rtn' "
+                      "quantizes without calibration data (lqq, no clipping search)"]

@@ -27,6 +27,12 @@ def check_sample_count(samples: int | None, option: str = "--calib-samples") -> 
         raise QuantkitError(f"{option} must be at least 1, got {samples}")
 
 
+def check_calib_seqlen(seqlen: int | None, option: str = "--calib-seqlen") -> None:
+    """Refuse a calibration window shorter than 2 tokens (None means "the recipe's"); run before any model loads."""
+    if seqlen is not None and seqlen < 2:
+        raise QuantkitError(f"{option} must be at least 2 tokens, got {seqlen}; e.g. 512 or 2048")
+
+
 def calibration_windows(tokenizer, source: str = "kjv", n: int = 128, seqlen: int = 2048, seed: int = 0,
                         split: str = "train", text_column: str | None = None) -> torch.Tensor:
     """``n`` windows of ``seqlen`` tokens, LongTensor [n, seqlen], deterministic in ``seed``.

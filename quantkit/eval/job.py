@@ -26,12 +26,12 @@ def _ppl_of(model, ids, seqlen, max_windows, label):
 def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None, max_windows: int | None = None,
                  device: str = "auto", dtype: str | None = None, recipe: str | None = None,
                  plan: str | None = None, *, baseline: bool = True, calib_samples: int | None = None,
-                 calib_dataset: str | None = None, text_column: str | None = None, device_map: str | None = None,
+                 calib_seqlen: int | None = None, calib_dataset: str | None = None, text_column: str | None = None, device_map: str | None = None,
                  verify: bool = False) -> dict:
     """Run the eval-ppl job and return its result record (used by the CLI and the demo); ``verify`` recomputes a
     packed checkpoint's sha256s before loading it."""
     from quantkit.checkpoint import is_checkpoint, load_packed
-    from quantkit.data import check_sample_count, joined_text
+    from quantkit.data import check_calib_seqlen, check_sample_count, joined_text
     from quantkit.data.tokens import encode
     from quantkit.eval.ppl import choose_seqlen
     from quantkit.model import load_model
@@ -44,11 +44,13 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
                             "--verify")
     if packed and (recipe or plan):
         raise QuantkitError(f"'{model_ref}' is a packed checkpoint (already quantized); drop --recipe/--plan")
-    calib = given_options(("--calib-samples", calib_samples), ("--calib-dataset", calib_dataset))
+    calib = given_options(("--calib-samples", calib_samples), ("--calib-seqlen", calib_seqlen),
+                          ("--calib-dataset", calib_dataset))
     if calib and recipe is None:
         raise QuantkitError(f"{', '.join(calib)} set{'s' if len(calib) == 1 else ''} the calibration of --recipe; "
                             "add --recipe or drop " + ("it" if len(calib) == 1 else "them"))
     check_sample_count(calib_samples)
+    check_calib_seqlen(calib_seqlen)
     check_sample_count(max_windows, "--max-windows")  # before the model loads and the baseline runs
     if seqlen is not None:
         choose_seqlen(seqlen, None)  # its lower bound now; the model's own limit once it is loaded
@@ -64,7 +66,7 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
 
         rec = load_recipe(recipe)
         if check_calibration_options(rec, calib):  # warned: the recipe reads no calibration data
-            calib_samples = calib_dataset = None
+            calib_samples = calib_seqlen = calib_dataset = None
         if calib_dataset is not None:
             from quantkit.data import check_source
 
@@ -103,6 +105,7 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
         result.update(ppl_baseline=r0.ppl, nll_baseline=r0.nll)
     qres = quantize_model(loaded.model, loaded.tokenizer, rec, plan=plan_obj, device=loaded.device,
                           progress_factory=progress_bar, dataset=calib_dataset, samples=calib_samples,
+                          seqlen=calib_seqlen,
                           text_column=text_column)
     r = _ppl_of(loaded.model, ids, seqlen, max_windows, rec.name)
     result.update(r.as_dict())

@@ -374,8 +374,9 @@ def _edited_name(recipe: Recipe, file_name: str) -> str:
 
 def check_calibration_options(recipe: Recipe, given: list[str], warn=None) -> list[str]:
     """Warn about (through ``warn``, default one yellow line on stderr) and return the calibration options
-    (``--calib-samples``, ``--calib-dataset``) given for a recipe that quantizes without calibration data: they are
-    ignored, and the command goes on, so one loop can pass the same options to every recipe."""
+    (``--calib-samples``, ``--calib-seqlen``, ``--calib-dataset``) given for a recipe that quantizes without
+    calibration data: they are ignored, and the command goes on, so one loop can pass the same options to every
+    recipe."""
     if not given or recipe.uses_calibration:
         return []
     if warn is None:

@@ -279,7 +279,7 @@ def _hub_unreachable(name: str) -> QuantkitError | None:
         return None
     return QuantkitError(f"could not load dataset '{name}': the hub {hub.hub_endpoint()} could not be reached "
                          f"({reason}); set HF_HUB_OFFLINE=1 to read a copy in the local HF cache, pass a local file "
-                         "or folder, or use kjv")
+                         "or folder, or use kjv or pydoc (shipped)")
 
 
 def _hub_documents(name: str, split: str) -> list[str]:
@@ -308,7 +308,8 @@ def _hub_documents(name: str, split: str) -> list[str]:
     except Exception as e:  # noqa: BLE001 - datasets raises many types for "offline / not cached"
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise QuantkitError(f"could not load dataset '{name}' ({first}); the hub is unreachable or the data is not "
-                            "cached — pass a local .txt/.jsonl file with --dataset PATH, or use --dataset kjv") from None
+                            "cached — pass a local .txt/.jsonl file with --dataset PATH, or use --dataset kjv or "
+                            "pydoc") from None
 
 
 def has_columns(source: str) -> bool:

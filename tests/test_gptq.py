@@ -326,7 +326,7 @@ def test_lqq_grid_matches_the_plain_sweep(k, group_size, blocksize):
     """GPTQ on the LiquidQuant grid against a plain column-by-column sweep: s_c from the original weights, each
     group's second level fitted to the weights as they stand when the sweep reaches it."""
     from quantkit.quant import lqq
-    from quantkit.quant.clip import _weight_error
+    from quantkit.quant.clip import weight_error
 
     x = correlated_inputs(400, k, seed=k)
     w = torch.randn(9, k, generator=torch.Generator().manual_seed(2)) * 0.02
@@ -338,7 +338,7 @@ def test_lqq_grid_matches_the_plain_sweep(k, group_size, blocksize):
     for j in range(k):
         if j % group_size == 0:
             xg = (cur[:, j:j + group_size] / s_c[:, None]).unsqueeze(1)
-            m, s, q_max, _ = lqq.lqq_search_groups(xg.clamp(-119, 119), _weight_error, target=xg)
+            m, s, q_max, _ = lqq.lqq_search_groups(xg.clamp(-119, 119), weight_error, target=xg)
             m, s, q_max = m[:, 0], s[:, 0], q_max[:, 0]
         q = lqq.lqq_codes((cur[:, j] / s_c)[:, None], m, s, q_max)[:, 0]
         ref[:, j] = (q * s + m) * s_c

@@ -51,7 +51,7 @@ def sample_tokens(inputs: torch.Tensor | list[torch.Tensor], k: int, n_tokens: i
     return x
 
 
-def _grouped(t: torch.Tensor, gs: int, ng: int) -> torch.Tensor:
+def grouped(t: torch.Tensor, gs: int, ng: int) -> torch.Tensor:
     """[R, K] → [R, G, gs], zero-padding the short last group. Zero columns are neutral for the search: the
     group range always contains 0 (asym) / absmax ignores them (sym), 0 quantizes to exactly 0, and a zero input
     column contributes nothing to the output."""
@@ -84,13 +84,13 @@ def search_clip(weight: torch.Tensor, bits: int, group_size: int = 128, sym: boo
     ratios = shrink_ratios(grid, max_shrink).tolist()
     if chunk is None:
         chunk = max(1, _CHUNK_ELEMENTS // (ng * gs))
-    error = _weight_error
+    error = weight_error
     if inputs is not None:
-        x = _grouped(sample_tokens(inputs, k, n_tokens, weight.device), gs, ng)  # [T, G, gs]
-        error = _output_error(x)
+        x = grouped(sample_tokens(inputs, k, n_tokens, weight.device), gs, ng)  # [T, G, gs]
+        error = output_error(x)
     best = torch.ones(n, ng, dtype=torch.float32, device=weight.device)
     for start in range(0, n, chunk):
-        w = _grouped(weight[start:start + chunk].float(), gs, ng)  # [c, G, gs]
+        w = grouped(weight[start:start + chunk].float(), gs, ng)  # [c, G, gs]
         rows = w.reshape(-1, gs)
         best_err = torch.full(w.shape[:2], float("inf"), device=w.device)
         for r in ratios:
@@ -101,12 +101,12 @@ def search_clip(weight: torch.Tensor, bits: int, group_size: int = 128, sym: boo
     return best
 
 
-def _weight_error(d: torch.Tensor) -> torch.Tensor:
+def weight_error(d: torch.Tensor) -> torch.Tensor:
     """||d_g||^2 per group, d [c, G, gs] → [c, G]."""
     return d.pow(2).sum(-1)
 
 
-def _output_error(x: torch.Tensor):
+def output_error(x: torch.Tensor):
     """E_g for input rows x [T, G, gs]. With gs <= T the Gram form d_g^T (X_g^T X_g) d_g costs gs MACs per
     weight instead of T; for long groups (per-channel) the direct form sum_t (d_g · x_tg)^2 is cheaper."""
     t, _, gs = x.shape

@@ -32,7 +32,7 @@ from quantkit.model.memory import fits
 from quantkit.model.replay import BlockReplay, record_bytes
 from quantkit.quant import grid
 from quantkit.quant import lqq
-from quantkit.quant.clip import _weight_error, sample_tokens, search_clip
+from quantkit.quant.clip import weight_error, sample_tokens, search_clip
 from quantkit.quant.hessian import HessianAccumulator, damped_inverse_cholesky
 from quantkit.quant.layerquant import LayerQuantConfig, check_row_bits, linear_input, pre_hooks, write_weight
 from quantkit.quant.records import Partition, PartitionedWeight, QuantizedWeight
@@ -94,7 +94,7 @@ class _RowGrid:
         or LiquidQuant's s_u8, offset and code ceiling fitted to w / s_c (lqq.lqq_search_groups)."""
         if self.spec.lqq:
             x = (w.float() / self.channel_scales.unsqueeze(1)).unsqueeze(1)  # [rows, 1, cols]
-            m, s, q_max, _ = lqq.lqq_search_groups(x.clamp(-lqq.PROTECT, lqq.PROTECT), _weight_error, target=x)
+            m, s, q_max, _ = lqq.lqq_search_groups(x.clamp(-lqq.PROTECT, lqq.PROTECT), weight_error, target=x)
             self.zeros[:, g], self.scales[:, g], self.q_max[:, g] = m[:, 0], s[:, 0], q_max[:, 0]
             return
         s, z = grid.group_params(w, self.spec.bits, self.spec.sym, self.clip[:, g])

@@ -10,7 +10,7 @@ from quantkit.errors import QuantkitError
 from quantkit.model import find_decoder_layers
 from quantkit.model.layerwise import LayerBatch, capture_layer_inputs, layer_output
 from quantkit.quant.act import attach_act_quant, remove_hooks
-from quantkit.quant.smooth import input_absmax, smooth_layer, smooth_pairs, smoothing_scales
+from quantkit.quant.smooth import ALPHA_GRID, input_absmax, smooth_layer, smooth_pairs, smoothing_scales
 from tests.layerquant_helpers import correlated_tiny_model, token_ids
 
 
@@ -87,3 +87,65 @@ def test_recipe_field_and_errors():
     with pytest.raises(QuantkitError, match="alpha must be in"):
         model = correlated_tiny_model("llama")
         smooth_layer(find_decoder_layers(model)[1][0], [], 2.0)
+
+
+def _a8_fakes():
+    from quantkit.quant.act import quantize_activation
+    from quantkit.quant.grid import dequantize, quantize
+
+    return (lambda lin, w: dequantize(quantize(w, 8, -1, True), torch.float32),
+            lambda x: quantize_activation(x, 8, -1, True))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_searched_alpha_keeps_the_function_and_picks_per_fold(arch):
+    model = correlated_tiny_model(arch, seed=4)
+    ids = token_ids(model, 4, 32, seed=1)
+    before = _logits(model, ids)
+    _, layers = find_decoder_layers(model)
+    batches = capture_layer_inputs(model, ids, "cpu", 2)
+    chosen = []
+    for layer in layers:
+        chosen.append(smooth_layer(layer, batches, "auto", *_a8_fakes()))
+        batches = [LayerBatch(layer_output(layer, b), b.kwargs) for b in batches]
+    torch.testing.assert_close(_logits(model, ids), before, rtol=1e-4, atol=1e-4)
+    for per_fold in chosen:
+        assert set(per_fold) == {"input_layernorm", "post_attention_layernorm", "v_proj", "up_proj"}
+        assert all(a is None or a in ALPHA_GRID for a in per_fold.values())
+
+
+def test_search_alpha_smooths_an_outlier_channel_and_leaves_flat_inputs():
+    from quantkit.quant.smooth import SmoothPair, search_alpha
+
+    g = torch.Generator().manual_seed(0)
+    lin = torch.nn.Linear(256, 64, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(64, 256, generator=g) * 0.05)
+    pair = SmoothPair("test", torch.nn.Identity(), [lin])
+    fake_w, fake_a = _a8_fakes()
+    x = torch.randn(512, 256, generator=g)
+    x[:, 7] *= 300.0  # one massive channel makes every token's 8-bit scale coarse
+    weights = [lin.weight]
+    a = search_alpha(pair, x, x.abs().amax(0), weights, fake_w, fake_a)
+    assert a is not None and a > 0
+
+    def err(alpha):
+        s = torch.ones(256) if alpha is None else smoothing_scales(x.abs().amax(0), weights, alpha)
+        y = fake_a(x / s) @ fake_w(lin, lin.weight * s).T
+        return float((y - x @ lin.weight.T).square().sum())
+
+    assert err(a) <= min(err(None), err(0.5))
+    assert err(a) < 0.25 * err(None)
+
+
+def test_auto_alpha_needs_the_quantizers_and_parses():
+    from quantkit.quant.recipe import parse_recipe
+
+    r = parse_recipe({"weight": {"method": "rtn", "bits": 8, "sym": True},
+                      "activation": {"bits": 8, "group_size": -1, "smooth": "auto"}})
+    assert r.activation.smooth == "auto"
+    with pytest.raises(QuantkitError, match="or 'auto'"):
+        parse_recipe({"weight": {"method": "rtn"}, "activation": {"bits": 8, "smooth": "best"}})
+    model = correlated_tiny_model("llama")
+    with pytest.raises(ValueError, match="fake_weight and fake_act"):
+        smooth_layer(find_decoder_layers(model)[1][0], [], "auto")

@@ -70,6 +70,29 @@ def _rows_quantizer(recipe: Recipe, name: str, inputs=None):
     return quantize_rows
 
 
+def _smoothing_quantizers(recipe: Recipe, targets: dict[str, nn.Linear]):
+    """(fake_weight, fake_act) that score SmoothQuant's per-fold α search (quantkit.quant.smooth): each linear's
+    recipe grid by round-to-nearest (the proxy for GPTQ/AWQ/clipping, which run after the fold), and the
+    recipe's activation grid."""
+    from quantkit.quant.act import quantize_activation
+    from quantkit.quant.lqq import lqq_quantize
+    from quantkit.quant.rtn import rtn_quantize
+
+    names = {id(lin): n for n, lin in targets.items()}
+    act = recipe.activation
+
+    def fake_weight(lin: nn.Linear, w: torch.Tensor) -> torch.Tensor:
+        name = names.get(id(lin))
+        spec = recipe.spec_for(name) if name is not None else None
+        if spec is None or spec.skip:
+            return w
+        lqq = spec.grid == "lqq"
+        rec = lqq_quantize(w, spec.group_size) if lqq else rtn_quantize(w, spec.bits, spec.group_size, spec.sym)
+        return dequantize_record(rec)
+
+    return fake_weight, lambda x: quantize_activation(x, act.bits, act.group_size, act.sym)
+
+
 def _layer_config(recipe: Recipe, method: str):
     """GPTQ/AWQ layer config from the recipe: defaults, per-name overrides, per-bit-width partition grids."""
     w = recipe.weight
@@ -185,7 +208,7 @@ def _quantize_layerwise(model, recipe, plan, targets, ids, device, method, progr
         if recipe.activation.smooth is not None:
             from quantkit.quant.smooth import smooth_layer
 
-            smooth_layer(layer, batches, recipe.activation.smooth)
+            smooth_layer(layer, batches, recipe.activation.smooth, *_smoothing_quantizers(recipe, targets))
         names = {n: lin for n, lin in targets.items() if n.startswith(prefix + ".")}
         layer_records: dict[str, WeightRecord] = {}
         outputs = _quantize_one_layer(layer, batches, names, layer_records)

@@ -23,7 +23,8 @@ Schema (every field optional except ``weight.method``; unknown fields are errors
       bits: 8                 # 16 (or null) = no activation quantization
       group_size: 128         # -1 = per-token
       sym: true
-      smooth: 0.5             # SmoothQuant migration strength α folded into norms/linears (null: off)
+      smooth: 0.5             # SmoothQuant migration strength α folded into norms/linears; auto: searched per
+                              #   fold by output error (null: off)
       rotate: false           # QuaRot/SpinQuant R1: a random Hadamard rotation of the residual stream, folded
     overrides:                # per-layer, by fnmatch pattern on the linear's name; later entries win
       - {pattern: "*.down_proj", bits: 8}
@@ -71,7 +72,7 @@ class ActSpec:
     bits: int | None = None
     group_size: int = 128
     sym: bool = True
-    smooth: float | None = None  # SmoothQuant migration strength α (quantkit.quant.smooth); None = off
+    smooth: float | str | None = None  # SmoothQuant migration strength α, "auto" = searched per fold; None = off
     rotate: bool = False  # fold a random Hadamard rotation into the residual stream (quantkit.quant.rotate)
 
     @property
@@ -205,6 +206,9 @@ def _check_type(value, typ, where: str):
     elif t.startswith("int"):
         if isinstance(value, bool) or not isinstance(value, int):
             raise QuantkitError(f"recipe field '{where}' must be an integer, got {value!r}")
+    elif t.startswith("float | str"):  # a number or a keyword, checked by the field's own validation
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise QuantkitError(f"recipe field '{where}' must be a number or a keyword, got {value!r}")
     elif t.startswith("float"):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise QuantkitError(f"recipe field '{where}' must be a number, got {value!r}")
@@ -259,13 +263,14 @@ def parse_recipe(data: dict, source: str = "") -> Recipe:
     _check_bits(act.bits, "activation.bits", allow_16=True)
     _check_group(act.group_size, "activation.group_size")
     if act.smooth is not None:
-        if isinstance(act.smooth, bool) or not isinstance(act.smooth, (int, float)) or not 0 <= act.smooth <= 1:
-            raise QuantkitError(f"recipe field 'activation.smooth' is SmoothQuant's alpha in [0, 1] (e.g. 0.5), "
-                                f"got {act.smooth!r}")
+        if act.smooth != "auto" and (isinstance(act.smooth, bool) or not isinstance(act.smooth, (int, float))
+                                     or not 0 <= act.smooth <= 1):
+            raise QuantkitError(f"recipe field 'activation.smooth' is SmoothQuant's alpha in [0, 1] (e.g. 0.5) "
+                                f"or 'auto' (searched per fold), got {act.smooth!r}")
         if not act.enabled:
             raise QuantkitError("recipe field 'activation.smooth' needs quantized activations (activation.bits "
                                 "8); drop it for weight-only recipes")
-        act.smooth = float(act.smooth)
+        act.smooth = act.smooth if act.smooth == "auto" else float(act.smooth)
     if act.rotate and not act.enabled:
         raise QuantkitError("recipe field 'activation.rotate' needs quantized activations (activation.bits 8); "
                             "drop it for weight-only recipes")

@@ -19,10 +19,18 @@ weights unchanged (llm-compressor's mappings for Llama-like layers):
 * up_proj → down_proj (the MLP's product act(gate)·up is linear in up's output).
 
 max|X_j| is measured on the calibration windows as they reach the layer, before its weights are quantized.
+
+One α for the whole model is a compromise: the folds differ by orders of magnitude in how far their inputs' outliers
+stand out (down_proj's input carries the "massive activations" of Sun et al. 2024). ``alpha="auto"`` picks α per
+fold from a grid, by the consumers' output error under the recipe's own weight and activation quantizers on
+sampled calibration tokens, ‖Q_a(X diag(s)⁻¹) Q_w(diag(s) W)ᵀ − X Wᵀ‖²_F — the layer-wise α tuning of Intel Neural
+Compressor's SmoothQuant, scored like AWQ's scale search (AWQ Sec. 3.2, Eq. 4-5). No smoothing (s = 1) is one of
+the candidates, so a fold where smoothing does not help is left alone.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +41,8 @@ from quantkit.model.layerwise import LayerBatch, layer_output
 from quantkit.quant.layerquant import linear_input, pre_hooks
 
 MIN_SCALE = 1e-5  # SmoothQuant's clamp on s: an all-zero channel keeps a finite factor
+ALPHA_GRID = tuple(i / 10 for i in range(11))  # candidates of alpha="auto" (None = no smoothing is tried too)
+SEARCH_TOKENS = 2048  # calibration tokens each fold's α search scores (evenly spaced over every window)
 
 
 @dataclass
@@ -133,21 +143,70 @@ def fold_scales(pair: SmoothPair, s: torch.Tensor) -> None:
         lin.weight.copy_((lin.weight.float() * sc.to(lin.weight.device).unsqueeze(0)).to(lin.weight.dtype))
 
 
-def smooth_layer(layer: nn.Module, batches: list[LayerBatch], alpha: float) -> dict[str, float]:
-    """Apply SmoothQuant's four folds to one decoder layer from its calibration inputs ``batches``; returns the
-    largest factor s per fold (for logs). The layer computes the same function afterwards, up to rounding."""
-    if not 0.0 <= alpha <= 1.0:
-        raise QuantkitError(f"SmoothQuant alpha must be in [0, 1], got {alpha}; the paper uses 0.5")
+def smooth_layer(layer: nn.Module, batches: list[LayerBatch], alpha: float | str,
+                 fake_weight: Callable[[nn.Linear, torch.Tensor], torch.Tensor] | None = None,
+                 fake_act: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, float | None]:
+    """Apply SmoothQuant's four folds to one decoder layer from its calibration inputs ``batches``; returns the α
+    used per fold (None: left unsmoothed). The layer computes the same function afterwards, up to rounding.
+
+    ``alpha``: one migration strength for every fold, or ``"auto"`` to search it per fold (module docstring), which
+    needs ``fake_weight(linear, weight) -> fake-quantized weight`` and ``fake_act(x) -> fake-quantized x``."""
+    auto = alpha == "auto"
+    if not auto and (isinstance(alpha, (bool, str)) or not 0.0 <= alpha <= 1.0):
+        raise QuantkitError(f"SmoothQuant alpha must be in [0, 1] or 'auto', got {alpha!r}; the paper uses 0.5")
+    if auto and (fake_weight is None or fake_act is None):
+        raise ValueError("alpha='auto' scores candidates with the recipe's quantizers: pass fake_weight and fake_act")
     pairs = smooth_pairs(layer)
     x_absmax = input_absmax(layer, batches, pairs)
-    out = {}
-    for pair, xa in zip(pairs, x_absmax):
+    inputs = consumer_inputs(layer, batches, pairs) if auto else None
+    out: dict[str, float | None] = {}
+    for i, (pair, xa) in enumerate(zip(pairs, x_absmax)):
         xa = _to_producer(xa, pair)
         weights = [_to_producer_columns(lin.weight, pair) for lin in pair.consumers]
-        s = smoothing_scales(xa, weights, alpha)
-        fold_scales(pair, s)
-        out[pair.name] = float(s.max())
+        a = search_alpha(pair, inputs[i], xa, weights, fake_weight, fake_act) if auto else float(alpha)
+        if a is not None:
+            fold_scales(pair, smoothing_scales(xa, weights, a))
+        out[pair.name] = a
     return out
+
+
+def consumer_inputs(layer: nn.Module, batches: list[LayerBatch], pairs: list[SmoothPair],
+                    n_tokens: int = SEARCH_TOKENS) -> list[torch.Tensor]:
+    """Each pair's consumer input rows [T, K] (float32), at most ``n_tokens`` evenly spaced over all batches."""
+    from quantkit.quant.clip import sample_tokens
+
+    first = {f"{i}": p.consumers[0] for i, p in enumerate(pairs)}
+    seen: dict[str, list[torch.Tensor]] = {n: [] for n in first}
+    per_batch = -(-n_tokens // max(1, len(batches)))
+
+    def keep(name, args, kwargs):
+        x = linear_input(args, kwargs).detach()
+        seen[name].append(sample_tokens(x, x.shape[-1], per_batch))
+
+    with torch.no_grad(), pre_hooks(first, keep):
+        for b in batches:
+            layer_output(layer, b)
+    return [sample_tokens(seen[f"{i}"], pairs[i].consumers[0].in_features, n_tokens) for i in range(len(pairs))]
+
+
+@torch.no_grad()
+def search_alpha(pair: SmoothPair, x: torch.Tensor, x_absmax: torch.Tensor, weights: list[torch.Tensor],
+                 fake_weight: Callable[[nn.Linear, torch.Tensor], torch.Tensor],
+                 fake_act: Callable[[torch.Tensor], torch.Tensor], grid=ALPHA_GRID) -> float | None:
+    """The α of ``grid`` (or None, no smoothing) whose folded consumers lose least on inputs ``x`` [T, K]:
+    argmin Σ_consumers ‖Q_a(X / s) Q_w(W · s)ᵀ − X Wᵀ‖²_F with s = Eq. 4 at that α (module docstring)."""
+    x = x.float()
+    refs = [x @ lin.weight.float().T for lin in pair.consumers]
+    best, best_err = None, None
+    for a in (None, *grid):
+        sc = torch.ones(x.shape[1]) if a is None else _to_consumer(smoothing_scales(x_absmax, weights, a), pair)
+        sc = sc.to(x.device)
+        xq = fake_act(x / sc)
+        err = sum(float((xq @ fake_weight(lin, lin.weight.float() * sc).float().T - ref).square().sum())
+                  for lin, ref in zip(pair.consumers, refs))
+        if best_err is None or err < best_err:
+            best, best_err = a, err
+    return best
 
 
 def _to_producer_columns(weight: torch.Tensor, pair: SmoothPair) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""CUDA decode GEMV over int8 activation codes (quantkit.runtime.kernels.cuda_gemv_a8): W8A8, MixLLM W4A8 and the
+"""CUDA decode GEMV over int8 activation codes (quantkit.runtime.kernels.cuda.gemv_a8): W8A8, MixLLM W4A8 and the
 one-launch mixed W4.4A8 against the torch reference over the same packed tensors, and the reasons it declines an
 input (checked without a GPU)."""
 
@@ -19,7 +19,7 @@ TOL = 1e-3  # fp16 output rounding; the sums are exact integers times fp32 scale
 
 
 def _gpu_ok() -> bool:
-    from quantkit.runtime.kernels.cuda_gemv import cupy_available
+    from quantkit.runtime.kernels.cuda.common import cupy_available
 
     return torch.cuda.is_available() and cupy_available()
 
@@ -33,7 +33,7 @@ def _acts(m: int, k: int, act_group: int, seed: int, device: str = "cuda"):
 def test_a8_gemv_declines_inputs_it_cannot_read():
     """Shape, layout, group, dtype, layout-of-memory and device reasons, checked on the CPU in the order
     a8_gemv_problem takes them (the CUDA ones come last)."""
-    from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_problem
+    from quantkit.runtime.kernels.cuda.gemv_a8 import a8_gemv_problem
 
     codes, scales = _acts(2, 512, 128, 0, "cpu")
     _, t8, meta8 = packed("w8", 40, 512, sym=True)
@@ -66,7 +66,7 @@ def test_a8_gemv_declines_inputs_it_cannot_read():
 
 def test_a8_gemv_cuda_refuses_bad_groups_and_shapes():
     """Direct callers get a ValueError before anything reaches the GPU."""
-    from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda
+    from quantkit.runtime.kernels.cuda.gemv_a8 import a8_gemv_cuda
 
     codes, scales = _acts(2, 512, 128, 0, "cpu")
     _, t8, meta8 = packed("w8", 40, 512, sym=True)
@@ -84,8 +84,8 @@ def test_decode_dispatch_rules():
     """The measured launch rules keep their shape: the A8 GEMV never past M = 16 and above M = 8 only for 8-bit
     weights on layers up to 8192 rows; at M = 5-8 mixed layers up to N = 16384, 4-bit ones up to 8192, and
     LiquidQuant only with short rows; the W4A16 GEMV takes M <= 8 everywhere and nothing above."""
-    from quantkit.runtime.kernels.cuda_gemv import cuda_gemv_preferred, default_variant
-    from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_preferred, a8_token_sets
+    from quantkit.runtime.kernels.cuda.gemv import cuda_gemv_preferred, default_variant
+    from quantkit.runtime.kernels.cuda.gemv_a8 import a8_gemv_preferred, a8_token_sets
 
     assert a8_gemv_preferred(1, 28672, 4096) and not a8_gemv_preferred(17, 4096, 4096, layouts=("w8",))
     assert a8_gemv_preferred(8, 28672, 4096, layouts=("w8",))
@@ -112,8 +112,8 @@ def test_decode_gemv_warps_and_wait_rules():
     """Session 13's measured GEMV rules: 4 warps again above 16384 rows (2 from 8193 to 16384, as the A8 GEMV),
     and the wait for the previous grid after two weight tiles at decode sizes — for the W4A16 GEMV only on layers
     of <= 8192 rows and columns, for the A8 GEMV on all."""
-    from quantkit.runtime.kernels.cuda_gemv import cuda_gemv_warps, default_variant
-    from quantkit.runtime.kernels.cuda_gemv_a8 import a8_kernel_name, a8_wait_after_two, a8_warps
+    from quantkit.runtime.kernels.cuda.gemv import cuda_gemv_warps, default_variant
+    from quantkit.runtime.kernels.cuda.gemv_a8 import a8_kernel_name, a8_wait_after_two, a8_warps
 
     assert [cuda_gemv_warps(n, 4096) for n in (1024, 4096, 6144, 8192, 14336, 16384, 24576, 28672)] == \
         [8, 8, 4, 4, 2, 2, 4, 4]
@@ -150,7 +150,7 @@ def test_a8_gemv_matches_reference_on_gpu(layout, m, n, k, group_size, act_group
     groups, per-token and grouped activation scales, M past one launch column of 8 or 16 tokens (two 8-token sets
     sharing each weight fragment), every warp looping over several tiles (odd and even counts); wait2: the wait for
     the previous grid after two weight tiles (warps of no tile, three, five and seven)."""
-    from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda
+    from quantkit.runtime.kernels.cuda.gemv_a8 import a8_gemv_cuda
 
     _, tensors, meta = packed(layout, n, k, group_size, seed=m + n, sym=layout == "w8")
     codes, scales = _acts(m, k, act_group, seed=k + m)
@@ -161,10 +161,10 @@ def test_a8_gemv_matches_reference_on_gpu(layout, m, n, k, group_size, act_group
     # the wait's place changes no arithmetic: the other placement gives the same bits
     assert torch.equal(out, a8_gemv_cuda(codes, scales, act_group, [(layout, tensors, meta, None)], n, out_dtype,
                                          warps=warps, token_sets=sets, wait_after_two=not wait2))
-    from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_preferred
+    from quantkit.runtime.kernels.cuda.gemv_a8 import a8_gemv_preferred
 
     if a8_gemv_preferred(m, n, k, layouts=(layout,)):  # int8_matmul's default path at decode sizes is this kernel
-        from quantkit.runtime.kernels.int8_gemm import int8_matmul
+        from quantkit.runtime.kernels.triton.int8_gemm import int8_matmul
 
         default = a8_gemv_cuda(codes, scales, act_group, [(layout, tensors, meta, None)], n, out_dtype)
         assert torch.equal(int8_matmul(codes, scales, act_group, layout, tensors, meta, out_dtype), default)
@@ -181,8 +181,8 @@ def test_mixed_a8_gemv_scatters_both_partitions_on_gpu(m, n, k, act_group, order
     4-bit, output columns scattered through each partition's row map into an output whose rows are wider than
     the layer; 8- or 16-token launch columns, fp16 or bf16, the 8-bit rows with their own group size; the Triton
     one-launch kernel agrees."""
-    from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda, a8_gemv_preferred
-    from quantkit.runtime.kernels.int8_gemm import mixed_int8_matmul
+    from quantkit.runtime.kernels.cuda.gemv_a8 import a8_gemv_cuda, a8_gemv_preferred
+    from quantkit.runtime.kernels.triton.int8_gemm import mixed_int8_matmul
 
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(n))
     rows8 = torch.arange(1, n, 3)
@@ -216,7 +216,7 @@ def test_kernel_params_point_at_typed_values():
 
     import numpy as np
 
-    from quantkit.runtime.kernels.cuda_common import _LaunchAttribute, _LaunchConfig, kernel_params
+    from quantkit.runtime.kernels.cuda.common import _LaunchAttribute, _LaunchConfig, kernel_params
 
     params, values = kernel_params((np.uint64(2 ** 40 + 3), np.int32(-7), np.int64(-2 ** 35)))
     assert [type(v) for v in values] == [ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64]
@@ -232,7 +232,7 @@ def test_pdl_form_that_does_not_compile_falls_back_to_the_plain_form(monkeypatch
     """launch_form: where programmatic dependent launch applies it compiles the QK_PDL source; if that fails (an
     NVRTC below sm_90 hits its #error) the plain form runs, launched the ordinary way, and PDL stays off for the
     device in this process, with one warning; QUANTKIT_PDL=0 never tries."""
-    from quantkit.runtime.kernels import cuda_common
+    from quantkit.runtime.kernels.cuda import common as cuda_common
 
     monkeypatch.setattr(cuda_common, "_PDL_OFF", {})
     monkeypatch.setattr(cuda_common, "_PDL_FORM_FAILED", set())
@@ -274,7 +274,7 @@ def test_launch_error_paths(monkeypatch):
     import sys
     import types
 
-    from quantkit.runtime.kernels import cuda_common
+    from quantkit.runtime.kernels.cuda import common as cuda_common
 
     fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda i: contextlib.nullcontext()))
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
@@ -335,10 +335,10 @@ def test_launch_error_paths(monkeypatch):
 def test_programmatic_launch_after_the_quantizer_gives_the_same_bits(monkeypatch, layout, group):
     """Quantizer + A8 GEMV (and W4A16 GEMV after it) with programmatic dependent launch, eagerly and replayed from
     a CUDA graph, equal the ordinary launches bit for bit (on GPUs before Hopper both are ordinary)."""
-    from quantkit.runtime.kernels import cuda_common
-    from quantkit.runtime.kernels.act_quant import quantize_activation_triton
-    from quantkit.runtime.kernels.cuda_gemv import cuda_gemv_problem, w4a16_gemv_cuda
-    from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda
+    from quantkit.runtime.kernels.cuda import common as cuda_common
+    from quantkit.runtime.kernels.triton.act_quant import quantize_activation_triton
+    from quantkit.runtime.kernels.cuda.gemv import cuda_gemv_problem, w4a16_gemv_cuda
+    from quantkit.runtime.kernels.cuda.gemv_a8 import a8_gemv_cuda
 
     # K = 4096: two weight tiles per warp of the A8 GEMV (8 warps) and the W4A16 one (2 warps), so both load their
     # second tile before the wait where the rule says so

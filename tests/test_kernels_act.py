@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 
 from quantkit.errors import QuantkitError  # noqa: E402
 from quantkit.quant.act import quantize_activation_int  # noqa: E402
-from quantkit.runtime.kernels.act_quant import quantize_activation_triton  # noqa: E402
+from quantkit.runtime.kernels.triton.act_quant import quantize_activation_triton  # noqa: E402
 from tests.kernels_helpers import DEVICE  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""The CUDA LiquidQuant cluster kernel (quantkit/runtime/kernels/cuda_lqq_cluster.py): what it refuses runs
+"""The CUDA LiquidQuant cluster kernel (quantkit/runtime/kernels/cuda/lqq_cluster.py): what it refuses runs
 anywhere; its numbers run on a Hopper GPU with CuPy only, where they must equal the unsplit Triton LiquidQuant
 kernel bit for bit (the cluster adds exact int32 partial sums, so any split gives the unsplit bits), call after call
 (a missing cluster barrier would show as calls that differ)."""
@@ -16,10 +16,10 @@ import pytest  # noqa: E402
 
 from quantkit.quant.act import quantize_activation_int  # noqa: E402
 from quantkit.runtime.kernels.configs import LQQ_CLUSTER_TABLE, TileConfig, lqq_cluster_launch  # noqa: E402
-from quantkit.runtime.kernels.cuda_common import cupy_available  # noqa: E402
-from quantkit.runtime.kernels.cuda_lqq_cluster import (CLUSTER_SPLITS, _cluster_split,  # noqa: E402
+from quantkit.runtime.kernels.cuda.common import cupy_available  # noqa: E402
+from quantkit.runtime.kernels.cuda.lqq_cluster import (CLUSTER_SPLITS, _cluster_split,  # noqa: E402
                                                         cluster_shared_bytes, lqq_cluster_matmul, lqq_cluster_problem)
-from quantkit.runtime.kernels.int8_gemm import int8_matmul  # noqa: E402
+from quantkit.runtime.kernels.triton.int8_gemm import int8_matmul  # noqa: E402
 from quantkit.runtime.kernels.reference import int8_reference  # noqa: E402
 from tests.kernels_helpers import DEVICE, packed, record_launches, rel_err  # noqa: E402
 
@@ -196,7 +196,7 @@ def test_rule_takes_the_cluster_kernel_only_where_it_was_measured_faster():
 def test_int8_matmul_runs_the_cluster_kernel_where_the_rule_picks_it_else_falls_through(monkeypatch):
     """int8_gemm._cluster_matmul without a GPU: the rule's launch reaches lqq_cluster_matmul when the kernel can run;
     when it cannot (a problem), int8_matmul goes on to the other kernels and still returns the product."""
-    from quantkit.runtime.kernels import int8_gemm
+    from quantkit.runtime.kernels.triton import int8_gemm
 
     _, tensors, meta = packed("w4a8-lqq", 64, 3584, 128, seed=2)
     codes, scales = _acts(17, 3584, seed=2)
@@ -214,7 +214,7 @@ def test_int8_matmul_runs_the_cluster_kernel_where_the_rule_picks_it_else_falls_
 @pytest.mark.gpu
 @hopper
 def test_int8_matmul_runs_the_cluster_kernel_on_a_narrow_layer(monkeypatch):
-    from quantkit.runtime.kernels import int8_gemm
+    from quantkit.runtime.kernels.triton import int8_gemm
 
     calls = record_launches(monkeypatch, int8_gemm, "lqq_cluster_matmul", 4, 9)
     _, tensors, meta = packed("w4a8-lqq", 512, 3584, 128, seed=6)
@@ -252,8 +252,8 @@ def test_no_register_a_operand_is_overwritten_while_its_wgmma_runs(tmp_path):
     import subprocess
 
     from quantkit.bench.sass import hazards, instructions, register_products
-    from quantkit.runtime.kernels.cuda_common import PDL_DEFINE
-    from quantkit.runtime.kernels.cuda_lqq_cluster import SOURCE, cluster_kernel_name
+    from quantkit.runtime.kernels.cuda.common import PDL_DEFINE
+    from quantkit.runtime.kernels.cuda.lqq_cluster import SOURCE, cluster_kernel_name
 
     args = ("const signed char*, const float*, int, long long, long long, const char*, const u32*, const __half*, "
             "int, int, int, int, int, void*, long long, int, int")

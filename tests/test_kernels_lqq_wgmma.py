@@ -1,4 +1,4 @@
-"""The Gluon LiquidQuant wgmma kernel (quantkit/runtime/kernels/lqq_wgmma.py): its launch rule and the reasons it
+"""The Gluon LiquidQuant wgmma kernel (quantkit/runtime/kernels/gluon_sm90/lqq_wgmma.py): its launch rule and the reasons it
 declines run anywhere; its numbers run on a Hopper GPU only (Gluon has no CPU interpreter), where they must equal
 the Triton LiquidQuant kernel's bit for bit at the same K split and stay within fp16 rounding of the reference."""
 
@@ -14,13 +14,13 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from quantkit.quant.act import quantize_activation_int  # noqa: E402
-from quantkit.runtime.kernels import int8_gemm  # noqa: E402
+from quantkit.runtime.kernels.triton import int8_gemm  # noqa: E402
 import quantkit.runtime.kernels.configs as configs  # noqa: E402
-from quantkit.runtime.kernels.launch import split_plan  # noqa: E402
+from quantkit.runtime.kernels.triton.launch import split_plan  # noqa: E402
 from quantkit.runtime.kernels.configs import (TileConfig, gemm_config, lqq_wgmma_config, lqq_wgmma_cost,  # noqa: E402
                                              lqq_wgmma_launch, lqq_wgmma_warpgroups)
-from quantkit.runtime.kernels.int8_gemm import int8_matmul  # noqa: E402
-from quantkit.runtime.kernels.lqq_wgmma import (HAVE_GLUON, lqq_wgmma_matmul, lqq_wgmma_problem,  # noqa: E402
+from quantkit.runtime.kernels.triton.int8_gemm import int8_matmul  # noqa: E402
+from quantkit.runtime.kernels.gluon_sm90.lqq_wgmma import (HAVE_GLUON, lqq_wgmma_matmul, lqq_wgmma_problem,  # noqa: E402
                                               one_copy_per_tile)
 from quantkit.runtime.kernels.reference import int8_reference  # noqa: E402
 from tests.kernels_helpers import DEVICE, packed, poisoned, record_launches, rel_err  # noqa: E402
@@ -310,7 +310,7 @@ def test_a_config_that_does_not_build_is_declined_from_then_on_and_later_errors_
     """A config that fails its first launch is declined without another try; the kernel as a whole only after
     BROKEN_AFTER failed configs with none that ran (a renamed operation fails them all); a config's failure next
     to one that ran declines that config alone; a config that ran raises its later errors."""
-    from quantkit.runtime.kernels import wgmma_common
+    from quantkit.runtime.kernels.gluon_sm90 import common as wgmma_common
 
     monkeypatch.setattr(wgmma_common, "_FAILED", {})
     monkeypatch.setattr(wgmma_common, "_LAUNCHED", set())
@@ -352,7 +352,7 @@ def test_a_two_warpgroup_launch_that_does_not_build_falls_back_to_the_one_warpgr
     """14336x4096 M = 352: two warpgroups on 192-token tiles; if that does not build, the rule's pick among
     one-warpgroup launches (128-token tiles: 60.8 us vs 67.3 for the 192-token tile on one, lqq_wg2_wide_h100.json),
     not the same tile on one warpgroup."""
-    from quantkit.runtime.kernels import wgmma_common
+    from quantkit.runtime.kernels.gluon_sm90 import common as wgmma_common
 
     monkeypatch.setattr(wgmma_common, "_FAILED", {})
     monkeypatch.setattr(wgmma_common, "_LAUNCHED", set())

@@ -1,4 +1,4 @@
-"""The warp-specialized Gluon LiquidQuant kernel (quantkit/runtime/kernels/lqq_ws.py): which launches it takes and
+"""The warp-specialized Gluon LiquidQuant kernel (quantkit/runtime/kernels/gluon_sm90/lqq_ws.py): which launches it takes and
 what it refuses run anywhere; its numbers run on a Hopper GPU only (Gluon has no CPU interpreter), where they must
 equal the Triton LiquidQuant kernel's bit for bit, call after call (a race would show as calls that differ)."""
 
@@ -14,12 +14,12 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from quantkit.quant.act import quantize_activation_int  # noqa: E402
-from quantkit.runtime.kernels import int8_gemm  # noqa: E402
+from quantkit.runtime.kernels.triton import int8_gemm  # noqa: E402
 import quantkit.runtime.kernels.configs as configs  # noqa: E402
 from quantkit.runtime.kernels.configs import TileConfig, lqq_wgmma_launch, lqq_ws_launch  # noqa: E402
-from quantkit.runtime.kernels.int8_gemm import int8_matmul  # noqa: E402
-from quantkit.runtime.kernels.lqq_ws import HAVE_GLUON, lqq_ws_matmul  # noqa: E402
-from quantkit.runtime.kernels.wgmma_common import ws_maxnreg  # noqa: E402
+from quantkit.runtime.kernels.triton.int8_gemm import int8_matmul  # noqa: E402
+from quantkit.runtime.kernels.gluon_sm90.lqq_ws import HAVE_GLUON, lqq_ws_matmul  # noqa: E402
+from quantkit.runtime.kernels.gluon_sm90.common import ws_maxnreg  # noqa: E402
 from quantkit.runtime.kernels.reference import int8_reference  # noqa: E402
 from tests.kernels_helpers import DEVICE, packed, record_launches, rel_err  # noqa: E402
 
@@ -222,7 +222,7 @@ def test_halved_launch_programs_cover_every_output_once(n):
     """The halved launch's programs (lqq_ws.halved_programs) mapped to tiles as _lqq_ws_kernel's HALVES branch maps
     them (a mirror of its index arithmetic): every output row of every token is stored exactly once, for ragged and
     whole last token rows and every halves_from."""
-    from quantkit.runtime.kernels.lqq_ws import halved_programs
+    from quantkit.runtime.kernels.gluon_sm90.lqq_ws import halved_programs
 
     for m in list(range(1, 600, 7)) + [640, 768, 769, 1000, 1024, 1025]:
         row_tiles, tiles = -(-n // 128), -(-n // 128) * -(-m // 256)
@@ -279,8 +279,8 @@ def test_dispatch_runs_whole_tiles_where_the_halved_launch_does_not_build(monkey
     """int8_gemm._gluon_matmul: where configs.lqq_ws_halves applies it launches the halved form first; a halved
     launch that fails to build falls back to the same launch with whole tiles (the warning says so), on a build record
     of its own — halved failures never count against lqq_ws's whole-tile launches (wgmma_common.kernel_broken)."""
-    from quantkit.runtime.kernels import wgmma_common
-    from quantkit.runtime.kernels.lqq_ws import HALVES_KERNEL, KERNEL
+    from quantkit.runtime.kernels.gluon_sm90 import common as wgmma_common
+    from quantkit.runtime.kernels.gluon_sm90.lqq_ws import HALVES_KERNEL, KERNEL
 
     monkeypatch.setattr(wgmma_common, "_FAILED", {})
     monkeypatch.setattr(wgmma_common, "_LAUNCHED", set())
@@ -346,7 +346,7 @@ def test_dispatch_falls_back_to_lqq_wgmma_where_the_ws_kernel_does_not_build_and
     """int8_gemm._gluon_matmul: a warp-specialized launch that fails to build falls back to lqq_wgmma's same launch
     (the warning names that fallback); a broken lqq_wgmma does not stop a working lqq_ws (each kernel has its own
     build record)."""
-    from quantkit.runtime.kernels import wgmma_common
+    from quantkit.runtime.kernels.gluon_sm90 import common as wgmma_common
 
     monkeypatch.setattr(wgmma_common, "_FAILED", {})
     monkeypatch.setattr(wgmma_common, "_LAUNCHED", set())
@@ -421,7 +421,7 @@ def test_k_pair_rule_takes_launches_of_one_program_an_sm_on_more_than_half_the_s
 def test_dispatch_runs_a_k_pair_launch_where_the_rule_says_and_falls_back_where_it_does_not_build(monkeypatch):
     """int8_gemm._gluon_matmul: where configs.lqq_k_pair holds, the K-pair launch of lqq_ws runs (128 tokens,
     LQQ_K_PAIR_STAGES stages); where it does not build, a warning names the fallback and the rule's own launch runs."""
-    from quantkit.runtime.kernels import wgmma_common
+    from quantkit.runtime.kernels.gluon_sm90 import common as wgmma_common
 
     monkeypatch.setattr(wgmma_common, "_FAILED", {})
     monkeypatch.setattr(wgmma_common, "_LAUNCHED", set())

@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaRMSNorm  # noqa: E402
 
 from quantkit.quant.act import quantize_activation_int  # noqa: E402
-from quantkit.runtime.kernels.rms_norm import rms_norm_triton  # noqa: E402
+from quantkit.runtime.kernels.triton.rms_norm import rms_norm_triton  # noqa: E402
 from tests.kernels_helpers import DEVICE  # noqa: E402
 
 

@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 from quantkit.quant import grid  # noqa: E402
 from quantkit.runtime.kernels.configs import TileConfig, gemm_config  # noqa: E402
 from quantkit.runtime.kernels.reference import w4a16_reference, w4a16_weight  # noqa: E402
-from quantkit.runtime.kernels.w4a16 import w4a16_dequantize, w4a16_matmul  # noqa: E402
+from quantkit.runtime.kernels.triton.w4a16 import w4a16_dequantize, w4a16_matmul  # noqa: E402
 from tests.kernels_helpers import DEVICE, packed, poisoned, rel_err  # noqa: E402
 
 TOL = {torch.float16: 1e-3, torch.bfloat16: 8e-3}
@@ -104,10 +104,10 @@ def test_w4a16_ptx_equals_plain_triton_and_reference_on_gpu(m, dtype):
 
 def test_split_k_sums_in_split_order_and_leaves_its_tickets_zeroed():
     """Each split-K program stores its partial sums in its own workspace slot and the last of a tile adds the
-    slots in split order (quantkit.runtime.kernels.splitk): repeated and differently-shaped launches, which reuse
+    slots in split order (quantkit.runtime.kernels.triton.splitk): repeated and differently-shaped launches, which reuse
     the workspace with stale slots, give bit-identical sums, and every ticket is back at zero."""
-    from quantkit.runtime.kernels import splitk
-    from quantkit.runtime.kernels.splitk import split_workspace
+    from quantkit.runtime.kernels.triton import splitk
+    from quantkit.runtime.kernels.triton.splitk import split_workspace
 
     _, tensors, meta = packed("w4a16", 33, 1024, 128, seed=3)
     x = torch.randn(3, 1024, generator=torch.Generator().manual_seed(0)).half().to(DEVICE)
@@ -126,7 +126,7 @@ def test_split_k_sums_in_split_order_and_leaves_its_tickets_zeroed():
 def test_split_workspace_only_for_split_launches_and_within_32_bit_offsets():
     """An unsplit launch never touches the workspace, so it must not allocate one (at prefill sizes that would be
     M·N fp32 kept alive per stream); slots addressed past 2^31 elements are refused, not wrapped."""
-    from quantkit.runtime.kernels import splitk
+    from quantkit.runtime.kernels.triton import splitk
 
     _, tensors, meta = packed("w4a16", 33, 512, 128, seed=5)
     x = torch.randn(40, 512, generator=torch.Generator().manual_seed(2)).half().to(DEVICE)
@@ -138,7 +138,7 @@ def test_split_workspace_only_for_split_launches_and_within_32_bit_offsets():
 
 
 def _cupy_ok() -> bool:
-    from quantkit.runtime.kernels.cuda_gemv import cupy_available
+    from quantkit.runtime.kernels.cuda.common import cupy_available
 
     return torch.cuda.is_available() and cupy_available()
 
@@ -146,7 +146,7 @@ def _cupy_ok() -> bool:
 def test_cuda_gemv_declines_inputs_it_cannot_read():
     """The CUDA decode GEMV names why it cannot take an input (w4a16_matmul then runs the Triton kernel); the
     shape and layout reasons come before the device ones, so they are checked here without a GPU."""
-    from quantkit.runtime.kernels.cuda_gemv import cuda_gemv_problem, cuda_gemv_supported
+    from quantkit.runtime.kernels.cuda.gemv import cuda_gemv_problem, cuda_gemv_supported
 
     _, t200, meta200 = packed("w4a16", 8, 200)
     _, t, meta = packed("w4a16", 8, 256)
@@ -180,7 +180,7 @@ def test_cuda_gemv_matches_reference_on_gpu(m, n, k, group_size, warps, l2_prefe
     K long enough that every warp loops over several tiles (odd and even counts: both register tiles in turn);
     sets = 2: 16 tokens per launch column sharing each dequantized fragment (M of 3, 12, 16 and 37); wait2: the
     wait for the previous grid after two tiles, with warps of no tile, one, two, three, five and seven."""
-    from quantkit.runtime.kernels.cuda_gemv import GemvVariant, w4a16_gemv_cuda
+    from quantkit.runtime.kernels.cuda.gemv import GemvVariant, w4a16_gemv_cuda
 
     _, tensors, meta = packed("w4a16", n, k, group_size, seed=m + n)
     wide = torch.randn(m, k + 64, device="cuda").to(dtype)
@@ -191,7 +191,7 @@ def test_cuda_gemv_matches_reference_on_gpu(m, n, k, group_size, warps, l2_prefe
     # the wait's place changes no arithmetic: the other placement gives the same bits
     assert torch.equal(out, w4a16_gemv_cuda(x, tensors, meta, GemvVariant(warps, l2_prefetch, sets, not wait2)))
     # w4a16_matmul's default path is the CUDA GEMV (its default variant) wherever cuda_gemv_preferred says so
-    from quantkit.runtime.kernels.cuda_gemv import cuda_gemv_preferred
+    from quantkit.runtime.kernels.cuda.gemv import cuda_gemv_preferred
 
     if cuda_gemv_preferred(m, n, k):
         assert torch.equal(w4a16_matmul(x, tensors, meta), w4a16_gemv_cuda(x, tensors, meta))

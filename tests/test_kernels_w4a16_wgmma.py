@@ -1,4 +1,4 @@
-"""The Gluon W4A16 wgmma kernel (quantkit/runtime/kernels/w4a16_wgmma.py): its per-byte dequantization PTX (the
+"""The Gluon W4A16 wgmma kernel (quantkit/runtime/kernels/gluon_sm90/w4a16_wgmma.py): its per-byte dequantization PTX (the
 Triton kernel's instructions), the reasons it declines, and — on a Hopper GPU only (Gluon has no CPU interpreter) —
 its numbers against the torch reference and the Triton W4A16 kernel on awkward shapes."""
 
@@ -13,12 +13,12 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from quantkit.runtime.kernels import w4a16 as w4a16_module  # noqa: E402
+from quantkit.runtime.kernels.triton import w4a16 as w4a16_module  # noqa: E402
 from quantkit.runtime.kernels.configs import gemm_config, w4a16_dequant_preferred, w4a16_wgmma_config  # noqa: E402
-from quantkit.runtime.kernels.dequant import _asm_f16, asm_f16_pair  # noqa: E402
+from quantkit.runtime.kernels.triton.dequant import _asm_f16, asm_f16_pair  # noqa: E402
 from quantkit.runtime.kernels.reference import w4a16_reference  # noqa: E402
-from quantkit.runtime.kernels.w4a16 import w4a16_matmul  # noqa: E402
-from quantkit.runtime.kernels.w4a16_wgmma import HAVE_GLUON, w4a16_wgmma_matmul, w4a16_wgmma_problem  # noqa: E402
+from quantkit.runtime.kernels.triton.w4a16 import w4a16_matmul  # noqa: E402
+from quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma import HAVE_GLUON, w4a16_wgmma_matmul, w4a16_wgmma_problem  # noqa: E402
 from tests.kernels_helpers import DEVICE, packed, record_launches, rel_err  # noqa: E402
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and HAVE_GLUON

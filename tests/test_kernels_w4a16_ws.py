@@ -1,4 +1,4 @@
-"""The warp-specialized Gluon W4A16 kernel (quantkit/runtime/kernels/w4a16_ws.py): what it refuses runs anywhere;
+"""The warp-specialized Gluon W4A16 kernel (quantkit/runtime/kernels/gluon_sm90/w4a16_ws.py): what it refuses runs anywhere;
 its numbers run on a Hopper GPU only (Gluon has no CPU interpreter), where they must equal the non-specialized
 Gluon kernel's at the same 128-token tiles bit for bit, call after call, and stay within fp16/bf16 rounding of the
 reference."""
@@ -14,12 +14,12 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-import quantkit.runtime.kernels.w4a16 as w4a16_module  # noqa: E402
+import quantkit.runtime.kernels.triton.w4a16 as w4a16_module  # noqa: E402
 from quantkit.runtime.kernels.configs import w4a16_wgmma_config, w4a16_ws_warpgroups  # noqa: E402
 from quantkit.runtime.kernels.reference import w4a16_reference  # noqa: E402
-from quantkit.runtime.kernels.w4a16 import w4a16_matmul  # noqa: E402
-from quantkit.runtime.kernels.w4a16_wgmma import w4a16_wgmma_matmul  # noqa: E402
-from quantkit.runtime.kernels.w4a16_ws import HAVE_GLUON, w4a16_ws_matmul, w4a16_ws_problem  # noqa: E402
+from quantkit.runtime.kernels.triton.w4a16 import w4a16_matmul  # noqa: E402
+from quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma import w4a16_wgmma_matmul  # noqa: E402
+from quantkit.runtime.kernels.gluon_sm90.w4a16_ws import HAVE_GLUON, w4a16_ws_matmul, w4a16_ws_problem  # noqa: E402
 from tests.kernels_helpers import DEVICE, packed, record_launches, rel_err  # noqa: E402
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and HAVE_GLUON

@@ -1,4 +1,4 @@
-"""The W8A8 TMA kernel (quantkit/runtime/kernels/w8a8_wgmma.py) and the int8 operands that let MixLLM W4A8 and
+"""The W8A8 TMA kernel (quantkit/runtime/kernels/gluon_sm90/w8a8_wgmma.py) and the int8 operands that let MixLLM W4A8 and
 mixed layers run it (int8_operand.py). The operands and the launch rule are checked anywhere (the operand kernel
 under Triton's CPU interpreter); the kernel itself only on a Hopper GPU, where it must equal the Triton W8A8 kernel
 bit for bit."""
@@ -15,14 +15,14 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from quantkit.quant.act import quantize_activation_int  # noqa: E402
-from quantkit.runtime.kernels import int8_gemm  # noqa: E402
+from quantkit.runtime.kernels.triton import int8_gemm  # noqa: E402
 from quantkit.runtime.kernels.configs import (MIXLLM_MIXED_OPERAND_MIN_M, MIXLLM_OPERAND_MIN_M,  # noqa: E402
                                              TileConfig, w8a8_wgmma_config)
-from quantkit.runtime.kernels.int8_gemm import int8_matmul, mixed_int8_matmul  # noqa: E402
-from quantkit.runtime.kernels.int8_operand import mixed_w8_operand, w8_operand  # noqa: E402
+from quantkit.runtime.kernels.triton.int8_gemm import int8_matmul, mixed_int8_matmul  # noqa: E402
+from quantkit.runtime.kernels.triton.int8_operand import mixed_w8_operand, w8_operand  # noqa: E402
 from quantkit.runtime.kernels.reference import int8_reference, int8_weight  # noqa: E402
-from quantkit.runtime.kernels.w8a8_wgmma import w8a8_wgmma_matmul, w8a8_wgmma_problem  # noqa: E402
-from quantkit.runtime.kernels.wgmma_common import HAVE_GLUON  # noqa: E402
+from quantkit.runtime.kernels.gluon_sm90.w8a8_wgmma import w8a8_wgmma_matmul, w8a8_wgmma_problem  # noqa: E402
+from quantkit.runtime.kernels.gluon_sm90.common import HAVE_GLUON  # noqa: E402
 from tests.kernels_helpers import DEVICE, packed, record_launches, rel_err  # noqa: E402
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and HAVE_GLUON

@@ -21,7 +21,7 @@ from quantkit.quant import grid  # noqa: E402
 from quantkit.quant.act import quantize_activation  # noqa: E402
 from quantkit.runtime import ActQuant, PackedPart, QuantLinear, dispatch  # noqa: E402
 from quantkit.runtime.kernels import entry  # noqa: E402
-from quantkit.runtime.kernels.int8_gemm import MODES  # noqa: E402
+from quantkit.runtime.kernels.triton.int8_gemm import MODES  # noqa: E402
 from tests.kernels_helpers import DEVICE, packed, rel_err  # noqa: E402
 
 TOL = 1e-3

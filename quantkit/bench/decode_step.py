@@ -183,8 +183,8 @@ def _time(step: Callable, hidden: torch.Tensor, device: str, reps: int, use_grap
 
 def _gemv_pdl(device: torch.device) -> bool:
     """Whether the CUDA decode GEMVs launch with programmatic dependent launch on ``device``
-    (:mod:`quantkit.runtime.kernels.cuda_common`; ``QUANTKIT_PDL=0`` turns it off)."""
-    from quantkit.runtime.kernels.cuda_common import pdl_supported
+    (:mod:`quantkit.runtime.kernels.cuda.common`; ``QUANTKIT_PDL=0`` turns it off)."""
+    from quantkit.runtime.kernels.cuda.common import pdl_supported
 
     return pdl_supported(device.index if device.index is not None else torch.cuda.current_device())
 

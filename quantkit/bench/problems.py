@@ -86,7 +86,7 @@ def fp16_and_lqq_inputs(tensors: dict, m: int, n: int, k: int) -> tuple[dict, li
     cuBLAS fp16's :func:`.timing.time_rotating` result for the same product, and the rotating inputs of the kernels —
     (int8 codes, per-token scales, a copy of the weight tensors) of fresh fp16 activations quantized by the Triton
     quantizer — enough copies that one rotation touches twice the L2 (:func:`.timing.copies_to_defeat_l2`)."""
-    from quantkit.runtime.kernels.act_quant import quantize_activation_triton
+    from quantkit.runtime.kernels.triton.act_quant import quantize_activation_triton
 
     fp16, xs = _fp16_and_activations(m, n, k, 3)
     codes = [quantize_activation_triton(x, 8, -1) for x in xs]
@@ -140,9 +140,9 @@ def _fp8_problem(m: int, n: int, k: int, randn) -> Problem:
 def build_problem(method: str, m: int, n: int, k: int, config=None, seed: int = 0) -> Problem:
     """The :class:`Problem` of ``method`` (module docstring) at [M, K] × [K, N]; ``config`` a TileConfig for
     the quantkit kernels (None: the default rule)."""
-    from quantkit.runtime.kernels.act_quant import quantize_activation_triton
-    from quantkit.runtime.kernels.int8_gemm import int8_matmul, mixed_int8_matmul
-    from quantkit.runtime.kernels.w4a16 import w4a16_matmul
+    from quantkit.runtime.kernels.triton.act_quant import quantize_activation_triton
+    from quantkit.runtime.kernels.triton.int8_gemm import int8_matmul, mixed_int8_matmul
+    from quantkit.runtime.kernels.triton.w4a16 import w4a16_matmul
 
     if method not in METHODS:
         raise QuantkitError(f"unknown benchmark method '{method}'; known: {', '.join(METHODS)}")

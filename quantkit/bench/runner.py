@@ -12,7 +12,7 @@ from quantkit.bench.roofline import Ceilings, gemm_flops, measure_ceilings, roof
 from quantkit.bench.timing import time_rotating
 from quantkit.errors import QuantkitError
 from quantkit.runtime.kernels.configs import TileConfig
-from quantkit.runtime.kernels.cuda_common import pdl_supported
+from quantkit.runtime.kernels.cuda.common import pdl_supported
 
 
 def _require_cuda() -> None:
@@ -43,7 +43,7 @@ def run_bench(shapes: Iterable[tuple[int, int]], ms: Sequence[int], methods: Seq
     whether this device launched the CUDA decode GEMVs with programmatic dependent launch when the row was timed —
     for the rows of methods that run one (quantkit's kernels at decode sizes), back-to-back calls in the timed
     graph overlapped
-    (:mod:`quantkit.runtime.kernels.cuda_common`; ``QUANTKIT_PDL=0`` times them in isolation)."""
+    (:mod:`quantkit.runtime.kernels.cuda.common`; ``QUANTKIT_PDL=0`` times them in isolation)."""
     _require_cuda()
     ceilings = ceilings or measure_ceilings()
     rows = []

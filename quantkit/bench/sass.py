@@ -196,9 +196,10 @@ def _lqq_launches():
     import torch
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from quantkit.runtime.kernels import lqq_wgmma, lqq_ws
+    from quantkit.runtime.kernels.gluon_sm90 import lqq_wgmma
+    from quantkit.runtime.kernels.gluon_sm90 import lqq_ws
     from quantkit.runtime.kernels.configs import LQQ_BIG_M_TILES, LQQ_BIG_M_WS_LONG_ROWS, lqq_ws_launch
-    from quantkit.runtime.kernels.wgmma_common import gl, ws_maxnreg
+    from quantkit.runtime.kernels.gluon_sm90.common import gl, ws_maxnreg
 
     m, n, k = 1024, 4096, 4096
     a, sa = torch.zeros(m, k, dtype=torch.int8), torch.zeros(m, 1)
@@ -251,8 +252,9 @@ def _w4a16_launches():
     import torch
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from quantkit.runtime.kernels import w4a16_wgmma, w4a16_ws
-    from quantkit.runtime.kernels.wgmma_common import gl, ws_maxnreg
+    from quantkit.runtime.kernels.gluon_sm90 import w4a16_wgmma
+    from quantkit.runtime.kernels.gluon_sm90 import w4a16_ws
+    from quantkit.runtime.kernels.gluon_sm90.common import gl, ws_maxnreg
 
     m, n, k = 1024, 4096, 4096
     w, p = torch.zeros(n, k // 8, dtype=torch.int32), torch.zeros(k // 128, n, dtype=torch.int32)

@@ -2,7 +2,7 @@
 
 A decoder layer's ``input_layernorm`` feeds q/k/v and its ``post_attention_layernorm`` feeds gate/up. transformers
 computes RMSNorm in eight torch operations (a kernel each in eager mode), and an A8 checkpoint then quantizes the
-result in one more (MixLLM Sec. 3.1.2); :mod:`quantkit.runtime.kernels.rms_norm` does both in one pass per token. At
+result in one more (MixLLM Sec. 3.1.2); :mod:`quantkit.runtime.kernels.triton.rms_norm` does both in one pass per token. At
 load each such norm becomes a :class:`FusedRMSNorm`: the same ``weight`` and ``variance_epsilon`` (same ``state_dict``
 keys), on a device with the kernel that kernel, elsewhere the original class's own forward (so CPU results are
 transformers' to the bit). Its output carries the codes and scales it made (:data:`A8_ATTR`); the first QuantLinear

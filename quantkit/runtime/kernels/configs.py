@@ -4,7 +4,7 @@ Both kernels compute the transposed product Y^T = W·X^T (LiquidGEMM Sec. 5.4): 
 (the tensor-core M dimension, 64 per warpgroup for wgmma) and BM tokens (the N dimension, as small as 16), so a
 decode step with one token wastes no weight-side work. Small M is memory-bound: the weight stream must be spread
 over enough programs to keep every SM loading (split-K adds programs along K; their fp32 partial sums go to
-per-split workspace slots that the last program of a tile adds, :mod:`.splitk`). Large M is compute-bound.
+per-split workspace slots that the last program of a tile adds, :mod:`quantkit.runtime.kernels.triton.splitk`). Large M is compute-bound.
 
 Up to M = 16 (and for the 8-bit and one-launch mixed kernels at every M) :data:`TABLE` holds the fastest config
 per kernel kind and token-count class measured by ``python -m quantkit.bench.sweep`` on an H100 at
@@ -21,7 +21,7 @@ import math
 
 from dataclasses import asdict, dataclass
 
-from quantkit.runtime.kernels.launch import split_plan
+from quantkit.runtime.kernels.triton.launch import split_plan
 
 SMS_H100 = 132
 
@@ -168,8 +168,8 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
     return cfg
 
 
-# LiquidQuant W4A8 on Hopper at M = 32-4096: the Gluon kernels (:mod:`.lqq_wgmma`; its unsplit 128-token launches on
-# :mod:`.lqq_ws` since session 16), whose dequantization overlaps int8 products of other warpgroups. A program owns 64
+# LiquidQuant W4A8 on Hopper at M = 32-4096: the Gluon kernels (:mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma`; its unsplit 128-token launches on
+# :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws` since session 16), whose dequantization overlaps int8 products of other warpgroups. A program owns 64
 # weight rows and a token tile of 32, 64 or 128 tokens, or 96 / 160 / 192 as a 64- or 128-token tile plus a 32- or
 # 64-token tail tile multiplying the same dequantized weights (a program dequantizes its weight slice once whatever its
 # token tile, so fewer token tiles mean less dequantization, but fewer programs).
@@ -322,7 +322,7 @@ def lqq_wgmma_cost(m: int, n: int, k: int, tile: int, split: int, sms: int = SMS
 # refit kept it (above).
 
 
-# LiquidQuant above M = 768: a wave model over five launches of the warp-specialized kernel (:mod:`.lqq_ws`; session
+# LiquidQuant above M = 768: a wave model over five launches of the warp-specialized kernel (:mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws`; session
 # 17, replacing session 14's model of lqq_wgmma launches and the Triton kernel, docs/BENCHMARKS.md). A launch of P
 # programs, p resident per SM, runs W = ceil(P / (SMs · p)) waves; the last, a fraction f of a full wave, counts
 # (solo if no SM holds two of its programs, else 1) · (1 − blend) + f · blend (a program alone on its SM runs
@@ -500,7 +500,7 @@ def lqq_big_m_option_waves(option: tuple[int, int, int], m: int, n: int, k: int,
 
 def lqq_ws_halves(m: int, n: int, k: int, launch: tuple[int, int, int, int, int, int] | None,
                   sms: int = SMS_H100) -> int | None:
-    """``halves_from`` of :func:`.lqq_ws.lqq_ws_matmul` for the lqq_ws ``launch`` (:func:`lqq_ws_launch`) of M tokens
+    """``halves_from`` of :func:`quantkit.runtime.kernels.gluon_sm90.lqq_ws.lqq_ws_matmul` for the lqq_ws ``launch`` (:func:`lqq_ws_launch`) of M tokens
     on an [N, K] weight: the halved plan's where it has fewer waves than the whole tiles (comment above), else
     None."""
     if not LQQ_WS_HALVES or launch is None or m < LQQ_HALVES_MIN_M:
@@ -605,7 +605,7 @@ def lqq_cost_model_options(m: int, n: int, k: int, sms: int = SMS_H100,
                            max_warpgroups: int = 2) -> list[tuple[int, int, int]]:
     """(tokens per program, K split, warpgroups) of every launch the LiquidQuant cost model scores for M tokens on an
     [N, K] weight (comments above): every token tile at each LQQ_WGMMA_SPLITS split where the unsplit launch has fewer
-    programs than SMs and every split of :func:`.launch.split_plan` but the last keeps MIN_SPLIT_TILES tiles; up to 64
+    programs than SMs and every split of :func:`quantkit.runtime.kernels.triton.launch.split_plan` but the last keeps MIN_SPLIT_TILES tiles; up to 64
     tokens only launches of MIN_PROGRAMS programs or more; two warpgroups on unsplit tiles where no one-warpgroup tile
     fits one wave."""
     row_tiles, k_tiles = -(-n // 64), -(-k // 256)
@@ -636,8 +636,8 @@ def lqq_cost_model_launch(m: int, n: int, k: int, sms: int = SMS_H100, max_warpg
     return (bm, _lqq_stages(m, -(-n // (64 * wg)) * -(-m // tile), sms), split, tail), wg
 
 
-# The warp-specialized LiquidQuant kernel (:mod:`.lqq_ws`: a TMA producer warp, consumer warpgroups; session 16) runs
-# the rule's unsplit launches of 128-token tiles (with or without a 32/64-token tail) in place of :mod:`.lqq_wgmma`. A/B
+# The warp-specialized LiquidQuant kernel (:mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws`: a TMA producer warp, consumer warpgroups; session 16) runs
+# the rule's unsplit launches of 128-token tiles (with or without a 32/64-token tail) in place of :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma`. A/B
 # on an H100 against lqq_wgmma with its race fixed (same launch, same process, ABBA;
 # docs/logs/session16/ws_ab_fixed_h100.json, every output bit-identical): 1.10x geometric mean over 55 points, 128
 # tokens on one warpgroup 1.09x (1.01-1.14x), 160 tokens 1.29x, 192 tokens on one warpgroup 1.24x, on two 1.035x
@@ -651,9 +651,9 @@ LQQ_WS_TWO_WARPGROUPS = True
 
 
 def lqq_ws_launch(cfg: tuple[int, int, int, int], warpgroups: int) -> tuple[int, int, int, int, int, int] | None:
-    """(tokens per program, stages, tail, warpgroups, programs per SM, K split) of :func:`.lqq_ws.lqq_ws_matmul` for
+    """(tokens per program, stages, tail, warpgroups, programs per SM, K split) of :func:`quantkit.runtime.kernels.gluon_sm90.lqq_ws.lqq_ws_matmul` for
     the Gluon LiquidQuant launch ``cfg`` = (tokens, stages, K split, tail) on ``warpgroups`` warpgroups, or None where
-    that launch stays on :mod:`.lqq_wgmma` (comment above: K-split launches too — lqq_ws takes a K split since
+    that launch stays on :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma` (comment above: K-split launches too — lqq_ws takes a K split since
     session 18, but on the k/v layer, where splits matter most, it ran no faster than lqq_wgmma's split launches,
     docs/logs/session18/kv_ws_sweep_b_h100.json)."""
     bm, stages, split, tail = cfg
@@ -685,14 +685,14 @@ LQQ_K_PAIR_STAGES = 4  # two ring slots a warpgroup (one each: 1.24-1.27x slower
 
 
 def lqq_k_pair(m: int, n: int, k: int, sms: int = SMS_H100) -> bool:
-    """Whether int8_matmul runs this LiquidQuant product as a K-pair launch of :mod:`.lqq_ws` (comment above) in
+    """Whether int8_matmul runs this LiquidQuant product as a K-pair launch of :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws` (comment above) in
     place of the Gluon launch :func:`lqq_wgmma_launch` picks: 128-token programs (one per 64 rows and 128 tokens)
     filling more than half the SMs and at most all of them, M >= 128, K of two 256-column tiles or more."""
     programs = -(-n // 64) * -(-m // 128)
     return LQQ_K_PAIR and m >= 128 and k >= 512 and sms // 2 < programs <= sms
 
 
-# LiquidQuant on layers of few rows: the CUDA cluster kernel (:mod:`.cuda_lqq_cluster`, session 19), whose K split adds
+# LiquidQuant on layers of few rows: the CUDA cluster kernel (:mod:`quantkit.runtime.kernels.cuda.lqq_cluster`, session 19), whose K split adds
 # its partial tiles inside a thread-block cluster instead of through global slots and a ticket. docs/bench/
 # lqq_cluster_sweep.py on an H100, every launch bit-identical to the unsplit Triton kernel; per class of layer (largest
 # N) and range of M, the launch with the best geometric mean over the points of the range (within 2.5 % of each
@@ -745,7 +745,7 @@ LQQ_CLUSTER_TABLE = {
 
 @functools.lru_cache(maxsize=4096)  # on every LiquidQuant call, decode steps included
 def lqq_cluster_launch(m: int, n: int, k: int) -> tuple[int, int, int, int, int] | None:
-    """(tokens, K split, stages, depth, rows) of :func:`.cuda_lqq_cluster.lqq_cluster_matmul` for M tokens on an [N, K]
+    """(tokens, K split, stages, depth, rows) of :func:`quantkit.runtime.kernels.cuda.lqq_cluster.lqq_cluster_matmul` for M tokens on an [N, K]
     LiquidQuant weight, or None where the other kernels run (comment above)."""
     if k not in LQQ_CLUSTER_K:
         return None
@@ -758,7 +758,7 @@ def lqq_cluster_launch(m: int, n: int, k: int) -> tuple[int, int, int, int, int]
 
 
 # MixLLM W8A8 at M = 17-32, above 64 and (since session 21, below) at 33-64 on layers of up to
-# W8A8_WGMMA_MID_MAX_N rows: the Gluon TMA kernel (:mod:`.w8a8_wgmma`), 64 tokens × 128 weight rows
+# W8A8_WGMMA_MID_MAX_N rows: the Gluon TMA kernel (:mod:`quantkit.runtime.kernels.gluon_sm90.w8a8_wgmma`), 64 tokens × 128 weight rows
 # per program (64 rows when that leaves fewer than W8A8_WGMMA_MIN_PROGRAMS programs), 4 stages, one warpgroup.
 # Against the Triton W8A8 kernel in docs/bench/w8a8_wgmma_sweep.py on an H100 (docs/logs/w8a8_wgmma_h100.json and
 # w8a8_wgmma_small_m_h100.json, five Llama-3-8B shapes × M = 17-4096), with these tiles: 1.2-1.6× faster at
@@ -816,7 +816,7 @@ def w8a8_wgmma_config(m: int, n: int, k: int) -> tuple[int, int, int, int, bool,
 
 
 # MixLLM W4A8 and mixed W4.4A8 prefill: from this many tokens the layer's int8 operand q − z is written once per
-# call (:mod:`.int8_operand`, one launch per partition, a mixed layer's rows in output order) and the W8A8 TMA kernel
+# call (:mod:`quantkit.runtime.kernels.triton.int8_operand`, one launch per partition, a mixed layer's rows in output order) and the W8A8 TMA kernel
 # multiplies it — bit-identical to the g128 Triton kernels. docs/bench/int8_operand_sweep.py on an H100
 # (docs/logs/int8_operand_mixed_fused_h100.json, five Llama-3-8B shapes): W4A8 1.19-1.30× the Triton kernel at
 # M = 1024 and 1.28-1.38× at 2048, mixed 1.13-1.28× and 1.25-1.34× (the operand moves N·Kp·1.5 bytes: 14336×4096
@@ -868,7 +868,7 @@ def w4a16_dequant_preferred(m: int, n: int, k: int) -> bool:
     return m >= W4A16_DEQUANT_MIN_M or (m >= 257 and (n, k) in W4A16_DEQUANT_SHAPES_FROM_257)
 
 
-# W4A16 at M = 17-32 and 65-128 (65-512 until session 16, below) on Hopper: the Gluon kernel (:mod:`.w4a16_wgmma`),
+# W4A16 at M = 17-32 and 65-128 (65-512 until session 16, below) on Hopper: the Gluon kernel (:mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma`),
 # whose dequantization overlapped its own fp16 wgmma products until then. docs/bench/w4a16_wgmma_sweep.py on an H100,
 # five Llama-3.1-8B shapes: the variant sweep (docs/logs/session11/w4a16_wgmma_h100.json, M = 32-2048) picked
 # 32-token tiles at M <= 32 (two warpgroups of 128 rows on layers of >= 96 such row tiles, else one warpgroup and K
@@ -885,7 +885,7 @@ def w4a16_dequant_preferred(m: int, n: int, k: int) -> bool:
 # weights per token tile, and one or two warpgroups per SM keep the tensor cores about 2/3 as busy as cuBLAS at
 # M = 2048.
 # Since session 16 the kernel waits for a tile's products before forming the next tile's planes (see
-# :mod:`.w4a16_wgmma`: the overlap it had left writes to registers its running products read), 0.74-0.88x its old
+# :mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma`: the overlap it had left writes to registers its running products read), 0.74-0.88x its old
 # time at M = 256-512 and 0.93-0.99x at M = 32 (docs/logs/session16/kernel_ab_w4a16_wait0_h100.json); against the
 # other paths (docs/bench/w4a16_paths.py, docs/logs/session16/w4a16_paths_h100.json, three Llama-3 shapes) the
 # Triton kernel was then 1.09-1.27x faster at M = 256 and 512, while at M = 96 on 14336×4096 the Gluon kernel still
@@ -911,7 +911,7 @@ def w4a16_wgmma_config(m: int, n: int, k: int) -> tuple[int, int, int, int] | No
 
 
 
-# The warp-specialized W4A16 kernel (:mod:`.w4a16_ws`: a TMA producer warp, consumer warpgroups; unsplit 128-token
+# The warp-specialized W4A16 kernel (:mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_ws`: a TMA producer warp, consumer warpgroups; unsplit 128-token
 # tiles; session 17). docs/bench/w4a16_paths.py --gluon on an H100 (docs/logs/session17/w4a16_paths_gluon_h100.json
 # and w4a16_paths_ws_h100.json: six Llama-3-8B shapes incl. the 1024×4096 k/v layer × M = 80-512, every output of it
 # bit-identical to w4a16_wgmma's same launch): faster than w4a16_wgmma on the same launch at all 24 points timed
@@ -960,7 +960,7 @@ def w4a16_ws_warpgroups(m: int, n: int, k: int, sms: int = SMS_H100) -> int | No
         return None
     return 1 if programs_one <= sms else 2
 
-# The activation quantizer (:mod:`.act_quant`): rows per program and warps. docs/bench/act_quant_sweep.py on an H100
+# The activation quantizer (:mod:`quantkit.runtime.kernels.triton.act_quant`): rows per program and warps. docs/bench/act_quant_sweep.py on an H100
 # (docs/logs/act_quant_h100.json; every variant bit-identical, M = 1-4096, K = 4096 and 14336; compared here among
 # the variants, which were timed alike): a program's rows past M are masked but still pay the round-to-nearest
 # divisions, so padding is what decode sizes lost. Per token, 1 row × 8 warps was the fastest variant at every M

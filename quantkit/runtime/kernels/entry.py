@@ -15,7 +15,7 @@ The activation's int8 codes and its fake-quant form come from the forward's
 partitions of a mixed-precision layer quantize the activation once between them.
 
 :func:`mixed_kernel` runs a two-partition layer whose layouts all have int8 kernels with A8 activations as ONE
-launch of :func:`.int8_gemm.mixed_int8_matmul` (MixLLM Sec. 3.4): one activation quantization, each partition's
+launch of :func:`quantkit.runtime.kernels.triton.int8_gemm.mixed_int8_matmul` (MixLLM Sec. 3.4): one activation quantization, each partition's
 epilogue scattering into its output columns; :func:`mixed_supported` says which layers it takes.
 """
 
@@ -28,10 +28,10 @@ import torch.nn.functional as F
 
 from quantkit.quant.act import quantize_activation_int
 from quantkit.runtime.dispatch import A8_FORM, FAKE_FORM, ActQuant, SharedActivation
-from quantkit.runtime.kernels.act_quant import quantize_activation_triton
-from quantkit.runtime.kernels.int8_gemm import MODES, int8_matmul, mixed_int8_matmul
-from quantkit.runtime.kernels.rms_norm import rms_norm_triton
-from quantkit.runtime.kernels.w4a16 import w4a16_matmul
+from quantkit.runtime.kernels.triton.act_quant import quantize_activation_triton
+from quantkit.runtime.kernels.triton.int8_gemm import MODES, int8_matmul, mixed_int8_matmul
+from quantkit.runtime.kernels.triton.rms_norm import rms_norm_triton
+from quantkit.runtime.kernels.triton.w4a16 import w4a16_matmul
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -115,7 +115,7 @@ def mixed_supported(layouts: tuple[str, ...], act: ActQuant | None) -> bool:
 def mixed_kernel(x: torch.Tensor, parts: list, out_features: int, act: ActQuant | None,
                  shared: SharedActivation | None = None) -> torch.Tensor:
     """Y [M, out_features] (x's dtype, no bias) of a mixed-precision layer in one launch (MixLLM Sec. 3.4):
-    the activation quantized once, then :func:`.int8_gemm.mixed_int8_matmul` over ``parts`` — a list of
+    the activation quantized once, then :func:`quantkit.runtime.kernels.triton.int8_gemm.mixed_int8_matmul` over ``parts`` — a list of
     (layout, tensors, meta, rows int32 output indices)."""
     layouts = tuple(p[0] for p in parts)
     if not mixed_supported(layouts, act):
@@ -129,7 +129,7 @@ def mixed_kernel(x: torch.Tensor, parts: list, out_features: int, act: ActQuant 
 
 def rms_norm_entry(x: torch.Tensor, weight: torch.Tensor, eps: float, act: ActQuant | None
              ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """The registered RMSNorm kernel (:mod:`.rms_norm`): y of x [M, K], and the A8 codes and scales of y that
+    """The registered RMSNorm kernel (:mod:`quantkit.runtime.kernels.triton.rms_norm`): y of x [M, K], and the A8 codes and scales of y that
     :func:`a8_activation` would make when ``act`` is one the int8 kernels take with power-of-two groups (else
     None, None: the consumers quantize y themselves)."""
     group_size = None

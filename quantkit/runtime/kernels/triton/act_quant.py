@@ -7,7 +7,7 @@ nearest fp16, bumped one ulp when it fell below s), codes = round-half-even(x / 
 The division is IEEE round-to-nearest (tl.math.div_rn) and rounding uses the 1.5·2^23 magic add — both exactly
 what torch computes — so the codes match bit for bit. Every element is read once: a program holds whole groups
 (or whole rows, per token) in registers. On Hopper each program first lets the next kernel launch (programmatic
-dependent launch, :mod:`.cuda_common`): the decode GEMV after it streams its weights while the codes are made.
+dependent launch, :mod:`quantkit.runtime.kernels.cuda.common`): the decode GEMV after it streams its weights while the codes are made.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import triton.language as tl
 from quantkit.errors import QuantkitError
 from quantkit.quant.grid import num_groups
 from quantkit.runtime.kernels.configs import act_quant_launch
-from quantkit.runtime.kernels.cuda_common import pdl_supported
+from quantkit.runtime.kernels.cuda.common import pdl_supported
 from quantkit.runtime.kernels.jit import check_device, kernel
 
 try:  # programmatic dependent launch's trigger (recent Triton; 3.6 has it); without it the quantizer never signals

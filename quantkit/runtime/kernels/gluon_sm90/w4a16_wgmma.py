@@ -1,10 +1,10 @@
 """W4A16 on Hopper with the dequantization of one warpgroup overlapping the fp16 tensor-core products of others (Gluon).
 
-The Triton W4A16 kernel (:mod:`.w4a16`) places the 8 dequantized planes of a 256-column tile side by side in K
+The Triton W4A16 kernel (:mod:`quantkit.runtime.kernels.triton.w4a16`) places the 8 dequantized planes of a 256-column tile side by side in K
 order (a register shuffle through shared memory) and multiplies them with ``tl.dot``, which Triton 3.6 waits for
 before the program dequantizes its next tile; at prefill sizes it ran 0.66-0.95× cuBLAS fp16 and quantkit
 dequantized Ŵ to fp16 in memory and called cuBLAS instead (docs/BENCHMARKS.md). This kernel follows
-:mod:`.lqq_wgmma` (LiquidGEMM Sec. 5's ImFP pipeline, TurboMind Sec. 4.1/4.3: the packed layout follows the MMA
+:mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma` (LiquidGEMM Sec. 5's ImFP pipeline, TurboMind Sec. 4.1/4.3: the packed layout follows the MMA
 operand, dequantization overlaps the MMA) for fp16/bf16 operands:
 
 * a program owns 64 weight rows per warpgroup (wgmma's M side; one or two warpgroups, which share the program's
@@ -15,7 +15,7 @@ operand, dequantization overlaps the MMA) for fp16/bf16 operands:
   16 rows, and because word j carries column j of every plane (:mod:`quantkit.formats.nibble_planes`), byte b of
   words 2c and 2c + 1 is exactly one A-fragment register — the fp16 pair of K positions (2c, 2c + 1) — of plane b
   (low nibbles) and plane b + 4 (high nibbles). So the planes need no shuffle, and the arithmetic is the Triton
-  kernel's :data:`.dequant.ASM_F16` (MixLLM Sec. 3.3 / TurboMind Fig. 6 magic-number int→float, exact (q − z),
+  kernel's :data:`quantkit.runtime.kernels.triton.dequant.ASM_F16` (MixLLM Sec. 3.3 / TurboMind Fig. 6 magic-number int→float, exact (q − z),
   one rounding of (q − z)·s): Ŵ is the same fp16 (bf16) weight as the Triton kernel's and the reference's;
 * plane p multiplies activation columns 32p … 32p + 31 of the tile: one k32 ``warpgroup_mma`` per plane from an
   fp16 activation tile that ``cp.async`` brought into shared memory STAGES − 1 tiles ahead (four [BM, 64] slices
@@ -25,7 +25,7 @@ operand, dequantization overlaps the MMA) for fp16/bf16 operands:
   register A operand alive while its product runs, so the overlap of products with the next planes inside a
   warpgroup that this kernel had until session 16 (pairs of products in flight) left writes to such registers in
   its SASS (docs/bench/sass_hazards.py); the tensor cores now overlap other warpgroups' work;
-* fp32 accumulation over K, stored in the activation dtype, directly or through split-K slots (:mod:`.splitk`).
+* fp32 accumulation over K, stored in the activation dtype, directly or through split-K slots (:mod:`quantkit.runtime.kernels.triton.splitk`).
 
 Requires K a multiple of 256, 16-byte aligned activation rows, and a Hopper GPU; :func:`w4a16_wgmma_problem`
 says when it cannot run. No CPU interpreter runs Gluon: the pure-torch reference of the format is
@@ -36,11 +36,11 @@ from __future__ import annotations
 
 import torch
 
-from quantkit.runtime.kernels.dequant import CONSTRAINTS_F16_PAIR_TEXT, asm_f16_pair
+from quantkit.runtime.kernels.triton.dequant import CONSTRAINTS_F16_PAIR_TEXT, asm_f16_pair
 from quantkit.runtime.kernels.jit import check_device
-from quantkit.runtime.kernels.launch import groups_in_halves, split_plan
-from quantkit.runtime.kernels.splitk import split_workspace
-from quantkit.runtime.kernels.wgmma_common import BN, HAVE_GLUON, hopper_problem
+from quantkit.runtime.kernels.triton.launch import groups_in_halves, split_plan
+from quantkit.runtime.kernels.triton.splitk import split_workspace
+from quantkit.runtime.kernels.gluon_sm90.common import BN, HAVE_GLUON, hopper_problem
 
 KERNEL = "w4a16_wgmma"  # its name for hopper_problem / launch_or_decline
 TOKEN_TILES = (32, 64, 128)  # BM: wgmma's N side (the fp32 accumulator is BM / 2 registers a thread)
@@ -48,7 +48,7 @@ SMEM_RING_MAX = 196608  # bytes of activation ring a program may take (Hopper: 2
 
 
 if HAVE_GLUON:
-    from quantkit.runtime.kernels.wgmma_common import (async_copy, cp_async, cta_barrier, gl, gluon, load_words,
+    from quantkit.runtime.kernels.gluon_sm90.common import (async_copy, cp_async, cta_barrier, gl, gluon, load_words,
                                                        store_tile, wait_x, warpgroup_mma, warpgroup_mma_wait,
                                                        x_layout)
 
@@ -109,7 +109,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _group_terms(p, BF16: gl.constexpr):
         """(1024 + z, s, -(64 + z)) [64, 1] in fp16 of ``qparams`` words (scale | zero << 16): the constants
-        :data:`.dequant.ASM_F16` takes for a low and a high half-tile (bf16: 128 + z, s rounded to bf16, 128 + z)."""
+        :data:`quantkit.runtime.kernels.triton.dequant.ASM_F16` takes for a low and a high half-tile (bf16: 128 + z, s rounded to bf16, 128 + z)."""
         s16 = (p & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True)
         z = ((p >> 16) & 0xFF).to(gl.float32)
         if BF16:
@@ -219,8 +219,8 @@ if HAVE_GLUON:
 def w4a16_wgmma_problem(x: torch.Tensor, meta: dict, out: torch.Tensor | None = None,
                         kernel: str = KERNEL) -> str | None:
     """Why :func:`w4a16_wgmma_matmul` cannot run this product (None: it can): fp16/bf16 activations, an output of
-    their dtype, :func:`.wgmma_common.hopper_problem` (K a multiple of 256, 16-byte aligned rows, Gluon, sm_90, a
-    kernel — this one or ``kernel``, :mod:`.w4a16_ws` — that built with this Triton), and a row stride of a
+    their dtype, :func:`quantkit.runtime.kernels.gluon_sm90.common.hopper_problem` (K a multiple of 256, 16-byte aligned rows, Gluon, sm_90, a
+    kernel — this one or ``kernel``, :mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_ws` — that built with this Triton), and a row stride of a
     multiple of 16 elements."""
     if x.dtype not in (torch.float16, torch.bfloat16):
         return f"activations are {x.dtype}, not fp16/bf16"
@@ -251,7 +251,7 @@ def w4a16_wgmma_matmul(x: torch.Tensor, tensors: dict, meta: dict, bm: int = 128
     """Y [M, N] = X·Ŵᵀ in x's dtype (fp16/bf16) for a ``w4a16`` weight (module docstring): Ŵ = (q − z)·s rounded
     to x's dtype per element as :func:`.reference.w4a16_reference`, fp32 accumulation; ``bm`` tokens per program
     (32, 64 or 128), ``stages`` activation tiles in flight (2-4), ``split_k`` programs along K (fp32 slots summed
-    in split order, :mod:`.splitk`), ``warpgroups`` (1 or 2) warpgroups per program, each its own 64 weight rows
+    in split order, :mod:`quantkit.runtime.kernels.triton.splitk`), ``warpgroups`` (1 or 2) warpgroups per program, each its own 64 weight rows
     against the program's shared activation tiles. The caller checks :func:`w4a16_wgmma_problem`."""
     if (bm not in TOKEN_TILES or stages not in (2, 3, 4) or split_k < 1 or warpgroups not in (1, 2)
             or stages * bm * 512 > SMEM_RING_MAX):

@@ -1,13 +1,13 @@
 """W4A16 Triton kernel: 4-bit group-wise weights in the ``w4a16`` layout × fp16/bf16 activations.
 
 Per 256-column tile a program loads its BN rows' 32 words each (128 contiguous bytes a row), dequantizes the 8
-planes in registers (:func:`quantkit.runtime.kernels.dequant.planes_f16`: magic-number int→float, exact
-(q - z)·s), places them side by side in K order (:func:`quantkit.runtime.kernels.dequant.side_by_side`) and
+planes in registers (:func:`quantkit.runtime.kernels.triton.dequant.planes_f16`: magic-number int→float, exact
+(q - z)·s), places them side by side in K order (:func:`quantkit.runtime.kernels.triton.dequant.side_by_side`) and
 issues one tensor-core product against the tile's [256, BM] activations, accumulating in fp32 (TurboMind Sec.
 4.1/4.3: the packed layout follows the MMA operand, dequantization overlaps the MMA — Triton keeps consecutive
 tiles' products in flight). The
 product is computed transposed, Y^T = W·X^T (LiquidGEMM Sec. 5.4), so a one-token GEMV still fills the MMA's
-64-row side with weights. Small M splits K over programs (:mod:`quantkit.runtime.kernels.splitk`); see
+64-row side with weights. Small M splits K over programs (:mod:`quantkit.runtime.kernels.triton.splitk`); see
 :mod:`quantkit.runtime.kernels.configs`.
 """
 
@@ -19,16 +19,16 @@ import triton.language as tl
 from quantkit.formats.nibble_planes import PLANE_K
 from quantkit.runtime.kernels.configs import (TileConfig, gemm_config, w4a16_dequant_preferred, w4a16_wgmma_config,
                                              w4a16_ws_warpgroups)
-from quantkit.runtime.kernels.cuda_gemv import cuda_gemv_preferred, cuda_gemv_supported, w4a16_gemv_cuda
-from quantkit.runtime.kernels.dequant import planes_f16, side_by_side
+from quantkit.runtime.kernels.cuda.gemv import cuda_gemv_preferred, cuda_gemv_supported, w4a16_gemv_cuda
+from quantkit.runtime.kernels.triton.dequant import planes_f16, side_by_side
 from quantkit.runtime.kernels.jit import INTERPRET, USE_ASM, check_device, kernel
-from quantkit.runtime.kernels.launch import groups_in_halves, split_plan
-from quantkit.runtime.kernels.splitk import split_workspace, store_tile
-from quantkit.runtime.kernels.w4a16_wgmma import KERNEL as WGMMA_KERNEL
-from quantkit.runtime.kernels.w4a16_wgmma import w4a16_wgmma_matmul, w4a16_wgmma_problem
-from quantkit.runtime.kernels.w4a16_ws import KERNEL as WS_KERNEL
-from quantkit.runtime.kernels.w4a16_ws import w4a16_ws_matmul, w4a16_ws_problem
-from quantkit.runtime.kernels.wgmma_common import launch_or_decline
+from quantkit.runtime.kernels.triton.launch import groups_in_halves, split_plan
+from quantkit.runtime.kernels.triton.splitk import split_workspace, store_tile
+from quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma import KERNEL as WGMMA_KERNEL
+from quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma import w4a16_wgmma_matmul, w4a16_wgmma_problem
+from quantkit.runtime.kernels.gluon_sm90.w4a16_ws import KERNEL as WS_KERNEL
+from quantkit.runtime.kernels.gluon_sm90.w4a16_ws import w4a16_ws_matmul, w4a16_ws_problem
+from quantkit.runtime.kernels.gluon_sm90.common import launch_or_decline
 
 
 @kernel
@@ -139,10 +139,10 @@ def w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: TileConfig 
     per element (bf16: s rounded to bf16 first); fp32 accumulation. ``x`` [M, K] (any row stride, unit column
     stride); ``out`` an optional [M, N] result tensor; ``use_asm`` False forces the plain-Triton dequantization
     (tests compare it with the PTX path). With no ``config``, at decode sizes (``cuda_gemv_preferred``) and
-    CuPy present, the CUDA decode GEMV (:mod:`.cuda_gemv`, faster there; it scales exact (q - z)·x sums per
+    CuPy present, the CUDA decode GEMV (:mod:`quantkit.runtime.kernels.cuda.gemv`, faster there; it scales exact (q - z)·x sums per
     group instead of rounding Ŵ) runs instead; on Hopper where :func:`.configs.w4a16_ws_warpgroups` or
-    :func:`.configs.w4a16_wgmma_config` picks them, the Gluon kernels (:mod:`.w4a16_ws`, a producer warp feeding
-    consumer warpgroups, else :mod:`.w4a16_wgmma`; the same Ŵ); at prefill
+    :func:`.configs.w4a16_wgmma_config` picks them, the Gluon kernels (:mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_ws`, a producer warp feeding
+    consumer warpgroups, else :mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma`; the same Ŵ); at prefill
     sizes (:func:`.configs.w4a16_dequant_preferred`, or
     ``dequant`` True) Ŵ is dequantized once (:func:`w4a16_dequantize`) and multiplied by cuBLAS, the same Ŵ the
     kernel would form. Reference: :func:`.reference.w4a16_reference`."""

@@ -1,5 +1,5 @@
 """A 4-bit layout's int8 tensor-core operand, materialized: prefill of MixLLM W4A8 and mixed W4.4A8 layers through
-the W8A8 kernel (:mod:`.w8a8_wgmma`), as W4A16 prefill dequantizes and calls cuBLAS.
+the W8A8 kernel (:mod:`quantkit.runtime.kernels.gluon_sm90.w8a8_wgmma`), as W4A16 prefill dequantizes and calls cuBLAS.
 
 At prefill sizes the products dominate and the MixLLM g128 kernels are bound by their per-group epilogues, which
 the W8A8 TMA kernel overlaps better (docs/BENCHMARKS.md). MixLLM's two-step dequantization makes that exact: step
@@ -16,9 +16,9 @@ import torch
 import triton.language as tl
 
 from quantkit.formats.nibble_planes import padded_k
-from quantkit.runtime.kernels.dequant import group_scale_f32, planes_i8, side_by_side
+from quantkit.runtime.kernels.triton.dequant import group_scale_f32, planes_i8, side_by_side
 from quantkit.runtime.kernels.jit import USE_ASM, check_device, kernel
-from quantkit.runtime.kernels.launch import groups_in_halves
+from quantkit.runtime.kernels.triton.launch import groups_in_halves
 
 
 @kernel

@@ -1,6 +1,6 @@
 """LiquidQuant W4A8 on Hopper with its dequantization overlapping tensor-core products (Gluon).
 
-The Triton LiquidQuant kernel (:mod:`.int8_gemm`) dequantizes a 256-column weight tile into registers and
+The Triton LiquidQuant kernel (:mod:`quantkit.runtime.kernels.triton.int8_gemm`) dequantizes a 256-column weight tile into registers and
 multiplies it with ``tl.dot``; Triton 3.6 waits for every int8 product whose operand sits in registers
 (``wgmma.wait_group 0``) before the program dequantizes its next tile, so within a program the tensor cores
 idle while the integer units work and vice versa (docs/BENCHMARKS.md). LiquidGEMM's ImFP pipeline (LiquidGEMM
@@ -15,7 +15,7 @@ per program, or programs sharing an SM), not within one (below):
   (Triton tensors are powers of two; the tail is how a 96/160/192-token tile is written);
 * per 256-column tile, the lane loads its words directly in the register layout of wgmma's A operand, so the
   dequantized int8 planes need no shuffle: plane p of 4 consecutive words is 4 consecutive K positions — exactly
-  the 4 bytes of one A-fragment register (k_width 4). The arithmetic is :data:`.dequant.ASM_I8`: (q·s + a) XOR
+  the 4 bytes of one A-fragment register (k_width 4). The arithmetic is :data:`quantkit.runtime.kernels.triton.dequant.ASM_I8`: (q·s + a) XOR
   0x80 on four int8 lanes per IMAD (LiquidGEMM Eq. 11-12);
 * plane p multiplies activation columns 32p … 32p + 31 of the tile (:mod:`quantkit.formats.nibble_planes`): one
   k32 ``wgmma`` per plane, from an activation tile that ``cp.async`` brought into shared memory STAGES - 1 tiles
@@ -24,12 +24,12 @@ per program, or programs sharing an SM), not within one (below):
   not keep a register A operand alive while its wgmma runs, so the overlap of one tile's products with the next
   tile's dequantization inside a warpgroup (this kernel until session 16) let it reuse those registers, and some
   launches returned wrong sums (docs/BENCHMARKS.md); the overlap now comes from the other warpgroup or program on
-  the SM. The unsplit 128-token launches run :mod:`.lqq_ws` instead (a TMA producer warp);
+  the SM. The unsplit 128-token launches run :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws` instead (a TMA producer warp);
 * one int32 accumulator spans K (per-token activations, no per-group float scale, LiquidGEMM Sec. 4); the
   epilogue applies token scale × channel scale and stores fp16.
 
 Requires K a multiple of 256 and per-token activation scales; :func:`lqq_wgmma_problem` says when it cannot run.
-Shared Gluon pieces (activation ring, split-K store, launch checks): :mod:`.wgmma_common`.
+Shared Gluon pieces (activation ring, split-K store, launch checks): :mod:`quantkit.runtime.kernels.gluon_sm90.common`.
 The pure-torch reference of the format is :func:`quantkit.runtime.kernels.reference.int8_reference`.
 """
 
@@ -37,16 +37,16 @@ from __future__ import annotations
 
 import torch
 
-from quantkit.runtime.kernels.dequant import ASM_I8_TEXT, CONSTRAINTS_I8_TEXT
+from quantkit.runtime.kernels.triton.dequant import ASM_I8_TEXT, CONSTRAINTS_I8_TEXT
 from quantkit.runtime.kernels.jit import check_device
-from quantkit.runtime.kernels.launch import groups_in_halves, split_plan
-from quantkit.runtime.kernels.splitk import split_workspace
-from quantkit.runtime.kernels.wgmma_common import BN, HAVE_GLUON, hopper_problem
+from quantkit.runtime.kernels.triton.launch import groups_in_halves, split_plan
+from quantkit.runtime.kernels.triton.splitk import split_workspace
+from quantkit.runtime.kernels.gluon_sm90.common import BN, HAVE_GLUON, hopper_problem
 
 KERNEL = "lqq_wgmma"  # its name for hopper_problem / launch_or_decline
 
 if HAVE_GLUON:
-    from quantkit.runtime.kernels.wgmma_common import (X_SMEM, a_layout, async_copy, cta_barrier, gl, gluon, issue_x,
+    from quantkit.runtime.kernels.gluon_sm90.common import (X_SMEM, a_layout, async_copy, cta_barrier, gl, gluon, issue_x,
                                                        load_words, mma_layout, stacked_int8_view, store_split_pair,
                                                        store_tile, wait_x, warpgroup_mma, warpgroup_mma_wait, x_layout,
                                                        x_tile_ptrs)
@@ -57,7 +57,7 @@ if HAVE_GLUON:
     @gluon.jit
     def planes_wgmma(words, s_lo, a_lo, s_hi, a_hi):
         """The 8 int8 planes [rows, 32] of a word tile in the A-operand layout of ``words`` (LiquidGEMM Eq. 11-12,
-        :data:`.dequant.ASM_I8`); s_*, a_* int32 [rows] per-row multiplier and offset of each half-tile."""
+        :data:`quantkit.runtime.kernels.triton.dequant.ASM_I8`); s_*, a_* int32 [rows] per-row multiplier and offset of each half-tile."""
         return gl.inline_asm_elementwise(
             ASM_I8, CONSTRAINTS_I8,
             [words, s_lo[:, None], (a_lo * 0x01010101)[:, None], s_hi[:, None], (a_hi * 0x01010101)[:, None]],
@@ -185,7 +185,7 @@ if HAVE_GLUON:
 
 
 def one_copy_per_tile(tail: int, warpgroups: int) -> int:
-    """The ``COPIES`` of :func:`.wgmma_common.issue_x` for a launch: 0 (a tile's two halves in one cp.async, so
+    """The ``COPIES`` of :func:`quantkit.runtime.kernels.gluon_sm90.common.issue_x` for a launch: 0 (a tile's two halves in one cp.async, so
     fewer CTA barriers a tile) for two warpgroups with a tail tile, where an A/B on an H100 timed it 1.03× faster
     (geometric mean of 24 points, 0.996-1.13×; docs/logs/session15/kernel_ab_lqq_one_copy*_h100.json); else 2 (a
     copy per half): the single copy was 0.96-1.01× on one-warpgroup launches there and in the W4A16 kernel 0.90-0.99×
@@ -197,9 +197,9 @@ def lqq_wgmma_problem(a_codes: torch.Tensor, act_group_size: int, layout: str, m
                       out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16,
                       kernel: str | None = KERNEL) -> str | None:
     """Why :func:`lqq_wgmma_matmul` cannot run this product (None: it can): a ``w4a8-lqq`` weight with per-token
-    activations (act_group_size -1), then :func:`.wgmma_common.hopper_problem` for Gluon kernel ``kernel`` (this
-    one, or :mod:`.lqq_ws`, which takes the same products and builds on its own; None: whether either could run,
-    leaving :func:`.wgmma_common.kernel_broken` to the caller)."""
+    activations (act_group_size -1), then :func:`quantkit.runtime.kernels.gluon_sm90.common.hopper_problem` for Gluon kernel ``kernel`` (this
+    one, or :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws`, which takes the same products and builds on its own; None: whether either could run,
+    leaving :func:`quantkit.runtime.kernels.gluon_sm90.common.kernel_broken` to the caller)."""
     if layout != "w4a8-lqq":
         return f"layout {layout} is not w4a8-lqq"
     if act_group_size != -1:
@@ -224,7 +224,7 @@ def lqq_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dic
     ``tail`` more (0, 32 or 64) that multiply the same dequantized weights — so M = 160 runs as
     one 128 + 32 program per row tile instead of five 32-token ones that each dequantize the whole weight;
     ``stages`` activation tiles in flight, ``split_k`` programs along K (fp32 slots summed in split order,
-    :mod:`.splitk`), ``warpgroups`` (1 or 2) warpgroups of 64 weight rows sharing each activation tile. The
+    :mod:`quantkit.runtime.kernels.triton.splitk`), ``warpgroups`` (1 or 2) warpgroups of 64 weight rows sharing each activation tile. The
     caller checks :func:`lqq_wgmma_problem`. Same bits as the Triton LiquidQuant kernel with the same split (exact
     int32 products, then (acc · token scale) · channel scale)."""
     if (bm not in (32, 64, 128) or tail not in (0, 32, 64) or stages not in (2, 3, 4) or split_k < 1

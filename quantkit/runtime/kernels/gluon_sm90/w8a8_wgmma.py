@@ -4,7 +4,7 @@ warpgroups' products run (Gluon).
 
 MixLLM scales every group of 128 columns by weight scale × activation scale (MixLLM Sec. 3.3, group-tile
 accumulation), so a group's int32 sum must be finished, converted and scaled before it joins the fp32 result. The
-Triton kernel (:mod:`.int8_gemm`) holds the weight operand in registers and waits for each group's products before
+Triton kernel (:mod:`quantkit.runtime.kernels.triton.int8_gemm`) holds the weight operand in registers and waits for each group's products before
 its epilogue: 378 TOP/s at M = 4096, about half of cuBLAS fp16 (docs/BENCHMARKS.md). An 8-bit weight needs no
 dequantization, so here the orientation is the plain one, Y = X·Wᵀ: a program owns BM tokens × BN weight rows, a
 TMA ring brings [BM, 128] activation and [BN, 128] weight blocks (STAGES deep, one mbarrier each), every block is
@@ -16,11 +16,11 @@ promotion of DeepGEMM on Hopper, without its strict ping-pong scheduling). With 
 session 21) a block's group scales are loaded one block early: loaded after its products were issued, they had not
 arrived when the products had (ncu: long-scoreboard stalls the largest share), 1.1× (docs/BENCHMARKS.md).
 Launches of few programs split K (session 21): each split's program takes whole 256-column tiles, stores its fp32
-tile in a slot of :mod:`.splitk`'s workspace, and the tile's last program adds the slots in split order — the
+tile in a slot of :mod:`quantkit.runtime.kernels.triton.splitk`'s workspace, and the tile's last program adds the slots in split order — the
 Triton kernel's scheme, so the same bits at the same split.
 
 Same sums in the same order as the Triton kernel (block by block from zero, product of the two scales), so the
-result is bit-identical to :func:`.int8_gemm.int8_matmul` for a ``w8`` weight at the same K split (the two launch
+result is bit-identical to :func:`quantkit.runtime.kernels.triton.int8_gemm.int8_matmul` for a ``w8`` weight at the same K split (the two launch
 rules may split differently: then the fp32 sums differ in their last bits). Requires K and the row strides to
 be multiples of 16 bytes (TMA) and groups that are multiples of 128 columns (or per-token activations):
 :func:`w8a8_wgmma_problem`. Reference: :func:`.reference.int8_reference`.
@@ -31,16 +31,16 @@ from __future__ import annotations
 import torch
 
 from quantkit.runtime.kernels.jit import check_device
-from quantkit.runtime.kernels.launch import act_groups_in_halves, groups_in_halves, split_plan
-from quantkit.runtime.kernels.splitk import split_workspace
-from quantkit.runtime.kernels.wgmma_common import HAVE_GLUON, hopper_problem
+from quantkit.runtime.kernels.triton.launch import act_groups_in_halves, groups_in_halves, split_plan
+from quantkit.runtime.kernels.triton.splitk import split_workspace
+from quantkit.runtime.kernels.gluon_sm90.common import HAVE_GLUON, hopper_problem
 
 KERNEL = "w8a8_wgmma"  # its name for hopper_problem / launch_or_decline
 
 if HAVE_GLUON:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from quantkit.runtime.kernels.wgmma_common import (cta_barrier, gl, gluon, mbarrier, sum_slots, tma_load,
+    from quantkit.runtime.kernels.gluon_sm90.common import (cta_barrier, gl, gluon, mbarrier, sum_slots, tma_load,
                                                        warpgroup_mma, warpgroup_mma_wait)
 
     I2F_BIAS_INT = gl.constexpr(0x4B400000)  # bit pattern of 12582912.0 = 1.5·2^23 (MixLLM Sec. 3.3, Fig. 4)
@@ -71,7 +71,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _store_split(out_ptr, ws_ptr, ticket_ptr, acc, rm, rn, M, N, stride_om, SPLIT_K: gl.constexpr):
         """A K-split program's fp32 tile into its slot of the workspace (slots M·N apart, rows N apart); the tile's
-        last program adds the slots in split order from zero and stores the sum (:mod:`.splitk`'s scheme)."""
+        last program adds the slots in split order from zero and stores the sum (:mod:`quantkit.runtime.kernels.triton.splitk`'s scheme)."""
         mask = (rm < M)[:, None] & (rn < N)[None, :]
         offs = rm[:, None] * N + rn[None, :]
         gl.store(ws_ptr + gl.program_id(1) * (M * N) + offs, acc, mask=mask)
@@ -176,7 +176,7 @@ def w8a8_wgmma_problem(a_codes: torch.Tensor, act_group_size: int, layout: str, 
                        out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16) -> str | None:
     """Why :func:`w8a8_wgmma_matmul` cannot run (None: it can): a ``w8`` weight with 128-column groups (or
     per-channel), activation groups of a multiple of 128 columns or per-token, then
-    :func:`.wgmma_common.hopper_problem` with TMA's 16-byte rule for K."""
+    :func:`quantkit.runtime.kernels.gluon_sm90.common.hopper_problem` with TMA's 16-byte rule for K."""
     if layout != "w8":
         return f"layout {layout} is not w8"
     gs = int(meta["group_size"])
@@ -192,7 +192,7 @@ def w8a8_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
     docstring); ``bm`` tokens × ``bn`` weight rows per program, ``stages`` K blocks in flight, ``num_warps`` 4 or
     8 (one or two warpgroups along the tokens; ``bm`` a multiple of 16·num_warps), ``ahead``: each block's scales
     loaded during the block before; ``split_k`` programs along K (whole 256-column tiles each, fp32 slots added in
-    split order, :mod:`.splitk`). The caller checks :func:`w8a8_wgmma_problem`."""
+    split order, :mod:`quantkit.runtime.kernels.triton.splitk`). The caller checks :func:`w8a8_wgmma_problem`."""
     if bm % (16 * num_warps) or bn not in (64, 128):
         raise ValueError(f"tile {bm}x{bn} with {num_warps} warps: BM must be a multiple of 16·warps, BN 64 or 128")
     m, k = a_codes.shape

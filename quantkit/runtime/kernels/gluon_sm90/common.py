@@ -1,7 +1,7 @@
-"""Shared pieces of the Gluon kernels for Hopper's wgmma (:mod:`.lqq_wgmma`, :mod:`.lqq_ws`, :mod:`.w4a16_wgmma`,
-:mod:`.w8a8_wgmma`): the import guard and the few Gluon operations whose names changed between Triton releases,
+"""Shared pieces of the Gluon kernels for Hopper's wgmma (:mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma`, :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws`, :mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma`,
+:mod:`quantkit.runtime.kernels.gluon_sm90.w8a8_wgmma`): the import guard and the few Gluon operations whose names changed between Triton releases,
 the activation-tile ring of the register-operand kernels (cp.async into 128-byte-swizzled shared memory), their
-output store (direct or through split-K slots as :mod:`.splitk`), and the checks every such launch needs —
+output store (direct or through split-K slots as :mod:`quantkit.runtime.kernels.triton.splitk`), and the checks every such launch needs —
 including a kernel that did not compile with the installed Triton, after which the Triton kernels run instead.
 
 Why Gluon: Triton 3.6's ``tl.dot`` waits for each int8 product whose operand sits in registers before the
@@ -10,7 +10,7 @@ program goes on (``wgmma.wait_group 0``); Gluon exposes ``warpgroup_mma(is_async
 warpgroup's own products with its next tile's dequantization turned out unsafe (ptxas does not keep a register A
 operand alive while its product runs; session 16, docs/bench/sass_hazards.py): the kernels issue a tile's products
 together and wait for them, and the overlap comes from other warpgroups — two per program, programs sharing an SM,
-and in :mod:`.lqq_ws` a TMA producer warp.
+and in :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws` a TMA producer warp.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def hopper_problem(a_codes: torch.Tensor, k: int, out: torch.Tensor | None, out_
 
 
 def ws_maxnreg(warpgroups: int, per_sm: int) -> int:
-    """``maxnreg`` of a warp-specialized launch (:mod:`.lqq_ws`, :mod:`.w4a16_ws`): registers a thread at launch such
+    """``maxnreg`` of a warp-specialized launch (:mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws`, :mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_ws`): registers a thread at launch such
     that ``per_sm`` programs of ``warpgroups`` consumer warpgroups plus the producer's (a warpgroup: registers are
     allocated by warpgroups) fit the register file; setmaxnreg then moves the producer's share above
     :data:`PRODUCER_REGS` to the consumers."""
@@ -293,7 +293,7 @@ if HAVE_GLUON:
     @gluon.jit
     def sum_slots(total, ws_ptrs, mask, slot, SPLIT_K: gl.constexpr):
         """``total`` (zeros) plus the SPLIT_K split-K slots ``ws_ptrs`` points into (slot 0; slots ``slot`` elements
-        apart), added in split order (:mod:`.splitk`'s scheme, so the sum does not depend on which program came
+        apart), added in split order (:mod:`quantkit.runtime.kernels.triton.splitk`'s scheme, so the sum does not depend on which program came
         last); .cg: from L2, not from a line this SM may hold from an earlier call."""
         if SPLIT_K <= 2:
             for s in gl.static_range(SPLIT_K):
@@ -328,7 +328,7 @@ if HAVE_GLUON:
     def store_rows(out_ptr, y, rm, rn, first, M, N, stride_om):
         """Store y [rows, tokens] (weight rows rn, tokens rm) of Y [M, N] in out's dtype: tokens first … M − 1 only
         (the warp-specialized kernels move a ragged last token tile back to end at M − 1; its rows below ``first``
-        belong to the tile before), straight from y's layout (W4A16's: :mod:`.w4a16_ws`)."""
+        belong to the tile before), straight from y's layout (W4A16's: :mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_ws`)."""
         mask = ((rm >= first) & (rm < M))[None, :] & (rn < N)[:, None]
         gl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], y.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -342,7 +342,7 @@ if HAVE_GLUON:
         """:func:`store_rows` through :data:`STORE_ROWS_LAYOUT`: in a wgmma accumulator's layout a thread holds two
         adjacent *tokens* — rows of Y N elements apart — so each store writes 2 bytes; converted, they are 16-byte
         stores along Y's rows. Same values. Session 25 (docs/BENCHMARKS.md): the LiquidQuant kernel's launches
-        1.05x geometric mean over 23 points (:mod:`.lqq_ws` uses it); the W4A16 kernel's 0.999x, so it keeps
+        1.05x geometric mean over 23 points (:mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws` uses it); the W4A16 kernel's 0.999x, so it keeps
         :func:`store_rows`. Called from a 4-warp partition (the warp-specialized consumers)."""
         store_rows(out_ptr, gl.convert_layout(y.to(out_ptr.dtype.element_ty), STORE_ROWS_LAYOUT),
                    gl.convert_layout(rm, gl.SliceLayout(0, STORE_ROWS_LAYOUT)),
@@ -352,7 +352,7 @@ if HAVE_GLUON:
     def store_tile(out_ptr, ws_ptr, ticket_ptr, y, rm, rn, M, N, stride_om, pid_k, SPLIT_K: gl.constexpr):
         """Write a finished fp32 tile y [rows, BM] (weight rows rn, tokens rm) of Y [M, N]: directly, or through
         split-K slot pid_k of the workspace (slots M·N apart, rows N apart), the last program of the tile adding the
-        slots in split order (:func:`quantkit.runtime.kernels.splitk.store_tile`, the same bits)."""
+        slots in split order (:func:`quantkit.runtime.kernels.triton.splitk.store_tile`, the same bits)."""
         if SPLIT_K == 1:
             _store_out(out_ptr, y, rm, rn, M, N, stride_om)
         else:

@@ -1,6 +1,6 @@
-"""LiquidQuant W4A8 on Hopper with a producer warp: the warp-specialized form of :mod:`.lqq_wgmma` (Gluon).
+"""LiquidQuant W4A8 on Hopper with a producer warp: the warp-specialized form of :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma` (Gluon).
 
-:mod:`.lqq_wgmma` has every warp of a program dequantize weights, issue wgmma *and* copy the activation tiles
+:mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma` has every warp of a program dequantize weights, issue wgmma *and* copy the activation tiles
 (``cp.async``, then a CTA barrier and a proxy fence before each tile's products). Nsight Compute had its warps
 waiting on their own instruction stream (docs/BENCHMARKS.md, "What bounds the Gluon prefill kernels"), while
 cuBLAS runs a producer warp (TMA, mbarriers) that feeds consumer warpgroups. LiquidGEMM Sec. 5 (ImFP) builds its
@@ -13,8 +13,8 @@ dequantize and multiply. This kernel does that with ``gl.warp_specialize``:
   for a tail tile — completing on mbarrier ``ready``. Token rows past M arrive as zeros (TMA bounds), and their
   products are never stored;
 * the **consumers** (one warpgroup of 64 weight rows: the default partition; with two warpgroups, 128 rows, the
-  second is a 4-warp worker partition of its own) are :mod:`.lqq_wgmma`'s loop without the copies: dequantize tile
-  t in registers (:data:`.dequant.ASM_I8`, LiquidGEMM Eq. 11-12), load tile t + 1's words, wait on ``ready``,
+  second is a 4-warp worker partition of its own) are :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma`'s loop without the copies: dequantize tile
+  t in registers (:data:`quantkit.runtime.kernels.triton.dequant.ASM_I8`, LiquidGEMM Eq. 11-12), load tile t + 1's words, wait on ``ready``,
   issue the 8 (16 with a tail) asynchronous k32 products, wait for them, and release the slot (``empty``, which
   completes with one arrival from each warpgroup). Waiting for the tile's own products, not only the previous
   tile's, is what keeps the sums right: ptxas does not keep a register A operand alive while its wgmma runs
@@ -24,11 +24,11 @@ dequantize and multiply. This kernel does that with ``gl.warp_specialize``:
   drift into turns (1.05-1.37× at every launch timed, docs/BENCHMARKS.md);
 * a ragged last token tile moves back to end at token M − 1 (its TMA boxes then lie inside the activations —
   boxes reaching past M were much slower) and stores only its own new rows;
-* the epilogue is :mod:`.lqq_wgmma`'s: (acc · token scale) · channel scale, fp16/bf16 store — 16 bytes along Y's rows
-  at a time (:func:`.wgmma_common.store_rows_coalesced`, session 25: 1.05x) — or, in a K-split
+* the epilogue is :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma`'s: (acc · token scale) · channel scale, fp16/bf16 store — 16 bytes along Y's rows
+  at a time (:func:`quantkit.runtime.kernels.gluon_sm90.common.store_rows_coalesced`, session 25: 1.05x) — or, in a K-split
   launch (program axis 2 walks its share of the 256-column tiles, producer and consumers alike), the fp32 slot of
-  :mod:`.splitk`'s scheme, the tile's last program adding the slots in split order
-  (:func:`.wgmma_common.store_rows_split`; each warpgroup of a two-warpgroup launch on tickets of its own). Split
+  :mod:`quantkit.runtime.kernels.triton.splitk`'s scheme, the tile's last program adding the slots in split order
+  (:func:`quantkit.runtime.kernels.gluon_sm90.common.store_rows_split`; each warpgroup of a two-warpgroup launch on tickets of its own). Split
   launches would give layers with few output tiles (the 1024-row k/v
   products) programs enough to fill the SMs, as lqq_wgmma's do; measured there they were no faster than lqq_wgmma's
   splits, so the rules give this kernel none (docs/bench/lqq_ws_sweep.py times them).
@@ -59,7 +59,7 @@ Measured and dropped on the way (code at the commits named there): the dequantiz
 so that a warpgroup's own products could run on (slower: the extra shared-memory traffic and fence), and three
 warpgroups along K (slower than two).
 
-Same bits as :mod:`.lqq_wgmma` and the Triton LiquidQuant kernel (exact int32 products, the same epilogue). No
+Same bits as :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma` and the Triton LiquidQuant kernel (exact int32 products, the same epilogue). No
 CPU interpreter runs Gluon; the GPU tests compare it bit for bit with the Triton kernel (the format's pure-torch
 reference is :func:`quantkit.runtime.kernels.reference.int8_reference`).
 """
@@ -69,10 +69,10 @@ from __future__ import annotations
 import torch
 
 from quantkit.runtime.kernels.configs import lqq_tiles_with_second_half
-from quantkit.runtime.kernels.launch import groups_in_halves, split_plan
-from quantkit.runtime.kernels.lqq_wgmma import lqq_operands, lqq_wgmma_problem
-from quantkit.runtime.kernels.splitk import split_workspace
-from quantkit.runtime.kernels.wgmma_common import BN, HAVE_GLUON, PART_REGS, PRODUCER_REGS, ws_maxnreg
+from quantkit.runtime.kernels.triton.launch import groups_in_halves, split_plan
+from quantkit.runtime.kernels.gluon_sm90.lqq_wgmma import lqq_operands, lqq_wgmma_problem
+from quantkit.runtime.kernels.triton.splitk import split_workspace
+from quantkit.runtime.kernels.gluon_sm90.common import BN, HAVE_GLUON, PART_REGS, PRODUCER_REGS, ws_maxnreg
 
 KERNEL = "lqq_ws"
 K_PAIR_KERNEL = "lqq_ws_k_pair"  # the K-pair launches' own build record (launch_or_decline), apart from KERNEL's
@@ -81,8 +81,8 @@ HALVES_KERNEL = "lqq_ws_halves"  # the halved launches' own build record: their 
 if HAVE_GLUON:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from quantkit.runtime.kernels.lqq_wgmma import apply_scales, multiply_tile, planes_wgmma
-    from quantkit.runtime.kernels.wgmma_common import (a_layout, gl, gluon, load_words, mbarrier, mma_layout,
+    from quantkit.runtime.kernels.gluon_sm90.lqq_wgmma import apply_scales, multiply_tile, planes_wgmma
+    from quantkit.runtime.kernels.gluon_sm90.common import (a_layout, gl, gluon, load_words, mbarrier, mma_layout,
                                                        ring_barriers, store_rows_coalesced, store_rows_split,
                                                        store_rows_split_pair, tma_load, weight_rows)
 
@@ -327,15 +327,15 @@ def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, 
                   out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16,
                   k_pair: bool = False, halves_from: int | None = None) -> torch.Tensor:
     """Y [M, N] (``out_dtype``, or ``out``'s) = dequant(A)·Ŵᵀ for int8 codes [M, K] with per-token float32 scales
-    [M, 1] and a ``w4a8-lqq`` weight, as :func:`.lqq_wgmma.lqq_wgmma_matmul` (same bits at the same K split), with a
+    [M, 1] and a ``w4a8-lqq`` weight, as :func:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma.lqq_wgmma_matmul` (same bits at the same K split), with a
     producer warp bringing the activations over TMA (module docstring); 128 tokens per program plus ``tail`` (0, 32,
-    64, 128); ``per_sm`` programs meant to share an SM (sets the register budget, :func:`.wgmma_common.ws_maxnreg`);
-    ``split_k`` programs along K (fp32 slots summed in split order, :mod:`.splitk`). ``k_pair``: two consumer
+    64, 128); ``per_sm`` programs meant to share an SM (sets the register budget, :func:`quantkit.runtime.kernels.gluon_sm90.common.ws_maxnreg`);
+    ``split_k`` programs along K (fp32 slots summed in split order, :mod:`quantkit.runtime.kernels.triton.splitk`). ``k_pair``: two consumer
     warpgroups on the same 64 rows, each taking every other tile of the K range (module docstring; one warpgroup of
     rows, no tail, 2 or 4 stages, one program an SM). ``halves_from`` (a 256-token launch: tail 128, two warpgroups,
     unsplit): the output tiles from that one on, in launch order, each run as two 128-token programs — the last
     wave's tiles spread over twice the programs (module docstring; :func:`.configs.lqq_ws_halves` gives it). The
-    caller checks :func:`.lqq_wgmma.lqq_wgmma_problem`."""
+    caller checks :func:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma.lqq_wgmma_problem`."""
     if k_pair and (bm != 128 or tail or stages not in (2, 4) or warpgroups != 1 or per_sm != 1 or split_k < 1):
         raise ValueError(f"a K-pair launch takes bm 128, no tail, 2 or 4 stages, one warpgroup of rows, one program "
                          f"an SM and split_k >= 1; got {bm}, {tail}, {stages}, {warpgroups}, {per_sm}, {split_k}")

@@ -5,13 +5,13 @@ One tile body serves all three weight kinds; a program owns BN weight rows × BM
 tiles, each two 128-column halves:
 
 * weights → int8 operand in registers: ``w8`` loads its int8 bytes as they are; the 4-bit layouts dequantize
-  the 8 planes of a tile with :func:`quantkit.runtime.kernels.dequant.planes_i8` — (q·s + a) XOR 0x80 with
+  the 8 planes of a tile with :func:`quantkit.runtime.kernels.triton.dequant.planes_i8` — (q·s + a) XOR 0x80 with
   (s, a) = (s_u8, a) for LiquidQuant (LiquidGEMM Eq. 12) or (1, 128 - z) for MixLLM's q - z (MixLLM Sec. 3.3
   two-step dequantization, step 1);
 * int8 × int8 → int32 tensor-core products (tl.dot), transposed Y^T = W·X^T (LiquidGEMM Sec. 5.4): one
   product per 128-column half wherever a per-group float scale follows (``w8``, MixLLM W4A8, LiquidQuant with
   group-wise activations), else one per 256-column tile (LiquidQuant with per-token activations), the 4-bit
-  planes placed side by side (:func:`quantkit.runtime.kernels.dequant.side_by_side`);
+  planes placed side by side (:func:`quantkit.runtime.kernels.triton.dequant.side_by_side`);
 * group-tile accumulation (MixLLM Sec. 3.3, Fig. 3): each half's int32 partial sum starts at the bit pattern
   0x4b400000, so after the products ``bitcast(acc) - 12582912.0`` is its exact float value (the fast I2F,
   valid while |sum| < 2^22: 128·127·128 < 2^21), then it is scaled by weight-group × activation-group scale
@@ -32,22 +32,22 @@ from quantkit.runtime.kernels.configs import (LQQ_K_PAIR_STAGES, LQQ_WGMMA_MAX_T
                                              MIXLLM_OPERAND_MIN_M, TileConfig, gemm_config, lqq_cluster_launch, lqq_k_pair,
                                              lqq_wgmma_launch, lqq_ws_halves, lqq_ws_launch, mixed_second_bn,
                                              w8a8_wgmma_config)
-from quantkit.runtime.kernels.cuda_gemv_a8 import a8_gemv_cuda, a8_gemv_preferred, a8_gemv_problem
-from quantkit.runtime.kernels.cuda_lqq_cluster import lqq_cluster_matmul, lqq_cluster_problem
-from quantkit.runtime.kernels.dequant import group_scale_f32, planes_i8, side_by_side
-from quantkit.runtime.kernels.int8_operand import mixed_w8_operand, w8_operand
+from quantkit.runtime.kernels.cuda.gemv_a8 import a8_gemv_cuda, a8_gemv_preferred, a8_gemv_problem
+from quantkit.runtime.kernels.cuda.lqq_cluster import lqq_cluster_matmul, lqq_cluster_problem
+from quantkit.runtime.kernels.triton.dequant import group_scale_f32, planes_i8, side_by_side
+from quantkit.runtime.kernels.triton.int8_operand import mixed_w8_operand, w8_operand
 from quantkit.runtime.kernels.jit import USE_ASM, check_device, kernel
-from quantkit.runtime.kernels.launch import act_groups_in_halves, groups_in_halves, split_plan
-from quantkit.runtime.kernels.lqq_wgmma import KERNEL as LQQ_KERNEL
-from quantkit.runtime.kernels.lqq_wgmma import lqq_wgmma_matmul, lqq_wgmma_problem
-from quantkit.runtime.kernels.lqq_ws import HALVES_KERNEL as LQQ_WS_HALVES_KERNEL
-from quantkit.runtime.kernels.lqq_ws import K_PAIR_KERNEL as LQQ_K_PAIR_KERNEL
-from quantkit.runtime.kernels.lqq_ws import KERNEL as LQQ_WS_KERNEL
-from quantkit.runtime.kernels.lqq_ws import lqq_ws_matmul
-from quantkit.runtime.kernels.splitk import split_workspace, store_tile
-from quantkit.runtime.kernels.w8a8_wgmma import KERNEL as W8A8_KERNEL
-from quantkit.runtime.kernels.w8a8_wgmma import w8a8_wgmma_matmul, w8a8_wgmma_problem
-from quantkit.runtime.kernels.wgmma_common import config_declined, kernel_broken, launch_or_decline
+from quantkit.runtime.kernels.triton.launch import act_groups_in_halves, groups_in_halves, split_plan
+from quantkit.runtime.kernels.gluon_sm90.lqq_wgmma import KERNEL as LQQ_KERNEL
+from quantkit.runtime.kernels.gluon_sm90.lqq_wgmma import lqq_wgmma_matmul, lqq_wgmma_problem
+from quantkit.runtime.kernels.gluon_sm90.lqq_ws import HALVES_KERNEL as LQQ_WS_HALVES_KERNEL
+from quantkit.runtime.kernels.gluon_sm90.lqq_ws import K_PAIR_KERNEL as LQQ_K_PAIR_KERNEL
+from quantkit.runtime.kernels.gluon_sm90.lqq_ws import KERNEL as LQQ_WS_KERNEL
+from quantkit.runtime.kernels.gluon_sm90.lqq_ws import lqq_ws_matmul
+from quantkit.runtime.kernels.triton.splitk import split_workspace, store_tile
+from quantkit.runtime.kernels.gluon_sm90.w8a8_wgmma import KERNEL as W8A8_KERNEL
+from quantkit.runtime.kernels.gluon_sm90.w8a8_wgmma import w8a8_wgmma_matmul, w8a8_wgmma_problem
+from quantkit.runtime.kernels.gluon_sm90.common import config_declined, kernel_broken, launch_or_decline
 
 W8, ASYM4, LQQ = 0, 1, 2
 MODES = {"w8": W8, "w4a16": ASYM4, "w4a8-lqq": LQQ}
@@ -71,7 +71,7 @@ def _load_act(a_ptr, rm_in, stride_am, K, k0, WIDTH: tl.constexpr, EVEN_K: tl.co
 def _half_dot(a_ptr, rm_in, stride_am, K, t, h: tl.constexpr, w_lo, w_hi, planes, part, MODE: tl.constexpr,
               EVEN_K: tl.constexpr):
     """``part`` + the int8 × int8 → int32 products of half h (128 columns) of tile t: one tensor-core product
-    per half (the 4-bit planes side by side, :func:`.dequant.side_by_side`)."""
+    per half (the 4-bit planes side by side, :func:`quantkit.runtime.kernels.triton.dequant.side_by_side`)."""
     a = _load_act(a_ptr, rm_in, stride_am, K, t * 256 + h * 128, 128, EVEN_K)
     if MODE == _W8:
         if h == 0:
@@ -239,7 +239,7 @@ def _check_act(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: in
 def _cluster_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, layout: str, tensors: dict,
                     meta: dict, out: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor | None:
     """Y from the CUDA LiquidQuant cluster kernel where its rule picks it (:func:`.configs.lqq_cluster_launch`) and it
-    can run (:func:`.cuda_lqq_cluster.lqq_cluster_problem`, which also warns once if it does not compile), else
+    can run (:func:`quantkit.runtime.kernels.cuda.lqq_cluster.lqq_cluster_problem`, which also warns once if it does not compile), else
     None."""
     if layout != "w4a8-lqq":
         return None
@@ -258,8 +258,8 @@ def _gluon_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size:
     K-pair launch of the warp-specialized kernel where :func:`.configs.lqq_k_pair` says so (where that does not build,
     the rule's launch); ``w8``: the TMA kernel
     (:func:`.configs.w8a8_wgmma_config`); ``w4a16`` from :data:`.configs.MIXLLM_OPERAND_MIN_M` tokens: its int8 operand
-    through the TMA kernel (:mod:`.int8_operand`) — or None where none applies, none can run (the ``*_problem``
-    functions) or the kernel did not compile with this Triton (:func:`.wgmma_common.launch_or_decline`)."""
+    through the TMA kernel (:mod:`quantkit.runtime.kernels.triton.int8_operand`) — or None where none applies, none can run (the ``*_problem``
+    functions) or the kernel did not compile with this Triton (:func:`quantkit.runtime.kernels.gluon_sm90.common.launch_or_decline`)."""
     m, k = a_codes.shape[0], int(meta["in_features"])
     n = int(meta["out_features"])
     if layout == "w4a8-lqq":
@@ -313,11 +313,11 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
                 meta: dict, out_dtype: torch.dtype = torch.float16, config: TileConfig | None = None,
                 out: torch.Tensor | None = None, use_asm: bool | None = None) -> torch.Tensor:
     """Y [M, N] (``out_dtype``) = dequant(A)·Ŵᵀ for int8 activation codes [M, K] with float32 scales [M, G]
-    (:func:`quantkit.quant.act.quantize_activation_int` or the Triton kernel in :mod:`.act_quant`) and a ``w8``,
+    (:func:`quantkit.quant.act.quantize_activation_int` or the Triton kernel in :mod:`quantkit.runtime.kernels.triton.act_quant`) and a ``w8``,
     ``w4a16`` (MixLLM W4A8) or ``w4a8-lqq`` weight; ``out`` an optional [M, N] result tensor; ``use_asm`` False
-    forces the plain-Triton dequantization. With no ``config`` at decode sizes (:func:`.cuda_gemv_a8.
+    forces the plain-Triton dequantization. With no ``config`` at decode sizes (:func:`quantkit.runtime.kernels.cuda.gemv_a8.
     a8_gemv_preferred`) the weight runs the CUDA A8 GEMV instead when it can
-    (:func:`.cuda_gemv_a8.a8_gemv_problem`), and on Hopper above decode sizes the Gluon kernels run where their
+    (:func:`quantkit.runtime.kernels.cuda.gemv_a8.a8_gemv_problem`), and on Hopper above decode sizes the Gluon kernels run where their
     launch rules pick them (:func:`_gluon_matmul`) — but first, from 9 tokens on LiquidQuant layers of few rows, the
     CUDA cluster kernel where its rule picks it (:func:`_cluster_matmul`). A ``config`` or a ``use_asm`` value keeps
     the Triton kernel.
@@ -372,11 +372,11 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
     neither ``config`` nor ``bn_b`` at decode sizes, the CUDA A8 GEMV runs both partitions in one launch when it
     can (as :func:`int8_matmul`). ``launches``: 0 that A8 GEMV (the Triton kernel where it declines), 1 the
     Triton kernel; None (default): 1 with ``config`` or ``bn_b``, else 0 at the decode sizes where the A8 GEMV
-    is preferred (:func:`.cuda_gemv_a8.a8_gemv_preferred`), else 1. (One Triton launch per partition, MixLLM
+    is preferred (:func:`quantkit.runtime.kernels.cuda.gemv_a8.a8_gemv_preferred`), else 1. (One Triton launch per partition, MixLLM
     Sec. 3.4's other form, measured up to 3.5× slower and never more than 1 % faster: docs/logs/
     mixed_launch_h100.json.) With none of these three, from :data:`.configs.MIXLLM_MIXED_OPERAND_MIN_M` tokens on
     a Hopper GPU both partitions' int8 operands are written in output-row order and the W8A8 TMA kernel multiplies
-    them in one launch (:mod:`.int8_operand`; the Triton kernel's bits at the same K split)."""
+    them in one launch (:mod:`quantkit.runtime.kernels.triton.int8_operand`; the Triton kernel's bits at the same K split)."""
     if len(parts) != 2:
         raise ValueError(f"the one-launch mixed kernel takes 2 partitions, got {len(parts)}")
     k = int(parts[0][2]["in_features"])

@@ -42,8 +42,7 @@ def run_bench(shapes: Iterable[tuple[int, int]], ms: Sequence[int], methods: Seq
     TileConfig. Methods that cannot run a size (torch._int_mm with M <= 16) get a row with ``skipped``. ``gemv_pdl``:
     whether this device launched the CUDA decode GEMVs with programmatic dependent launch when the row was timed —
     for the rows of methods that run one (quantkit's kernels at decode sizes), back-to-back calls in the timed
-    graph overlapped
-    (:mod:`quantkit.runtime.kernels.cuda.common`; ``QUANTKIT_PDL=0`` times them in isolation)."""
+    graph overlapped (:mod:`quantkit.runtime.kernels.cuda.common`; ``QUANTKIT_PDL=0`` times them in isolation)."""
     _require_cuda()
     ceilings = ceilings or measure_ceilings()
     rows = []

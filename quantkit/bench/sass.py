@@ -1,10 +1,9 @@
 """The SASS of the Gluon wgmma kernels, without a GPU: compile a launch for sm_90 with the installed Triton (its
 bundled ptxas) and look for writes to registers that a running register-sourced wgmma still reads.
 
-Why: ptxas does not keep a register A operand alive while its asynchronous product runs. Session 16 found the
-LiquidQuant and W4A16 Gluon kernels writing such registers (their next tile's planes and addresses) before the
-``WARPGROUP.DEPBAR`` that retired the product, and the LiquidQuant 96-token launches returning wrong sums on an
-H100 (docs/BENCHMARKS.md). Tests pass most of the time on such a kernel; this check does not depend on timing.
+Why: ptxas does not keep a register A operand alive while its asynchronous product runs, so a kernel can write such
+registers (its next tile's planes and addresses) before the ``WARPGROUP.DEPBAR`` that retires the product and return
+wrong sums (docs/BENCHMARKS.md). Tests pass most of the time on such a kernel; this check does not depend on timing.
 
 :func:`hazards` walks a cubin's SASS over its control flow (:func:`hazards_in`): an IGMMA/HGMMA whose A operand
 is registers adds those four registers to the open wgmma group, a GMMA marked ``gsb0`` closes the group,
@@ -224,7 +223,7 @@ def _lqq_launches():
         descs = (TensorDescriptor(a, [m, k], [k, 1], [128, 128], layout),
                  TensorDescriptor(a, [m, k], [k, 1], [max(tail, 8), 128], layout))
         # a K split: the rules give lqq_ws none; its split epilogue is checked on one warpgroup and on two (each on
-        # tickets of its own, with a tail tile: store_rows_split_pair) — docs/bench/lqq_ws_sweep.py times them
+        # tickets of its own, with a tail tile: store_rows_split_pair)
         for split in (1, 2) if (tail, wg, per_sm) in ((0, 1, 2), (64, 2, 1)) else (1,):
             yield (f"lqq_ws tail={tail} wg={wg} per_sm={per_sm} stages={stages} split={split}", lqq_ws._lqq_ws_kernel,
                    descs + (sa, w, p, cs, out, slots, tickets, m, n, 1, n, w.shape[1], k // 256, k // 256 // split, 1,

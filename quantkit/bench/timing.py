@@ -80,7 +80,7 @@ def time_rotating(fn: Callable, inputs: Sequence[tuple], warmup: int = 10, reps:
 def time_abba(calls: dict[str, Callable], inputs: Sequence[tuple], reps: int) -> dict[str, list[float]]:
     """Per name of ``calls``, ``reps`` timings in µs (:func:`time_rotating`'s median each) after an untimed warm-up
     timing of every call, taken in ABBA order — the calls in order, then reversed, … — so that a machine's drift
-    hits every call alike and none always runs first (the A/B scripts under docs/bench)."""
+    hits every call alike and none always runs first."""
     for fn in calls.values():
         time_rotating(fn, inputs, reps=5)
     names = list(calls)

@@ -2,17 +2,18 @@
 
 A decoder layer's ``input_layernorm`` feeds q/k/v and its ``post_attention_layernorm`` feeds gate/up. transformers
 computes RMSNorm in eight torch operations (a kernel each in eager mode), and an A8 checkpoint then quantizes the
-result in one more (MixLLM Sec. 3.1.2); :mod:`quantkit.runtime.kernels.triton.rms_norm` does both in one pass per token. At
-load each such norm becomes a :class:`FusedRMSNorm`: the same ``weight`` and ``variance_epsilon`` (same ``state_dict``
-keys), on a device with the kernel that kernel, elsewhere the original class's own forward (so CPU results are
-transformers' to the bit). Its output carries the codes and scales it made (:data:`A8_ATTR`); the first QuantLinear
-reading that very tensor, unchanged, with the same activation quantization, on the same stream and in the same
-CUDA-graph capture state, takes them instead of quantizing again (:func:`adopt_norm_codes`) and removes them from the
-tensor (siblings that are not fused get them through their :mod:`~quantkit.runtime.sibling_inputs` scope), so they
-live no longer than a quantization of that input would. "Unchanged" is the version counter; an inference-mode tensor
-has none, so a write between the norm and its consumer that bypasses the counter (``.data``, raw pointers, in-place
-under inference mode) would go unseen — which is why a norm with forward hooks (that could change its output in place)
-attaches nothing; pre-hooks on the consumers could do the same and are not checked. In grad mode, or where no kernel is registered, transformers' forward runs.
+result in one more (MixLLM Sec. 3.1.2); :mod:`quantkit.runtime.kernels.triton.rms_norm` does both in one pass per
+token. At load each such norm becomes a :class:`FusedRMSNorm`: the same ``weight`` and ``variance_epsilon`` (same
+``state_dict`` keys), on a device with the kernel that kernel, elsewhere the original class's own forward (so CPU
+results are transformers' to the bit). Its output carries the codes and scales it made (:data:`A8_ATTR`); the first
+QuantLinear reading that very tensor, unchanged, with the same activation quantization, on the same stream and in
+the same CUDA-graph capture state, takes them instead of quantizing again (:func:`adopt_norm_codes`) and removes
+them from the tensor (siblings that are not fused get them through their :mod:`~quantkit.runtime.sibling_inputs`
+scope), so they live no longer than a quantization of that input would. "Unchanged" is the version counter; an
+inference-mode tensor has none, so a write between the norm and its consumer that bypasses the counter (``.data``,
+raw pointers, in-place under inference mode) would go unseen — which is why a norm with forward hooks (that could
+change its output in place) attaches nothing; pre-hooks on the consumers could do the same and are not checked. In
+grad mode, or where no kernel is registered, transformers' forward runs.
 
 The FP16 layer of ``quantkit bench PACKED --decode-step`` keeps these norms (without the quantization): only the
 linears differ between the two layers it times.

@@ -1,20 +1,20 @@
-"""What the CUDA decode GEMVs (:mod:`quantkit.runtime.kernels.cuda.gemv`, :mod:`quantkit.runtime.kernels.cuda.gemv_a8`) share: the C++ ``PRELUDE`` (streaming
-weight loads, the group index of a 128-column half-tile, the cross-warp reduction that writes a block's outputs,
-the programmatic-dependent-launch wait and trigger) that each GEMV's source begins with, and the host side — CuPy
-detection, NVRTC compilation of one template instance (cached, with a compile failure reported as a reason so the
-Triton kernels run instead), the torch stream as a CuPy stream, the launch itself, and the shift form of a group
-size.
+"""What the CUDA decode GEMVs (:mod:`quantkit.runtime.kernels.cuda.gemv`, :mod:`quantkit.runtime.kernels.cuda.gemv_a8`)
+share: the C++ ``PRELUDE`` (streaming weight loads, the group index of a 128-column half-tile, the cross-warp reduction
+that writes a block's outputs, the programmatic-dependent-launch wait and trigger) that each GEMV's source begins with,
+and the host side — CuPy detection, NVRTC compilation of one template instance (cached, with a compile failure
+reported as a reason so the Triton kernels run instead), the torch stream as a CuPy stream, the launch itself, and the
+shift form of a group size.
 
 Programmatic dependent launch (Hopper, sm_90): a GEMV is launched with the driver's programmatic stream
 serialization attribute, so it may start while the kernel before it on the stream is still running. Its blocks
-load their first one or two weight tiles per warp — which no earlier kernel writes — and only then wait (``griddepcontrol.wait``: the
-previous grid complete, its writes visible) before reading activations; each GEMV and the activation quantizer
-also signal at their start that the next such kernel may launch. A decode step's weight stream so overlaps the
-activation quantizer and the tail of the previous GEMV. The wait always blocks until the previous grid (whether
-that one was launched with the attribute or not) has completed; it returns at once only in a kernel that was
-itself launched the ordinary way. The wait and trigger exist only in the source compiled with ``QK_PDL``, which
-refuses to compile below sm_90 (:func:`launch_form`), so an attribute launch never meets code without its wait.
-``QUANTKIT_PDL=0`` launches everything the ordinary way.
+load their first one or two weight tiles per warp — which no earlier kernel writes — and only then wait
+(``griddepcontrol.wait``: the previous grid complete, its writes visible) before reading activations; each GEMV and
+the activation quantizer also signal at their start that the next such kernel may launch. A decode step's weight
+stream so overlaps the activation quantizer and the tail of the previous GEMV. The wait always blocks until the
+previous grid (whether that one was launched with the attribute or not) has completed; it returns at once only in a
+kernel that was itself launched the ordinary way. The wait and trigger exist only in the source compiled with
+``QK_PDL``, which refuses to compile below sm_90 (:func:`launch_form`), so an attribute launch never meets code
+without its wait. ``QUANTKIT_PDL=0`` launches everything the ordinary way.
 """
 
 from __future__ import annotations

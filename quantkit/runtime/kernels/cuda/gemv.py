@@ -17,31 +17,23 @@ This kernel is warp-level, in the manner of TurboMind's GEMV path (TurboMind Sec
   (bf16: 128 + q with the 0x4300 exponent);
 * tensor cores multiply (q − z) by up to 8 tokens (the mma's N side; the GEMV's one token wastes nothing that
   the memory-bound kernel needs; or two sets of 8 by the same dequantized fragment, a launch column of 16)
-  into an fp32 partial sum per 128-column group, which is scaled once by the
-  group's fp32 scale (MixLLM Sec. 3.3 group-tile accumulation). Ŵ is therefore never rounded to fp16: the
-  result is the exact Σ (q − z)·s·x up to fp32 summation, within the fp16 rounding of the weight of
-  :func:`quantkit.runtime.kernels.reference.w4a16_reference` (which rounds Ŵ to the activation dtype as the
-  tensor-core kernels do).
+  into an fp32 partial sum per 128-column group, which is scaled once by the group's fp32 scale (MixLLM Sec. 3.3
+  group-tile accumulation). Ŵ is therefore never rounded to fp16: the result is the exact Σ (q − z)·s·x up to fp32
+  summation, within the fp16 rounding of the weight of :func:`quantkit.runtime.kernels.reference.w4a16_reference`
+  (which rounds Ŵ to the activation dtype as the tensor-core kernels do).
 
-Measured on an H100 (docs/BENCHMARKS.md, ``docs/bench/gemv_sweep.py``): 14.9 µs at M = 1 on 14336 × 4096
-(2.96× cuBLAS fp16, Triton 20.2 µs); at M = 2-8 1.0–1.5× the Triton kernel's 128-row tiles on the five
-Llama-3.1-8B shapes (docs/logs/gemv_sweep_m8_tiles_h100.json).
-Nsight Compute showed the schedulers issuing on ~47 % of cycles with ~400 instructions per tile, so the loop was
-cut to ~270 (a signed division for the group index, a two-instruction mask, a tile copy and a token predicate
-removed: 17.8 → 14.9 µs); a pure read of the same bytes takes 11.8 µs. Variants measured and dropped:
-per-element fp16 scaling before the mma, activations staged in shared memory, a TMA bulk prefetch of the block's
-rows into L2, a CUDA-core FMA version, register caps, a second tile in flight, (sm_90) the weight stream
-through TMA bulk copies into a shared-memory ring (slower at every shape and M: whole blocks wait for their
-chunk, then compute while nothing of theirs is loading; docs/logs/gemv_sweep_bulk_h100.json,
-docs/logs/gemv_sweep_lean_h100.json, docs/logs/ncu_gemv_regs_vs_bulk_h100.txt; code at commit f721c5e), and a
-per-warp cp.async ring of 2-6 stages (slower, more stages slower still: docs/logs/gemv_sweep_async_h100.json;
-code at commit 87fd855).
+On an H100 it runs close to a pure read of the same bytes and beats the Triton kernel's 128-row tiles at M <= 8
+(docs/BENCHMARKS.md). The tile loop is kept to ~270 instructions (a shift for the group index, a one-instruction
+mask, no tile copy or token predicate), since its instruction count shows directly in the time (Nsight Compute).
+Staging activations in shared memory, streaming weights through a shared-memory ring (TMA bulk copies or cp.async:
+whole blocks wait for their chunk, then compute while nothing of theirs loads), a TMA L2 prefetch of the block's rows,
+per-element fp16 scaling before the mma, a CUDA-core FMA form, register caps and a second tile in flight all measured
+slower (docs/BENCHMARKS.md, Measured and dropped).
 
 Requires K a multiple of 256 and 8-byte aligned activation rows (every real model's hidden sizes are);
 :func:`cuda_gemv_supported` says when; :func:`quantkit.runtime.kernels.triton.w4a16.w4a16_matmul` uses it where
-:func:`cuda_gemv_preferred` says it is faster
-and runs the Triton kernel otherwise. The pure-torch reference of the format is
-:func:`quantkit.runtime.kernels.reference.w4a16_reference`; this kernel runs only with CuPy and a CUDA GPU.
+:func:`cuda_gemv_preferred` says it is faster and runs the Triton kernel otherwise. The pure-torch reference of the
+format is :func:`quantkit.runtime.kernels.reference.w4a16_reference`; this kernel runs only with CuPy and a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -76,12 +68,12 @@ class GemvVariant:
 
     @property
     def key(self) -> str:
-        """Short name, as the sweep logs spell it."""
+        """Short name, as GEMV sweep results spell it."""
         return (f"cuda_w{self.warps}_pf{self.l2_prefetch}" + (f"_j{self.token_sets}" if self.token_sets > 1 else "")
                 + ("_w2" if self.wait_after_two else ""))
 
 
-# the variants docs/bench/gemv_sweep.py times
+# the candidate variants of a GEMV sweep (warps × L2 prefetch, and the two-tile wait)
 VARIANTS = [GemvVariant(w, pf) for w in (2, 4, 8) for pf in (0, 128, 256)] + [
     GemvVariant(w, 128, 1, True) for w in (2, 4, 8)]
 VARIANTS_M16 = [GemvVariant(w, 128, j) for w in (2, 4, 8) for j in (1, 2)]  # --m16 of the sweep
@@ -121,39 +113,35 @@ def cuda_gemv_supported(x: torch.Tensor, tensors: dict, meta: dict, out: torch.T
 def cuda_gemv_warps(n: int, k: int) -> int:
     """Warps per block (they split K) of the register variant for an [N, K] weight: 8 for N <= 4096 (few 16-row
     blocks), 4 up to N = 8192, 2 up to 16384, else 4 — on an H100 the fastest of 2/4/8 per Llama-3.1-8B shape at
-    M = 1, 2, 4 and 8, or within 6 % of it (docs/bench/gemv_sweep.py, docs/logs/gemv_sweep_lean_h100.json). Above
-    16384 rows (session 13, docs/logs/session13/gemv_wait2_h100.json): 24576×4096 21.3-26.7 µs on 4 warps vs
-    23.2-29.8 on 2, 37888×3584 28.1-35.2 vs 29.6-35.8, 28672×4096 a tie — at 111 registers nine 2-warp blocks
-    fit an SM, so past ~19000 rows the 2-warp launch needs a second, ragged wave (the A8 GEMV's rule too)."""
+    M = 1, 2, 4 and 8, or within 6 % of it. Above 16384 rows 4 warps are faster than 2 or tie: at 111 registers nine
+    2-warp blocks fit an SM, so past ~19000 rows the 2-warp launch needs a second, ragged wave (the A8 GEMV's rule
+    too)."""
     return 8 if n <= 4096 else (4 if n <= 8192 or n > 16384 else 2)
 
 
 def wait_after_two(n: int, k: int) -> bool:
     """Whether the decode GEMV of an [N, K] weight waits for the previous grid (programmatic dependent launch)
-    after two weight tiles per warp are in flight rather than one: on layers of at most 8192 rows and columns.
-    H100, docs/bench/gemv_sweep.py (docs/logs/session13/gemv_wait2_h100.json, 12 shapes × M = 1, 2, 4, 8 at the
-    rule's warps): there 1.01-1.13× faster on 1024×4096, 4096×4096, 6144×4096 and 3584×3584, 0.98-1.07× on
-    4608×3584; on the wider or longer layers (14336-37888 rows, 12288-18944 columns) 0.95-1.02×, not explained
-    (the A8 GEMV, same loop, gains there: :func:`quantkit.runtime.kernels.cuda.gemv_a8.a8_wait_after_two`). Only at M <= 8 (one 8-token
-    set per launch column); the 16-token variant keeps the old wait."""
+    after two weight tiles per warp are in flight rather than one: on layers of at most 8192 rows and columns, where
+    it is 1.01-1.13× faster on an H100 (0.98-1.07× on 4608×3584); on the wider or longer layers (14336-37888 rows,
+    12288-18944 columns) it measures 0.95-1.02×, not explained (the A8 GEMV, same loop, gains there:
+    :func:`quantkit.runtime.kernels.cuda.gemv_a8.a8_wait_after_two`). Only at M <= 8 (one 8-token set per launch
+    column); the 16-token variant waits after one tile."""
     return n <= 8192 and k <= 8192
 
 
 def cuda_gemv_preferred(m: int, n: int, k: int) -> bool:
     """Whether the CUDA GEMV beats the Triton W4A16 kernel for M tokens on an [N, K] weight (H100): M <= 8 — it
     wins or ties on every Llama-3.1-8B shape there (M = 8: 6144×4096 10.6 vs 12.7 µs, 14336×4096 16.6 vs 17.2;
-    28672×4096 and 4096×14336 within 2 %; docs/logs/gemv_sweep_m8_tiles_h100.json) — and Triton above
-    (4096×4096 M = 16: 9.6 vs 10.7 µs; 14336×4096: 19.4 vs 28.6; gemv_sweep_slots_h100.json and
-    tile_m16_slots_h100.json — before the split-K slots the GEMV also won M = 9-16 up to 8192 × 8192)."""
+    28672×4096 and 4096×14336 within 2 %) — and Triton above, with its split-K slots (4096×4096 M = 16: 9.6 vs
+    10.7 µs; 14336×4096: 19.4 vs 28.6)."""
     return 1 <= m <= CUDA_GEMV_MAX_M
 
 
 def default_variant(n: int, k: int, m: int = 1) -> GemvVariant:
     """The GEMV variant :func:`w4a16_gemv_cuda` runs for M tokens on an [N, K] weight when none is named: M <= 8:
-    warps by :func:`cuda_gemv_warps`, 128-byte L2 prefetch (2-4 % faster than none, as fast as 256 on an H100:
-    docs/logs/gemv_sweep_pf_h100.json), the wait of :func:`wait_after_two`; above: 4 warps, two 8-token sets per
-    launch column (the fastest or within 4 % of it at M = 12 and 16 on layers up to 8192 × 8192,
-    docs/logs/gemv_sweep_m16_h100.json)."""
+    warps by :func:`cuda_gemv_warps`, 128-byte L2 prefetch (2-4 % faster than none, as fast as 256 on an H100), the
+    wait of :func:`wait_after_two`; above: 4 warps, two 8-token sets per launch column (the fastest or within 4 % of
+    it at M = 12 and 16 on layers up to 8192 × 8192)."""
     if m > TOKENS_PER_COLUMN:
         return GemvVariant(4, 128, 2)
     return GemvVariant(cuda_gemv_warps(n, k), 128, 1, wait_after_two(n, k))

@@ -1,19 +1,19 @@
 """W8A8 / MixLLM W4A8 / LiquidQuant W4A8 / mixed W4.4A8 decode GEMV in CUDA C++ (NVRTC via CuPy) over int8
 activation codes.
 
-The decode counterpart (M <= 16 tokens, 8 or 16 per launch column) of the Triton kernels in :mod:`quantkit.runtime.kernels.triton.int8_gemm`,
-built like the W4A16 GEMV of :mod:`quantkit.runtime.kernels.cuda.gemv` (a block owns 16 weight rows, its warps split K by 256-column
-tiles, one tile loaded ahead in registers, partial sums added through shared memory) but on the int8 tensor
-cores, ``mma.sync.m16n8k32``:
+The decode counterpart (M <= 16 tokens, 8 or 16 per launch column) of the Triton kernels in
+:mod:`quantkit.runtime.kernels.triton.int8_gemm`, built like the W4A16 GEMV of :mod:`quantkit.runtime.kernels.cuda.gemv`
+(a block owns 16 weight rows, its warps split K by 256-column tiles, one tile loaded ahead in registers, partial sums
+added through shared memory) but on the int8 tensor cores, ``mma.sync.m16n8k32``:
 
 * ``w8`` rows (MixLLM sym-8 g128): the int8 bytes are the A operand as they are. Lane (g, c) loads 16 bytes at
   column 64j + 16c of rows g and g + 8 and the activation codes of token g at the same columns, so the two mmas
   of a 64-column chunk pair A and B over the same columns in the same register order;
 * ``w4a16`` rows (MixLLM asym-4 g128, the W4A16 layout): byte b of the four words a lane holds (columns
   4c … 4c + 3 of a plane's 16-column chunk) is gathered into one register (three PRMT) whose low / high nibbles
-  are the codes q of planes b / b + 4 — the unsigned A operand of an ``u8 × s8`` mma. The zero point is
-  taken out per group after the products: Σ (q − z)·a = Σ q·a − z·Σ a, with Σ a from an mma of all-ones A over
-  the same B (exact integers throughout, MixLLM Sec. 3.3 two-step dequantization: integer sums first);
+  are the codes q of planes b / b + 4 — the unsigned A operand of an ``u8 × s8`` mma. The zero point is taken out
+  per group after the products: Σ (q − z)·a = Σ q·a − z·Σ a, with Σ a from an mma of all-ones A over the same B
+  (exact integers throughout, MixLLM Sec. 3.3 two-step dequantization: integer sums first);
 * ``w4a8-lqq`` rows (LiquidQuant, the same tile-planar words): the gathered codes of four columns become four
   int8 lanes at once as ((q·s_u8 + a) mod 256) XOR 0x80 — one IMAD and one XOR (LiquidGEMM Eq. 12, no carry
   between lanes by Eq. 11) — and the first-level per-channel scale is applied once after the last tile
@@ -125,8 +125,7 @@ def _instance(parts: list, m: int, out_dtype: torch.dtype, warps: int | None = N
 def a8_warps(n: int, m: int = 1) -> int:
     """Warps per block (they split K) for a layer of N output rows and M tokens. M <= 8: 8 up to N = 4096, 4 up
     to 8192, 2 up to 16384, else 4 — the fastest of 2/4/8 on an H100 at M = 1 for the five Llama-3.1-8B shapes,
-    within 5 % at M = 2-8 but for one point (docs/bench/a8_gemv_sweep.py, docs/logs/a8_gemv_sweep_h100.json);
-    M = 9-16: 4 (with :func:`a8_token_sets`; docs/logs/a8_gemv_sweep_m16_sets_h100.json)."""
+    within 5 % at M = 2-8 but for one point; M = 9-16: 4 (with :func:`a8_token_sets`)."""
     if m > TOKENS_PER_COLUMN:
         return 4
     if n <= 4096:
@@ -136,34 +135,30 @@ def a8_warps(n: int, m: int = 1) -> int:
 
 def a8_wait_after_two(n: int, k: int, m: int) -> bool:
     """Whether the A8 GEMV waits for the previous grid after two weight tiles per warp are in flight rather than
-    one: at M <= 8 on every layer. H100, docs/bench/a8_gemv_sweep.py at the rule's warps: LiquidQuant W4A8 and
-    mixed W4.4A8 on 8 shapes × M = 1, 4, 8 (docs/logs/session13/a8_gemv_wait2_h100.json) 1.02-1.26× faster at 44 of
-    48 points, 0.96-1.00× at the rest; W8A8 and MixLLM W4A8 on 4 shapes (a8_gemv_wait2_w8_h100.json) 1.00-1.10× at
-    all 24. Unlike the W4A16 GEMV (:func:`quantkit.runtime.kernels.cuda.gemv.wait_after_two`) also on the layers of 14336-24576 rows and
-    14336 columns (0.99-1.09×, 1.02 or more at 17 of 18 LiquidQuant / mixed points). Above M = 8 (16-token columns)
-    not measured."""
+    one: at M <= 8 on every layer. On an H100 at the rule's warps: LiquidQuant W4A8 and mixed W4.4A8 1.02-1.26×
+    faster at 44 of 48 points (8 shapes × M = 1, 4, 8), 0.96-1.00× at the rest; W8A8 and MixLLM W4A8 1.00-1.10× at
+    all 24 points. Unlike the W4A16 GEMV (:func:`quantkit.runtime.kernels.cuda.gemv.wait_after_two`) also on the
+    layers of 14336-24576 rows and 14336 columns (0.99-1.09×, 1.02 or more at 17 of 18 LiquidQuant / mixed points).
+    Above M = 8 (16-token columns) not measured."""
     return m <= TOKENS_PER_COLUMN
 
 
 def a8_token_sets(n: int, m: int) -> int:
     """8-token sets per launch column: 1 up to M = 8; above, 2 (every weight fragment shared by 16 tokens) for
-    N > 4096 — on 4096-row layers one set per column is as fast (docs/logs/a8_gemv_sweep_m16_sets_h100.json)."""
+    N > 4096 — on 4096-row layers one set per column is as fast."""
     return 2 if m > TOKENS_PER_COLUMN and n > 4096 else 1
 
 
 def a8_gemv_preferred(m: int, n: int, k: int, mixed: bool = False, layouts: tuple = ()) -> bool:
     """Whether the CUDA A8 GEMV beats the Triton int8 kernels for M tokens on an [N, K] layer of partition
-    ``layouts`` (``mixed``: two partitions), measured on an H100 (docs/bench/a8_gemv_sweep.py): at M <= 4
-    always — LiquidQuant on layers wider than 8192 too since the GEMV launches with programmatic dependent launch
-    (docs/bench/lqq_gemv_wide.py, docs/logs/lqq_gemv_wide_h100.json: 14336×4096 M = 1 14.8 vs 18.1 µs, M = 2-4
-    a tie; 28672×4096 M = 1-4 25.6-27.4 vs 28.8-29.9; at M = 8 the Triton kernel won by 1.11-1.13×; before PDL the
-    Triton kernel was as fast at 14336×4096 M = 1, 16.4 vs 16.1, docs/logs/a8_gemv_sweep_lqq_h100.json); at M = 5-8
-    for 8-bit weights everywhere (28672×4096 M = 8: 44.1 vs 50.2 µs), mixed layers up to N = 16384 (14336×4096: 19.4
-    vs 22.6), 4-bit ones up to N = 8192 (14336×4096 W4A8: Triton 18.6 vs 18.8) and LiquidQuant only up to K = 8192
-    too (4096×14336: Triton 16.8 vs 18.4); at M = 9-16 only for 8-bit weights up to N = 8192 (6144×4096 M = 16: 13.4
-    vs 18.0 µs) — the 4-bit and mixed layers run Triton there (4096×14336 mixed M = 16: 22.2 vs 28.9 µs). Those
-    crossovers are from docs/logs/a8_gemv_sweep_slots_h100.json, after split-K sums went to per-split slots, which
-    made the split Triton kernels at decode sizes up to ~30 % faster and moved every crossover toward Triton.
+    ``layouts`` (``mixed``: two partitions), measured on an H100 against the Triton kernels with per-split split-K
+    slots: at M <= 4 always — LiquidQuant on layers wider than 8192 too, where programmatic dependent launch gives the
+    GEMV its lead (14336×4096 M = 1 14.8 vs 18.1 µs, M = 2-4 a tie; 28672×4096 M = 1-4 25.6-27.4 vs 28.8-29.9; at
+    M = 8 the Triton kernel wins by 1.11-1.13×); at M = 5-8 for 8-bit weights everywhere (28672×4096 M = 8: 44.1 vs
+    50.2 µs), mixed layers up to N = 16384 (14336×4096: 19.4 vs 22.6), 4-bit ones up to N = 8192 (14336×4096 W4A8:
+    Triton 18.6 vs 18.8) and LiquidQuant only up to K = 8192 too (4096×14336: Triton 16.8 vs 18.4); at M = 9-16 only
+    for 8-bit weights up to N = 8192 (6144×4096 M = 16: 13.4 vs 18.0 µs) — the 4-bit and mixed layers run Triton
+    there (4096×14336 mixed M = 16: 22.2 vs 28.9 µs).
     """
     if not 1 <= m <= A8_GEMV_MAX_M:
         return False
@@ -198,12 +193,11 @@ def a8_gemv_cuda(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: 
                  wait_after_two: bool | None = None) -> torch.Tensor:
     """Y [M, out_features] = dequant(A)·Ŵᵀ for int8 activation codes [M, K] with float32 scales [M, Ga]
     and one or two partitions ``parts`` = [(layout, tensors, meta, rows or None)] of ``w8`` / ``w4a16`` /
-    ``w4a8-lqq`` weights
-    (rows: int32 output column of each partition row; None: row i → column i). One launch; an 8-bit partition
-    runs first (module docstring). ``warps`` (default :func:`a8_warps`) and ``token_sets``, 8-token sets per
-    launch column sharing every weight fragment, 1 or 2 (default :func:`a8_token_sets`), ``wait_after_two``
-    (default :func:`a8_wait_after_two`). ValueError when
-    :func:`a8_gemv_problem` finds a problem other than the device ones, which the caller checks."""
+    ``w4a8-lqq`` weights (rows: int32 output column of each partition row; None: row i → column i). One launch; an
+    8-bit partition runs first (module docstring). ``warps`` (default :func:`a8_warps`) and ``token_sets``, 8-token
+    sets per launch column sharing every weight fragment, 1 or 2 (default :func:`a8_token_sets`), ``wait_after_two``
+    (default :func:`a8_wait_after_two`). ValueError when :func:`a8_gemv_problem` finds a problem other than the
+    device ones, which the caller checks."""
     import numpy as np
 
     m, k = a_codes.shape

@@ -7,7 +7,7 @@
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
 
 // (a & mask) | bits in one LOP3 (0xEA = (a & b) | c); written out because the compiler, given two immediates,
-// emits an AND and an OR (measured: 64 of the ~400 instructions per tile)
+// emits an AND and an OR (64 more instructions per tile)
 __device__ __forceinline__ u32 and_or(u32 a, u32 mask, u32 bits) {
     u32 r;
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(mask), "r"(bits));
@@ -135,7 +135,7 @@ __device__ __forceinline__ void mma_tile(const Tile& cur, const typename Pair<BF
 // Y[M, N] = X[M, K] · Ŵ[N, K]^T for 8·J tokens per launch column: a block owns 16 rows, its NWARPS warps share K;
 // each warp multiplies one tile while the next is loading (two register tiles used in turn, so no tile is copied)
 // L2PF: see ld_stream. The explicit minimum of 1 block per SM matters: without it ptxas aims at more resident
-// blocks, caps the kernel at 80 registers, hoists fewer loads and runs 10-45 % slower (docs/logs/gemv_sweep_*.json)
+// blocks, caps the kernel at 80 registers, hoists fewer loads and runs 10-45 % slower
 // WAIT2: wait for the previous grid after two tiles are in flight, not one
 template <int NWARPS, bool BF16, int L2PF, int J, bool WAIT2>
 __global__ void __launch_bounds__(NWARPS * 32, 1)

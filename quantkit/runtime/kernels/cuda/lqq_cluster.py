@@ -4,9 +4,9 @@ wgmma, NVRTC via CuPy; Hopper).
 A layer of few weight rows (the 1024-row k/v projection of Llama-3-8B, Qwen2's 512-row one) gives the Gluon kernels
 too few output tiles to fill 132 SMs at a few hundred tokens, so they split K. Their split programs each store an
 fp32 slot to global memory, fence, take an atomic ticket, and the tile's last program reads every slot back
-(:mod:`quantkit.runtime.kernels.triton.splitk`): measured on the k/v layer at 128 tokens, ~1.7-4.2 µs of a 9-12 µs launch (docs/BENCHMARKS.md,
-session 18). Here the S programs that split one output tile's K are one cluster (``__cluster_dims__``), resident
-together, and they add their partial tiles through distributed shared memory instead:
+(:mod:`quantkit.runtime.kernels.triton.splitk`): on the k/v layer at 128 tokens, ~1.7-4.2 µs of a 9-12 µs launch.
+Here the S programs that split one output tile's K are one cluster (``__cluster_dims__``), resident together, and
+they add their partial tiles through distributed shared memory instead:
 
 * a CTA (one or two warpgroups) owns 64 or 128 weight rows × BT tokens over 1/S of the 256-column tiles, the
   transposed product Y^T = W·X^T (LiquidGEMM Sec. 5.4): ``wgmma.m64nBTk32`` with the dequantized weights as the
@@ -18,12 +18,12 @@ together, and they add their partial tiles through distributed shared memory ins
   zero-filled, not read;
 * a lane reads its words from the ring and dequantizes them in registers, four int8 lanes per IMAD, as
   ((q·s + a) mod 256) XOR 0x80 (LiquidGEMM Eq. 11-12; the words, gather and arithmetic of the A8 GEMV,
-  :mod:`quantkit.runtime.kernels.cuda.gemv_a8`) — tile t + 1's while tile t's products run (LiquidGEMM Sec. 5's overlap of dequantization
-  and MMA). With depth 1 tile t's products complete before tile t + 1's are issued; with depth 2 (session 20) they
-  are issued first and the wait is for tile t − 1's, so the tensor cores always have a tile queued, three sets of
-  A registers rotating. Each wait names the A registers of the products it completes as operands so that nothing
-  overwrites them early (ptxas does not keep a register operand alive past the wgmma's issue; docs/BENCHMARKS.md,
-  session 16), which ``quantkit.bench.sass`` checks in the SASS of every launch the rule makes;
+  :mod:`quantkit.runtime.kernels.cuda.gemv_a8`) — tile t + 1's while tile t's products run (LiquidGEMM Sec. 5's
+  overlap of dequantization and MMA). With depth 1 tile t's products complete before tile t + 1's are issued; with
+  depth 2 they are issued first and the wait is for tile t − 1's, so the tensor cores always have a tile queued,
+  three sets of A registers rotating. Each wait names the A registers of the products it completes as operands so
+  that nothing overwrites them early (ptxas does not keep a register operand alive past the wgmma's issue;
+  docs/BENCHMARKS.md), which ``quantkit.bench.sass`` checks in the SASS of every launch the rule makes;
 * per-token activation scales and one per-channel weight scale (LiquidGEMM Sec. 4) leave the K sum an exact int32,
   so the partial tiles add exactly in any order: each CTA writes its int32 tile into its own shared memory, a
   cluster barrier (release / acquire) publishes it, CTA r adds token rows r·BT/S … of all S tiles over
@@ -31,20 +31,18 @@ together, and they add their partial tiles through distributed shared memory ins
   kernels' epilogue on the same exact sum, so the result is bit for bit theirs unsplit;
 * a second cluster barrier keeps every CTA's shared memory alive until its peers have read it.
 
-Session 19 first built the product on ``mma.sync`` (each warp 32 rows × half the tokens, activations through
-``ldmatrix``): no faster per tile than the Gluon wgmma kernels, so faster than the Gluon rule only at small M on
-narrow layers (docs/logs/session19/cluster_sweep_*_h100.json). This form replaced it: 1.1-1.5× the Gluon rule on
-the narrow layers it now runs (:func:`.configs.lqq_cluster_launch`), and since session 20 on 4096-6144-row layers
-at 17-128 tokens. It does not reach the Gluon kernels' rate at larger M: Nsight Compute has it issuing on 22-31 %
-of cycles with the tensor pipe below that (ALU 21 %) and L2 at 25-31 % — a warp issues ~440 instructions per tile
-step (the dequantization, ~14 cp.async with their addresses, the waits) with two warps per scheduler to hide their
-latency (docs/logs/session20/ncu_cluster_h100.txt). wgmma needs the ``sm_90a`` target, which
+The product is a wgmma, not an ``mma.sync``: an mma.sync form is no faster per tile than the Gluon wgmma kernels.
+The rule (:func:`.configs.lqq_cluster_launch`) runs this kernel on narrow layers, where it is 1.1-1.5× the Gluon
+rule, and on 4096-6144-row layers at 17-128 tokens. It does not reach the Gluon kernels' rate at larger M: Nsight
+Compute has it issuing on 22-31 % of cycles with the tensor pipe below that (ALU 21 %) and L2 at 25-31 % — a warp
+issues ~440 instructions per tile step (the dequantization, ~14 cp.async with their addresses, the waits) with two
+warps per scheduler to hide their latency. wgmma needs the ``sm_90a`` target, which
 :func:`quantkit.runtime.kernels.cuda.common.compiled` reads from the source's ``// quantkit-arch:`` line.
 
 Like the decode GEMVs it launches with programmatic dependent launch where the device takes it
-(:mod:`quantkit.runtime.kernels.cuda.common`). Requires K a multiple of 256, per-token activations with 16-byte aligned rows, fp16 channel
-scales, compute capability 9.0 exactly and CuPy: :func:`lqq_cluster_problem` says what is missing. The format's
-pure-torch reference is :func:`quantkit.runtime.kernels.reference.int8_reference`.
+(:mod:`quantkit.runtime.kernels.cuda.common`). Requires K a multiple of 256, per-token activations with 16-byte
+aligned rows, fp16 channel scales, compute capability 9.0 exactly and CuPy: :func:`lqq_cluster_problem` says what
+is missing. The format's pure-torch reference is :func:`quantkit.runtime.kernels.reference.int8_reference`.
 """
 
 from __future__ import annotations
@@ -104,11 +102,11 @@ def lqq_cluster_problem(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group
                         tensors: dict, meta: dict, out_dtype: torch.dtype, out: torch.Tensor | None = None,
                         launch_cfg: tuple = (64, 4, 3, 1, 64)) -> str | None:
     """Why :func:`lqq_cluster_matmul` cannot run these arguments with ``launch_cfg`` = (tokens, split, stages[,
-    depth[, rows]]) (None: it can): a ``w4a8-lqq`` weight of K a multiple of 256, per-token activation codes (int8, rows 16-byte
-    aligned, unit column stride) and float32 scales, an fp16/bf16 output (``out``, if given, of that dtype with unit
-    column stride), contiguous 16-byte aligned packed tensors with fp16 channel scales, all on one CUDA device of
-    compute capability 9.0 exactly (thread-block clusters, wgmma, the table measured on an H100), and CuPy whose NVRTC
-    compiles the instance. Cheap checks first (testable on a CPU)."""
+    depth[, rows]]) (None: it can): a ``w4a8-lqq`` weight of K a multiple of 256, per-token activation codes (int8,
+    rows 16-byte aligned, unit column stride) and float32 scales, an fp16/bf16 output (``out``, if given, of that
+    dtype with unit column stride), contiguous 16-byte aligned packed tensors with fp16 channel scales, all on one
+    CUDA device of compute capability 9.0 exactly (thread-block clusters, wgmma, the table measured on an H100), and
+    CuPy whose NVRTC compiles the instance. Cheap checks first (testable on a CPU)."""
     if layout != "w4a8-lqq":
         return f"layout {layout} is not w4a8-lqq"
     if act_group_size != -1:
@@ -155,9 +153,9 @@ def lqq_cluster_problem(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group
 
 
 def _cluster_split(n_tiles: int, split: int) -> tuple[int, int]:
-    """(tiles per CTA, CTAs per cluster) for ``split`` asked on ``n_tiles`` 256-column tiles: :func:`quantkit.runtime.kernels.triton.launch.split_plan`
-    (no CTA without a tile), lowered further to a cluster size that has an instance (14 tiles asked in 8 come out as
-    7 of 2, which becomes 4 of 4, 4, 4, 2)."""
+    """(tiles per CTA, CTAs per cluster) for ``split`` asked on ``n_tiles`` 256-column tiles:
+    :func:`quantkit.runtime.kernels.triton.launch.split_plan` (no CTA without a tile), lowered further to a cluster
+    size that has an instance (14 tiles asked in 8 come out as 7 of 2, which becomes 4 of 4, 4, 4, 2)."""
     per, split = split_plan(n_tiles, split)
     while split not in CLUSTER_SPLITS:
         per, split = split_plan(n_tiles, split - 1)

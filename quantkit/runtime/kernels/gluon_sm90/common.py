@@ -1,14 +1,16 @@
-"""Shared pieces of the Gluon kernels for Hopper's wgmma (:mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma`, :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws`, :mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma`,
-:mod:`quantkit.runtime.kernels.gluon_sm90.w8a8_wgmma`): the import guard and the few Gluon operations whose names changed between Triton releases,
-the activation-tile ring of the register-operand kernels (cp.async into 128-byte-swizzled shared memory), their
-output store (direct or through split-K slots as :mod:`quantkit.runtime.kernels.triton.splitk`), and the checks every such launch needs —
-including a kernel that did not compile with the installed Triton, after which the Triton kernels run instead.
+"""Shared pieces of the Gluon kernels for Hopper's wgmma (:mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma`,
+:mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws`, :mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma`,
+:mod:`quantkit.runtime.kernels.gluon_sm90.w8a8_wgmma`): the import guard and the few Gluon operations whose names
+changed between Triton releases, the activation-tile ring of the register-operand kernels (cp.async into
+128-byte-swizzled shared memory), their output store (direct or through split-K slots as
+:mod:`quantkit.runtime.kernels.triton.splitk`), and the checks every such launch needs — including a kernel that did
+not compile with the installed Triton, after which the Triton kernels run instead.
 
 Why Gluon: Triton 3.6's ``tl.dot`` waits for each int8 product whose operand sits in registers before the
 program goes on (``wgmma.wait_group 0``); Gluon exposes ``warpgroup_mma(is_async=True)`` and
 ``warpgroup_mma_wait(num_outstanding)``, TMA, mbarriers and warp specialization (docs/BENCHMARKS.md). Overlapping a
-warpgroup's own products with its next tile's dequantization turned out unsafe (ptxas does not keep a register A
-operand alive while its product runs; session 16, docs/bench/sass_hazards.py): the kernels issue a tile's products
+warpgroup's own products with its next tile's dequantization is unsafe (ptxas does not keep a register A operand
+alive while its product runs; :mod:`quantkit.bench.sass` checks for it): the kernels issue a tile's products
 together and wait for them, and the overlap comes from other warpgroups — two per program, programs sharing an SM,
 and in :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws` a TMA producer warp.
 """
@@ -50,8 +52,7 @@ def hopper_problem(a_codes: torch.Tensor, k: int, out: torch.Tensor | None, out_
     ``k_multiple`` (256 for the cp.async kernel's whole tiles, 16 for TMA), activations (int8 codes, or W4A16's
     fp16/bf16) with unit column stride and 16-byte aligned rows (cp.async and TMA move 16 bytes), an fp16/bf16
     output with unit column stride, Gluon, a Hopper GPU (compute capability 9.0: wgmma), and a kernel that compiled
-    with this Triton. The cheap shape checks
-    come first, so they are testable without a GPU."""
+    with this Triton. The cheap shape checks come first, so they are testable without a GPU."""
     if k % k_multiple:
         return f"K = {k} is not a multiple of {k_multiple}"
     if a_codes.stride(1) != 1 or a_codes.data_ptr() % 16 or (a_codes.stride(0) * a_codes.element_size()) % 16:
@@ -70,10 +71,10 @@ def hopper_problem(a_codes: torch.Tensor, k: int, out: torch.Tensor | None, out_
 
 
 def ws_maxnreg(warpgroups: int, per_sm: int) -> int:
-    """``maxnreg`` of a warp-specialized launch (:mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws`, :mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_ws`): registers a thread at launch such
-    that ``per_sm`` programs of ``warpgroups`` consumer warpgroups plus the producer's (a warpgroup: registers are
-    allocated by warpgroups) fit the register file; setmaxnreg then moves the producer's share above
-    :data:`PRODUCER_REGS` to the consumers."""
+    """``maxnreg`` of a warp-specialized launch (:mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws`,
+    :mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_ws`): registers a thread at launch such that ``per_sm`` programs
+    of ``warpgroups`` consumer warpgroups plus the producer's (a warpgroup: registers are allocated by warpgroups) fit
+    the register file; setmaxnreg then moves the producer's share above :data:`PRODUCER_REGS` to the consumers."""
     threads = 128 * (warpgroups + 1) * per_sm
     return min(256, REGISTER_FILE // threads // 8 * 8)
 
@@ -270,9 +271,8 @@ if HAVE_GLUON:
     def slot_layout(ROWS):
         """A [ROWS, tokens] fp32 split-K tile as the program's 4·ROWS/64 warps load and store it: four consecutive
         weight rows (16 contiguous bytes of a slot row) a thread, a warp's 16 × 4 rows of two tokens a line each.
-        The accumulator's own layout put 4 tokens × 8 rows of 4 bytes in each warp access: the tile's last program
-        took 1.35-1.8 µs a slot to add them, 0.5-0.85 µs since (H100, globaltimer stamps, docs/BENCHMARKS.md
-        session 18)."""
+        The accumulator's own layout puts 4 tokens × 8 rows of 4 bytes in each warp access: there the tile's last
+        program takes 1.35-1.8 µs a slot to add them, in this one 0.5-0.85 µs (H100, globaltimer stamps)."""
         return gl.BlockedLayout(size_per_thread=[4, 1], threads_per_warp=[16, 2], warps_per_cta=[ROWS // 64, 4],
                                 order=[0, 1])
 
@@ -293,12 +293,12 @@ if HAVE_GLUON:
     @gluon.jit
     def sum_slots(total, ws_ptrs, mask, slot, SPLIT_K: gl.constexpr):
         """``total`` (zeros) plus the SPLIT_K split-K slots ``ws_ptrs`` points into (slot 0; slots ``slot`` elements
-        apart), added in split order (:mod:`quantkit.runtime.kernels.triton.splitk`'s scheme, so the sum does not depend on which program came
-        last); .cg: from L2, not from a line this SM may hold from an earlier call."""
+        apart), added in split order (:mod:`quantkit.runtime.kernels.triton.splitk`'s scheme, so the sum does not
+        depend on which program came last); .cg: from L2, not from a line this SM may hold from an earlier call."""
         if SPLIT_K <= 2:
             for s in gl.static_range(SPLIT_K):
                 total += gl.load(ws_ptrs + s * slot, mask=mask, other=0.0, cache_modifier=".cg")
-        else:  # unrolled, every slot's loads were hoisted together and spilled (ptxas)
+        else:  # a loop: unrolled, every slot's loads are hoisted together and spill (ptxas)
             for s in range(SPLIT_K):
                 total += gl.load(ws_ptrs + s * slot, mask=mask, other=0.0, cache_modifier=".cg")
         return total
@@ -328,7 +328,8 @@ if HAVE_GLUON:
     def store_rows(out_ptr, y, rm, rn, first, M, N, stride_om):
         """Store y [rows, tokens] (weight rows rn, tokens rm) of Y [M, N] in out's dtype: tokens first … M − 1 only
         (the warp-specialized kernels move a ragged last token tile back to end at M − 1; its rows below ``first``
-        belong to the tile before), straight from y's layout (W4A16's: :mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_ws`)."""
+        belong to the tile before), straight from y's layout (W4A16's:
+        :mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_ws`)."""
         mask = ((rm >= first) & (rm < M))[None, :] & (rn < N)[:, None]
         gl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], y.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -341,8 +342,8 @@ if HAVE_GLUON:
     def store_rows_coalesced(out_ptr, y, rm, rn, first, M, N, stride_om):
         """:func:`store_rows` through :data:`STORE_ROWS_LAYOUT`: in a wgmma accumulator's layout a thread holds two
         adjacent *tokens* — rows of Y N elements apart — so each store writes 2 bytes; converted, they are 16-byte
-        stores along Y's rows. Same values. Session 25 (docs/BENCHMARKS.md): the LiquidQuant kernel's launches
-        1.05x geometric mean over 23 points (:mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws` uses it); the W4A16 kernel's 0.999x, so it keeps
+        stores along Y's rows. Same values. It makes the LiquidQuant kernel's launches 1.05x faster (geometric mean;
+        :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws` uses it) and the W4A16 kernel's 0.999x, so that one keeps
         :func:`store_rows`. Called from a 4-warp partition (the warp-specialized consumers)."""
         store_rows(out_ptr, gl.convert_layout(y.to(out_ptr.dtype.element_ty), STORE_ROWS_LAYOUT),
                    gl.convert_layout(rm, gl.SliceLayout(0, STORE_ROWS_LAYOUT)),

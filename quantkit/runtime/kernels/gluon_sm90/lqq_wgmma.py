@@ -1,8 +1,8 @@
 """LiquidQuant W4A8 on Hopper with its dequantization overlapping tensor-core products (Gluon).
 
-The Triton LiquidQuant kernel (:mod:`quantkit.runtime.kernels.triton.int8_gemm`) dequantizes a 256-column weight tile into registers and
-multiplies it with ``tl.dot``; Triton 3.6 waits for every int8 product whose operand sits in registers
-(``wgmma.wait_group 0``) before the program dequantizes its next tile, so within a program the tensor cores
+The Triton LiquidQuant kernel (:mod:`quantkit.runtime.kernels.triton.int8_gemm`) dequantizes a 256-column weight
+tile into registers and multiplies it with ``tl.dot``; Triton 3.6 waits for every int8 product whose operand sits in
+registers (``wgmma.wait_group 0``) before the program dequantizes its next tile, so within a program the tensor cores
 idle while the integer units work and vice versa (docs/BENCHMARKS.md). LiquidGEMM's ImFP pipeline (LiquidGEMM
 Sec. 5) overlaps the two. This kernel does that in Gluon, where the waits are explicit — across warpgroups (two
 per program, or programs sharing an SM), not within one (below):
@@ -15,16 +15,17 @@ per program, or programs sharing an SM), not within one (below):
   (Triton tensors are powers of two; the tail is how a 96/160/192-token tile is written);
 * per 256-column tile, the lane loads its words directly in the register layout of wgmma's A operand, so the
   dequantized int8 planes need no shuffle: plane p of 4 consecutive words is 4 consecutive K positions — exactly
-  the 4 bytes of one A-fragment register (k_width 4). The arithmetic is :data:`quantkit.runtime.kernels.triton.dequant.ASM_I8`: (q·s + a) XOR
-  0x80 on four int8 lanes per IMAD (LiquidGEMM Eq. 11-12);
+  the 4 bytes of one A-fragment register (k_width 4). The arithmetic is
+  :data:`quantkit.runtime.kernels.triton.dequant.ASM_I8`: (q·s + a) XOR 0x80 on four int8 lanes per IMAD (LiquidGEMM
+  Eq. 11-12);
 * plane p multiplies activation columns 32p … 32p + 31 of the tile (:mod:`quantkit.formats.nibble_planes`): one
   k32 ``wgmma`` per plane, from an activation tile that ``cp.async`` brought into shared memory STAGES - 1 tiles
   ahead — as two copies of 128 columns, or one (:func:`one_copy_per_tile`: Triton puts a CTA barrier before each);
 * the 8 products of tile t are issued asynchronously and waited for before tile t + 1 is dequantized: ptxas does
-  not keep a register A operand alive while its wgmma runs, so the overlap of one tile's products with the next
-  tile's dequantization inside a warpgroup (this kernel until session 16) let it reuse those registers, and some
-  launches returned wrong sums (docs/BENCHMARKS.md); the overlap now comes from the other warpgroup or program on
-  the SM. The unsplit 128-token launches run :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws` instead (a TMA producer warp);
+  not keep a register A operand alive while its wgmma runs, so overlapping one tile's products with the next tile's
+  dequantization inside a warpgroup lets it reuse those registers and return wrong sums (docs/BENCHMARKS.md); the
+  overlap comes from the other warpgroup or program on the SM. The unsplit 128-token launches run
+  :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws` instead (a TMA producer warp);
 * one int32 accumulator spans K (per-token activations, no per-group float scale, LiquidGEMM Sec. 4); the
   epilogue applies token scale × channel scale and stores fp16.
 
@@ -57,7 +58,8 @@ if HAVE_GLUON:
     @gluon.jit
     def planes_wgmma(words, s_lo, a_lo, s_hi, a_hi):
         """The 8 int8 planes [rows, 32] of a word tile in the A-operand layout of ``words`` (LiquidGEMM Eq. 11-12,
-        :data:`quantkit.runtime.kernels.triton.dequant.ASM_I8`); s_*, a_* int32 [rows] per-row multiplier and offset of each half-tile."""
+        :data:`quantkit.runtime.kernels.triton.dequant.ASM_I8`); s_*, a_* int32 [rows] per-row multiplier and offset
+        of each half-tile."""
         return gl.inline_asm_elementwise(
             ASM_I8, CONSTRAINTS_I8,
             [words, s_lo[:, None], (a_lo * 0x01010101)[:, None], s_hi[:, None], (a_hi * 0x01010101)[:, None]],
@@ -69,10 +71,9 @@ if HAVE_GLUON:
         of ``xs`` (plane p: columns 32p … 32p + 31) — and, with a tail tile of BT tokens, the same planes against
         ``xt`` into ``acc_t`` (one dequantization for BM + BT tokens) — issued asynchronously, then all waited for:
         ptxas does not keep a register A operand alive while its product runs, so no register may be written
-        before this wait (waiting only for the previous tile's products, as this kernel did until session 16, let
-        it give the next tile's planes and addresses registers these products were still reading; the 96-token
-        launches returned wrong sums on an H100, docs/BENCHMARKS.md). Returns (acc, acc_t); without a tail
-        (BT = 0) ``xt`` and ``acc_t`` are not used."""
+        before this wait (waiting only for the previous tile's products lets it give the next tile's planes and
+        addresses registers these products still read: wrong sums, docs/BENCHMARKS.md). Returns (acc, acc_t);
+        without a tail (BT = 0) ``xt`` and ``acc_t`` are not used."""
         for p in gl.static_range(8):
             xb = xs.index(base + p // 4).slice(32 * (p % 4), 32, dim=1).permute((1, 0))
             acc = warpgroup_mma(planes[p], xb, acc, is_async=True)
@@ -147,7 +148,7 @@ if HAVE_GLUON:
             i = t - t_begin
             planes = planes_wgmma(words, p_lo & 0xFF, (p_lo >> 8) & 0xFF, p_hi & 0xFF, (p_hi >> 8) & 0xFF)
             # the next tile's words and group words load while this tile's products run (loading 2-3 tiles ahead
-            # was slower almost everywhere: docs/logs/lqq_ahead_h100.json, code at dfcf03b)
+            # measured slower almost everywhere)
             words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t + 1, t_end, hpg, groups, N, rn_in)
             wait_x(STAGES)
             slot = i % STAGES
@@ -155,8 +156,8 @@ if HAVE_GLUON:
                 acc, acc_t = multiply_tile(planes, xs, xt, 2 * slot, acc, acc_t, BT, WG)
             else:
                 acc, _ = multiply_tile(planes, xs, xs, 2 * slot, acc, acc, BT, WG)
-            # (kept from when products stayed in flight across tiles: since each warpgroup waits for its own before
-            # the next wait_x, whose CTA barrier both pass, tile t-1's slot is free here already; not re-timed without)
+            # each warpgroup waits for its own products before the next wait_x, whose CTA barrier both pass, so tile
+            # t-1's slot may already be free here; this barrier's removal has not been timed
             if WG > 1:
                 cta_barrier()
             issue_x(xs_in, x_ptrs, i + STAGES - 1, t_begin, t_end, STAGES, COPIES, 128)  # into tile t-1's slot
@@ -185,11 +186,11 @@ if HAVE_GLUON:
 
 
 def one_copy_per_tile(tail: int, warpgroups: int) -> int:
-    """The ``COPIES`` of :func:`quantkit.runtime.kernels.gluon_sm90.common.issue_x` for a launch: 0 (a tile's two halves in one cp.async, so
-    fewer CTA barriers a tile) for two warpgroups with a tail tile, where an A/B on an H100 timed it 1.03× faster
-    (geometric mean of 24 points, 0.996-1.13×; docs/logs/session15/kernel_ab_lqq_one_copy*_h100.json); else 2 (a
-    copy per half): the single copy was 0.96-1.01× on one-warpgroup launches there and in the W4A16 kernel 0.90-0.99×
-    (kernel_ab_*variants_h100.json) — why fewer barriers can be slower was not found."""
+    """The ``COPIES`` of :func:`quantkit.runtime.kernels.gluon_sm90.common.issue_x` for a launch: 0 (a tile's two
+    halves in one cp.async, so fewer CTA barriers a tile) for two warpgroups with a tail tile, where it measures 1.03×
+    faster on an H100 (geometric mean of 24 points, 0.996-1.13×); else 2 (a copy per half): the single copy measures
+    0.96-1.01× on one-warpgroup launches and 0.90-0.99× in the W4A16 kernel — why fewer barriers can be slower is not
+    known."""
     return 0 if tail and warpgroups > 1 else 2
 
 
@@ -197,9 +198,10 @@ def lqq_wgmma_problem(a_codes: torch.Tensor, act_group_size: int, layout: str, m
                       out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16,
                       kernel: str | None = KERNEL) -> str | None:
     """Why :func:`lqq_wgmma_matmul` cannot run this product (None: it can): a ``w4a8-lqq`` weight with per-token
-    activations (act_group_size -1), then :func:`quantkit.runtime.kernels.gluon_sm90.common.hopper_problem` for Gluon kernel ``kernel`` (this
-    one, or :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws`, which takes the same products and builds on its own; None: whether either could run,
-    leaving :func:`quantkit.runtime.kernels.gluon_sm90.common.kernel_broken` to the caller)."""
+    activations (act_group_size -1), then :func:`quantkit.runtime.kernels.gluon_sm90.common.hopper_problem` for Gluon
+    kernel ``kernel`` (this one, or :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws`, which takes the same products
+    and builds on its own; None: whether either could run, leaving
+    :func:`quantkit.runtime.kernels.gluon_sm90.common.kernel_broken` to the caller)."""
     if layout != "w4a8-lqq":
         return f"layout {layout} is not w4a8-lqq"
     if act_group_size != -1:
@@ -224,9 +226,9 @@ def lqq_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dic
     ``tail`` more (0, 32 or 64) that multiply the same dequantized weights — so M = 160 runs as
     one 128 + 32 program per row tile instead of five 32-token ones that each dequantize the whole weight;
     ``stages`` activation tiles in flight, ``split_k`` programs along K (fp32 slots summed in split order,
-    :mod:`quantkit.runtime.kernels.triton.splitk`), ``warpgroups`` (1 or 2) warpgroups of 64 weight rows sharing each activation tile. The
-    caller checks :func:`lqq_wgmma_problem`. Same bits as the Triton LiquidQuant kernel with the same split (exact
-    int32 products, then (acc · token scale) · channel scale)."""
+    :mod:`quantkit.runtime.kernels.triton.splitk`), ``warpgroups`` (1 or 2) warpgroups of 64 weight rows sharing each
+    activation tile. The caller checks :func:`lqq_wgmma_problem`. Same bits as the Triton LiquidQuant kernel with the
+    same split (exact int32 products, then (acc · token scale) · channel scale)."""
     if (bm not in (32, 64, 128) or tail not in (0, 32, 64) or stages not in (2, 3, 4) or split_k < 1
             or warpgroups not in (1, 2)):
         raise ValueError(f"bm must be 32, 64 or 128, tail 0, 32 or 64, stages 2-4, split_k >= 1 and warpgroups 1-2; "

@@ -1,53 +1,54 @@
-"""LiquidQuant W4A8 on Hopper with a producer warp: the warp-specialized form of :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma` (Gluon).
+"""LiquidQuant W4A8 on Hopper with a producer warp: the warp-specialized form of
+:mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma` (Gluon).
 
-:mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma` has every warp of a program dequantize weights, issue wgmma *and* copy the activation tiles
-(``cp.async``, then a CTA barrier and a proxy fence before each tile's products). Nsight Compute had its warps
-waiting on their own instruction stream (docs/BENCHMARKS.md, "What bounds the Gluon prefill kernels"), while
-cuBLAS runs a producer warp (TMA, mbarriers) that feeds consumer warpgroups. LiquidGEMM Sec. 5 (ImFP) builds its
-kernel the same way: a load warp brings operand tiles over TMA into a shared-memory ring, compute warpgroups
-dequantize and multiply. This kernel does that with ``gl.warp_specialize``:
+:mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma` has every warp of a program dequantize weights, issue wgmma
+*and* copy the activation tiles (``cp.async``, then a CTA barrier and a proxy fence before each tile's products).
+Nsight Compute has its warps waiting on their own instruction stream (docs/BENCHMARKS.md), while cuBLAS runs a
+producer warp (TMA, mbarriers) that feeds consumer warpgroups. LiquidGEMM Sec. 5 (ImFP) builds its kernel the same
+way: a load warp brings operand tiles over TMA into a shared-memory ring, compute warpgroups dequantize and multiply.
+This kernel does that with ``gl.warp_specialize``:
 
 * the **producer** (one warp, 24 registers) walks the program's K tiles: waits until ring slot ``i % STAGES`` (its
-  i-th tile) is empty
-  (mbarrier ``empty``), then starts the TMA of activation tile t — two [BM, 128] int8 boxes, plus two [BT, 128]
-  for a tail tile — completing on mbarrier ``ready``. Token rows past M arrive as zeros (TMA bounds), and their
-  products are never stored;
+  i-th tile) is empty (mbarrier ``empty``), then starts the TMA of activation tile t — two [BM, 128] int8 boxes, plus
+  two [BT, 128] for a tail tile — completing on mbarrier ``ready``. Token rows past M arrive as zeros (TMA bounds),
+  and their products are never stored;
 * the **consumers** (one warpgroup of 64 weight rows: the default partition; with two warpgroups, 128 rows, the
-  second is a 4-warp worker partition of its own) are :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma`'s loop without the copies: dequantize tile
-  t in registers (:data:`quantkit.runtime.kernels.triton.dequant.ASM_I8`, LiquidGEMM Eq. 11-12), load tile t + 1's words, wait on ``ready``,
-  issue the 8 (16 with a tail) asynchronous k32 products, wait for them, and release the slot (``empty``, which
-  completes with one arrival from each warpgroup). Waiting for the tile's own products, not only the previous
-  tile's, is what keeps the sums right: ptxas does not keep a register A operand alive while its wgmma runs
-  (docs/BENCHMARKS.md, session 16); the tensor cores stay busy with the other warpgroup's or the other program's
-  products. Until session 22 the two warpgroups were one 8-warp partition that met at a barrier before releasing
-  each slot, so both dequantized at once and then both waited on the tensor cores; as partitions of their own they
-  drift into turns (1.05-1.37× at every launch timed, docs/BENCHMARKS.md);
+  second is a 4-warp worker partition of its own) are :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma`'s loop
+  without the copies: dequantize tile t in registers (:data:`quantkit.runtime.kernels.triton.dequant.ASM_I8`,
+  LiquidGEMM Eq. 11-12), load tile t + 1's words, wait on ``ready``, issue the 8 (16 with a tail) asynchronous k32
+  products, wait for them, and release the slot (``empty``, which completes with one arrival from each warpgroup).
+  Waiting for the tile's own products, not only the previous tile's, is what keeps the sums right: ptxas does not
+  keep a register A operand alive while its wgmma runs (docs/BENCHMARKS.md); the tensor cores stay busy with the
+  other warpgroup's or the other program's products. The two warpgroups are partitions of their own rather than one
+  8-warp partition that meets at a barrier before releasing each slot (where both dequantize at once and then both
+  wait on the tensor cores): apart they drift into turns, 1.05-1.37× faster at every launch timed
+  (docs/BENCHMARKS.md, Measured and dropped);
 * a ragged last token tile moves back to end at token M − 1 (its TMA boxes then lie inside the activations —
-  boxes reaching past M were much slower) and stores only its own new rows;
-* the epilogue is :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma`'s: (acc · token scale) · channel scale, fp16/bf16 store — 16 bytes along Y's rows
-  at a time (:func:`quantkit.runtime.kernels.gluon_sm90.common.store_rows_coalesced`, session 25: 1.05x) — or, in a K-split
-  launch (program axis 2 walks its share of the 256-column tiles, producer and consumers alike), the fp32 slot of
+  boxes reaching past M are much slower) and stores only its own new rows;
+* the epilogue is :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma`'s: (acc · token scale) · channel scale,
+  fp16/bf16 store — 16 bytes along Y's rows at a time
+  (:func:`quantkit.runtime.kernels.gluon_sm90.common.store_rows_coalesced`, 1.05x faster) — or, in a K-split launch
+  (program axis 2 walks its share of the 256-column tiles, producer and consumers alike), the fp32 slot of
   :mod:`quantkit.runtime.kernels.triton.splitk`'s scheme, the tile's last program adding the slots in split order
-  (:func:`quantkit.runtime.kernels.gluon_sm90.common.store_rows_split`; each warpgroup of a two-warpgroup launch on tickets of its own). Split
-  launches would give layers with few output tiles (the 1024-row k/v
-  products) programs enough to fill the SMs, as lqq_wgmma's do; measured there they were no faster than lqq_wgmma's
-  splits, so the rules give this kernel none (docs/bench/lqq_ws_sweep.py times them).
+  (:func:`quantkit.runtime.kernels.gluon_sm90.common.store_rows_split`; each warpgroup of a two-warpgroup launch on
+  tickets of its own). Split launches would give layers with few output tiles (the 1024-row k/v products) programs
+  enough to fill the SMs, as lqq_wgmma's do, but measure no faster there than lqq_wgmma's splits, so the rules give
+  this kernel none.
 
-**Halved last waves** (``halves_from``, session 26): a 256-token program (128 tokens and a 128-token tail, two
-warpgroups) holds its SM alone, so a launch of 192 such tiles on 132 SMs runs two full program times although its
-second wave holds 60 tiles. With ``halves_from`` the program axis is one-dimensional: programs below it run whole
-tiles in the 2-D launch's order (row tiles fastest), and each tile from there on runs as two programs of 128 tokens
-(without the tail tile: a runtime branch around :func:`_producer` and :func:`_consumers`, whose code is unchanged).
-Half the tokens dequantize the same weights, so a half takes ~0.6 of a whole tile's time, not 0.5 (0.56 of a wave in
-the large-M model's fit, 0.65 in the 128-token launch's own timing); the same int32
-sums and epilogue, so the same bits. The program order is: whole tiles, then the first halves of the later tiles,
-then their second halves — a tile of a last token row of 128 tokens or fewer has none, so a ragged M (1025 tokens:
-four whole token rows and one of a single token) runs that row as 128-token programs.
-:func:`.configs.lqq_ws_halves` gives ``halves_from`` from the large-M model (docs/BENCHMARKS.md, "Halved last
-waves …").
+**Halved last waves** (``halves_from``): a 256-token program (128 tokens and a 128-token tail, two warpgroups)
+holds its SM alone, so a launch of 192 such tiles on 132 SMs runs two full program times although its second wave
+holds 60 tiles. With ``halves_from`` the program axis is one-dimensional: programs below it run whole tiles in the
+2-D launch's order (row tiles fastest), and each tile from there on runs as two programs of 128 tokens (without the
+tail tile: a runtime branch around :func:`_producer` and :func:`_consumers`, whose code is unchanged). Half the
+tokens dequantize the same weights, so a half takes ~0.6 of a whole tile's time, not 0.5 (0.56 of a wave in the
+large-M model's fit, 0.65 in the 128-token launch's own timing); the same int32 sums and epilogue, so the same bits.
+The program order is: whole tiles, then the first halves of the later tiles, then their second halves — a tile of a
+last token row of 128 tokens or fewer has none, so a ragged M (1025 tokens: four whole token rows and one of a
+single token) runs that row as 128-token programs. :func:`.configs.lqq_ws_halves` gives ``halves_from`` from the
+large-M model.
 
-**K-pair launches** (``k_pair``, session 22): a program that has its SM to itself (a layer of few output tiles: the
-k/v projection at M = 513-1024, 4096 rows at M = 129-256) cannot overlap a warpgroup's dequantization with its own
+**K-pair launches** (``k_pair``): a program that has its SM to itself (a layer of few output tiles: the k/v
+projection at M = 513-1024, 4096 rows at M = 129-256) cannot overlap a warpgroup's dequantization with its own
 products — it must wait for them before it writes registers again — so its tensor cores idle while it dequantizes.
 A K-pair program runs two consumer warpgroups (the default partition and a 4-warp worker, 232-248 registers each)
 on the same 64 rows and 128 tokens, warpgroup h taking tiles h, h + 2, … of the K range from ring slots that only
@@ -55,13 +56,13 @@ it uses (STAGES even, so each slot's mbarrier phases follow one warpgroup); whil
 products run. The second leaves its int32 sum in shared memory, the first adds it (an mbarrier orders the two) and
 stores the tile as above — integers, exact in any order, so the same bits as one warpgroup over the whole range.
 1.04-1.21x the rule's launch at 50 of the 51 points where :func:`.configs.lqq_k_pair` gives it (docs/BENCHMARKS.md).
-Measured and dropped on the way (code at the commits named there): the dequantized planes stored to shared memory
-so that a warpgroup's own products could run on (slower: the extra shared-memory traffic and fence), and three
-warpgroups along K (slower than two).
+Storing the dequantized planes to shared memory so that a warpgroup's own products could run on (the extra
+shared-memory traffic and fence) and three warpgroups along K both measure slower (docs/BENCHMARKS.md, Measured and
+dropped).
 
-Same bits as :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma` and the Triton LiquidQuant kernel (exact int32 products, the same epilogue). No
-CPU interpreter runs Gluon; the GPU tests compare it bit for bit with the Triton kernel (the format's pure-torch
-reference is :func:`quantkit.runtime.kernels.reference.int8_reference`).
+Same bits as :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma` and the Triton LiquidQuant kernel (exact int32
+products, the same epilogue). No CPU interpreter runs Gluon; the GPU tests compare it bit for bit with the Triton
+kernel (the format's pure-torch reference is :func:`quantkit.runtime.kernels.reference.int8_reference`).
 """
 
 from __future__ import annotations
@@ -260,7 +261,7 @@ if HAVE_GLUON:
         t_begin = pid_k * tiles_per_split
         t_end = gl.minimum(t_begin + tiles_per_split, n_tiles)
         # a ragged last token tile moves back to end at row M - 1, so that its TMA boxes lie inside the activations
-        # (boxes reaching past M were slow: 4096x4096 M = 769 45.7 µs against 33.1 at M = 768); its rows below
+        # (boxes reaching past M are slow: 4096x4096 M = 769 45.7 µs against 33.1 at M = 768); its rows below
         # ``first`` belong to the tile before and are not stored again
         if HALVES:  # one program axis over the tiles in the 2-D launch's order: whole below halves_from, then the
             # first halves of the tiles from there, then their second halves (only the tiles that have one)
@@ -327,12 +328,13 @@ def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, 
                   out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16,
                   k_pair: bool = False, halves_from: int | None = None) -> torch.Tensor:
     """Y [M, N] (``out_dtype``, or ``out``'s) = dequant(A)·Ŵᵀ for int8 codes [M, K] with per-token float32 scales
-    [M, 1] and a ``w4a8-lqq`` weight, as :func:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma.lqq_wgmma_matmul` (same bits at the same K split), with a
-    producer warp bringing the activations over TMA (module docstring); 128 tokens per program plus ``tail`` (0, 32,
-    64, 128); ``per_sm`` programs meant to share an SM (sets the register budget, :func:`quantkit.runtime.kernels.gluon_sm90.common.ws_maxnreg`);
-    ``split_k`` programs along K (fp32 slots summed in split order, :mod:`quantkit.runtime.kernels.triton.splitk`). ``k_pair``: two consumer
-    warpgroups on the same 64 rows, each taking every other tile of the K range (module docstring; one warpgroup of
-    rows, no tail, 2 or 4 stages, one program an SM). ``halves_from`` (a 256-token launch: tail 128, two warpgroups,
+    [M, 1] and a ``w4a8-lqq`` weight, as :func:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma.lqq_wgmma_matmul`
+    (same bits at the same K split), with a producer warp bringing the activations over TMA (module docstring); 128
+    tokens per program plus ``tail`` (0, 32, 64, 128); ``per_sm`` programs meant to share an SM (sets the register
+    budget, :func:`quantkit.runtime.kernels.gluon_sm90.common.ws_maxnreg`); ``split_k`` programs along K (fp32 slots
+    summed in split order, :mod:`quantkit.runtime.kernels.triton.splitk`). ``k_pair``: two consumer warpgroups on the
+    same 64 rows, each taking every other tile of the K range (module docstring; one warpgroup of rows, no tail, 2
+    or 4 stages, one program an SM). ``halves_from`` (a 256-token launch: tail 128, two warpgroups,
     unsplit): the output tiles from that one on, in launch order, each run as two 128-token programs — the last
     wave's tiles spread over twice the programs (module docstring; :func:`.configs.lqq_ws_halves` gives it). The
     caller checks :func:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma.lqq_wgmma_problem`."""

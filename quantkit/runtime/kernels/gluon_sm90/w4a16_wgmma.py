@@ -1,11 +1,12 @@
-"""W4A16 on Hopper with the dequantization of one warpgroup overlapping the fp16 tensor-core products of others (Gluon).
+"""W4A16 on Hopper with the dequantization of one warpgroup overlapping the fp16 tensor-core products of others
+(Gluon).
 
-The Triton W4A16 kernel (:mod:`quantkit.runtime.kernels.triton.w4a16`) places the 8 dequantized planes of a 256-column tile side by side in K
-order (a register shuffle through shared memory) and multiplies them with ``tl.dot``, which Triton 3.6 waits for
-before the program dequantizes its next tile; at prefill sizes it ran 0.66-0.95× cuBLAS fp16 and quantkit
-dequantized Ŵ to fp16 in memory and called cuBLAS instead (docs/BENCHMARKS.md). This kernel follows
-:mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma` (LiquidGEMM Sec. 5's ImFP pipeline, TurboMind Sec. 4.1/4.3: the packed layout follows the MMA
-operand, dequantization overlaps the MMA) for fp16/bf16 operands:
+The Triton W4A16 kernel (:mod:`quantkit.runtime.kernels.triton.w4a16`) places the 8 dequantized planes of a
+256-column tile side by side in K order (a register shuffle through shared memory) and multiplies them with
+``tl.dot``, which Triton 3.6 waits for before the program dequantizes its next tile, so at prefill sizes it runs
+0.66-0.95× cuBLAS fp16 (docs/BENCHMARKS.md). This kernel follows :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma`
+(LiquidGEMM Sec. 5's ImFP pipeline, TurboMind Sec. 4.1/4.3: the packed layout follows the MMA operand,
+dequantization overlaps the MMA) for fp16/bf16 operands:
 
 * a program owns 64 weight rows per warpgroup (wgmma's M side; one or two warpgroups, which share the program's
   activation tiles and take turns on the tensor cores while the other dequantizes) × BM tokens (wgmma's N side):
@@ -15,17 +16,19 @@ operand, dequantization overlaps the MMA) for fp16/bf16 operands:
   16 rows, and because word j carries column j of every plane (:mod:`quantkit.formats.nibble_planes`), byte b of
   words 2c and 2c + 1 is exactly one A-fragment register — the fp16 pair of K positions (2c, 2c + 1) — of plane b
   (low nibbles) and plane b + 4 (high nibbles). So the planes need no shuffle, and the arithmetic is the Triton
-  kernel's :data:`quantkit.runtime.kernels.triton.dequant.ASM_F16` (MixLLM Sec. 3.3 / TurboMind Fig. 6 magic-number int→float, exact (q − z),
-  one rounding of (q − z)·s): Ŵ is the same fp16 (bf16) weight as the Triton kernel's and the reference's;
+  kernel's :data:`quantkit.runtime.kernels.triton.dequant.ASM_F16` (MixLLM Sec. 3.3 / TurboMind Fig. 6
+  magic-number int→float, exact (q − z), one rounding of (q − z)·s): Ŵ is the same fp16 (bf16) weight as the Triton
+  kernel's and the reference's;
 * plane p multiplies activation columns 32p … 32p + 31 of the tile: one k32 ``warpgroup_mma`` per plane from an
   fp16 activation tile that ``cp.async`` brought into shared memory STAGES − 1 tiles ahead (four [BM, 64] slices
   of 128 bytes a row per tile);
 * a tile's 8 planes are formed (two at a time: b and b + 4 share their byte gathers; 64 registers a thread), then
   its 8 products issued asynchronously and waited for before the next tile's planes: ptxas does not keep a
-  register A operand alive while its product runs, so the overlap of products with the next planes inside a
-  warpgroup that this kernel had until session 16 (pairs of products in flight) left writes to such registers in
-  its SASS (docs/bench/sass_hazards.py); the tensor cores now overlap other warpgroups' work;
-* fp32 accumulation over K, stored in the activation dtype, directly or through split-K slots (:mod:`quantkit.runtime.kernels.triton.splitk`).
+  register A operand alive while its product runs, so overlapping products with the next planes inside a warpgroup
+  leaves writes to such registers in the SASS (:mod:`quantkit.bench.sass`); the tensor cores overlap other
+  warpgroups' work;
+* fp32 accumulation over K, stored in the activation dtype, directly or through split-K slots
+  (:mod:`quantkit.runtime.kernels.triton.splitk`).
 
 Requires K a multiple of 256, 16-byte aligned activation rows, and a Hopper GPU; :func:`w4a16_wgmma_problem`
 says when it cannot run. No CPU interpreter runs Gluon: the pure-torch reference of the format is
@@ -109,7 +112,8 @@ if HAVE_GLUON:
     @gluon.jit
     def _group_terms(p, BF16: gl.constexpr):
         """(1024 + z, s, -(64 + z)) [64, 1] in fp16 of ``qparams`` words (scale | zero << 16): the constants
-        :data:`quantkit.runtime.kernels.triton.dequant.ASM_F16` takes for a low and a high half-tile (bf16: 128 + z, s rounded to bf16, 128 + z)."""
+        :data:`quantkit.runtime.kernels.triton.dequant.ASM_F16` takes for a low and a high half-tile (bf16: 128 + z,
+        s rounded to bf16, 128 + z)."""
         s16 = (p & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True)
         z = ((p >> 16) & 0xFF).to(gl.float32)
         if BF16:
@@ -139,8 +143,7 @@ if HAVE_GLUON:
         """acc + the 8 k32 products of a tile's planes (:func:`form_planes`) against the activation slices ``base``
         … ``base`` + 3 of ``xs`` ([BM, 64] each; plane b: columns 32b … of the tile, plane b + 4: 128 + 32b …),
         issued asynchronously, then all waited for: ptxas does not keep a register A operand alive while its product
-        runs, so no register may be written before this wait (docs/BENCHMARKS.md, session 16: with pairs of
-        products in flight while the next pair was formed, the SASS of several launches wrote them)."""
+        runs, so no register may be written before this wait (docs/BENCHMARKS.md)."""
         lo0, hi0, lo1, hi1, lo2, hi2, lo3, hi3 = planes
         acc = warpgroup_mma(lo0, xs.index(base).slice(0, 32, dim=1).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma(hi0, xs.index(base + 2).slice(0, 32, dim=1).permute((1, 0)), acc, is_async=True)
@@ -203,8 +206,8 @@ if HAVE_GLUON:
             words, p_lo, p_hi = load_words(w_ptrs, p_ptr, t + 1, t_end, hpg, groups, N, rn_in)
             wait_x(STAGES)
             acc = multiply_planes(planes, xs, 4 * (i % STAGES), acc)
-            # (kept from when products stayed in flight across tiles: each warpgroup now waits for its own before the
-            # next wait_x, whose CTA barrier both pass, so tile t-1's slot is free here already; not re-timed without)
+            # each warpgroup waits for its own products before the next wait_x, whose CTA barrier both pass, so tile
+            # t-1's slot may already be free here; this barrier's removal has not been timed
             if WG > 1:
                 cta_barrier()
             _issue_x(xs, x_ptrs, i + STAGES - 1, t_begin, t_end, STAGES)
@@ -219,9 +222,9 @@ if HAVE_GLUON:
 def w4a16_wgmma_problem(x: torch.Tensor, meta: dict, out: torch.Tensor | None = None,
                         kernel: str = KERNEL) -> str | None:
     """Why :func:`w4a16_wgmma_matmul` cannot run this product (None: it can): fp16/bf16 activations, an output of
-    their dtype, :func:`quantkit.runtime.kernels.gluon_sm90.common.hopper_problem` (K a multiple of 256, 16-byte aligned rows, Gluon, sm_90, a
-    kernel — this one or ``kernel``, :mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_ws` — that built with this Triton), and a row stride of a
-    multiple of 16 elements."""
+    their dtype, :func:`quantkit.runtime.kernels.gluon_sm90.common.hopper_problem` (K a multiple of 256, 16-byte
+    aligned rows, Gluon, sm_90, a kernel — this one or ``kernel``, :mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_ws`
+    — that built with this Triton), and a row stride of a multiple of 16 elements."""
     if x.dtype not in (torch.float16, torch.bfloat16):
         return f"activations are {x.dtype}, not fp16/bf16"
     if out is not None and out.dtype != x.dtype:
@@ -251,8 +254,9 @@ def w4a16_wgmma_matmul(x: torch.Tensor, tensors: dict, meta: dict, bm: int = 128
     """Y [M, N] = X·Ŵᵀ in x's dtype (fp16/bf16) for a ``w4a16`` weight (module docstring): Ŵ = (q − z)·s rounded
     to x's dtype per element as :func:`.reference.w4a16_reference`, fp32 accumulation; ``bm`` tokens per program
     (32, 64 or 128), ``stages`` activation tiles in flight (2-4), ``split_k`` programs along K (fp32 slots summed
-    in split order, :mod:`quantkit.runtime.kernels.triton.splitk`), ``warpgroups`` (1 or 2) warpgroups per program, each its own 64 weight rows
-    against the program's shared activation tiles. The caller checks :func:`w4a16_wgmma_problem`."""
+    in split order, :mod:`quantkit.runtime.kernels.triton.splitk`), ``warpgroups`` (1 or 2) warpgroups per program,
+    each its own 64 weight rows against the program's shared activation tiles. The caller checks
+    :func:`w4a16_wgmma_problem`."""
     if (bm not in TOKEN_TILES or stages not in (2, 3, 4) or split_k < 1 or warpgroups not in (1, 2)
             or stages * bm * 512 > SMEM_RING_MAX):
         raise ValueError(f"bm must be 32, 64 or 128, stages 2-4 (3 at most with bm 128: the activation ring is "

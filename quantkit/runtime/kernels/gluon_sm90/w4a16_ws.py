@@ -1,26 +1,30 @@
-"""W4A16 on Hopper with a producer warp: the warp-specialized form of :mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma` (Gluon), built as
-:mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws` is for LiquidQuant (LiquidGEMM Sec. 5's ImFP shape: a load warp feeds compute warpgroups).
+"""W4A16 on Hopper with a producer warp: the warp-specialized form of
+:mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma` (Gluon), built as
+:mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws` is for LiquidQuant (LiquidGEMM Sec. 5's ImFP shape: a load warp
+feeds compute warpgroups).
 
 * the **producer** (one warp) walks the K tiles: waits until ring slot ``t % STAGES`` is empty (mbarrier
   ``empty``), then starts the TMA of fp16/bf16 activation tile t — four [BM, 64] boxes (128 bytes a row, the
   slices wgmma reads) — completing on mbarrier ``ready``;
 * the **consumers** (one warpgroup of 64 weight rows: the default partition; with two warpgroups, 128 rows, the
   second is a 4-warp worker partition of its own) form a tile's 8 planes from the words they load in wgmma's
-  A-operand layout (:func:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma.form_planes`: MixLLM Sec. 3.3 / TurboMind Fig. 6 magic-number int→float,
-  exact (q − z), one rounding of (q − z)·s), load the next tile's words, wait on ``ready``, issue the 8 k32
-  products and wait for them (:func:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma.multiply_planes`: no register is rewritten while a product reads
-  it), then release the slot (``empty`` completes with one arrival from each warpgroup). Until session 22 two
-  warpgroups were one 8-warp partition meeting at a barrier before each release, so they dequantized at once and
-  then waited on the tensor cores at once; as partitions of their own they take turns (1.16-1.37× at every launch
-  timed, docs/BENCHMARKS.md);
-* a ragged last token tile moves back to end at token M − 1 (TMA boxes reaching past M were slow in
-  :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws`) and stores only its new rows (:func:`quantkit.runtime.kernels.gluon_sm90.common.store_rows`); fp32 sums over K in the tile
-  order of :mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma`, so the two give the same bits at the same token tile.
+  A-operand layout (:func:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma.form_planes`: MixLLM Sec. 3.3 /
+  TurboMind Fig. 6 magic-number int→float, exact (q − z), one rounding of (q − z)·s), load the next tile's words,
+  wait on ``ready``, issue the 8 k32 products and wait for them
+  (:func:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma.multiply_planes`: no register is rewritten while a
+  product reads it), then release the slot (``empty`` completes with one arrival from each warpgroup). The two
+  warpgroups are partitions of their own rather than one 8-warp partition meeting at a barrier before each release
+  (where they dequantize at once and then wait on the tensor cores at once): apart they take turns, 1.16-1.37×
+  faster at every launch timed (docs/BENCHMARKS.md, Measured and dropped);
+* a ragged last token tile moves back to end at token M − 1 (TMA boxes reaching past M are slow in
+  :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws`) and stores only its new rows
+  (:func:`quantkit.runtime.kernels.gluon_sm90.common.store_rows`); fp32 sums over K in the tile order of
+  :mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma`, so the two give the same bits at the same token tile.
 
 Unsplit launches of 128 tokens, one or two warpgroups: where :func:`.configs.w4a16_ws_warpgroups` picks it (the
-128-token launches of the wgmma rule at M = 65-128 (session 17); at M = 129-512 one warpgroup where its programs fit
-one wave, else two (session 22); measured on an H100, docs/BENCHMARKS.md). The GPU tests compare it with :mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma` bit for bit and with
-:func:`quantkit.runtime.kernels.reference.w4a16_reference`.
+128-token launches of the wgmma rule at M = 65-128; at M = 129-512 one warpgroup where its programs fit one wave,
+else two; measured on an H100). The GPU tests compare it with :mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma`
+bit for bit and with :func:`quantkit.runtime.kernels.reference.w4a16_reference`.
 """
 
 from __future__ import annotations
@@ -105,18 +109,19 @@ if HAVE_GLUON:
             ], [4, 1], [PART_REGS, PRODUCER_REGS_C])
 
 def w4a16_ws_problem(x: torch.Tensor, meta: dict, out: torch.Tensor | None = None) -> str | None:
-    """Why :func:`w4a16_ws_matmul` cannot run this product (None: it can): :func:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma.w4a16_wgmma_problem`
-    (fp16/bf16 activations and output, K a multiple of 256, 16-byte aligned rows, Gluon, sm_90) under this kernel's
-    own build record."""
+    """Why :func:`w4a16_ws_matmul` cannot run this product (None: it can):
+    :func:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma.w4a16_wgmma_problem` (fp16/bf16 activations and output, K a
+    multiple of 256, 16-byte aligned rows, Gluon, sm_90) under this kernel's own build record."""
     return w4a16_wgmma_problem(x, meta, out, kernel=KERNEL)
 
 
 def w4a16_ws_matmul(x: torch.Tensor, tensors: dict, meta: dict, stages: int = 3, warpgroups: int = 1,
                     out: torch.Tensor | None = None) -> torch.Tensor:
-    """Y [M, N] = X·Ŵᵀ in x's dtype (fp16/bf16) for a ``w4a16`` weight, as :func:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma.w4a16_wgmma_matmul`
-    with 128-token tiles unsplit (the same bits), with a producer warp bringing the activations over TMA (module
-    docstring); ``stages`` activation tiles in the ring (2 or 3: 64 KB each, so one program an SM, whose register
-    budget :func:`quantkit.runtime.kernels.gluon_sm90.common.ws_maxnreg` sets), ``warpgroups`` 1 or 2. The caller checks
+    """Y [M, N] = X·Ŵᵀ in x's dtype (fp16/bf16) for a ``w4a16`` weight, as
+    :func:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma.w4a16_wgmma_matmul` with 128-token tiles unsplit (the same
+    bits), with a producer warp bringing the activations over TMA (module docstring); ``stages`` activation tiles in
+    the ring (2 or 3: 64 KB each, so one program an SM, whose register budget
+    :func:`quantkit.runtime.kernels.gluon_sm90.common.ws_maxnreg` sets), ``warpgroups`` 1 or 2. The caller checks
     :func:`w4a16_ws_problem`."""
     if stages not in (2, 3) or warpgroups not in (1, 2):
         raise ValueError(f"stages must be 2-3 and warpgroups 1-2; got {stages}, {warpgroups}")

@@ -4,26 +4,26 @@ warpgroups' products run (Gluon).
 
 MixLLM scales every group of 128 columns by weight scale × activation scale (MixLLM Sec. 3.3, group-tile
 accumulation), so a group's int32 sum must be finished, converted and scaled before it joins the fp32 result. The
-Triton kernel (:mod:`quantkit.runtime.kernels.triton.int8_gemm`) holds the weight operand in registers and waits for each group's products before
-its epilogue: 378 TOP/s at M = 4096, about half of cuBLAS fp16 (docs/BENCHMARKS.md). An 8-bit weight needs no
-dequantization, so here the orientation is the plain one, Y = X·Wᵀ: a program owns BM tokens × BN weight rows, a
-TMA ring brings [BM, 128] activation and [BN, 128] weight blocks (STAGES deep, one mbarrier each), every block is
-one asynchronous wgmma into a fresh int32 accumulator, and its epilogue is the fast I2F of MixLLM Sec. 3.3 / Fig. 4
-((sum + 0x4b400000) as fp32 − 1.5·2^23, exact while |sum| < 2^22) times activation scale × weight scale. Within
-a warpgroup each block's epilogue waits for its products; the tiles the launch rule picks are one warpgroup of
-64 tokens, two programs per SM, so one program's products run while the other scales its block (the per-block
-promotion of DeepGEMM on Hopper, without its strict ping-pong scheduling). With ``ahead`` (the rule's launches since
-session 21) a block's group scales are loaded one block early: loaded after its products were issued, they had not
-arrived when the products had (ncu: long-scoreboard stalls the largest share), 1.1× (docs/BENCHMARKS.md).
-Launches of few programs split K (session 21): each split's program takes whole 256-column tiles, stores its fp32
-tile in a slot of :mod:`quantkit.runtime.kernels.triton.splitk`'s workspace, and the tile's last program adds the slots in split order — the
-Triton kernel's scheme, so the same bits at the same split.
+Triton kernel (:mod:`quantkit.runtime.kernels.triton.int8_gemm`) holds the weight operand in registers and waits for
+each group's products before its epilogue: 378 TOP/s at M = 4096, about half of cuBLAS fp16 (docs/BENCHMARKS.md). An
+8-bit weight needs no dequantization, so here the orientation is the plain one, Y = X·Wᵀ: a program owns BM tokens ×
+BN weight rows, a TMA ring brings [BM, 128] activation and [BN, 128] weight blocks (STAGES deep, one mbarrier each),
+every block is one asynchronous wgmma into a fresh int32 accumulator, and its epilogue is the fast I2F of MixLLM
+Sec. 3.3 / Fig. 4 ((sum + 0x4b400000) as fp32 − 1.5·2^23, exact while |sum| < 2^22) times activation scale × weight
+scale. Within a warpgroup each block's epilogue waits for its products; the tiles the launch rule picks are one
+warpgroup of 64 tokens, two programs per SM, so one program's products run while the other scales its block (the
+per-block promotion of DeepGEMM on Hopper, without its strict ping-pong scheduling). With ``ahead`` (the rule's
+launches) a block's group scales are loaded one block early: loaded after its products are issued, they have not
+arrived when the products have (ncu: long-scoreboard stalls the largest share), so loading them early is 1.1× faster.
+Launches of few programs split K: each split's program takes whole 256-column tiles, stores its fp32 tile in a slot
+of :mod:`quantkit.runtime.kernels.triton.splitk`'s workspace, and the tile's last program adds the slots in split
+order — the Triton kernel's scheme, so the same bits at the same split.
 
 Same sums in the same order as the Triton kernel (block by block from zero, product of the two scales), so the
-result is bit-identical to :func:`quantkit.runtime.kernels.triton.int8_gemm.int8_matmul` for a ``w8`` weight at the same K split (the two launch
-rules may split differently: then the fp32 sums differ in their last bits). Requires K and the row strides to
-be multiples of 16 bytes (TMA) and groups that are multiples of 128 columns (or per-token activations):
-:func:`w8a8_wgmma_problem`. Reference: :func:`.reference.int8_reference`.
+result is bit-identical to :func:`quantkit.runtime.kernels.triton.int8_gemm.int8_matmul` for a ``w8`` weight at the
+same K split (the two launch rules may split differently: then the fp32 sums differ in their last bits). Requires K
+and the row strides to be multiples of 16 bytes (TMA) and groups that are multiples of 128 columns (or per-token
+activations): :func:`w8a8_wgmma_problem`. Reference: :func:`.reference.int8_reference`.
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ if HAVE_GLUON:
     @gluon.jit
     def _store_split(out_ptr, ws_ptr, ticket_ptr, acc, rm, rn, M, N, stride_om, SPLIT_K: gl.constexpr):
         """A K-split program's fp32 tile into its slot of the workspace (slots M·N apart, rows N apart); the tile's
-        last program adds the slots in split order from zero and stores the sum (:mod:`quantkit.runtime.kernels.triton.splitk`'s scheme)."""
+        last program adds the slots in split order from zero and stores the sum
+        (:mod:`quantkit.runtime.kernels.triton.splitk`'s scheme)."""
         mask = (rm < M)[:, None] & (rn < N)[None, :]
         offs = rm[:, None] * N + rn[None, :]
         gl.store(ws_ptr + gl.program_id(1) * (M * N) + offs, acc, mask=mask)
@@ -88,7 +89,7 @@ if HAVE_GLUON:
                       EVEN_N: gl.constexpr):
         """(activation scales [BM], weight scales [BN]) of K block kb (MixLLM Sec. 3.3 step 2). The weight scales
         are addressed from the tile's first row, unclamped, so each thread's adjacent pairs load as one 8-byte
-        access from one base register (a clamp per column cost two loads and ~60 address instructions per
+        access from one base register (a clamp per column costs two loads and ~60 address instructions per
         block); the mask only where N is not a multiple of the tile."""
         sa = gl.load(sa_ptr + rm_in * stride_sm + gl.minimum(kb // act_hpg, act_groups - 1))
         row = sw_ptr + gl.minimum(kb // hpg, groups - 1) * N

@@ -7,7 +7,8 @@ nearest fp16, bumped one ulp when it fell below s), codes = round-half-even(x / 
 The division is IEEE round-to-nearest (tl.math.div_rn) and rounding uses the 1.5·2^23 magic add — both exactly
 what torch computes — so the codes match bit for bit. Every element is read once: a program holds whole groups
 (or whole rows, per token) in registers. On Hopper each program first lets the next kernel launch (programmatic
-dependent launch, :mod:`quantkit.runtime.kernels.cuda.common`): the decode GEMV after it streams its weights while the codes are made.
+dependent launch, :mod:`quantkit.runtime.kernels.cuda.common`): the decode GEMV after it streams its weights while
+the codes are made.
 """
 
 from __future__ import annotations

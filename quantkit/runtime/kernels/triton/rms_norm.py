@@ -8,12 +8,12 @@ This kernel computes the same function in one program per row,
 
 — the order of transformers' ``weight * hidden_states.to(input_dtype)`` — and, when the projections that read y
 quantize their activations (MixLLM Sec. 3.1.2 A8, per 128-column group or per token), writes their int8 codes and
-float32 scales from the very y it stores, with the arithmetic of :mod:`quantkit.runtime.kernels.triton.act_quant` (the same helper functions),
-so the codes equal ``quantize_activation_triton(y)`` bit for bit. Like the quantizer, each program first lets the
-next kernel launch (programmatic dependent launch on Hopper, :mod:`quantkit.runtime.kernels.cuda.common`; that kernel still waits for this
-one's results). The sum of squares is reduced in another order
-than torch's and rsqrt is the hardware's: y can differ from transformers' by up to two rounding steps of the
-model dtype (one in fp16(x·r), carried through the product with w).
+float32 scales from the very y it stores, with the arithmetic of :mod:`quantkit.runtime.kernels.triton.act_quant`
+(the same helper functions), so the codes equal ``quantize_activation_triton(y)`` bit for bit. Like the quantizer,
+each program first lets the next kernel launch (programmatic dependent launch on Hopper,
+:mod:`quantkit.runtime.kernels.cuda.common`; that kernel still waits for this one's results). The sum of squares is
+reduced in another order than torch's and rsqrt is the hardware's: y can differ from transformers' by up to two
+rounding steps of the model dtype (one in fp16(x·r), carried through the product with w).
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, group_siz
                     bits: int = 8) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(y [M, K] in x's dtype, codes int8 [M, K] or None, scales float32 [M, G] or None) for x [M, K] (unit column
     stride) and ``weight`` [K] of x's dtype (module docstring). ``group_size`` None: no quantization; -1 per
-    token; else a power of two >= 16 (:func:`quantkit.runtime.kernels.triton.act_quant.quantize_activation_triton`'s groups)."""
+    token; else a power of two >= 16 (:func:`quantkit.runtime.kernels.triton.act_quant.quantize_activation_triton`'s
+    groups)."""
     if x.dim() != 2 or x.stride(1) != 1 or weight.shape != (x.shape[1],) or weight.dtype != x.dtype:
         raise ValueError(f"rms_norm_triton takes x [M, K] with unit column stride and a weight [K] of its dtype, got "
                          f"{tuple(x.shape)} {x.dtype} and {tuple(weight.shape)} {weight.dtype}")

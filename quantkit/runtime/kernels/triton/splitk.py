@@ -3,12 +3,12 @@ of a workspace, takes an atomic ticket, and the last one to arrive adds the tile
 result does not depend on which program finished last), writes the output in its dtype and leaves the ticket
 at zero for the next call.
 
-Earlier forms: a zeroed fp32 result per call, atomics, then a cast into the output — two more kernels per GEMM
-(a memset and the cast), a few µs each against a ~15 µs decode GEMV; then fp32 atomics into one shared slot,
-which cost little for a decode tile but up to 4× the GEMM above M = 64 (H100, LiquidQuant 6144×4096 M = 256,
-64×256 tiles: 26 µs unsplit, 103 µs split 2; docs/logs/lqq_m256_h100.json), and whose sums depended on arrival
-order. The workspace and tickets are allocated once per (device, stream) and grown on demand: a kernel on
-another stream never shares them.
+Why slots: a zeroed fp32 result per call with atomics and a cast into the output costs two more kernels per GEMM
+(a memset and the cast), a few µs each against a ~15 µs decode GEMV; fp32 atomics into one shared slot cost little
+for a decode tile but up to 4× the GEMM above M = 64 (H100, LiquidQuant 6144×4096 M = 256, 64×256 tiles: 26 µs
+unsplit, 103 µs split 2; docs/BENCHMARKS.md, Measured and dropped), and their sums depend on arrival order. The
+workspace and tickets are allocated once per (device, stream) and grown on demand: a kernel on another stream never
+shares them.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ def store_tile(out_ptr, out_ptrs, ws_ptrs, acc, mask, ticket_ptr, pid_k, slot, S
     else:
         tl.store(ws_ptrs + pid_k * slot, acc, mask=mask)
         # One thread takes the ticket, and its release covers only what it has observed: the barrier first makes
-        # every warp's stores part of that (Triton releases inserted their own barrier only from mid-2026 on,
-        # triton-lang/triton#10816). acq_rel then makes all of the tile's slots visible to the last program.
+        # every warp's stores part of that (Triton releases without triton-lang/triton#10816 insert no barrier of
+        # their own). acq_rel then makes all of the tile's slots visible to the last program.
         tl.debug_barrier()
         if tl.atomic_add(ticket_ptr, 1) == SPLIT_K - 1:
             # every slot read back, this program's own too (its stores precede its loads): acc is dead by now,

@@ -463,6 +463,11 @@ def bench(
                                                                    "eager calls")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="print the rows as one JSON list on stdout (tables go "
                                                           "to stderr)")] = False,
+    explain: Annotated[bool, typer.Option("--explain", help="time nothing: print which kernel runs each point, its "
+                                                            "launch config and why the kernels ahead of it "
+                                                            "declined")] = False,
+    assume_gpu: Annotated[Optional[str], typer.Option(help="--explain for a GPU that is not here, MAJOR.MINOR:SMS "
+                                                           "(e.g. 9.0:132 for an H100)")] = None,
 ):
     """Kernel speed on this GPU against torch FP16 (cuBLAS), or one decode step of a packed model.
 
@@ -475,6 +480,21 @@ def bench(
 
     console = err_console if json_out else out_console
     command.check_reps(reps)
+    if assume_gpu is not None and not explain:
+        raise QuantkitError("--assume-gpu goes with --explain (timings need the GPU itself)")
+    if explain:
+        from quantkit.bench.explain import device_gpu, explain_rows, explain_table
+
+        if decode_step or plot is not None:
+            raise QuantkitError("--explain times nothing: drop --decode-step/--plot")
+        bench_shapes, wanted = command.kernel_targets(packed, shapes, preset, methods)
+        ms = command.parse_ints(DEFAULT_M if m is None else m, "--m")
+        cap, sms, tools, name = device_gpu(assume_gpu)
+        rows = explain_rows(bench_shapes, ms, wanted, cap, sms, tools)
+        console.print(explain_table(rows, f"kernel choice on {name}"))
+        if json_out:
+            sys.stdout.write(json.dumps(rows) + "\n")
+        return
     if decode_step:
         from quantkit.bench.decode_step import run_decode_step
         from quantkit.bench.report import decode_step_table

@@ -86,3 +86,16 @@ def kernel_registry(monkeypatch):
     for name in ("_KERNELS", "_MIXED", "_NORMS"):
         monkeypatch.setattr(dispatch, name, dict(getattr(dispatch, name)))
     return dispatch
+
+
+@pytest.fixture(autouse=True)
+def fresh_kernel_plans():
+    """Every test starts and ends with an empty kernel-plan cache (tests patch launch rules and device traits)."""
+    try:
+        from quantkit.runtime.kernels import registry
+    except ImportError:
+        yield
+        return
+    registry._plan.cache_clear()
+    yield
+    registry._plan.cache_clear()

@@ -53,3 +53,30 @@ def record_launches(monkeypatch, module, name: str, skip: int, stop: int | None 
 
     monkeypatch.setattr(module, name, spy)
     return calls
+
+
+def pretend_hopper(monkeypatch, sms: int = 132) -> None:
+    """Make the kernel registry see an sm_90 GPU with ``sms`` SMs, CuPy and Gluon (CPU tests of the selection that
+    replace the launches with fakes); the plan cache is cleared now and after the test."""
+    from quantkit.runtime.kernels import gemm, registry
+
+    monkeypatch.setattr(gemm, "device_traits", lambda device: ((9, 0), sms))
+    monkeypatch.setattr(gemm, "toolchains", lambda: frozenset({"cupy", "gluon"}))
+    registry._plan.cache_clear()
+
+
+def gluon_lqq(codes: torch.Tensor, scales: torch.Tensor, meta: dict, out_dtype: torch.dtype):
+    """Y from the LiquidQuant Gluon entries of the registry's plan for this product (the K-pair launch, then the
+    launch rule's launches and their fallbacks), or None where every one declines: the Gluon part of the
+    ``a8`` priority list, on its own."""
+    from quantkit.runtime.kernels import gemm, registry
+
+    n, k = int(meta["out_features"]), int(meta["in_features"])
+    p = gemm.problem_for("a8", ("w4a8-lqq",), codes.shape[0], n, k, -1, out_dtype, codes.device)
+    call = gemm.A8Call(codes, scales, -1, [("w4a8-lqq", {}, meta, None)], n, out_dtype)
+    for c in registry.plan(p):
+        if c.ok and c.kernel.name.startswith("gluon_sm90.lqq") and c.kernel.accepts(p, call, c.config) is None:
+            y = c.kernel.launch(p, call, c.config)
+            if y is not None:
+                return y
+    return None

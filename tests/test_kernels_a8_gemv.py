@@ -164,7 +164,7 @@ def test_a8_gemv_matches_reference_on_gpu(layout, m, n, k, group_size, act_group
     from quantkit.runtime.kernels.cuda.gemv_a8 import a8_gemv_preferred
 
     if a8_gemv_preferred(m, n, k, layouts=(layout,)):  # int8_matmul's default path at decode sizes is this kernel
-        from quantkit.runtime.kernels.triton.int8_gemm import int8_matmul
+        from quantkit.runtime.kernels.gemm import int8_matmul
 
         default = a8_gemv_cuda(codes, scales, act_group, [(layout, tensors, meta, None)], n, out_dtype)
         assert torch.equal(int8_matmul(codes, scales, act_group, layout, tensors, meta, out_dtype), default)
@@ -182,7 +182,7 @@ def test_mixed_a8_gemv_scatters_both_partitions_on_gpu(m, n, k, act_group, order
     the layer; 8- or 16-token launch columns, fp16 or bf16, the 8-bit rows with their own group size; the Triton
     one-launch kernel agrees."""
     from quantkit.runtime.kernels.cuda.gemv_a8 import a8_gemv_cuda, a8_gemv_preferred
-    from quantkit.runtime.kernels.triton.int8_gemm import mixed_int8_matmul
+    from quantkit.runtime.kernels.gemm import mixed_int8_matmul
 
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(n))
     rows8 = torch.arange(1, n, 3)

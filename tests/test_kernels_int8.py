@@ -18,7 +18,7 @@ from quantkit.quant.act import quantize_activation, quantize_activation_int  # n
 from quantkit.runtime.dispatch import ActQuant  # noqa: E402
 from quantkit.runtime.kernels.configs import TileConfig, gemm_config  # noqa: E402
 from quantkit.runtime.kernels.entry import layout_kernel  # noqa: E402
-from quantkit.runtime.kernels.triton.int8_gemm import int8_matmul, mixed_int8_matmul  # noqa: E402
+from quantkit.runtime.kernels.gemm import int8_matmul, mixed_int8_matmul  # noqa: E402
 from quantkit.runtime.kernels.reference import int8_reference, int8_weight  # noqa: E402
 from tests.kernels_helpers import DEVICE, packed, poisoned, rel_err  # noqa: E402
 

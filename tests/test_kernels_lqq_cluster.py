@@ -19,9 +19,10 @@ from quantkit.runtime.kernels.configs import LQQ_CLUSTER_TABLE, TileConfig, lqq_
 from quantkit.runtime.kernels.cuda.common import cupy_available  # noqa: E402
 from quantkit.runtime.kernels.cuda.lqq_cluster import (CLUSTER_SPLITS, _cluster_split,  # noqa: E402
                                                         cluster_shared_bytes, lqq_cluster_matmul, lqq_cluster_problem)
-from quantkit.runtime.kernels.triton.int8_gemm import int8_matmul  # noqa: E402
+from quantkit.runtime.kernels.gemm import int8_matmul  # noqa: E402
 from quantkit.runtime.kernels.reference import int8_reference  # noqa: E402
-from tests.kernels_helpers import DEVICE, packed, record_launches, rel_err  # noqa: E402
+from quantkit.runtime.kernels.cuda import lqq_cluster as cuda_lqq_cluster  # noqa: E402
+from tests.kernels_helpers import DEVICE, pretend_hopper, packed, record_launches, rel_err  # noqa: E402
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0) and cupy_available()
 hopper = pytest.mark.skipif(not ON_HOPPER, reason="needs a GPU of compute capability >= 9.0 and CuPy")
@@ -196,16 +197,17 @@ def test_rule_takes_the_cluster_kernel_only_where_it_was_measured_faster():
 def test_int8_matmul_runs_the_cluster_kernel_where_the_rule_picks_it_else_falls_through(monkeypatch):
     """int8_gemm._cluster_matmul without a GPU: the rule's launch reaches lqq_cluster_matmul when the kernel can run;
     when it cannot (a problem), int8_matmul goes on to the other kernels and still returns the product."""
+    pretend_hopper(monkeypatch)
     from quantkit.runtime.kernels.triton import int8_gemm
 
     _, tensors, meta = packed("w4a8-lqq", 64, 3584, 128, seed=2)
     codes, scales = _acts(17, 3584, seed=2)
     calls = []
-    monkeypatch.setattr(int8_gemm, "lqq_cluster_problem", lambda *a, **kw: None)
-    monkeypatch.setattr(int8_gemm, "lqq_cluster_matmul", lambda *a, **kw: calls.append(a[4:9]) or "cluster")
+    monkeypatch.setattr(cuda_lqq_cluster, "lqq_cluster_problem", lambda *a, **kw: None)
+    monkeypatch.setattr(cuda_lqq_cluster, "lqq_cluster_matmul", lambda *a, **kw: calls.append(a[4:9]) or "cluster")
     assert int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta) == "cluster"
     assert calls == [lqq_cluster_launch(17, 64, 3584)]
-    monkeypatch.setattr(int8_gemm, "lqq_cluster_problem", lambda *a, **kw: "no CuPy")
+    monkeypatch.setattr(cuda_lqq_cluster, "lqq_cluster_problem", lambda *a, **kw: "no CuPy")
     got = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta)  # on a CPU the Triton kernel, interpreted
     assert calls == [lqq_cluster_launch(17, 64, 3584)]
     assert rel_err(got, int8_reference(codes, scales, -1, "w4a8-lqq", tensors, meta)) < 1e-3
@@ -216,7 +218,7 @@ def test_int8_matmul_runs_the_cluster_kernel_where_the_rule_picks_it_else_falls_
 def test_int8_matmul_runs_the_cluster_kernel_on_a_narrow_layer(monkeypatch):
     from quantkit.runtime.kernels.triton import int8_gemm
 
-    calls = record_launches(monkeypatch, int8_gemm, "lqq_cluster_matmul", 4, 9)
+    calls = record_launches(monkeypatch, cuda_lqq_cluster, "lqq_cluster_matmul", 4, 9)
     _, tensors, meta = packed("w4a8-lqq", 512, 3584, 128, seed=6)
     codes, scales = _acts(40, 3584, seed=6)
     out = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta)

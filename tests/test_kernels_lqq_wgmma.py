@@ -19,11 +19,12 @@ import quantkit.runtime.kernels.configs as configs  # noqa: E402
 from quantkit.runtime.kernels.triton.launch import split_plan  # noqa: E402
 from quantkit.runtime.kernels.configs import (TileConfig, gemm_config, lqq_wgmma_config, lqq_wgmma_cost,  # noqa: E402
                                              lqq_wgmma_launch, lqq_wgmma_warpgroups)
-from quantkit.runtime.kernels.triton.int8_gemm import int8_matmul  # noqa: E402
+from quantkit.runtime.kernels.gemm import int8_matmul  # noqa: E402
 from quantkit.runtime.kernels.gluon_sm90.lqq_wgmma import (HAVE_GLUON, lqq_wgmma_matmul, lqq_wgmma_problem,  # noqa: E402
                                               one_copy_per_tile)
 from quantkit.runtime.kernels.reference import int8_reference  # noqa: E402
-from tests.kernels_helpers import DEVICE, packed, poisoned, record_launches, rel_err  # noqa: E402
+from quantkit.runtime.kernels.gluon_sm90 import lqq_wgmma as gluon_lqq_wgmma  # noqa: E402
+from tests.kernels_helpers import DEVICE, gluon_lqq, pretend_hopper, packed, poisoned, record_launches, rel_err  # noqa: E402
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and HAVE_GLUON
 hopper = pytest.mark.skipif(not ON_HOPPER, reason="needs a Hopper (sm_90) GPU and Triton's Gluon")
@@ -352,11 +353,12 @@ def test_a_two_warpgroup_launch_that_does_not_build_falls_back_to_the_one_warpgr
     """14336x4096 M = 352: two warpgroups on 192-token tiles; if that does not build, the rule's pick among
     one-warpgroup launches (128-token tiles: 60.8 us vs 67.3 for the 192-token tile on one, lqq_wg2_wide_h100.json),
     not the same tile on one warpgroup."""
+    pretend_hopper(monkeypatch)
     from quantkit.runtime.kernels.gluon_sm90 import common as wgmma_common
 
     monkeypatch.setattr(wgmma_common, "_FAILED", {})
     monkeypatch.setattr(wgmma_common, "_LAUNCHED", set())
-    monkeypatch.setattr(int8_gemm, "lqq_wgmma_problem", lambda *a, **kw: None)
+    monkeypatch.setattr(gluon_lqq_wgmma, "lqq_wgmma_problem", lambda *a, **kw: None)
     launched = []
 
     def fake(codes, scales, tensors, meta, bm, stages, split, tail, wg, out=None, out_dtype=torch.float16):
@@ -365,14 +367,14 @@ def test_a_two_warpgroup_launch_that_does_not_build_falls_back_to_the_one_warpgr
         launched.append((bm, stages, split, tail, wg))
         return torch.zeros(codes.shape[0], 14336, dtype=out_dtype)
 
-    monkeypatch.setattr(int8_gemm, "lqq_wgmma_matmul", fake)
-    monkeypatch.setattr(int8_gemm, "lqq_ws_launch", lambda *a: None)  # lqq_wgmma's own fallback
+    monkeypatch.setattr(gluon_lqq_wgmma, "lqq_wgmma_matmul", fake)
+    monkeypatch.setattr(configs, "lqq_ws_launch", lambda *a: None)  # lqq_wgmma's own fallback
     assert lqq_wgmma_launch(352, 14336, 4096) == ((128, 3, 1, 64), 2)
     assert lqq_wgmma_launch(352, 14336, 4096, max_warpgroups=1) == ((128, 3, 1, 0), 1)
     meta = {"in_features": 4096, "out_features": 14336}
     codes, scales = torch.zeros(352, 4096, dtype=torch.int8), torch.ones(352, 1)
     with pytest.warns(RuntimeWarning, match="did not build"):
-        y = int8_gemm._gluon_matmul(codes, scales, -1, "w4a8-lqq", {}, meta, None, torch.float16)
+        y = gluon_lqq(codes, scales, meta, torch.float16)
     assert y is not None and y.dtype == torch.float16 and launched == [(128, 3, 1, 0, 1)]
     # the 6144x4096 exception's two-warpgroup entry: without two warpgroups, the cost model's one-warpgroup pick
     assert lqq_wgmma_launch(448, 6144, 4096)[1] == 2
@@ -427,11 +429,11 @@ def test_triton_rule_takes_128_token_tiles_with_a_ragged_last_tile_above_512_tok
 @pytest.mark.gpu
 @hopper
 def test_int8_matmul_runs_the_gluon_kernel_where_the_rule_picks_it(monkeypatch):
-    calls = record_launches(monkeypatch, int8_gemm, "lqq_wgmma_matmul", 4, 8)
+    calls = record_launches(monkeypatch, gluon_lqq_wgmma, "lqq_wgmma_matmul", 4, 8)
     _, tensors, meta = packed("w4a8-lqq", 4096, 512, 128, seed=1)
     codes, scales = _acts(256, 512, 1)
     cfg = lqq_wgmma_config(256, 4096, 512)
-    monkeypatch.setattr(int8_gemm, "lqq_ws_launch", lambda *a: None)  # this kernel's own launches, not lqq_ws's
+    monkeypatch.setattr(configs, "lqq_ws_launch", lambda *a: None)  # this kernel's own launches, not lqq_ws's
     monkeypatch.setattr(configs, "LQQ_K_PAIR", False)  # (4096 rows at M = 256 would run a K-pair launch of lqq_ws)
     out = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta)
     assert calls == [cfg]
@@ -520,8 +522,8 @@ def test_two_warpgroup_kernel_equals_triton_at_the_same_split(n, k, m, bm, stage
 @pytest.mark.gpu
 @hopper
 def test_int8_matmul_runs_two_warpgroups_where_the_rule_says(monkeypatch):
-    calls = record_launches(monkeypatch, int8_gemm, "lqq_wgmma_matmul", 4)
-    monkeypatch.setattr(int8_gemm, "lqq_ws_launch", lambda *a: None)  # these launches run lqq_ws otherwise
+    calls = record_launches(monkeypatch, gluon_lqq_wgmma, "lqq_wgmma_matmul", 4)
+    monkeypatch.setattr(configs, "lqq_ws_launch", lambda *a: None)  # these launches run lqq_ws otherwise
     for n, m, launch in ((14336, 300, (128, 3, 1, 32, 2)), (14336, 192, (128, 3, 1, 64, 2))):
         calls.clear()
         _, tensors, meta = packed("w4a8-lqq", n, 4096, 128, seed=2)

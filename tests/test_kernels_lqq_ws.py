@@ -17,11 +17,14 @@ from quantkit.quant.act import quantize_activation_int  # noqa: E402
 from quantkit.runtime.kernels.triton import int8_gemm  # noqa: E402
 import quantkit.runtime.kernels.configs as configs  # noqa: E402
 from quantkit.runtime.kernels.configs import TileConfig, lqq_wgmma_launch, lqq_ws_launch  # noqa: E402
-from quantkit.runtime.kernels.triton.int8_gemm import int8_matmul  # noqa: E402
+from quantkit.runtime.kernels.gemm import int8_matmul  # noqa: E402
 from quantkit.runtime.kernels.gluon_sm90.lqq_ws import HAVE_GLUON, lqq_ws_matmul  # noqa: E402
 from quantkit.runtime.kernels.gluon_sm90.common import ws_maxnreg  # noqa: E402
 from quantkit.runtime.kernels.reference import int8_reference  # noqa: E402
-from tests.kernels_helpers import DEVICE, packed, record_launches, rel_err  # noqa: E402
+from quantkit.runtime.kernels.gluon_sm90 import lqq_ws as gluon_lqq_ws  # noqa: E402
+from quantkit.runtime.kernels.gluon_sm90 import lqq_wgmma as gluon_lqq_wgmma  # noqa: E402
+from quantkit.runtime.kernels.gluon_sm90 import common as gluon_common  # noqa: E402
+from tests.kernels_helpers import DEVICE, gluon_lqq, pretend_hopper, packed, record_launches, rel_err  # noqa: E402
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and HAVE_GLUON
 hopper = pytest.mark.skipif(not ON_HOPPER, reason="needs a Hopper (sm_90) GPU and Triton's Gluon")
@@ -153,7 +156,7 @@ def test_k_pair_launch_equals_triton_at_the_same_split_call_after_call(n, k, m, 
 @pytest.mark.gpu
 @hopper
 def test_int8_matmul_runs_the_ws_kernel_where_the_rule_gives_it_a_launch(monkeypatch):
-    calls = record_launches(monkeypatch, int8_gemm, "lqq_ws_matmul", 4, 10)
+    calls = record_launches(monkeypatch, gluon_lqq_ws, "lqq_ws_matmul", 4, 10)
     _, tensors, meta = packed("w4a8-lqq", 4096, 1024, 128, seed=1)
     codes, scales = _acts(1024, 1024, 1)
     launch = lqq_wgmma_launch(1024, 4096, 1024)
@@ -203,7 +206,7 @@ def test_halved_tiles_equal_the_triton_kernel_call_after_call(n, k, m, halves_fr
 def test_int8_matmul_runs_the_256_token_launch_with_the_triton_kernels_bits(monkeypatch):
     """The large-M model's 256-token launch (session 25) through int8_matmul: lqq_ws with a 128-token tail, the
     Triton kernel's bits, fp16 and bf16."""
-    calls = record_launches(monkeypatch, int8_gemm, "lqq_ws_matmul", 4, 10)
+    calls = record_launches(monkeypatch, gluon_lqq_ws, "lqq_ws_matmul", 4, 10)
     _, tensors, meta = packed("w4a8-lqq", 4096, 1024, 128, seed=3)
     for m in (1024, 1000):
         codes, scales = _acts(m, 1024, m)
@@ -279,12 +282,13 @@ def test_dispatch_runs_whole_tiles_where_the_halved_launch_does_not_build(monkey
     """int8_gemm._gluon_matmul: where configs.lqq_ws_halves applies it launches the halved form first; a halved
     launch that fails to build falls back to the same launch with whole tiles (the warning says so), on a build record
     of its own — halved failures never count against lqq_ws's whole-tile launches (wgmma_common.kernel_broken)."""
+    pretend_hopper(monkeypatch)
     from quantkit.runtime.kernels.gluon_sm90 import common as wgmma_common
     from quantkit.runtime.kernels.gluon_sm90.lqq_ws import HALVES_KERNEL, KERNEL
 
     monkeypatch.setattr(wgmma_common, "_FAILED", {})
     monkeypatch.setattr(wgmma_common, "_LAUNCHED", set())
-    monkeypatch.setattr(int8_gemm, "lqq_wgmma_problem", lambda *a, **kw: None)
+    monkeypatch.setattr(gluon_lqq_wgmma, "lqq_wgmma_problem", lambda *a, **kw: None)
     launched = []
 
     def ws(codes, scales, tensors, meta, *cfg, out=None, out_dtype=torch.float16, halves_from=None):
@@ -293,25 +297,25 @@ def test_dispatch_runs_whole_tiles_where_the_halved_launch_does_not_build(monkey
             raise RuntimeError("a halved launch that does not build")
         return torch.zeros(codes.shape[0], meta["out_features"], dtype=out_dtype)
 
-    monkeypatch.setattr(int8_gemm, "lqq_ws_matmul", ws)
+    monkeypatch.setattr(gluon_lqq_ws, "lqq_ws_matmul", ws)
     meta = {"in_features": 4096, "out_features": 6144}
     codes, scales = torch.zeros(1024, 4096, dtype=torch.int8), torch.ones(1024, 1)
     ws_launch = lqq_ws_launch(*lqq_wgmma_launch(1024, 6144, 4096))
-    with pytest.warns(RuntimeWarning, match="using the same launch with whole tiles"):
-        y = int8_gemm._gluon_matmul(codes, scales, -1, "w4a8-lqq", {}, meta, None, torch.float16)
+    with pytest.warns(RuntimeWarning, match="lqq_ws_halves did not build"):
+        y = gluon_lqq(codes, scales, meta, torch.float16)
     assert y is not None and launched == [(ws_launch, 132), (ws_launch, None)]
     launched.clear()  # declined from then on: straight to whole tiles
-    int8_gemm._gluon_matmul(codes, scales, -1, "w4a8-lqq", {}, meta, None, torch.float16)
+    gluon_lqq(codes, scales, meta, torch.float16)
     assert launched == [(ws_launch, None)]
     # a second halved config failing marks the halved launches broken, not lqq_ws: its whole tiles still run
     launched.clear()
-    int8_gemm._gluon_matmul(codes, scales, -1, "w4a8-lqq", {}, meta, None, torch.bfloat16)
+    gluon_lqq(codes, scales, meta, torch.bfloat16)
     assert launched == [(ws_launch, 132), (ws_launch, None)]
     assert wgmma_common.kernel_broken(HALVES_KERNEL) is not None and wgmma_common.kernel_broken(KERNEL) is None
     launched.clear()
     meta = {"in_features": 4096, "out_features": 14336}
     codes, scales = torch.zeros(1024, 4096, dtype=torch.int8), torch.ones(1024, 1)
-    int8_gemm._gluon_matmul(codes, scales, -1, "w4a8-lqq", {}, meta, None, torch.float16)
+    gluon_lqq(codes, scales, meta, torch.float16)
     assert launched == [(lqq_ws_launch(*lqq_wgmma_launch(1024, 14336, 4096)), None)]
 
 
@@ -321,14 +325,14 @@ def test_int8_matmul_halves_the_last_wave_with_the_triton_kernels_bits(monkeypat
     """Through int8_matmul where configs.lqq_ws_halves applies (6144 rows, M = 1024 and a ragged 1000): the halved
     256-token launch runs, with the Triton kernel's bits, fp16 and bf16."""
     calls = []
-    wrapped = int8_gemm.lqq_ws_matmul
+    wrapped = gluon_lqq_ws.lqq_ws_matmul
 
     def spy(*args, **kwargs):
         y = wrapped(*args, **kwargs)
         calls.append((args[4:10], kwargs.get("halves_from")))
         return y
 
-    monkeypatch.setattr(int8_gemm, "lqq_ws_matmul", spy)
+    monkeypatch.setattr(gluon_lqq_ws, "lqq_ws_matmul", spy)
     _, tensors, meta = packed("w4a8-lqq", 6144, 512, 128, seed=5)
     for m in (1024, 1000):
         codes, scales = _acts(m, 512, m)
@@ -346,13 +350,14 @@ def test_dispatch_falls_back_to_lqq_wgmma_where_the_ws_kernel_does_not_build_and
     """int8_gemm._gluon_matmul: a warp-specialized launch that fails to build falls back to lqq_wgmma's same launch
     (the warning names that fallback); a broken lqq_wgmma does not stop a working lqq_ws (each kernel has its own
     build record)."""
+    pretend_hopper(monkeypatch)
     from quantkit.runtime.kernels.gluon_sm90 import common as wgmma_common
 
     monkeypatch.setattr(wgmma_common, "_FAILED", {})
     monkeypatch.setattr(wgmma_common, "_LAUNCHED", set())
     broken: set[str] = set()
-    monkeypatch.setattr(int8_gemm, "lqq_wgmma_problem", lambda *a, **kw: None)
-    monkeypatch.setattr(int8_gemm, "kernel_broken", lambda kernel: "broken" if kernel in broken else None)
+    monkeypatch.setattr(gluon_lqq_wgmma, "lqq_wgmma_problem", lambda *a, **kw: None)
+    monkeypatch.setattr(gluon_common, "kernel_broken", lambda kernel: "broken" if kernel in broken else None)
     launched = []
 
     def ws(codes, scales, tensors, meta, *cfg, out=None, out_dtype=torch.float16):
@@ -365,14 +370,14 @@ def test_dispatch_falls_back_to_lqq_wgmma_where_the_ws_kernel_does_not_build_and
         launched.append(("wgmma", cfg))
         return torch.zeros(codes.shape[0], 4096, dtype=out_dtype)
 
-    monkeypatch.setattr(int8_gemm, "lqq_ws_matmul", ws)
-    monkeypatch.setattr(int8_gemm, "lqq_wgmma_matmul", wgmma)
+    monkeypatch.setattr(gluon_lqq_ws, "lqq_ws_matmul", ws)
+    monkeypatch.setattr(gluon_lqq_wgmma, "lqq_wgmma_matmul", wgmma)
     meta = {"in_features": 4096, "out_features": 6144}
     codes, scales = torch.zeros(769, 4096, dtype=torch.int8), torch.ones(769, 1)
     launch = lqq_wgmma_launch(769, 6144, 4096)
     assert lqq_ws_launch(*launch) is not None and launch[0][3] <= configs.LQQ_WGMMA_MAX_TAIL
-    with pytest.warns(RuntimeWarning, match="using the non-specialized Gluon kernel"):
-        y = int8_gemm._gluon_matmul(codes, scales, -1, "w4a8-lqq", {}, meta, None, torch.float16)
+    with pytest.warns(RuntimeWarning, match="lqq_ws did not build"):
+        y = gluon_lqq(codes, scales, meta, torch.float16)
     assert y is not None and launched == [("wgmma", launch[0] + (launch[1],))]
     # a 256-token launch (a 128-token tail: lqq_ws only) falls back to the rule's one-warpgroup pick, never to
     # lqq_wgmma with its own tile
@@ -382,18 +387,18 @@ def test_dispatch_falls_back_to_lqq_wgmma_where_the_ws_kernel_does_not_build_and
     codes, scales = torch.zeros(1024, 4096, dtype=torch.int8), torch.ones(1024, 1)
     launch, one = lqq_wgmma_launch(1024, 4096, 4096), lqq_wgmma_launch(1024, 4096, 4096, max_warpgroups=1)
     assert launch == ((128, 3, 1, 128), 2) and one[1] == 1
-    with pytest.warns(RuntimeWarning, match="using the rule's one-warpgroup launch"):
-        y = int8_gemm._gluon_matmul(codes, scales, -1, "w4a8-lqq", {}, meta, None, torch.float16)
+    with pytest.warns(RuntimeWarning, match="did not build"):
+        y = gluon_lqq(codes, scales, meta, torch.float16)
     assert y is not None and launched == [("wgmma", one[0] + (1,))]
     # the other way round: lqq_wgmma does not build here, lqq_ws does
     monkeypatch.setattr(wgmma_common, "_FAILED", {})
     launched[:] = ["ws builds"]
     broken.add("lqq_wgmma")
-    y = int8_gemm._gluon_matmul(codes, scales, -1, "w4a8-lqq", {}, meta, None, torch.float16)
+    y = gluon_lqq(codes, scales, meta, torch.float16)
     ws_launch = lqq_ws_launch(*launch)
     assert y is not None and launched == ["ws builds", ("ws", ws_launch)]
     broken.add("lqq_ws")  # neither: the Triton kernel (None here)
-    assert int8_gemm._gluon_matmul(codes, scales, -1, "w4a8-lqq", {}, meta, None, torch.float16) is None
+    assert gluon_lqq(codes, scales, meta, torch.float16) is None
 
 
 def test_k_pair_rule_takes_launches_of_one_program_an_sm_on_more_than_half_the_sms():
@@ -421,12 +426,13 @@ def test_k_pair_rule_takes_launches_of_one_program_an_sm_on_more_than_half_the_s
 def test_dispatch_runs_a_k_pair_launch_where_the_rule_says_and_falls_back_where_it_does_not_build(monkeypatch):
     """int8_gemm._gluon_matmul: where configs.lqq_k_pair holds, the K-pair launch of lqq_ws runs (128 tokens,
     LQQ_K_PAIR_STAGES stages); where it does not build, a warning names the fallback and the rule's own launch runs."""
+    pretend_hopper(monkeypatch)
     from quantkit.runtime.kernels.gluon_sm90 import common as wgmma_common
 
     monkeypatch.setattr(wgmma_common, "_FAILED", {})
     monkeypatch.setattr(wgmma_common, "_LAUNCHED", set())
-    monkeypatch.setattr(int8_gemm, "lqq_wgmma_problem", lambda *a, **kw: None)
-    monkeypatch.setattr(int8_gemm, "kernel_broken", lambda kernel: None)
+    monkeypatch.setattr(gluon_lqq_wgmma, "lqq_wgmma_problem", lambda *a, **kw: None)
+    monkeypatch.setattr(gluon_common, "kernel_broken", lambda kernel: None)
     launched = []
     pair_builds = [True]
 
@@ -436,17 +442,17 @@ def test_dispatch_runs_a_k_pair_launch_where_the_rule_says_and_falls_back_where_
         launched.append(("k_pair" if k_pair else "ws", cfg))
         return torch.zeros(codes.shape[0], 1024, dtype=out_dtype)
 
-    monkeypatch.setattr(int8_gemm, "lqq_ws_matmul", ws)
+    monkeypatch.setattr(gluon_lqq_ws, "lqq_ws_matmul", ws)
     meta = {"in_features": 4096, "out_features": 1024}
     codes, scales = torch.zeros(769, 4096, dtype=torch.int8), torch.ones(769, 1)
-    assert int8_gemm._gluon_matmul(codes, scales, -1, "w4a8-lqq", {}, meta, None, torch.float16) is not None
+    assert gluon_lqq(codes, scales, meta, torch.float16) is not None
     assert launched == [("k_pair", (128, configs.LQQ_K_PAIR_STAGES))]
     launched.clear()
     pair_builds[0] = False  # a fresh process where the K-pair launch does not build
     monkeypatch.setattr(wgmma_common, "_FAILED", {})
     monkeypatch.setattr(wgmma_common, "_LAUNCHED", set())
-    with pytest.warns(RuntimeWarning, match="using the rule's one-warpgroup launch"):
-        assert int8_gemm._gluon_matmul(codes, scales, -1, "w4a8-lqq", {}, meta, None, torch.float16) is not None
+    with pytest.warns(RuntimeWarning, match="did not build"):
+        assert gluon_lqq(codes, scales, meta, torch.float16) is not None
     assert launched == [("ws", lqq_ws_launch(*lqq_wgmma_launch(769, 1024, 4096)))]
 
 
@@ -454,13 +460,13 @@ def test_dispatch_runs_a_k_pair_launch_where_the_rule_says_and_falls_back_where_
 @hopper
 def test_int8_matmul_runs_k_pair_launches_on_the_kv_layer_with_the_triton_kernels_bits(monkeypatch):
     calls = []
-    wrapped = int8_gemm.lqq_ws_matmul
+    wrapped = gluon_lqq_ws.lqq_ws_matmul
 
     def spy(*args, **kwargs):
         calls.append(kwargs.get("k_pair", False))
         return wrapped(*args, **kwargs)
 
-    monkeypatch.setattr(int8_gemm, "lqq_ws_matmul", spy)
+    monkeypatch.setattr(gluon_lqq_ws, "lqq_ws_matmul", spy)
     _, tensors, meta = packed("w4a8-lqq", 1024, 4096, 128, seed=3)
     codes, scales = _acts(769, 4096, 3)
     out = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta)

@@ -16,7 +16,8 @@ import pytest  # noqa: E402
 from quantkit.quant import grid  # noqa: E402
 from quantkit.runtime.kernels.configs import TileConfig, gemm_config  # noqa: E402
 from quantkit.runtime.kernels.reference import w4a16_reference, w4a16_weight  # noqa: E402
-from quantkit.runtime.kernels.triton.w4a16 import w4a16_dequantize, w4a16_matmul  # noqa: E402
+from quantkit.runtime.kernels.gemm import w4a16_matmul  # noqa: E402
+from quantkit.runtime.kernels.triton.w4a16 import w4a16_dequantize  # noqa: E402
 from tests.kernels_helpers import DEVICE, packed, poisoned, rel_err  # noqa: E402
 
 TOL = {torch.float16: 1e-3, torch.bfloat16: 8e-3}

@@ -17,8 +17,10 @@ from quantkit.runtime.kernels.triton import w4a16 as w4a16_module  # noqa: E402
 from quantkit.runtime.kernels.configs import gemm_config, w4a16_dequant_preferred, w4a16_wgmma_config  # noqa: E402
 from quantkit.runtime.kernels.triton.dequant import _asm_f16, asm_f16_pair  # noqa: E402
 from quantkit.runtime.kernels.reference import w4a16_reference  # noqa: E402
-from quantkit.runtime.kernels.triton.w4a16 import w4a16_matmul  # noqa: E402
+from quantkit.runtime.kernels.gemm import w4a16_matmul  # noqa: E402
 from quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma import HAVE_GLUON, w4a16_wgmma_matmul, w4a16_wgmma_problem  # noqa: E402
+from quantkit.runtime.kernels.gluon_sm90 import w4a16_wgmma as gluon_w4a16_wgmma  # noqa: E402
+import quantkit.runtime.kernels.configs as configs  # noqa: E402
 from tests.kernels_helpers import DEVICE, packed, record_launches, rel_err  # noqa: E402
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and HAVE_GLUON
@@ -127,11 +129,11 @@ def test_rule_takes_the_gluon_kernel_only_where_the_sweep_measured_it_faster():
 @pytest.mark.gpu
 @hopper
 def test_w4a16_matmul_runs_the_gluon_kernel_where_the_rule_picks_it(monkeypatch):
-    calls = record_launches(monkeypatch, w4a16_module, "w4a16_wgmma_matmul", 3)
+    calls = record_launches(monkeypatch, gluon_w4a16_wgmma, "w4a16_wgmma_matmul", 3)
     _, tensors, meta = packed("w4a16", 14336, 512, 128, seed=4)
     # since session 17 the rule's 128-token launches run the warp-specialized kernel (test_kernels_w4a16_ws.py):
     # with it declined, this kernel takes them
-    monkeypatch.setattr(w4a16_module, "w4a16_ws_warpgroups", lambda m, n, k: None)
+    monkeypatch.setattr(configs, "w4a16_ws_warpgroups", lambda m, n, k: None)
     for m, dtype in ((24, torch.float16), (100, torch.bfloat16), (120, torch.float16)):
         assert w4a16_wgmma_config(m, 14336, 512) is not None  # a token count the rule gives the Gluon kernel
         x = torch.randn(m, 512, device=DEVICE).to(dtype)

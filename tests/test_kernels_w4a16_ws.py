@@ -17,9 +17,10 @@ import pytest  # noqa: E402
 import quantkit.runtime.kernels.triton.w4a16 as w4a16_module  # noqa: E402
 from quantkit.runtime.kernels.configs import w4a16_wgmma_config, w4a16_ws_warpgroups  # noqa: E402
 from quantkit.runtime.kernels.reference import w4a16_reference  # noqa: E402
-from quantkit.runtime.kernels.triton.w4a16 import w4a16_matmul  # noqa: E402
+from quantkit.runtime.kernels.gemm import w4a16_matmul  # noqa: E402
 from quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma import w4a16_wgmma_matmul  # noqa: E402
 from quantkit.runtime.kernels.gluon_sm90.w4a16_ws import HAVE_GLUON, w4a16_ws_matmul, w4a16_ws_problem  # noqa: E402
+from quantkit.runtime.kernels.gluon_sm90 import w4a16_ws as gluon_w4a16_ws  # noqa: E402
 from tests.kernels_helpers import DEVICE, packed, record_launches, rel_err  # noqa: E402
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and HAVE_GLUON
@@ -72,7 +73,7 @@ def test_rule_takes_the_ws_kernel_where_the_sweep_measured_it_faster():
 @pytest.mark.gpu
 @hopper
 def test_w4a16_matmul_runs_the_ws_kernel_where_the_rule_picks_it(monkeypatch):
-    calls = record_launches(monkeypatch, w4a16_module, "w4a16_ws_matmul", 3)
+    calls = record_launches(monkeypatch, gluon_w4a16_ws, "w4a16_ws_matmul", 3)
     _, tensors, meta = packed("w4a16", 14336, 512, 128, seed=5)
     for m, dtype in ((100, torch.float16), (320, torch.bfloat16), (512, torch.float16)):
         wg = w4a16_ws_warpgroups(m, 14336, 512)

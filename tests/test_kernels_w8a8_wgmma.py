@@ -18,11 +18,12 @@ from quantkit.quant.act import quantize_activation_int  # noqa: E402
 from quantkit.runtime.kernels.triton import int8_gemm  # noqa: E402
 from quantkit.runtime.kernels.configs import (MIXLLM_MIXED_OPERAND_MIN_M, MIXLLM_OPERAND_MIN_M,  # noqa: E402
                                              TileConfig, w8a8_wgmma_config)
-from quantkit.runtime.kernels.triton.int8_gemm import int8_matmul, mixed_int8_matmul  # noqa: E402
+from quantkit.runtime.kernels.gemm import int8_matmul, mixed_int8_matmul  # noqa: E402
 from quantkit.runtime.kernels.triton.int8_operand import mixed_w8_operand, w8_operand  # noqa: E402
 from quantkit.runtime.kernels.reference import int8_reference, int8_weight  # noqa: E402
 from quantkit.runtime.kernels.gluon_sm90.w8a8_wgmma import w8a8_wgmma_matmul, w8a8_wgmma_problem  # noqa: E402
 from quantkit.runtime.kernels.gluon_sm90.common import HAVE_GLUON  # noqa: E402
+from quantkit.runtime.kernels.gluon_sm90 import w8a8_wgmma as gluon_w8a8  # noqa: E402
 from tests.kernels_helpers import DEVICE, packed, record_launches, rel_err  # noqa: E402
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and HAVE_GLUON
@@ -177,7 +178,7 @@ def test_gluon_w8a8_k_split_equals_triton_split_the_same_way(n, k, m, act_group,
 @pytest.mark.gpu
 @hopper
 def test_int8_matmul_runs_the_w8a8_kernel_where_the_rule_picks_it(monkeypatch):
-    calls = record_launches(monkeypatch, int8_gemm, "w8a8_wgmma_matmul", 5, 11)
+    calls = record_launches(monkeypatch, gluon_w8a8, "w8a8_wgmma_matmul", 5, 11)
     _, tensors, meta = packed("w8", 4096, 512, 128, seed=1)
     codes, scales = _acts(256, 512, 128, 1)
     out = int8_matmul(codes, scales, 128, "w8", tensors, meta)
@@ -203,7 +204,7 @@ def test_w4a8_and_mixed_prefill_through_the_int8_operand_equal_their_triton_kern
         calls.append(args[3]["qweight"].shape)  # the materialized operand: [N, Kp] int8
         return w8a8_wgmma_matmul(*args, **kwargs)
 
-    monkeypatch.setattr(int8_gemm, "w8a8_wgmma_matmul", spy)
+    monkeypatch.setattr(gluon_w8a8, "w8a8_wgmma_matmul", spy)
     m, n, k = max(MIXLLM_OPERAND_MIN_M, MIXLLM_MIXED_OPERAND_MIN_M) + 3, 300, 768
     codes, scales = _acts(m, k, 128, seed=3)
     _, tensors, meta = packed("w4a16", n, k, 128, seed=3)

@@ -82,10 +82,10 @@ def _fp16_and_activations(m: int, n: int, k: int, act_bytes: int) -> tuple[dict,
 
 
 def fp16_and_lqq_inputs(tensors: dict, m: int, n: int, k: int) -> tuple[dict, list[tuple]]:
-    """For an A/B of LiquidQuant kernels on the packed weight ``tensors`` [N, K] at M tokens (the docs/bench scripts):
-    cuBLAS fp16's :func:`.timing.time_rotating` result for the same product, and the rotating inputs of the kernels —
-    (int8 codes, per-token scales, a copy of the weight tensors) of fresh fp16 activations quantized by the Triton
-    quantizer — enough copies that one rotation touches twice the L2 (:func:`.timing.copies_to_defeat_l2`)."""
+    """For an A/B of LiquidQuant kernels on the packed weight ``tensors`` [N, K] at M tokens: cuBLAS fp16's
+    :func:`.timing.time_rotating` result for the same product, and the rotating inputs of the kernels — (int8 codes,
+    per-token scales, a copy of the weight tensors) of fresh fp16 activations quantized by the Triton quantizer —
+    enough copies that one rotation touches twice the L2 (:func:`.timing.copies_to_defeat_l2`)."""
     from quantkit.runtime.kernels.triton.act_quant import quantize_activation_triton
 
     fp16, xs = _fp16_and_activations(m, n, k, 3)
@@ -113,9 +113,9 @@ def lqq_ws_points(shapes: str, ms: str, keep: Callable[[int, int, int, tuple], b
 
 
 def fp16_and_w4a16_inputs(tensors: dict, m: int, n: int, k: int) -> tuple[dict, list[tuple]]:
-    """For an A/B of W4A16 kernels on the packed weight ``tensors`` [N, K] at M tokens (the docs/bench scripts):
-    cuBLAS fp16's :func:`.timing.time_rotating` result for the same product, and the rotating (fp16 activations, a
-    copy of the weight tensors) inputs of the kernels — enough copies that one rotation touches twice the L2."""
+    """For an A/B of W4A16 kernels on the packed weight ``tensors`` [N, K] at M tokens: cuBLAS fp16's
+    :func:`.timing.time_rotating` result for the same product, and the rotating (fp16 activations, a copy of the
+    weight tensors) inputs of the kernels — enough copies that one rotation touches twice the L2."""
     fp16, xs = _fp16_and_activations(m, n, k, 2)
     return fp16, [(x, {key: v.clone() for key, v in tensors.items()}) for x in xs]
 
@@ -141,8 +141,7 @@ def build_problem(method: str, m: int, n: int, k: int, config=None, seed: int = 
     """The :class:`Problem` of ``method`` (module docstring) at [M, K] × [K, N]; ``config`` a TileConfig for
     the quantkit kernels (None: the default rule)."""
     from quantkit.runtime.kernels.triton.act_quant import quantize_activation_triton
-    from quantkit.runtime.kernels.triton.int8_gemm import int8_matmul, mixed_int8_matmul
-    from quantkit.runtime.kernels.triton.w4a16 import w4a16_matmul
+    from quantkit.runtime.kernels.gemm import int8_matmul, mixed_int8_matmul, w4a16_matmul
 
     if method not in METHODS:
         raise QuantkitError(f"unknown benchmark method '{method}'; known: {', '.join(METHODS)}")

@@ -29,9 +29,9 @@ import torch.nn.functional as F
 from quantkit.quant.act import quantize_activation_int
 from quantkit.runtime.dispatch import A8_FORM, FAKE_FORM, ActQuant, SharedActivation
 from quantkit.runtime.kernels.triton.act_quant import quantize_activation_triton
-from quantkit.runtime.kernels.triton.int8_gemm import MODES, int8_matmul, mixed_int8_matmul
+from quantkit.runtime.kernels.gemm import int8_matmul, mixed_int8_matmul, w4a16_matmul
+from quantkit.runtime.kernels.triton.int8_gemm import MODES
 from quantkit.runtime.kernels.triton.rms_norm import rms_norm_triton
-from quantkit.runtime.kernels.triton.w4a16 import w4a16_matmul
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 

@@ -28,26 +28,11 @@ import torch
 import triton.language as tl
 
 from quantkit.formats.nibble_planes import padded_k
-from quantkit.runtime.kernels.configs import (LQQ_K_PAIR_STAGES, LQQ_WGMMA_MAX_TAIL, MIXLLM_MIXED_OPERAND_MIN_M,
-                                             MIXLLM_OPERAND_MIN_M, TileConfig, gemm_config, lqq_cluster_launch, lqq_k_pair,
-                                             lqq_wgmma_launch, lqq_ws_halves, lqq_ws_launch, mixed_second_bn,
-                                             w8a8_wgmma_config)
-from quantkit.runtime.kernels.cuda.gemv_a8 import a8_gemv_cuda, a8_gemv_preferred, a8_gemv_problem
-from quantkit.runtime.kernels.cuda.lqq_cluster import lqq_cluster_matmul, lqq_cluster_problem
-from quantkit.runtime.kernels.triton.dequant import group_scale_f32, planes_i8, side_by_side
-from quantkit.runtime.kernels.triton.int8_operand import mixed_w8_operand, w8_operand
+from quantkit.runtime.kernels.configs import TileConfig, gemm_config, mixed_second_bn
 from quantkit.runtime.kernels.jit import USE_ASM, check_device, kernel
+from quantkit.runtime.kernels.triton.dequant import group_scale_f32, planes_i8, side_by_side
 from quantkit.runtime.kernels.triton.launch import act_groups_in_halves, groups_in_halves, split_plan
-from quantkit.runtime.kernels.gluon_sm90.lqq_wgmma import KERNEL as LQQ_KERNEL
-from quantkit.runtime.kernels.gluon_sm90.lqq_wgmma import lqq_wgmma_matmul, lqq_wgmma_problem
-from quantkit.runtime.kernels.gluon_sm90.lqq_ws import HALVES_KERNEL as LQQ_WS_HALVES_KERNEL
-from quantkit.runtime.kernels.gluon_sm90.lqq_ws import K_PAIR_KERNEL as LQQ_K_PAIR_KERNEL
-from quantkit.runtime.kernels.gluon_sm90.lqq_ws import KERNEL as LQQ_WS_KERNEL
-from quantkit.runtime.kernels.gluon_sm90.lqq_ws import lqq_ws_matmul
 from quantkit.runtime.kernels.triton.splitk import split_workspace, store_tile
-from quantkit.runtime.kernels.gluon_sm90.w8a8_wgmma import KERNEL as W8A8_KERNEL
-from quantkit.runtime.kernels.gluon_sm90.w8a8_wgmma import w8a8_wgmma_matmul, w8a8_wgmma_problem
-from quantkit.runtime.kernels.gluon_sm90.common import config_declined, kernel_broken, launch_or_decline
 
 W8, ASYM4, LQQ = 0, 1, 2
 MODES = {"w8": W8, "w4a16": ASYM4, "w4a8-lqq": LQQ}
@@ -213,10 +198,15 @@ def _int8_mixed_kernel(a_ptr, sa_ptr, M, K, stride_am, stride_sm, act_hpg, act_g
                    USE_ASM)
 
 
-def _weight_args(layout: str, tensors: dict, meta: dict, n_tiles: int, act_group_size: int) -> dict:
-    """Kernel arguments of one weight: pointers, row stride, group size in halves, mode, epilogue kind."""
+def check_layout(layout: str) -> None:
+    """A ValueError unless an int8 kernel reads weights of ``layout``."""
     if layout not in MODES:
         raise ValueError(f"no int8 kernel reads layout '{layout}' (known: {sorted(MODES)})")
+
+
+def _weight_args(layout: str, tensors: dict, meta: dict, n_tiles: int, act_group_size: int) -> dict:
+    """Kernel arguments of one weight: pointers, row stride, group size in halves, mode, epilogue kind."""
+    check_layout(layout)
     mode = MODES[layout]
     w = tensors["qweight"]
     params = tensors["scales"] if mode == W8 else tensors["qparams"]
@@ -226,7 +216,7 @@ def _weight_args(layout: str, tensors: dict, meta: dict, n_tiles: int, act_group
             "half_epi": mode != LQQ or act_group_size != -1}
 
 
-def _check_act(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, k: int) -> None:
+def check_act(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, k: int) -> None:
     if a_codes.dtype != torch.int8 or a_codes.dim() != 2 or a_codes.shape[1] != k or a_codes.stride(1) != 1:
         raise ValueError(f"activation codes must be int8 [M, {k}] with unit column stride, got "
                          f"{a_codes.dtype} {tuple(a_codes.shape)}")
@@ -236,108 +226,17 @@ def _check_act(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: in
         raise ValueError(f"activation scales must be float32 [M, G], got {a_scales.dtype} {tuple(a_scales.shape)}")
 
 
-def _cluster_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, layout: str, tensors: dict,
-                    meta: dict, out: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor | None:
-    """Y from the CUDA LiquidQuant cluster kernel where its rule picks it (:func:`.configs.lqq_cluster_launch`) and it
-    can run (:func:`quantkit.runtime.kernels.cuda.lqq_cluster.lqq_cluster_problem`, which also warns once if it does not compile), else
-    None."""
-    if layout != "w4a8-lqq":
-        return None
-    launch = lqq_cluster_launch(a_codes.shape[0], int(meta["out_features"]), int(meta["in_features"]))
-    if launch is None or lqq_cluster_problem(a_codes, a_scales, act_group_size, layout, tensors, meta, out_dtype, out,
-                                             launch) is not None:
-        return None
-    return lqq_cluster_matmul(a_codes, a_scales, tensors, meta, *launch, out=out, out_dtype=out_dtype)
-
-
-def _gluon_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, layout: str, tensors: dict,
-                  meta: dict, out: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor | None:
-    """Y from the Gluon kernel that the launch rules pick for this product on Hopper — LiquidQuant: the wgmma kernel
-    (:func:`.configs.lqq_wgmma_launch`), its unsplit 128-256-token launches on the warp-specialized kernel
-    (:func:`.configs.lqq_ws_launch`; where that does not build, lqq_wgmma's same launch), and in place of either a
-    K-pair launch of the warp-specialized kernel where :func:`.configs.lqq_k_pair` says so (where that does not build,
-    the rule's launch); ``w8``: the TMA kernel
-    (:func:`.configs.w8a8_wgmma_config`); ``w4a16`` from :data:`.configs.MIXLLM_OPERAND_MIN_M` tokens: its int8 operand
-    through the TMA kernel (:mod:`quantkit.runtime.kernels.triton.int8_operand`) — or None where none applies, none can run (the ``*_problem``
-    functions) or the kernel did not compile with this Triton (:func:`quantkit.runtime.kernels.gluon_sm90.common.launch_or_decline`)."""
-    m, k = a_codes.shape[0], int(meta["in_features"])
-    n = int(meta["out_features"])
-    if layout == "w4a8-lqq":
-        launch = lqq_wgmma_launch(m, n, k)
-        if launch is None or lqq_wgmma_problem(a_codes, act_group_size, layout, meta, out, out_dtype, None):
-            return None
-        # a K-pair launch in place of the rule's (configs.lqq_k_pair), on a build record of its own: its failures
-        # must not count against the kernel's other launches (kernel_broken)
-        if lqq_k_pair(m, n, k) and kernel_broken(LQQ_K_PAIR_KERNEL) is None:
-            y = launch_or_decline(LQQ_K_PAIR_KERNEL, (str(out_dtype), LQQ_K_PAIR_STAGES), lambda: lqq_ws_matmul(
-                a_codes, a_scales, tensors, meta, 128, LQQ_K_PAIR_STAGES, out=out, out_dtype=out_dtype, k_pair=True),
-                fallback="the rule's one-warpgroup launch")
-            if y is not None:
-                return y
-        # each kernel's own build record: a broken lqq_wgmma leaves a working lqq_ws, and the other way round
-        wgmma_ok, ws_ok = kernel_broken(LQQ_KERNEL) is None, kernel_broken(LQQ_WS_KERNEL) is None
-        # a two-warpgroup launch that does not build here falls back to the rule's one-warpgroup pick (its tile may
-        # differ; the 256-token launches, which lqq_wgmma lacks, go straight to it), then to the Triton kernel; each
-        # launch tries the warp-specialized kernel first where configs.lqq_ws_launch gives one; each config is
-        # declined (or counts as launched) per output dtype
-        y = None
-        for cfg, wg in [c for c in dict.fromkeys((launch, lqq_wgmma_launch(m, n, k, max_warpgroups=1))) if c]:
-            ws = lqq_ws_launch(cfg, wg) if ws_ok else None
-            on_wgmma = wgmma_ok and cfg[3] <= LQQ_WGMMA_MAX_TAIL  # not the 256-token tiles: lqq_ws's alone
-            halves = lqq_ws_halves(m, n, k, ws) if kernel_broken(LQQ_WS_HALVES_KERNEL) is None else None
-            if halves is not None:  # later tiles as two programs each (a build record of its own); else whole tiles
-                y = launch_or_decline(LQQ_WS_HALVES_KERNEL, (str(out_dtype),) + ws, lambda: lqq_ws_matmul(
-                    a_codes, a_scales, tensors, meta, *ws, out=out, out_dtype=out_dtype, halves_from=halves),
-                    fallback="the same launch with whole tiles")
-            if ws is not None and y is None:
-                y = launch_or_decline(LQQ_WS_KERNEL, (str(out_dtype),) + ws, lambda: lqq_ws_matmul(
-                    a_codes, a_scales, tensors, meta, *ws, out=out, out_dtype=out_dtype),
-                    fallback=("the non-specialized Gluon kernel (lqq_wgmma)" if on_wgmma
-                              else "the rule's one-warpgroup launch" if wgmma_ok else "the Triton kernel"))
-            if y is None and on_wgmma:
-                y = launch_or_decline(LQQ_KERNEL, (str(out_dtype),) + cfg + (wg,), lambda: lqq_wgmma_matmul(
-                    a_codes, a_scales, tensors, meta, *cfg, wg, out=out, out_dtype=out_dtype))
-            if y is not None:
-                break
-        return y
-    if layout == "w4a16" and m < MIXLLM_OPERAND_MIN_M:
-        return None
-    cfg = w8a8_wgmma_config(m, n, k)
-    if cfg is None or w8a8_wgmma_problem(a_codes, act_group_size, "w8", meta, out, out_dtype) is not None:
-        return None
-    return launch_or_decline(W8A8_KERNEL, cfg, lambda: w8a8_wgmma_matmul(
-        a_codes, a_scales, act_group_size, w8_operand(layout, tensors, meta), meta, *cfg, out, out_dtype))
-
-
-def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, layout: str, tensors: dict,
-                meta: dict, out_dtype: torch.dtype = torch.float16, config: TileConfig | None = None,
-                out: torch.Tensor | None = None, use_asm: bool | None = None) -> torch.Tensor:
-    """Y [M, N] (``out_dtype``) = dequant(A)·Ŵᵀ for int8 activation codes [M, K] with float32 scales [M, G]
-    (:func:`quantkit.quant.act.quantize_activation_int` or the Triton kernel in :mod:`quantkit.runtime.kernels.triton.act_quant`) and a ``w8``,
-    ``w4a16`` (MixLLM W4A8) or ``w4a8-lqq`` weight; ``out`` an optional [M, N] result tensor; ``use_asm`` False
-    forces the plain-Triton dequantization. With no ``config`` at decode sizes (:func:`quantkit.runtime.kernels.cuda.gemv_a8.
-    a8_gemv_preferred`) the weight runs the CUDA A8 GEMV instead when it can
-    (:func:`quantkit.runtime.kernels.cuda.gemv_a8.a8_gemv_problem`), and on Hopper above decode sizes the Gluon kernels run where their
-    launch rules pick them (:func:`_gluon_matmul`) — but first, from 9 tokens on LiquidQuant layers of few rows, the
-    CUDA cluster kernel where its rule picks it (:func:`_cluster_matmul`). A ``config`` or a ``use_asm`` value keeps
-    the Triton kernel.
-    Reference: :func:`.reference.int8_reference`."""
+def triton_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, layout: str,
+                       tensors: dict, meta: dict, out_dtype: torch.dtype = torch.float16,
+                       config: TileConfig | None = None, out: torch.Tensor | None = None,
+                       use_asm: bool | None = None) -> torch.Tensor:
+    """Y [M, N] (``out_dtype``) = dequant(A)·Ŵᵀ on the Triton kernel (module docstring) for int8 activation codes
+    [M, K] with float32 scales [M, G] and a ``w8``, ``w4a16`` (MixLLM W4A8) or ``w4a8-lqq`` weight; ``config`` the
+    tile (default :func:`.configs.gemm_config`), ``out`` an optional [M, N] result, ``use_asm`` False forces the
+    plain-Triton dequantization. Reference: :func:`quantkit.runtime.kernels.reference.int8_reference`."""
     k = int(meta["in_features"])
-    _check_act(a_codes, a_scales, act_group_size, k)
+    check_act(a_codes, a_scales, act_group_size, k)
     m = a_codes.shape[0]
-    if config is None and use_asm is None:  # from 9 tokens on layers of few rows, ahead of the A8 GEMV
-        y = _cluster_matmul(a_codes, a_scales, act_group_size, layout, tensors, meta, out, out_dtype)
-        if y is not None:
-            return y
-    if (config is None and use_asm is None and a8_gemv_preferred(m, int(meta["out_features"]), k, layouts=(layout,))
-            and a8_gemv_problem(a_codes, a_scales, act_group_size, [(layout, tensors, meta, None)], out_dtype,
-                                out) is None):
-        return a8_gemv_cuda(a_codes, a_scales, act_group_size, [(layout, tensors, meta, None)],
-                            int(meta["out_features"]), out_dtype, out)
-    if config is None and use_asm is None:
-        y = _gluon_matmul(a_codes, a_scales, act_group_size, layout, tensors, meta, out, out_dtype)
-        if y is not None:
-            return y
     n_tiles = padded_k(k) // 256
     wa = _weight_args(layout, tensors, meta, n_tiles, act_group_size)
     check_device(a_codes, a_scales, wa["w"], wa["p"], wa["cs"])
@@ -358,49 +257,21 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
     return out
 
 
-def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, parts: list,
-                      out_features: int, out_dtype: torch.dtype = torch.float16,
-                      config: TileConfig | None = None, out: torch.Tensor | None = None,
-                      bn_b: int | None = None, launches: int | None = None) -> torch.Tensor:
-    """Y [M, out_features] of a mixed-precision layer in ONE launch (MixLLM Sec. 3.4): ``parts`` is two
+def triton_mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, parts: list,
+                             out_features: int, out_dtype: torch.dtype = torch.float16,
+                             config: TileConfig | None = None, out: torch.Tensor | None = None,
+                             bn_b: int | None = None) -> torch.Tensor:
+    """Y [M, out_features] of a mixed-precision layer in ONE Triton launch (MixLLM Sec. 3.4): ``parts`` is two
     (layout, tensors, meta, rows) partitions — e.g. the 4-bit ``w4a16`` and 8-bit ``w8`` rows of a W4.4A8
     layer — sharing the activation codes (quantized once); programs 0..tiles_a-1 run the first partition
     (the 4-bit one, whichever order ``parts`` has), the rest the second, and each epilogue scatters into its rows
-    (int32 [N_part] output indices). ``bn_b``:
-    rows per program of the second partition (default:
-    :func:`quantkit.runtime.kernels.configs.mixed_second_bn` — half of BN for 8-bit rows at small M). With
-    neither ``config`` nor ``bn_b`` at decode sizes, the CUDA A8 GEMV runs both partitions in one launch when it
-    can (as :func:`int8_matmul`). ``launches``: 0 that A8 GEMV (the Triton kernel where it declines), 1 the
-    Triton kernel; None (default): 1 with ``config`` or ``bn_b``, else 0 at the decode sizes where the A8 GEMV
-    is preferred (:func:`quantkit.runtime.kernels.cuda.gemv_a8.a8_gemv_preferred`), else 1. (One Triton launch per partition, MixLLM
-    Sec. 3.4's other form, measured up to 3.5× slower and never more than 1 % faster: docs/logs/
-    mixed_launch_h100.json.) With none of these three, from :data:`.configs.MIXLLM_MIXED_OPERAND_MIN_M` tokens on
-    a Hopper GPU both partitions' int8 operands are written in output-row order and the W8A8 TMA kernel multiplies
-    them in one launch (:mod:`quantkit.runtime.kernels.triton.int8_operand`; the Triton kernel's bits at the same K split)."""
+    (int32 [N_part] output indices). ``bn_b``: rows per program of the second partition (default
+    :func:`.configs.mixed_second_bn`: half of BN for 8-bit rows at small M)."""
     if len(parts) != 2:
         raise ValueError(f"the one-launch mixed kernel takes 2 partitions, got {len(parts)}")
     k = int(parts[0][2]["in_features"])
-    _check_act(a_codes, a_scales, act_group_size, k)
+    check_act(a_codes, a_scales, act_group_size, k)
     m = a_codes.shape[0]
-    if launches not in (None, 0, 1):
-        raise ValueError(f"launches must be 0, 1 or None, got {launches}")
-    default_path = launches is None and config is None and bn_b is None
-    if launches is None:
-        gemv = config is None and bn_b is None and a8_gemv_preferred(m, out_features, k, mixed=True,
-                                                                      layouts=tuple(p[0] for p in parts))
-        launches = 0 if gemv else 1
-    if (launches == 0
-            and a8_gemv_problem(a_codes, a_scales, act_group_size, list(parts), out_dtype, out) is None):
-        return a8_gemv_cuda(a_codes, a_scales, act_group_size, list(parts), out_features, out_dtype, out)
-    if (default_path and m >= MIXLLM_MIXED_OPERAND_MIN_M and all(p[0] in ("w8", "w4a16") for p in parts)
-            and w8a8_wgmma_problem(a_codes, act_group_size, "w8", parts[0][2], out, out_dtype) is None):
-        cfg = w8a8_wgmma_config(m, out_features, k)
-        operand = None if config_declined(W8A8_KERNEL, cfg) else mixed_w8_operand(list(parts), out_features)
-        if operand is not None:
-            y = launch_or_decline(W8A8_KERNEL, cfg, lambda: w8a8_wgmma_matmul(
-                a_codes, a_scales, act_group_size, *operand, *cfg, out, out_dtype))
-            if y is not None:
-                return y
     n_tiles = padded_k(k) // 256
     args = []
     for layout, tensors, meta, rows in parts:

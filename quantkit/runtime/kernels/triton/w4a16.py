@@ -17,18 +17,11 @@ import torch
 import triton.language as tl
 
 from quantkit.formats.nibble_planes import PLANE_K
-from quantkit.runtime.kernels.configs import (TileConfig, gemm_config, w4a16_dequant_preferred, w4a16_wgmma_config,
-                                             w4a16_ws_warpgroups)
-from quantkit.runtime.kernels.cuda.gemv import cuda_gemv_preferred, cuda_gemv_supported, w4a16_gemv_cuda
-from quantkit.runtime.kernels.triton.dequant import planes_f16, side_by_side
+from quantkit.runtime.kernels.configs import TileConfig, gemm_config
 from quantkit.runtime.kernels.jit import INTERPRET, USE_ASM, check_device, kernel
+from quantkit.runtime.kernels.triton.dequant import planes_f16, side_by_side
 from quantkit.runtime.kernels.triton.launch import groups_in_halves, split_plan
 from quantkit.runtime.kernels.triton.splitk import split_workspace, store_tile
-from quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma import KERNEL as WGMMA_KERNEL
-from quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma import w4a16_wgmma_matmul, w4a16_wgmma_problem
-from quantkit.runtime.kernels.gluon_sm90.w4a16_ws import KERNEL as WS_KERNEL
-from quantkit.runtime.kernels.gluon_sm90.w4a16_ws import w4a16_ws_matmul, w4a16_ws_problem
-from quantkit.runtime.kernels.gluon_sm90.common import launch_or_decline
 
 
 @kernel
@@ -132,51 +125,27 @@ def w4a16_dequantize(tensors: dict, meta: dict, dtype: torch.dtype = torch.float
     return out
 
 
-def w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: TileConfig | None = None,
-                 out: torch.Tensor | None = None, use_asm: bool | None = None,
-                 dequant: bool | None = None) -> torch.Tensor:
-    """Y = X·Ŵᵀ [M, N] in x's dtype (fp16 or bf16) for a ``w4a16`` weight, Ŵ = (q - z)·s rounded to x's dtype
-    per element (bf16: s rounded to bf16 first); fp32 accumulation. ``x`` [M, K] (any row stride, unit column
-    stride); ``out`` an optional [M, N] result tensor; ``use_asm`` False forces the plain-Triton dequantization
-    (tests compare it with the PTX path). With no ``config``, at decode sizes (``cuda_gemv_preferred``) and
-    CuPy present, the CUDA decode GEMV (:mod:`quantkit.runtime.kernels.cuda.gemv`, faster there; it scales exact (q - z)·x sums per
-    group instead of rounding Ŵ) runs instead; on Hopper where :func:`.configs.w4a16_ws_warpgroups` or
-    :func:`.configs.w4a16_wgmma_config` picks them, the Gluon kernels (:mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_ws`, a producer warp feeding
-    consumer warpgroups, else :mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma`; the same Ŵ); at prefill
-    sizes (:func:`.configs.w4a16_dequant_preferred`, or
-    ``dequant`` True) Ŵ is dequantized once (:func:`w4a16_dequantize`) and multiplied by cuBLAS, the same Ŵ the
-    kernel would form. Reference: :func:`.reference.w4a16_reference`."""
+def check_input(x: torch.Tensor, tensors: dict, meta: dict) -> None:
+    """A ValueError unless ``x`` is fp16/bf16 [M, in_features] with unit column stride on the weight's device."""
     if x.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"w4a16 kernel takes fp16/bf16 activations, got {x.dtype}")
+    check_device(x, tensors["qweight"], tensors["qparams"])
+    if x.dim() != 2 or x.shape[1] != int(meta["in_features"]) or x.stride(1) != 1:
+        raise ValueError(f"x must be [M, {meta['in_features']}] with unit column stride, got {tuple(x.shape)}")
+
+
+def triton_w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: TileConfig | None = None,
+                        out: torch.Tensor | None = None, use_asm: bool | None = None) -> torch.Tensor:
+    """Y = X·Ŵᵀ [M, N] in x's dtype (fp16 or bf16) on the Triton kernel (module docstring) for a ``w4a16`` weight,
+    Ŵ = (q - z)·s rounded to x's dtype per element (bf16: s rounded to bf16 first); fp32 accumulation. ``x``
+    [M, K] (any row stride, unit column stride); ``config`` the tile (default :func:`.configs.gemm_config`);
+    ``out`` an optional [M, N] result; ``use_asm`` False forces the plain-Triton dequantization.
+    Reference: :func:`quantkit.runtime.kernels.reference.w4a16_reference`."""
+    check_input(x, tensors, meta)
     qweight, qparams = tensors["qweight"], tensors["qparams"]
-    check_device(x, qweight, qparams)
     bf16 = x.dtype == torch.bfloat16
     m, k = x.shape
     n = int(meta["out_features"])
-    if k != int(meta["in_features"]) or x.stride(1) != 1:
-        raise ValueError(f"x must be [M, {meta['in_features']}] with unit column stride, got {tuple(x.shape)}")
-    if (config is None and use_asm is None and cuda_gemv_preferred(m, n, k)
-            and cuda_gemv_supported(x, tensors, meta, out)):
-        return w4a16_gemv_cuda(x, tensors, meta, out=out)
-    auto = config is None and use_asm is None and dequant is None
-    ws_wg = w4a16_ws_warpgroups(m, n, k) if auto else None
-    wg_cfg = w4a16_wgmma_config(m, n, k) if auto else None
-    if ws_wg is not None and w4a16_ws_problem(x, meta, out) is None:
-        fallback = ("the Gluon wgmma kernel" if wg_cfg is not None
-                    else "dequantize-then-cuBLAS" if w4a16_dequant_preferred(m, n, k) else "the Triton kernel")
-        y = launch_or_decline(WS_KERNEL, (str(x.dtype), 3, ws_wg),
-                              lambda: w4a16_ws_matmul(x, tensors, meta, 3, ws_wg, out=out), fallback=fallback)
-        if y is not None:
-            return y
-    if wg_cfg is not None and w4a16_wgmma_problem(x, meta, out) is None:
-        # fp16 and bf16 build different kernels: each config is declined (or counts as launched) per dtype
-        y = launch_or_decline(WGMMA_KERNEL, (str(x.dtype),) + wg_cfg,
-                              lambda: w4a16_wgmma_matmul(x, tensors, meta, *wg_cfg, out=out))
-        if y is not None:
-            return y
-    if dequant or (dequant is None and config is None and w4a16_dequant_preferred(m, n, k)):
-        w = w4a16_dequantize(tensors, meta, x.dtype, use_asm)
-        return torch.matmul(x, w.t()) if out is None else torch.matmul(x, w.t(), out=out)
     n_tiles = qweight.shape[1] // PLANE_K
     cfg = config or gemm_config(m, n, k, "w4a16")
     tiles_per_split, split = split_plan(n_tiles, cfg.split_k)

@@ -1,0 +1,110 @@
+"""The kernel registry (quantkit.runtime.kernels.registry / .gemm): every plan ends in a kernel that runs anywhere,
+every entry the rules pick has a launch, an override names one kernel (argument or QUANTKIT_KERNEL) and fails
+loudly where it cannot run, and ``bench --explain`` shows the choice."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (quantkit.runtime.kernels.jit)
+
+import pytest  # noqa: E402
+
+from quantkit.quant.act import quantize_activation_int  # noqa: E402
+from quantkit.runtime.kernels import registry  # noqa: E402
+from quantkit.runtime.kernels.gemm import int8_matmul, w4a16_matmul  # noqa: E402
+from quantkit.runtime.kernels.reference import int8_reference, w4a16_reference  # noqa: E402
+from quantkit.runtime.kernels.registry import GemmProblem, PRIORITY, explain, plan  # noqa: E402
+from tests.kernels_helpers import DEVICE, packed, rel_err  # noqa: E402
+
+SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (512, 3584), (1536, 2048), (100, 512)]
+MS = [1, 3, 8, 16, 17, 31, 64, 96, 128, 257, 416, 512, 577, 700, 1024, 2048, 4096]
+METHODS = [("a16", ("w4a16",), 0), ("a8", ("w8",), 128), ("a8", ("w8",), -1), ("a8", ("w4a16",), 128),
+           ("a8", ("w4a8-lqq",), -1), ("a8", ("w4a8-lqq",), 128), ("a8_mixed", ("w4a16", "w8"), 128)]
+HOPPER = ((9, 0), 132, frozenset({"cupy", "gluon"}))
+AMPERE = ((8, 0), 108, frozenset({"cupy"}))
+CPU = ((0, 0), 0, frozenset())
+
+
+@pytest.mark.parametrize("device", [HOPPER, AMPERE, CPU], ids=["sm90", "sm80", "cpu"])
+def test_every_plan_ends_in_a_kernel_that_runs_everywhere_and_every_pick_has_a_launch(device):
+    cap, sms, tools = device
+    for n, k in SHAPES:
+        for m in MS:
+            for op, layouts, act in METHODS:
+                p = GemmProblem(op, layouts, m, n, k, act, torch.float16, cap, sms, tools)
+                entries = plan(p)
+                assert entries[-1].ok and entries[-1].kernel.name.startswith("triton."), p.describe()
+                for c in entries:
+                    if c.ok and c.kernel.configs(p) != [None]:
+                        assert c.config is not None, (c.kernel.name, p.describe())
+                    if not c.ok:
+                        assert c.reason, (c.kernel.name, p.describe())
+                rows = explain(p)
+                assert rows[-1][1] and not any(ok for _, ok, _ in rows[:-1])
+                if cap == (0, 0):  # no GPU: only the Triton kernels (interpreted)
+                    assert rows[-1][0].startswith("triton."), p.describe()
+
+
+def test_priority_lists_name_each_kernel_once_and_serve_their_ops():
+    for op, kernels in PRIORITY.items():
+        names = [k.name for k in kernels]
+        assert len(names) == len(set(names)) and kernels[-1].name.startswith("triton.")
+        assert all(op in k.ops for k in kernels)
+
+
+def _a8(m, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    codes, scales = quantize_activation_int(torch.randn(m, k, generator=g) * 2, 8, -1)
+    return codes.to(DEVICE), scales.float().to(DEVICE)
+
+
+def test_an_override_names_one_kernel_by_argument_or_environment(monkeypatch):
+    _, tensors, meta = packed("w8", 100, 512, -1, seed=1, sym=True)
+    codes, scales = _a8(5, 512)
+    ref = int8_reference(codes, scales, -1, "w8", tensors, meta)
+    got = int8_matmul(codes, scales, -1, "w8", tensors, meta, kernel="triton.int8")
+    assert rel_err(got, ref) < 1e-3
+    monkeypatch.setenv(registry.ENV_KERNEL, "triton.int8")
+    assert torch.equal(int8_matmul(codes, scales, -1, "w8", tensors, meta), got)
+    # the variable names an a8 kernel: an a16 product is chosen as usual
+    _, t16, m16 = packed("w4a16", 100, 512, 128, seed=2)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(3)).half().to(DEVICE)
+    assert rel_err(w4a16_matmul(x, t16, m16), w4a16_reference(x, t16, m16)) < 1e-2
+    monkeypatch.setenv(registry.ENV_KERNEL, "no.such_kernel")
+    with pytest.raises(ValueError, match="no kernel named 'no.such_kernel'; known: .*triton.int8"):
+        int8_matmul(codes, scales, -1, "w8", tensors, meta)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where no GPU is present")
+def test_a_forced_kernel_that_cannot_run_is_an_error_naming_why():
+    _, tensors, meta = packed("w8", 100, 512, -1, seed=1, sym=True)
+    codes, scales = _a8(5, 512)
+    with pytest.raises(ValueError, match="kernel 'cuda.a8_gemv' cannot run a8 w8 M=5 N=100 K=512.*needs a CUDA GPU"):
+        int8_matmul(codes, scales, -1, "w8", tensors, meta, kernel="cuda.a8_gemv")
+    with pytest.raises(ValueError, match="does not serve a8 products"):
+        int8_matmul(codes, scales, -1, "w8", tensors, meta, kernel="triton.w4a16")
+
+
+def test_bench_explain_prints_the_choice_for_a_named_gpu(tmp_path):
+    from typer.testing import CliRunner
+
+    from quantkit.cli import app
+
+    runner = CliRunner()
+    r = runner.invoke(app, ["bench", "--explain", "--shapes", "6144x4096", "--m", "1,64,2048", "--methods",
+                            "w4a16,w4a8-lqq,fp16", "--assume-gpu", "9.0:132", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout.strip().splitlines()[-1])
+    assert {(x["m"], x["method"]) for x in rows} == {(m, meth) for m in (1, 64, 2048) for meth in ("w4a16", "w4a8-lqq")}
+    by = {(x["m"], x["method"]): x for x in rows}
+    assert by[(1, "w4a16")]["kernel"] == "cuda.w4a16_gemv" and by[(1, "w4a16")]["declined"] == []
+    assert all(d["reason"] for x in rows for d in x["declined"])
+    bad = runner.invoke(app, ["bench", "--explain", "--shapes", "64x256", "--assume-gpu", "H100"])
+    assert bad.exit_code == 2 and "--assume-gpu takes MAJOR.MINOR:SMS" in bad.output
+    lone = runner.invoke(app, ["bench", "--shapes", "64x256", "--assume-gpu", "9.0:132"])
+    assert lone.exit_code == 2 and "--assume-gpu goes with --explain" in lone.output

@@ -30,7 +30,7 @@ from quantkit.quant.records import QuantizedWeight
 from quantkit.quant.rtn import rtn_quantize
 from quantkit.runtime import ActQuant, PackedPart, QuantLinear, dispatch
 from quantkit.search.command import run_search
-from quantkit.search.plan import load_plan
+from quantkit.search.plan_check import load_plan
 from tests.conftest import build_tiny_model, shipped_tokenizer
 
 FAST = dict(device="cpu", progress=False)

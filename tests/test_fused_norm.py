@@ -14,7 +14,8 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from quantkit.runtime import ActQuant, dispatch  # noqa: E402
-from quantkit.runtime.fused_norm import A8_ATTR, FusedRMSNorm, adopt_norm_codes  # noqa: E402
+from quantkit.runtime.fused_norm import FusedRMSNorm  # noqa: E402
+from quantkit.runtime.norm_codes import A8_ATTR, adopt_norm_codes  # noqa: E402
 
 A8 = ActQuant(8, 128)
 
@@ -108,7 +109,7 @@ def test_a_norm_with_forward_hooks_or_in_grad_mode_attaches_no_codes(monkeypatch
 def test_codes_are_refused_for_a_changed_tensor_or_another_quantization():
     from quantkit.runtime.dispatch import SharedActivation
 
-    from quantkit.runtime.fused_norm import _state
+    from quantkit.runtime.norm_codes import output_state as _state
 
     y = torch.randn(2, 256)
     codes, scales = torch.zeros(2, 256, dtype=torch.int8), torch.ones(2, 2)

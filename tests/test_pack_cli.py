@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from quantkit.cli import app
 from quantkit.checkpoint import read_manifest
 from quantkit.search.command import run_search
-from quantkit.search.plan import load_plan
+from quantkit.search.plan_check import load_plan
 
 EVAL = ["--device", "cpu", "--seqlen", "64", "--max-windows", "2", "--json"]
 

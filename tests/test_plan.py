@@ -12,7 +12,7 @@ import torch
 from quantkit.errors import QuantkitError
 from quantkit.model import iter_linears, load_model
 from quantkit.search.command import run_search
-from quantkit.search.plan import load_plan
+from quantkit.search.plan_check import load_plan
 from quantkit.search.report import layer_grid, projection_shares, summary
 
 RECIPE = "mixllm-w4a8-rtn"

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from quantkit.formats.registry import get_layout
 from quantkit.quant.rtn import rtn_quantize
 from quantkit.runtime import ActQuant, PackedPart, QuantLinear, dispatch
-from quantkit.runtime.sibling_inputs import share_sibling_inputs
+from quantkit.runtime.fused_siblings import share_sibling_inputs
 
 A8 = ActQuant(8, 128)
 

@@ -68,58 +68,6 @@ def _packed(layout: str, w: torch.Tensor) -> tuple[dict, dict]:
     return lay.pack(qw), lay.layout_meta(qw)
 
 
-def _fp16_and_activations(m: int, n: int, k: int, act_bytes: int) -> tuple[dict, list[torch.Tensor]]:
-    """cuBLAS fp16's :func:`.timing.time_rotating` result for [M, K] × [N, K]ᵀ and the fresh fp16 activations [M, K]
-    it rotated over: enough copies that one rotation of a 4-bit weight with ``act_bytes`` bytes of activations per
-    element and the fp16 output touches twice the L2 (:func:`.timing.copies_to_defeat_l2`)."""
-    from quantkit.bench.timing import time_rotating
-
-    copies = copies_to_defeat_l2(n * k // 2 + act_bytes * m * k + 2 * m * n)
-    xs = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in range(copies)]
-    ws = [torch.randn(n, k, device="cuda", dtype=torch.float16) for _ in range(min(copies, 4))]
-    fp16 = time_rotating(lambda x, w: F.linear(x, w), [(x, ws[i % len(ws)]) for i, x in enumerate(xs)])
-    return fp16, xs
-
-
-def fp16_and_lqq_inputs(tensors: dict, m: int, n: int, k: int) -> tuple[dict, list[tuple]]:
-    """For an A/B of LiquidQuant kernels on the packed weight ``tensors`` [N, K] at M tokens: cuBLAS fp16's
-    :func:`.timing.time_rotating` result for the same product, and the rotating inputs of the kernels — (int8 codes,
-    per-token scales, a copy of the weight tensors) of fresh fp16 activations quantized by the Triton quantizer —
-    enough copies that one rotation touches twice the L2 (:func:`.timing.copies_to_defeat_l2`)."""
-    from quantkit.runtime.kernels.triton.act_quant import quantize_activation_triton
-
-    fp16, xs = _fp16_and_activations(m, n, k, 3)
-    codes = [quantize_activation_triton(x, 8, -1) for x in xs]
-    return fp16, [(a, s, {key: v.clone() for key, v in tensors.items()}) for a, s in codes]
-
-
-def lqq_ws_points(shapes: str, ms: str, keep: Callable[[int, int, int, tuple], bool]):
-    """For the A/B scripts of the warp-specialized LiquidQuant kernel: (n, k, m, packed tensors, meta, lqq_ws launch)
-    per [N, K] of ``shapes`` ("NxK,...") and M of ``ms`` ("1024,...") where the launch rule runs an lqq_ws launch
-    (:func:`quantkit.runtime.kernels.configs.lqq_ws_launch`) that ``keep(n, k, m, launch)`` accepts; each weight is
-    random, quantized and packed once, at its first kept point."""
-    from quantkit.bench.command import parse_shapes
-    from quantkit.runtime.kernels.configs import lqq_wgmma_launch, lqq_ws_launch
-
-    for n, k in parse_shapes(shapes):
-        packed = None
-        for m in [int(v) for v in ms.split(",")]:
-            launch = lqq_wgmma_launch(m, n, k)
-            ws = lqq_ws_launch(*launch) if launch else None
-            if ws is None or not keep(n, k, m, ws):
-                continue
-            packed = packed or _packed("w4a8-lqq", torch.randn(n, k, device="cuda"))
-            yield (n, k, m, *packed, ws)
-
-
-def fp16_and_w4a16_inputs(tensors: dict, m: int, n: int, k: int) -> tuple[dict, list[tuple]]:
-    """For an A/B of W4A16 kernels on the packed weight ``tensors`` [N, K] at M tokens: cuBLAS fp16's
-    :func:`.timing.time_rotating` result for the same product, and the rotating (fp16 activations, a copy of the
-    weight tensors) inputs of the kernels — enough copies that one rotation touches twice the L2."""
-    fp16, xs = _fp16_and_activations(m, n, k, 2)
-    return fp16, [(x, {key: v.clone() for key, v in tensors.items()}) for x in xs]
-
-
 def _fp8_problem(m: int, n: int, k: int, randn) -> Problem:
     """The ``fp8`` method: cuBLAS's fp8 GEMM on e4m3 operands (weight column-major, as cuBLAS wants it)."""
     from quantkit.bench.roofline import fp8_matmul, fp8_matmul_supported

@@ -169,7 +169,7 @@ def load_packed(path: str | Path, device: str = "auto", dtype: str | None = None
     from quantkit.runtime.fused_norm import ENV_SWITCH as NORM_SWITCH
     from quantkit.runtime.fused_norm import fuse_norms
     from quantkit.runtime.fused_siblings import ENV_SWITCH, fuse_sibling_projections
-    from quantkit.runtime.sibling_inputs import share_sibling_inputs
+    from quantkit.runtime.fused_siblings import share_sibling_inputs
 
     folder = Path(path).expanduser()
     manifest = read_manifest(folder)

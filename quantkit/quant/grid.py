@@ -116,11 +116,9 @@ def quantize(w: torch.Tensor, bits: int, group_size: int = 128, sym: bool = Fals
 def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """W^ = (codes - zeros[g_idx]) · scales[g_idx] (LiquidGEMM Eq. 2), shape [N, K].
 
-    Two-level LiquidQuant weights go through :func:`quantkit.quant.lqq.dequantize_lqq`.
+    Two-level LiquidQuant weights go through :func:`dequantize_lqq`.
     """
     if qw.channel_scales is not None:
-        from quantkit.quant.lqq import dequantize_lqq
-
         return dequantize_lqq(qw, dtype)
     g = qw.group_index()
     s = qw.scales.float()[:, g]
@@ -132,3 +130,19 @@ def fake_quantize(w: torch.Tensor, bits: int, group_size: int = 128, sym: bool =
                   clip: torch.Tensor | float = 1.0) -> torch.Tensor:
     """quantize → dequantize in one call, in w's dtype (RTN)."""
     return dequantize(quantize(w, bits, group_size, sym, clip), w.dtype)
+
+
+def lqq_int8_codes(qw: QuantizedWeight) -> torch.Tensor:
+    """Recovered Q^_i8 [N, K] (int8) by LiquidGEMM Eq. 12, (Q_u4 · s_u8 + a) XOR 0x80, computed in uint8 lanes
+    exactly like the GPU kernel (any overflow would wrap here too — the tests prove none occurs)."""
+    if qw.channel_scales is None or qw.bits != 4:
+        raise ValueError("not a LiquidQuant weight (needs 4-bit codes and channel_scales); use grid.dequantize")
+    g = qw.group_index()
+    s = qw.scales.round().to(torch.uint8)[:, g]
+    a = qw.zeros.to(torch.uint8)[:, g]
+    return ((qw.codes.to(torch.uint8) * s + a) ^ 0x80).view(torch.int8)
+
+
+def dequantize_lqq(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """W^ = Q^_i8 · s_c (LiquidGEMM Eq. 12, then the first-level Eq. 2 in the GEMM epilogue), shape [N, K]."""
+    return (lqq_int8_codes(qw).float() * qw.channel_scales.float().unsqueeze(1)).to(dtype)

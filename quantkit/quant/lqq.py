@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from quantkit.quant import grid
+from quantkit.quant.grid import dequantize_lqq, lqq_int8_codes  # noqa: F401  (Eq. 12: part of this format's API)
 from quantkit.quant.records import QuantizedWeight
 
 PROTECT = 119  # LiquidGEMM Sec. 3.2 protective INT8 range [-119, 119]
@@ -86,22 +87,6 @@ def lqq_quantize(weight: torch.Tensor, group_size: int = 128) -> QuantizedWeight
         raise ValueError(f"expected a 2-D weight, got shape {tuple(weight.shape)}")
     q_i8, s_c = lqq_first_level(weight)
     return lqq_from_int8(q_i8, s_c, group_size)
-
-
-def lqq_int8_codes(qw: QuantizedWeight) -> torch.Tensor:
-    """Recovered Q^_i8 [N, K] (int8) by LiquidGEMM Eq. 12, (Q_u4 · s_u8 + a) XOR 0x80, computed in uint8 lanes
-    exactly like the GPU kernel (any overflow would wrap here too — the tests prove none occurs)."""
-    if qw.channel_scales is None or qw.bits != 4:
-        raise ValueError("not a LiquidQuant weight (needs 4-bit codes and channel_scales); use grid.dequantize")
-    g = qw.group_index()
-    s = qw.scales.round().to(torch.uint8)[:, g]
-    a = qw.zeros.to(torch.uint8)[:, g]
-    return ((qw.codes.to(torch.uint8) * s + a) ^ 0x80).view(torch.int8)
-
-
-def dequantize_lqq(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """W^ = Q^_i8 · s_c (LiquidGEMM Eq. 12, then the first-level Eq. 2 in the GEMM epilogue), shape [N, K]."""
-    return (lqq_int8_codes(qw).float() * qw.channel_scales.float().unsqueeze(1)).to(dtype)
 
 
 def lqq_fit_groups(x: torch.Tensor, ratio: float | torch.Tensor = 1.0,

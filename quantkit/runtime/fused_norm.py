@@ -7,7 +7,8 @@ token. At load each such norm becomes a :class:`FusedRMSNorm`: the same ``weight
 ``state_dict`` keys), on a device with the kernel that kernel, elsewhere the original class's own forward (so CPU
 results are transformers' to the bit). Its output carries the codes and scales it made (:data:`A8_ATTR`); the first
 QuantLinear reading that very tensor, unchanged, with the same activation quantization, on the same stream and in
-the same CUDA-graph capture state, takes them instead of quantizing again (:func:`adopt_norm_codes`) and removes
+the same CUDA-graph capture state, takes them instead of quantizing again
+(:func:`quantkit.runtime.norm_codes.adopt_norm_codes`) and removes
 them from the tensor (siblings that are not fused get them through their :mod:`~quantkit.runtime.sibling_inputs`
 scope), so they live no longer than a quantization of that input would. "Unchanged" is the version counter; an
 inference-mode tensor has none, so a write between the norm and its consumer that bypasses the counter (``.data``,
@@ -24,9 +25,11 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from quantkit.runtime.dispatch import A8_FORM, FAKE_FORM, ActQuant, SharedActivation, norm_kernel_for
+from quantkit.runtime.dispatch import ActQuant, norm_kernel_for
+from quantkit.runtime.fused_siblings import SIBLING_SETS, SiblingSlice
+from quantkit.runtime.norm_codes import A8_ATTR, output_state
+from quantkit.runtime.quant_linear import QuantLinear
 
-A8_ATTR = "_quantkit_a8"  # on a FusedRMSNorm output: (act, version or None, codes, scales)
 ENV_SWITCH = "QUANTKIT_FUSE_NORM"  # "0": load_packed keeps transformers' norms (QUANTKIT_FUSE=0 does too)
 # norm → the block it feeds, in the decoder layers of the supported architectures (llama, mistral, qwen2, qwen3)
 NORM_FEEDS = {"input_layernorm": "self_attn", "post_attention_layernorm": "mlp"}
@@ -54,7 +57,7 @@ class FusedRMSNorm(nn.Module):
                               None if hooked else self.act)
         y = y.view(x.shape)
         if codes is not None:
-            setattr(y, A8_ATTR, (self.act, _state(y), codes, scales))
+            setattr(y, A8_ATTR, (self.act, output_state(y), codes, scales))
         return y
 
     def extra_repr(self) -> str:
@@ -62,40 +65,9 @@ class FusedRMSNorm(nn.Module):
         return f"{self.base.__name__}({self.weight.shape[0]}, eps={self.variance_epsilon}){act}"
 
 
-def adopt_norm_codes(shared: SharedActivation, source: torch.Tensor) -> bool:
-    """Give ``shared`` (the input of a QuantLinear, ``source`` as it was called with) the codes and scales a
-    FusedRMSNorm attached to ``source`` — when they were made for the same activation quantization and
-    ``source`` has not changed since (its version counter; an inference tensor has none and is taken as is), on
-    the same stream and capture state; the codes leave ``source`` then. Returns whether it did."""
-    attached = getattr(source, A8_ATTR, None)
-    if attached is None or shared.act is None:
-        return False
-    act, state, codes, scales = attached
-    if act != shared.act or state != _state(source) or codes.shape != shared.x.shape:
-        return False
-    delattr(source, A8_ATTR)  # taken once (module docstring)
-    shared.provide(A8_FORM, (codes, scales))
-    from quantkit.runtime.kernels.entry import dequantize_a8  # codes exist only where the kernels were loaded
-
-    dtype = shared.x.dtype
-    shared.offer(FAKE_FORM, lambda: dequantize_a8(codes, scales, act.group_size, dtype))
-    return True
-
-
-def _state(y: torch.Tensor) -> tuple:
-    """What must still hold of y when its codes are adopted: the sibling scope's reuse key
-    (:func:`quantkit.runtime.sibling_inputs.input_key`: version counter, storage, shape, stream, capture state)."""
-    from quantkit.runtime.sibling_inputs import input_key
-
-    return input_key(y)
-
-
 def _consumer_act(block: nn.Module) -> ActQuant | None:
     """The activation quantization of the quantized projections reading a block's input (q/k/v or gate/up, fused
     or not), if they all share one; else None (the norm then only normalizes)."""
-    from quantkit.runtime.fused_siblings import SIBLING_SETS, SiblingSlice
-    from quantkit.runtime.quant_linear import QuantLinear
-
     acts = []
     for name in {n for s in SIBLING_SETS for n in s}:
         mod = getattr(block, name, None)

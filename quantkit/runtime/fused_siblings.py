@@ -278,3 +278,20 @@ def fuse_sibling_projections(model: nn.Module) -> int:
         del members, m, linear, group  # the next group is stacked with none of this one's tensors held here
         fused += 1
     return fused
+
+
+def share_sibling_inputs(model: nn.Module) -> int:
+    """Give every module with >= 2 direct QuantLinear children that quantize activations its :func:`scope_of`
+    (the children's ``sibling_scope``); fused GEMMs of sibling projections are skipped (they quantize once
+    anyway). Returns how many parents got one; calling it again adds nothing."""
+    added = 0
+    for parent in model.modules():
+        children = [c for c in parent.children()
+                    if isinstance(c, QuantLinear) and c.act is not None and c.row_blocks is None]
+        if len(children) < 2 or any(c.sibling_scope is not None for c in children):
+            continue
+        scope = scope_of(parent)
+        for c in children:
+            c.sibling_scope = scope
+        added += 1
+    return added

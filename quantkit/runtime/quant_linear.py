@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from quantkit.quant.records import QuantizedWeight
 from quantkit.runtime.dispatch import ActQuant, Kernel, SharedActivation, kernel_for, mixed_kernel_for
-from quantkit.runtime.fused_norm import adopt_norm_codes
+from quantkit.runtime.norm_codes import adopt_norm_codes
 
 
 @dataclass

@@ -103,22 +103,3 @@ def scope_of(parent: nn.Module) -> SiblingScope:
         parent.register_forward_hook(scope.leave, always_call=True)
         parent.__dict__[_SCOPE_ATTR] = scope
     return scope
-
-
-def share_sibling_inputs(model: nn.Module) -> int:
-    """Give every module with >= 2 direct QuantLinear children that quantize activations its :func:`scope_of`
-    (the children's ``sibling_scope``); fused GEMMs of sibling projections are skipped (they quantize once
-    anyway). Returns how many parents got one; calling it again adds nothing."""
-    from quantkit.runtime.quant_linear import QuantLinear
-
-    added = 0
-    for parent in model.modules():
-        children = [c for c in parent.children()
-                    if isinstance(c, QuantLinear) and c.act is not None and c.row_blocks is None]
-        if len(children) < 2 or any(c.sibling_scope is not None for c in children):
-            continue
-        scope = scope_of(parent)
-        for c in children:
-            c.sibling_scope = scope
-        added += 1
-    return added

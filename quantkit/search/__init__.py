@@ -2,7 +2,8 @@
 target average bit-width, and the plan file that records the result."""
 
 from quantkit.search.allocate import BitBudget, allocate, assign_ranked, average_bits
-from quantkit.search.plan import LayerPlan, Plan, build_plan, load_plan
+from quantkit.search.plan import LayerPlan, Plan, build_plan
+from quantkit.search.plan_check import load_plan
 from quantkit.search.run import SearchOptions, search
 from quantkit.search.salience import SalienceResult, compute_salience
 from quantkit.search.strategies import STRATEGIES, magnitude_scores, random_scores

@@ -154,14 +154,3 @@ def build_plan(model: nn.Module, name: str, row_bits: dict[str, torch.Tensor], s
                 fractions=None if fractions is None else [sig(f) for f in fractions],
                 achieved_bits=sig(achieved_bits, 8), achieved_bits_with_metadata=sig(achieved_bits_with_metadata, 8),
                 layers=layers)
-
-
-def load_plan(path: str | os.PathLike, model: nn.Module | None = None) -> Plan:
-    """Read and validate ``plan.json``; with ``model``, also check the plan was made for that model (a
-    QuantkitError names the first mismatch: missing layer, shape, config key or weights)."""
-    from quantkit.search.plan_check import check_plan_model, read_plan
-
-    plan = read_plan(path)
-    if model is not None:
-        check_plan_model(plan, model, f"plan '{path}'")
-    return plan

@@ -185,3 +185,12 @@ def check_plan_recipe(plan: Plan, recipe, where: str) -> None:
                             f"'{recipe.name}' quantizes {bits}-bit channels {_grid(spec.group_size, spec.sym)}; use "
                             f"the recipe the plan was searched with{searched} or re-run `quantkit search --recipe "
                             f"{recipe.name}`")
+
+
+def load_plan(path: str | os.PathLike, model: nn.Module | None = None) -> Plan:
+    """Read and validate ``plan.json``; with ``model``, also check the plan was made for that model (a
+    QuantkitError names the first mismatch: missing layer, shape, config key or weights)."""
+    plan = read_plan(path)
+    if model is not None:
+        check_plan_model(plan, model, f"plan '{path}'")
+    return plan

@@ -1,4 +1,4 @@
-"""Shared by tests/test_kernels_*.py: the device the kernels run on (CUDA, else Triton's CPU interpreter — the
+"""Shared by tests/runtime/kernels/test_kernels_*.py: the device the kernels run on (CUDA, else Triton's CPU interpreter — the
 importing test module must set TRITON_INTERPRET before triton is imported), random records packed in the
 kernel layouts, and the comparison rule."""
 

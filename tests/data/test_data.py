@@ -40,7 +40,7 @@ def test_pydoc_corpus_is_shipped_split_and_rebuildable():
     assert "assignment" in train and len(test) > 70_000
     assert not set(train.split("\n\n")) & set(test.split("\n\n"))
     assert documents("pydoc", "test") == [p for p in test.split("\n\n") if p.strip()]
-    spec = importlib.util.spec_from_file_location("make_pydoc", Path(__file__).parents[1] / "calibration" /
+    spec = importlib.util.spec_from_file_location("make_pydoc", Path(__file__).parents[2] / "calibration" /
                                                   "make_pydoc_corpus.py")
     make = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(make)

@@ -315,7 +315,7 @@ def test_a_plan_is_applied_only_with_a_recipe_that_quantizes_its_widths_alike(pl
     for ok in (RECIPE, "mixllm-w4a8"):
         check_plan_recipe(plan, load_recipe(ok), "plan")
     g32 = tmp_path / "g32.yaml"
-    shipped = (Path(__file__).parents[1] / "recipes" / f"{RECIPE}.yaml").read_text()
+    shipped = (Path(__file__).parents[2] / "recipes" / f"{RECIPE}.yaml").read_text()
     g32.write_text(shipped.replace("group_size: 128", "group_size: 32"))
     with pytest.raises(QuantkitError, match=r"searched for 4-bit asym g128 weights, but recipe .* quantizes 4-bit "
                                             r"channels asym g32; use the recipe the plan was searched with "

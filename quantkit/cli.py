@@ -523,6 +523,55 @@ def bench(
         sys.stdout.write(json.dumps(rows) + "\n")
 
 
+@command("tune")
+@user_errors
+def tune(
+    packed: Annotated[Optional[str], typer.Argument(
+        metavar="PACKED", help="a `quantkit pack` checkpoint folder: tune its linears' shapes and methods")] = None,
+    shapes: Annotated[Optional[str], typer.Option(help="NxK (out × in features), comma-separated")] = None,
+    preset: Annotated[Optional[str], typer.Option(help=f"a model's linear shapes: {', '.join(PRESETS)}")] = None,
+    m: Annotated[Optional[str], typer.Option("--m", help=f"token counts M, comma-separated (default "
+                                                         f"{DEFAULT_M})")] = None,
+    methods: Annotated[Optional[str], typer.Option(help="w4a16, w8a8, w4a8, w4a8-lqq, mixed (default: PACKED's own, "
+                                                        "else all five)")] = None,
+    reps: Annotated[int, typer.Option(help="timed samples per candidate (median)")] = 30,
+    output: Annotated[Optional[str], typer.Option("-o", "--output", help="tables folder (default $QUANTKIT_TABLES "
+                                                                       "or ~/.cache/quantkit/tables, which the "
+                                                                       "runtime reads)")] = None,
+    json_out: Json = False,
+):
+    """Time every kernel and launch config that can run each shape and M on this GPU, check each against the
+    torch reference, and write the fastest to the launch tables the runtime reads (one JSON per GPU and method)."""
+    from pathlib import Path as _Path
+
+    from quantkit.bench import command
+    from quantkit.bench.tune import require_gpu, run_tune
+    from quantkit.runtime.kernels.tables import user_dir
+    from quantkit.ui import progress_bar
+
+    command.check_reps(reps)
+    default_methods = "w4a16,w8a8,w4a8,w4a8-lqq,mixed"
+    bench_shapes, wanted = command.kernel_targets(packed, shapes, preset,
+                                                  methods if methods or packed else default_methods)
+    ms = command.parse_ints(DEFAULT_M if m is None else m, "--m")
+    folder = _Path(output).expanduser() if output else user_dir()
+    require_gpu()
+    cmd = "quantkit tune " + " ".join(sys.argv[2:]) if len(sys.argv) > 1 else "quantkit tune"
+    with progress_bar("tune", len(bench_shapes) * len(ms) * len(wanted)) as update:
+        entries, paths = run_tune(bench_shapes, ms, wanted, folder, cmd, reps=reps, progress=update)
+    table = Table(title="tuned launches")
+    for col in ("method", "shape", "M", "kernel", "µs", "default kernel", "default µs"):
+        table.add_column(col)
+    for e in entries:
+        table.add_row(e["method"], f"{e['n']}x{e['k']}", str(e["m"]), e["kernel"], f"{e['us']:.2f}",
+                      e["default_kernel"], f"{e['default_us']:.2f}")
+    (err_console if json_out else out_console).print(table)
+    for p in paths:
+        info(f"table written to {p}")
+    if json_out:
+        sys.stdout.write(json.dumps(entries) + "\n")
+
+
 def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)
 

@@ -39,7 +39,8 @@ class Problem:
     """What to time: ``fn(*inputs[i])`` for rotating copies, and the byte/op counts of one call. The quantkit
     kernels read their TileConfig from ``state["config"]`` at call time, so one problem (its weights quantized
     and packed once) can be timed under several configs; likewise ``state["dequant"]`` (w4a16) and
-    ``state["launches"]`` / ``state["bn_b"]`` (mixed), None meaning the default rule."""
+    ``state["launches"]`` / ``state["bn_b"]`` (mixed), and ``state["kernel"]`` / ``state["launch_config"]`` (one
+    registry kernel, and one launch of it), None meaning the default choice."""
 
     fn: Callable
     inputs: list[tuple]
@@ -123,11 +124,14 @@ def build_problem(method: str, m: int, n: int, k: int, config=None, seed: int = 
         return Problem(lambda x: quantize_activation_triton(x, 8, 128), inputs, 0, 3.0, False)
     if method == "w4a16":
         t, meta = _packed("w4a16", randn(n, k, dtype=torch.float32))
+        state["meta"] = meta
         wb = tensor_bytes(t)
         copies = copies_to_defeat_l2(wb + 2 * m * k + 2 * m * n)
         inputs = [(randn(m, k), {key: v.clone() for key, v in t.items()}) for _ in range(copies)]
-        return Problem(lambda x, tt: w4a16_matmul(x, tt, meta, state["config"], dequant=state.get("dequant")), inputs,
-                       wb, 2.0, False, state)
+        return Problem(lambda x, tt: w4a16_matmul(x, tt, meta, state["config"], dequant=state.get("dequant"),
+                                                  kernel=state.get("kernel"),
+                                                  launch_config=state.get("launch_config")), inputs, wb, 2.0, False,
+                       state)
     base, with_aq = method.split("+")[0], method.endswith("+aq")
     act_group = -1 if base == "w4a8-lqq" else 128
     if base == "mixed":
@@ -140,18 +144,22 @@ def build_problem(method: str, m: int, n: int, k: int, config=None, seed: int = 
         parts_t = [("w4a16",) + _packed("w4a16", w[rows4]) + (rows4.to(torch.int32),),
                    ("w8",) + _packed("w8", w[rows8]) + (rows8.to(torch.int32),)]
         wb = sum(tensor_bytes(p[1]) + p[3].numel() * 4 for p in parts_t)
+        state["meta"] = {"out_features": n, "in_features": k}
 
         def call(a, s, parts):
             return mixed_int8_matmul(a, s, act_group, parts, n, config=state["config"], bn_b=state.get("bn_b"),
-                                     launches=state.get("launches"))
+                                     launches=state.get("launches"), kernel=state.get("kernel"),
+                                     launch_config=state.get("launch_config"))
         clone = lambda: [(p[0], {key: v.clone() for key, v in p[1].items()}, p[2], p[3]) for p in parts_t]  # noqa
     else:
         layout = {"w8a8": "w8", "w4a8": "w4a16", "w4a8-lqq": "w4a8-lqq"}[base]
         t, meta = _packed(layout, randn(n, k, dtype=torch.float32))
+        state["meta"] = meta
         wb = tensor_bytes(t)
 
         def call(a, s, tt):
-            return int8_matmul(a, s, act_group, layout, tt, meta, config=state["config"])
+            return int8_matmul(a, s, act_group, layout, tt, meta, config=state["config"], kernel=state.get("kernel"),
+                               launch_config=state.get("launch_config"))
         clone = lambda: {key: v.clone() for key, v in t.items()}  # noqa: E731
     copies = copies_to_defeat_l2(wb + 2 * m * k + 2 * m * n)
     inputs = []

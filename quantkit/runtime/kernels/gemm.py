@@ -21,7 +21,8 @@ up to the K split (fp32 partial sums added in another order).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
 import torch
@@ -33,7 +34,8 @@ from quantkit.runtime.kernels.cuda import lqq_cluster as cuda_cluster
 from quantkit.runtime.kernels.cuda.common import cupy_available
 from quantkit.runtime.kernels.gluon_sm90 import common as gluon
 from quantkit.runtime.kernels.gluon_sm90 import lqq_wgmma, lqq_ws, w4a16_wgmma, w4a16_ws, w8a8_wgmma
-from quantkit.runtime.kernels.registry import GemmKernel, GemmProblem, device_traits, forced_kernel, register, run
+from quantkit.runtime.kernels.registry import (GemmKernel, GemmProblem, device_traits, forced_kernel, register, run,
+                                               run_config)
 from quantkit.runtime.kernels.triton import int8_gemm as triton_int8
 from quantkit.runtime.kernels.triton import w4a16 as triton_w4a16
 from quantkit.runtime.kernels.triton.int8_operand import mixed_w8_operand, w8_operand
@@ -235,6 +237,12 @@ class GluonLqq(GemmKernel):
                 out.append(LqqLaunch(lqq_wgmma.KERNEL, cfg + (wg,)))
         return out
 
+    def config_to_json(self, config):
+        return {"kernel": config.kernel, "args": list(config.args), "halves_from": config.halves_from}
+
+    def config_from_json(self, data):
+        return LqqLaunch(data["kernel"], tuple(data["args"]), data.get("halves_from"))
+
     def accepts(self, p, c, cfg):
         layout, _, meta = c.one
         why = lqq_wgmma.lqq_wgmma_problem(c.a_codes, c.act_group, layout, meta, c.out, c.out_dtype, None)
@@ -327,7 +335,27 @@ class GluonW8a8Mixed(GemmKernel):
 
 # --- a8: Triton -------------------------------------------------------------------------------------------------
 
-class TritonInt8(GemmKernel):
+class TritonTiles(GemmKernel):
+    """What the Triton GEMM kernels share: a :class:`.configs.TileConfig` per launch, and as tune candidates the
+    rule's tile with each other token tile (16-128 tokens, up to M) and each K split (1, 2, 4)."""
+
+    def candidates(self, p):
+        rule = self.configs(p)[0]
+        top = max(16, 1 << max(0, p.m - 1).bit_length())
+        tiles = [rule] + [configs.TileConfig(rule.bn, bm, rule.split_k, rule.num_warps, rule.num_stages)
+                          for bm in (16, 32, 64, 128) if bm <= top and bm != rule.bm]
+        tiles += [configs.TileConfig(rule.bn, rule.bm, s, rule.num_warps, rule.num_stages)
+                  for s in (1, 2, 4) if s != rule.split_k and -(-p.k // 256) >= 4 * s]
+        return tiles
+
+    def config_to_json(self, config):
+        return asdict(config)
+
+    def config_from_json(self, data):
+        return configs.TileConfig(**data)
+
+
+class TritonInt8(TritonTiles):
     """The Triton int8 tensor-core kernel (:mod:`.triton.int8_gemm`): every layout, activation group and GPU."""
 
     name, ops = "triton.int8", ("a8",)
@@ -344,7 +372,7 @@ class TritonInt8(GemmKernel):
                                               c.out_dtype, c.config or cfg, c.out, c.use_asm)
 
 
-class TritonInt8Mixed(GemmKernel):
+class TritonInt8Mixed(TritonTiles):
     """The Triton one-launch mixed kernel (:func:`.triton.int8_gemm.triton_mixed_int8_matmul`)."""
 
     name, ops = "triton.int8_mixed", ("a8_mixed",)
@@ -451,7 +479,7 @@ class TritonW4a16Dequant(GemmKernel):
         return torch.matmul(c.x, w.t()) if c.out is None else torch.matmul(c.x, w.t(), out=c.out)
 
 
-class TritonW4a16(GemmKernel):
+class TritonW4a16(TritonTiles):
     """The Triton W4A16 kernel (:mod:`.triton.w4a16`): every shape and GPU."""
 
     name, ops = "triton.w4a16", ("a16",)
@@ -477,7 +505,16 @@ def problem_for(op: str, layouts: tuple[str, ...], m: int, n: int, k: int, act_g
                 device: torch.device) -> GemmProblem:
     """The :class:`.registry.GemmProblem` of a call on ``device`` (its capability and real SM count)."""
     cap, sms = device_traits(device)
-    return GemmProblem(op, tuple(layouts), int(m), int(n), int(k), int(act_group), dtype, cap, sms, toolchains())
+    return GemmProblem(op, tuple(layouts), int(m), int(n), int(k), int(act_group), dtype, cap, sms, toolchains(),
+                       device_name(device))
+
+
+@functools.lru_cache(maxsize=16)
+def device_name(device: torch.device) -> str:
+    """The CUDA device's name (which tuned tables apply), "" for other devices."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return ""
+    return torch.cuda.get_device_name(device)
 
 
 def toolchains() -> frozenset[str]:
@@ -487,12 +524,13 @@ def toolchains() -> frozenset[str]:
 
 def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, layout: str, tensors: dict,
                 meta: dict, out_dtype: torch.dtype = torch.float16, config=None, out: torch.Tensor | None = None,
-                use_asm: bool | None = None, kernel: str | None = None) -> torch.Tensor:
+                use_asm: bool | None = None, kernel: str | None = None, launch_config=None) -> torch.Tensor:
     """Y [M, N] (``out_dtype``) = dequant(A)·Ŵᵀ for int8 activation codes [M, K] with float32 scales [M, G]
     (:func:`quantkit.quant.act.quantize_activation_int`) and a ``w8``, ``w4a16`` (MixLLM W4A8) or ``w4a8-lqq``
     weight, by the kernel the ``a8`` priority list picks (module docstring). ``kernel`` names one kernel
     (``QUANTKIT_KERNEL`` does the same); a Triton ``config`` (:class:`.configs.TileConfig`) or a ``use_asm`` value
-    selects ``triton.int8``. Reference: :func:`.reference.int8_reference`."""
+    selects ``triton.int8``; ``kernel`` with ``launch_config`` runs that launch exactly (``quantkit tune``).
+    Reference: :func:`.reference.int8_reference`."""
     triton_int8.check_act(a_codes, a_scales, act_group_size, int(meta["in_features"]))
     triton_int8.check_layout(layout)
     if config is not None or use_asm is not None:
@@ -501,13 +539,15 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
                   out_dtype, out, config, use_asm)
     p = problem_for("a8", (layout,), a_codes.shape[0], int(meta["out_features"]), int(meta["in_features"]),
                     act_group_size, out_dtype, a_codes.device)
+    if launch_config is not None:
+        return run_config(p, call, kernel, launch_config)
     return run(p, call, forced_kernel("a8", kernel))
 
 
 def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, parts: list,
                       out_features: int, out_dtype: torch.dtype = torch.float16, config=None,
                       out: torch.Tensor | None = None, bn_b: int | None = None, launches: int | None = None,
-                      kernel: str | None = None) -> torch.Tensor:
+                      kernel: str | None = None, launch_config=None) -> torch.Tensor:
     """Y [M, out_features] of a two-partition layer in one launch (MixLLM Sec. 3.4): ``parts`` is two (layout,
     tensors, meta, rows int32 output indices), sharing the activation codes; the ``a8_mixed`` priority list picks
     the kernel. ``kernel`` names one; ``config`` or ``bn_b`` (rows per program of the second partition) select
@@ -524,6 +564,8 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
     call = A8Call(a_codes, a_scales, act_group_size, list(parts), out_features, out_dtype, out, config, None, bn_b)
     p = problem_for("a8_mixed", tuple(pt[0] for pt in parts), a_codes.shape[0], out_features, k, act_group_size,
                     out_dtype, a_codes.device)
+    if launch_config is not None:
+        return run_config(p, call, kernel, launch_config)
     if launches == 0:
         gemv = CudaA8Gemv()
         if gemv.accepts(p, call, None) is None:
@@ -535,7 +577,8 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
 
 
 def w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config=None, out: torch.Tensor | None = None,
-                 use_asm: bool | None = None, dequant: bool | None = None, kernel: str | None = None) -> torch.Tensor:
+                 use_asm: bool | None = None, dequant: bool | None = None, kernel: str | None = None,
+                 launch_config=None) -> torch.Tensor:
     """Y = X·Ŵᵀ [M, N] in x's dtype (fp16 or bf16) for a ``w4a16`` weight by the kernel the ``a16`` priority list
     picks (module docstring). ``kernel`` names one; ``dequant`` True is ``triton.w4a16_dequant``, False or a
     Triton ``config`` / ``use_asm`` value ``triton.w4a16``. Reference: :func:`.reference.w4a16_reference`."""
@@ -547,4 +590,6 @@ def w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config=None, out: t
     call = A16Call(x, tensors, meta, out, config, use_asm)
     p = problem_for("a16", ("w4a16",), x.shape[0], int(meta["out_features"]), int(meta["in_features"]), 0, x.dtype,
                     x.device)
+    if launch_config is not None:
+        return run_config(p, call, kernel, launch_config)
     return run(p, call, forced_kernel("a16", kernel))

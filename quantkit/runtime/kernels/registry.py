@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 ENV_KERNEL = "QUANTKIT_KERNEL"  # names one registered kernel to run wherever it serves the operation (tests, benches)
+ENV_TABLES = "QUANTKIT_TUNED_TABLES"  # "0": ignore the tuned launch tables (the launch rules alone decide)
 OPS = ("a8", "a8_mixed", "a16")  # int8 activations × packed weight; the same for a two-partition layer; fp16/bf16 × w4a16
 
 
@@ -38,7 +39,8 @@ class GemmProblem:
     token count ``m``, output features ``n`` (the whole layer's for a mixed one), input features ``k``,
     ``act_group`` (activation group size, -1 per token, 0 for ``a16``), ``dtype`` (the activation dtype of ``a16``
     or the output dtype of the int8 ops), the device's ``capability`` and ``sms`` ((0, 0) and 0 off a GPU), and the
-    optional ``toolchains`` installed (CuPy's NVRTC for the CUDA kernels, Triton's Gluon for the Hopper ones)."""
+    optional ``toolchains`` installed (CuPy's NVRTC for the CUDA kernels, Triton's Gluon for the Hopper ones), and
+    the ``device`` name whose tuned tables apply."""
 
     op: str
     layouts: tuple[str, ...]
@@ -50,6 +52,7 @@ class GemmProblem:
     capability: tuple[int, int] = (0, 0)
     sms: int = 0
     toolchains: frozenset[str] = frozenset()  # optional compilers present: "cupy" (NVRTC), "gluon"
+    device: str = ""  # the GPU's name, which selects the tuned launch tables (quantkit.runtime.kernels.tables)
 
     def describe(self) -> str:
         """One line naming the problem, e.g. ``a8 w4a8-lqq M=16 N=4096 K=4096 act=-1 float16 sm_90 132 SMs``."""
@@ -88,6 +91,19 @@ class GemmKernel:
     def configs(self, p: GemmProblem) -> list:
         """The launch configs for ``p``, in the order to try them (None entries: the rule has no launch here)."""
         return [None]
+
+    def candidates(self, p: GemmProblem) -> list:
+        """The launch configs ``quantkit tune`` times for ``p`` (called when :meth:`can_implement` is ok): the
+        rule's own, and alternatives where the kernel has any."""
+        return [c for c in self.configs(p) if c is not None] or ([None] if self.configs(p) == [None] else [])
+
+    def config_to_json(self, config) -> object:
+        """``config`` as JSON data (for the tuned tables)."""
+        return list(config) if isinstance(config, tuple) else config
+
+    def config_from_json(self, data) -> object:
+        """The config that :meth:`config_to_json` wrote as ``data``."""
+        return tuple(data) if isinstance(data, list) else data
 
     def accepts(self, p: GemmProblem, call, config) -> str | None:
         """None when this call's tensors (``call``, the entry point's arguments) can run ``config``, else why not."""
@@ -149,7 +165,7 @@ class Choice:
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan(p: GemmProblem, forced: str | None) -> tuple[Choice, ...]:
+def _plan(p: GemmProblem, forced: str | None, tables: bool = True) -> tuple[Choice, ...]:
     if forced is not None:
         k = kernel_named(forced)
         if p.op not in k.ops:
@@ -162,6 +178,9 @@ def _plan(p: GemmProblem, forced: str | None) -> tuple[Choice, ...]:
             raise ValueError(f"kernel '{forced}' has no launch config for {p.describe()}")
         return tuple(Choice(k, True, cfg) for cfg in cfgs)
     out = []
+    tuned = _tuned_choice(p) if tables else None
+    if tuned is not None:
+        out.append(tuned)
     for k in PRIORITY[p.op]:
         ok, why = k.can_implement(p)
         if ok:
@@ -170,10 +189,42 @@ def _plan(p: GemmProblem, forced: str | None) -> tuple[Choice, ...]:
     return tuple(out)
 
 
+def _tuned_choice(p: GemmProblem) -> Choice | None:
+    """The tuned tables' (kernel, config) for ``p`` (:mod:`.tables`) where one applies and that kernel can run ``p``."""
+    from quantkit.runtime.kernels.tables import lookup
+
+    entry = lookup(p)
+    if entry is None:
+        return None
+    try:
+        k = kernel_named(entry["kernel"])
+    except ValueError:
+        return None  # a table written by another version, naming a kernel this one lacks
+    ok, _ = k.can_implement(p)
+    if not ok or p.op not in k.ops:
+        return None
+    return Choice(k, True, k.config_from_json(entry["config"]), reason=f"tuned at M={entry['m']}")
+
+
 def plan(p: GemmProblem, forced: str | None = None) -> tuple[Choice, ...]:
     """Every kernel of ``p``'s priority list in order, each launch config it would try or why it declines (only
-    the forced kernel's configs when ``forced`` names one); cached per problem."""
-    return _plan(p, forced)
+    the forced kernel's configs when ``forced`` names one), preceded by the tuned tables' choice where one applies
+    (``QUANTKIT_TUNED_TABLES=0`` leaves the tables out); cached per problem."""
+    return _plan(p, forced, os.environ.get(ENV_TABLES) != "0")
+
+
+def run_config(p: GemmProblem, call, kernel: str, config) -> torch.Tensor:
+    """Y of ``call`` from kernel ``kernel`` with launch ``config`` exactly (``quantkit tune``'s candidates): a
+    ValueError naming the reason where the kernel cannot run the problem or declines the call."""
+    k = kernel_named(kernel)
+    ok, why = k.can_implement(p) if p.op in k.ops else (False, f"it does not serve {p.op} products")
+    why = why if not ok else k.accepts(p, call, config)
+    if why is None:
+        y = k.launch(p, call, config)
+        if y is not None:
+            return y
+        why = "the launch did not build on this device"
+    raise ValueError(f"kernel '{kernel}' with {config!r} cannot run {p.describe()}: {why}")
 
 
 def run(p: GemmProblem, call, forced: str | None = None, on_decline: Callable[[Choice, str], None] | None = None
@@ -204,7 +255,8 @@ def explain(p: GemmProblem) -> list[tuple[str, bool, str]]:
     that failed to build in this process) are not part of it."""
     rows = []
     for c in plan(p):
-        rows.append((c.kernel.name, c.ok, ("default" if c.config is None else repr(c.config)) if c.ok else c.reason))
+        cfg = ("default" if c.config is None else repr(c.config)) + (f" ({c.reason})" if c.reason else "")
+        rows.append((c.kernel.name, c.ok, cfg if c.ok else c.reason))
         if c.ok:
             break
     return rows

@@ -108,3 +108,74 @@ def test_bench_explain_prints_the_choice_for_a_named_gpu(tmp_path):
     assert bad.exit_code == 2 and "--assume-gpu takes MAJOR.MINOR:SMS" in bad.output
     lone = runner.invoke(app, ["bench", "--shapes", "64x256", "--assume-gpu", "9.0:132"])
     assert lone.exit_code == 2 and "--assume-gpu goes with --explain" in lone.output
+
+
+def _problem(m, device="NVIDIA Test GPU", n=4096, k=4096):
+    return GemmProblem("a8", ("w4a8-lqq",), m, n, k, -1, torch.float16, (9, 0), 132, frozenset({"cupy", "gluon"}),
+                       device)
+
+
+def test_a_tuned_table_goes_first_for_its_device_and_rounds_m_up(tmp_path, monkeypatch):
+    from quantkit.runtime.kernels import tables
+
+    monkeypatch.setenv(tables.ENV_DIR, str(tmp_path))
+    tables.clear_cache()
+    entries = [{"n": 4096, "k": 4096, "m": m, "kernel": "triton.int8",
+                "config": {"bn": 64, "bm": bm, "split_k": 1, "num_warps": 4, "num_stages": 3}}
+               for m, bm in ((16, 16), (256, 64), (4096, 128))]
+    path = tables.write_table(tmp_path, "NVIDIA Test GPU", (9, 0), 132, "a8", ("w4a8-lqq",), -1, entries,
+                              "quantkit tune --shapes 4096x4096", "abc1234", "2026-11-28T00:00:00Z")
+    assert path == tmp_path / "NVIDIA_Test_GPU" / "a8-w4a8-lqq-act-1.json"
+    for m, bm in ((1, 16), (16, 16), (17, 64), (256, 64), (257, 128), (9000, 128)):
+        first = plan(_problem(m))[0]
+        assert first.kernel.name == "triton.int8" and first.config.bm == bm and "tuned" in first.reason, m
+    assert plan(_problem(17, device="Another GPU"))[0].kernel.name != "triton.int8"  # other devices: no table
+    assert plan(_problem(17, n=512))[0].reason == ""  # other shapes: no entry
+    monkeypatch.setenv(registry.ENV_TABLES, "0")
+    assert "tuned" not in plan(_problem(17))[0].reason  # tables hidden: the launch rules alone
+    monkeypatch.delenv(registry.ENV_TABLES)
+    # a second tune run of the same (N, K, M) replaces that entry and keeps the others
+    tables.write_table(tmp_path, "NVIDIA Test GPU", (9, 0), 132, "a8", ("w4a8-lqq",), -1,
+                       [{**entries[1], "config": {**entries[1]["config"], "bm": 32}}], "c", "d", "e")
+    data = json.loads(path.read_text())
+    assert [e["config"]["bm"] for e in data["entries"]] == [16, 32, 128] and data["command"] == "c"
+    assert plan(_problem(100))[0].config.bm == 32
+    rows = explain(_problem(100))
+    assert rows[0][0] == "triton.int8" and "tuned at M=256" in rows[0][2]
+
+
+def test_a_table_naming_an_unknown_kernel_or_a_bad_file_is_ignored(tmp_path, monkeypatch):
+    from quantkit.runtime.kernels import tables
+
+    monkeypatch.setenv(tables.ENV_DIR, str(tmp_path))
+    tables.clear_cache()
+    tables.write_table(tmp_path, "NVIDIA Test GPU", (9, 0), 132, "a8", ("w4a8-lqq",), -1,
+                       [{"n": 4096, "k": 4096, "m": 64, "kernel": "gone.kernel", "config": None}], "c", "d", "e")
+    assert plan(_problem(64))[0].kernel.name != "gone.kernel"
+    (tmp_path / "NVIDIA_Test_GPU" / "a8-w4a8-lqq-act-1.json").write_text("{not json")
+    tables.clear_cache()
+    assert "tuned" not in plan(_problem(64))[0].reason
+
+
+def test_tune_candidates_include_the_rules_choice_and_only_kernels_that_can_run():
+    from quantkit.bench.tune import tune_candidates
+
+    for m in (1, 16, 64, 700, 4096):
+        p = _problem(m)
+        cands = tune_candidates(p)
+        first = next(c for c in plan(p) if c.ok)
+        assert (first.kernel.name, first.config) in cands, m
+        assert all(registry.kernel_named(name).can_implement(p)[0] for name, _ in cands)
+    cpu = GemmProblem("a16", ("w4a16",), 8, 4096, 4096, 0, torch.float16)
+    assert {name for name, _ in tune_candidates(cpu)} <= {"triton.w4a16", "triton.w4a16_dequant"}
+
+
+def test_tune_refuses_without_a_gpu_and_with_no_quantkit_method():
+    from typer.testing import CliRunner
+
+    from quantkit.cli import app
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the refusal where no GPU is present")
+    r = CliRunner().invoke(app, ["tune", "--shapes", "64x256", "--m", "1"])
+    assert r.exit_code == 2 and "needs" not in r.output and "CUDA GPU" in r.output

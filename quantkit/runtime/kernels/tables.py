@@ -36,8 +36,8 @@ def device_slug(name: str) -> str:
 
 
 def table_name(op: str, layouts: tuple[str, ...], act_group: int) -> str:
-    """The file name of an operation's table, e.g. ``a8-w4a8-lqq-act-1.json``."""
-    return f"{op}-{'+'.join(layouts)}-act{act_group}.json"
+    """The file name of an operation's table, e.g. ``a8-w4a8-lqq-act-1.json`` (``a8_mixed-w4a16_w8-act128.json``)."""
+    return f"{op}-{'_'.join(layouts)}-act{act_group}.json"
 
 
 def _read(path: Path) -> list[dict]:

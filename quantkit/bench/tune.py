@@ -13,7 +13,9 @@ order; each keeps its smaller median, and every entry states what tuning gained 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import os
 import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -96,6 +98,28 @@ def tune_point(method: str, m: int, n: int, k: int, reps: int = 30,
     from quantkit.runtime.kernels.registry import kernel_named, plan
 
     timer = timer or (lambda fn, inputs: warm_time(fn, inputs, reps))
+    with tables_hidden():
+        return _tune_point(method, m, n, k, timer, build_problem, gemm, kernel_named, plan)
+
+
+@contextlib.contextmanager
+def tables_hidden():
+    """The registry without tuned tables for the duration: the default a tune run times is the priority list's own
+    choice, not an entry this same run wrote for a neighbouring M."""
+    from quantkit.runtime.kernels.registry import ENV_TABLES
+
+    saved = os.environ.get(ENV_TABLES)
+    os.environ[ENV_TABLES] = "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(ENV_TABLES, None)
+        else:
+            os.environ[ENV_TABLES] = saved
+
+
+def _tune_point(method, m, n, k, timer, build_problem, gemm, kernel_named, plan) -> dict:
     op, layouts, act = METHOD_PROBLEMS[method]
     prob = build_problem(method, m, n, k)
     x0 = prob.inputs[0]
@@ -144,8 +168,6 @@ def tune_point(method: str, m: int, n: int, k: int, reps: int = 30,
 def _commit() -> str:
     """The source's commit for the table's record: ``$QUANTKIT_COMMIT`` (a copy of the tree without its git
     history), else git's, else the package version."""
-    import os
-
     if os.environ.get("QUANTKIT_COMMIT"):
         return os.environ["QUANTKIT_COMMIT"]
     try:

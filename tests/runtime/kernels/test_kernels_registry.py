@@ -179,3 +179,18 @@ def test_tune_refuses_without_a_gpu_and_with_no_quantkit_method():
         pytest.skip("checks the refusal where no GPU is present")
     r = CliRunner().invoke(app, ["tune", "--shapes", "64x256", "--m", "1"])
     assert r.exit_code == 2 and "needs" not in r.output and "CUDA GPU" in r.output
+
+
+def test_a_tune_run_times_the_default_without_the_tables_it_is_writing(tmp_path, monkeypatch):
+    from quantkit.bench.tune import tables_hidden
+    from quantkit.runtime.kernels import tables
+
+    monkeypatch.setenv(tables.ENV_DIR, str(tmp_path))
+    tables.clear_cache()
+    tables.write_table(tmp_path, "NVIDIA Test GPU", (9, 0), 132, "a8", ("w4a8-lqq",), -1,
+                       [{"n": 4096, "k": 4096, "m": 16, "kernel": "triton.int8",
+                         "config": {"bn": 64, "bm": 16, "split_k": 1, "num_warps": 4, "num_stages": 3}}], "c", "d", "e")
+    assert "tuned" in plan(_problem(64))[0].reason  # beyond the table's M range: its largest entry
+    with tables_hidden():
+        assert "tuned" not in plan(_problem(64))[0].reason
+    assert "tuned" in plan(_problem(64))[0].reason and os.environ.get(registry.ENV_TABLES) is None

@@ -523,6 +523,35 @@ def bench(
         sys.stdout.write(json.dumps(rows) + "\n")
 
 
+@command("generate")
+@user_errors
+def generate(
+    model: Annotated[str, typer.Argument(help="a `quantkit pack` checkpoint, an HF model folder or name, or "
+                                              "builtin:reference")],
+    prompt: Annotated[str, typer.Option(help="the text to continue")],
+    max_new_tokens: Annotated[int, typer.Option(help="tokens to generate (greedy)")] = 64,
+    context: Annotated[Optional[int], typer.Option(help="KV-cache length per sequence (default: prompt + new "
+                                                        "tokens, capped at the model's positions)")] = None,
+    device: Device = "auto",
+    dtype: Dtype = None,
+    graph: Annotated[bool, typer.Option("--graph/--no-graph", help="on a GPU, replay each decode step as a CUDA "
+                                                                   "graph")] = True,
+    json_out: Json = False,
+):
+    """Continue a prompt with a packed or FP model through quantkit's static-cache decode loop, streaming the text;
+    then print prefill ms, decode tokens/s and peak GPU memory."""
+    from quantkit.generate_job import run_generate
+
+    rec = run_generate(model, prompt, max_new_tokens, context, device, dtype, graph,
+                       stream=None if json_out else out_console)
+    line = (f"prefill {rec['prefill_ms']:.1f} ms ({rec['prompt_tokens']} tokens), decode {rec['decode_tok_s']:.1f} "
+            f"tok/s ({rec['new_tokens']} tokens{', CUDA graph' if rec['graphed'] else ''})"
+            + (f", peak {rec['peak_memory_bytes'] / 2**30:.2f} GiB" if rec["peak_memory_bytes"] else ""))
+    info(line, err_console if json_out else out_console)
+    if json_out:
+        sys.stdout.write(json.dumps(rec) + "\n")
+
+
 @command("tune")
 @user_errors
 def tune(

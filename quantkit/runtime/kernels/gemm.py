@@ -94,6 +94,12 @@ def _device_reason(p: GemmProblem, exact: tuple[int, int] | None = None, least: 
     return None
 
 
+def _sms(p: GemmProblem) -> int:
+    """The SM count the launch rules size waves by: the device's own (the rules' reference, an H100's 132, where
+    there is no GPU: the interpreter runs the configs a 132-SM GPU would)."""
+    return p.sms or configs.SMS_H100
+
+
 def _rule(cfg, what: str) -> tuple[bool, str]:
     return (True, "") if cfg else (False, f"not picked here by {what}")
 
@@ -187,7 +193,7 @@ class GluonLqqKPair(GemmKernel):
         return True, ""
 
     def picks(self, p):
-        return _rule(configs.lqq_wgmma_launch(p.m, p.n, p.k) and configs.lqq_k_pair(p.m, p.n, p.k),
+        return _rule(configs.lqq_wgmma_launch(p.m, p.n, p.k, _sms(p)) and configs.lqq_k_pair(p.m, p.n, p.k, _sms(p)),
                      "configs.lqq_k_pair")
 
     def configs(self, p):
@@ -220,15 +226,16 @@ class GluonLqq(GemmKernel):
         return True, ""
 
     def picks(self, p):
-        return _rule(configs.lqq_wgmma_launch(p.m, p.n, p.k), "configs.lqq_wgmma_launch")
+        return _rule(configs.lqq_wgmma_launch(p.m, p.n, p.k, _sms(p)), "configs.lqq_wgmma_launch")
 
     def configs(self, p):
         m, n, k = p.m, p.n, p.k
         out = []
-        picks = (configs.lqq_wgmma_launch(m, n, k), configs.lqq_wgmma_launch(m, n, k, max_warpgroups=1))
+        sms = _sms(p)
+        picks = (configs.lqq_wgmma_launch(m, n, k, sms), configs.lqq_wgmma_launch(m, n, k, sms, max_warpgroups=1))
         for cfg, wg in [c for c in dict.fromkeys(picks) if c]:
             ws = configs.lqq_ws_launch(cfg, wg)
-            halves = configs.lqq_ws_halves(m, n, k, ws) if ws is not None else None
+            halves = configs.lqq_ws_halves(m, n, k, ws, sms) if ws is not None else None
             if halves is not None:
                 out.append(LqqLaunch(lqq_ws.HALVES_KERNEL, ws, halves))
             if ws is not None:
@@ -364,7 +371,7 @@ class TritonInt8(TritonTiles):
         return True, ""
 
     def configs(self, p):
-        return [configs.gemm_config(p.m, p.n, p.k, triton_int8.KIND[triton_int8.MODES[p.layouts[0]]])]
+        return [configs.gemm_config(p.m, p.n, p.k, triton_int8.KIND[triton_int8.MODES[p.layouts[0]]], _sms(p))]
 
     def launch(self, p, c, cfg):
         layout, tensors, meta = c.one
@@ -381,7 +388,7 @@ class TritonInt8Mixed(TritonTiles):
         return True, ""
 
     def configs(self, p):
-        return [configs.gemm_config(p.m, p.n, p.k, "mixed")]
+        return [configs.gemm_config(p.m, p.n, p.k, "mixed", _sms(p))]
 
     def launch(self, p, c, cfg):
         return triton_int8.triton_mixed_int8_matmul(c.a_codes, c.a_scales, c.act_group, list(c.parts),
@@ -423,10 +430,10 @@ class GluonW4a16Ws(GemmKernel):
         return True, ""
 
     def picks(self, p):
-        return _rule(configs.w4a16_ws_warpgroups(p.m, p.n, p.k), "configs.w4a16_ws_warpgroups")
+        return _rule(configs.w4a16_ws_warpgroups(p.m, p.n, p.k, _sms(p)), "configs.w4a16_ws_warpgroups")
 
     def configs(self, p):
-        return [(3, configs.w4a16_ws_warpgroups(p.m, p.n, p.k))]
+        return [(3, configs.w4a16_ws_warpgroups(p.m, p.n, p.k, _sms(p)))]
 
     def accepts(self, p, c, cfg):
         return w4a16_ws.w4a16_ws_problem(c.x, c.meta, c.out)
@@ -488,7 +495,7 @@ class TritonW4a16(TritonTiles):
         return True, ""
 
     def configs(self, p):
-        return [configs.gemm_config(p.m, p.n, p.k, "w4a16")]
+        return [configs.gemm_config(p.m, p.n, p.k, "w4a16", _sms(p))]
 
     def launch(self, p, c, cfg):
         return triton_w4a16.triton_w4a16_matmul(c.x, c.tensors, c.meta, c.config or cfg, c.out, c.use_asm)

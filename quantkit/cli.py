@@ -490,7 +490,7 @@ def bench(
         bench_shapes, wanted = command.kernel_targets(packed, shapes, preset, methods)
         ms = command.parse_ints(DEFAULT_M if m is None else m, "--m")
         cap, sms, tools, name = device_gpu(assume_gpu)
-        rows = explain_rows(bench_shapes, ms, wanted, cap, sms, tools)
+        rows = explain_rows(bench_shapes, ms, wanted, cap, sms, tools, "" if assume_gpu else name)
         console.print(explain_table(rows, f"kernel choice on {name}"))
         if json_out:
             sys.stdout.write(json.dumps(rows) + "\n")
@@ -534,18 +534,15 @@ def generate(
                                                         "tokens, capped at the model's positions)")] = None,
     device: Device = "auto",
     dtype: Dtype = None,
-    graph: Annotated[bool, typer.Option("--graph/--no-graph", help="on a GPU, replay each decode step as a CUDA "
-                                                                   "graph")] = True,
     json_out: Json = False,
 ):
     """Continue a prompt with a packed or FP model through quantkit's static-cache decode loop, streaming the text;
     then print prefill ms, decode tokens/s and peak GPU memory."""
     from quantkit.generate_job import run_generate
 
-    rec = run_generate(model, prompt, max_new_tokens, context, device, dtype, graph,
-                       stream=None if json_out else out_console)
+    rec = run_generate(model, prompt, max_new_tokens, context, device, dtype, stream=None if json_out else out_console)
     line = (f"prefill {rec['prefill_ms']:.1f} ms ({rec['prompt_tokens']} tokens), decode {rec['decode_tok_s']:.1f} "
-            f"tok/s ({rec['new_tokens']} tokens{', CUDA graph' if rec['graphed'] else ''})"
+            f"tok/s ({rec['new_tokens']} tokens)"
             + (f", peak {rec['peak_memory_bytes'] / 2**30:.2f} GiB" if rec["peak_memory_bytes"] else ""))
     info(line, err_console if json_out else out_console)
     if json_out:
@@ -559,8 +556,9 @@ def tune(
         metavar="PACKED", help="a `quantkit pack` checkpoint folder: tune its linears' shapes and methods")] = None,
     shapes: Annotated[Optional[str], typer.Option(help="NxK (out × in features), comma-separated")] = None,
     preset: Annotated[Optional[str], typer.Option(help=f"a model's linear shapes: {', '.join(PRESETS)}")] = None,
-    m: Annotated[Optional[str], typer.Option("--m", help=f"token counts M, comma-separated (default "
-                                                         f"{DEFAULT_M})")] = None,
+    m: Annotated[Optional[str], typer.Option("--m", help="token counts M to tune, comma-separated (default: the "
+                                                         "powers of two 1-4096; an entry serves the M above the "
+                                                         "previous tuned one)")] = None,
     methods: Annotated[Optional[str], typer.Option(help="w4a16, w8a8, w4a8, w4a8-lqq, mixed (default: PACKED's own, "
                                                         "else all five)")] = None,
     reps: Annotated[int, typer.Option(help="timed samples per candidate (median)")] = 30,
@@ -582,7 +580,7 @@ def tune(
     default_methods = "w4a16,w8a8,w4a8,w4a8-lqq,mixed"
     bench_shapes, wanted = command.kernel_targets(packed, shapes, preset,
                                                   methods if methods or packed else default_methods)
-    ms = command.parse_ints(DEFAULT_M if m is None else m, "--m")
+    ms = command.parse_ints(",".join(str(2 ** i) for i in range(13)) if m is None else m, "--m")
     folder = _Path(output).expanduser() if output else user_dir()
     require_gpu()
     cmd = "quantkit tune " + " ".join(sys.argv[2:]) if len(sys.argv) > 1 else "quantkit tune"

@@ -8,7 +8,7 @@ from quantkit.errors import QuantkitError
 
 
 def run_generate(model_ref: str, prompt: str, max_new_tokens: int, context: int | None, device: str,
-                 dtype: str | None, graph: bool, stream=None) -> dict:
+                 dtype: str | None, stream=None) -> dict:
     """Greedy continuation of ``prompt`` by ``max_new_tokens`` tokens; the text is printed to ``stream`` (a rich
     console) as it is generated. Returns the text, the token counts and the :class:`GenerationStats` fields."""
     from quantkit.checkpoint import is_checkpoint, load_packed
@@ -31,7 +31,7 @@ def run_generate(model_ref: str, prompt: str, max_new_tokens: int, context: int 
     if ids.shape[1] + 1 > ctx:
         raise QuantkitError(f"the prompt is {ids.shape[1]} tokens, which leaves no room to generate in a {ctx}-token "
                             f"context (the model's positions: {limit}); shorten it or raise --context")
-    gen = Generator(loaded.model, ctx, use_graph=graph and str(loaded.device).startswith("cuda"))
+    gen = Generator(loaded.model, ctx)
     new: list[int] = []
     shown = ""
     if stream is not None:

@@ -48,9 +48,10 @@ def device_gpu(assume: str | None) -> tuple[tuple[int, int], int, frozenset[str]
 
 
 def explain_rows(shapes: list[tuple[int, int]], ms: list[int], methods: list[str], capability: tuple[int, int],
-                 sms: int, toolchains: frozenset[str]) -> list[dict]:
+                 sms: int, toolchains: frozenset[str], device: str = "") -> list[dict]:
     """One row per (shape, M, method) with a quantkit kernel: the chosen kernel and config, and the kernels ahead
-    of it with the reason each declined (fp16 activations for ``w4a16``, fp16 output for the int8 methods)."""
+    of it with the reason each declined (fp16 activations for ``w4a16``, fp16 output for the int8 methods);
+    ``device`` names the GPU whose tuned tables apply ("" for none)."""
     import quantkit.runtime.kernels.gemm  # noqa: F401  (registers the kernels)
     from quantkit.runtime.kernels.registry import GemmProblem, explain
 
@@ -61,7 +62,7 @@ def explain_rows(shapes: list[tuple[int, int]], ms: list[int], methods: list[str
                 if method.split("+")[0] not in METHOD_PROBLEMS:
                     continue
                 op, layouts, act = METHOD_PROBLEMS[method.split("+")[0]]
-                p = GemmProblem(op, layouts, m, n, k, act, torch.float16, capability, sms, toolchains)
+                p = GemmProblem(op, layouts, m, n, k, act, torch.float16, capability, sms, toolchains, device)
                 entries = explain(p)
                 chosen = entries[-1]
                 rows.append({"shape": f"{n}x{k}", "m": m, "method": method, "kernel": chosen[0],

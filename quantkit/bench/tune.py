@@ -209,9 +209,13 @@ def run_tune(shapes: Sequence[tuple[int, int]], ms: Sequence[int], methods: Sequ
                 row = tune_point(method, m, n, k, reps)
                 entries.append(row)
                 # written point by point, so a run cut short keeps what it measured
-                path = write_table(out_dir, name, cap, sms, op, layouts, act,
-                                   [{kk: v for kk, v in row.items() if kk not in ("method", "tried")}], command,
-                                   commit, date)
+                try:
+                    path = write_table(out_dir, name, cap, sms, op, layouts, act,
+                                       [{kk: v for kk, v in row.items() if kk not in ("method", "tried")}], command,
+                                       commit, date)
+                except OSError as e:
+                    raise QuantkitError(f"cannot write the launch table under {out_dir} ({e.strerror or e}); give a "
+                                        "writable folder with -o") from None
                 done += 1
                 if progress:
                     progress(done, total)

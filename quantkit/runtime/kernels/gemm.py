@@ -124,7 +124,8 @@ class CudaLqqCluster(GemmKernel):
         return _rule(configs.lqq_cluster_launch(p.m, p.n, p.k), "configs.lqq_cluster_launch")
 
     def configs(self, p):
-        return [configs.lqq_cluster_launch(p.m, p.n, p.k)]
+        cfg = configs.lqq_cluster_launch(p.m, p.n, p.k)
+        return [cfg] if cfg else []
 
     def accepts(self, p, c, cfg):
         layout, tensors, meta = c.one
@@ -143,6 +144,8 @@ class CudaA8Gemv(GemmKernel):
     name, ops = "cuda.a8_gemv", ("a8", "a8_mixed")
 
     def can_implement(self, p):
+        if not 1 <= p.m <= cuda_gemv_a8.A8_GEMV_MAX_M:
+            return False, f"a decode GEMV: 1-{cuda_gemv_a8.A8_GEMV_MAX_M} tokens"
         why = _device_reason(p, least=(8, 0), cupy=True)
         if why:
             return False, why
@@ -291,7 +294,8 @@ class GluonW8a8(GemmKernel):
         return _rule(configs.w8a8_wgmma_config(p.m, p.n, p.k), "configs.w8a8_wgmma_config")
 
     def configs(self, p):
-        return [configs.w8a8_wgmma_config(p.m, p.n, p.k)]
+        cfg = configs.w8a8_wgmma_config(p.m, p.n, p.k)
+        return [cfg] if cfg else []
 
     def accepts(self, p, c, cfg):
         _, _, meta = c.one
@@ -324,7 +328,8 @@ class GluonW8a8Mixed(GemmKernel):
         return _rule(configs.w8a8_wgmma_config(p.m, p.n, p.k), "configs.w8a8_wgmma_config")
 
     def configs(self, p):
-        return [configs.w8a8_wgmma_config(p.m, p.n, p.k)]
+        cfg = configs.w8a8_wgmma_config(p.m, p.n, p.k)
+        return [cfg] if cfg else []
 
     def accepts(self, p, c, cfg):
         why = w8a8_wgmma.w8a8_wgmma_problem(c.a_codes, c.act_group, "w8", c.parts[0][2], c.out, c.out_dtype)
@@ -403,6 +408,8 @@ class CudaW4a16Gemv(GemmKernel):
     name, ops = "cuda.w4a16_gemv", ("a16",)
 
     def can_implement(self, p):
+        if not 1 <= p.m <= 2 * cuda_gemv.TOKENS_PER_COLUMN:
+            return False, f"a decode GEMV: 1-{2 * cuda_gemv.TOKENS_PER_COLUMN} tokens"
         why = _device_reason(p, least=(8, 0), cupy=True)
         if why:
             return False, why
@@ -433,7 +440,8 @@ class GluonW4a16Ws(GemmKernel):
         return _rule(configs.w4a16_ws_warpgroups(p.m, p.n, p.k, _sms(p)), "configs.w4a16_ws_warpgroups")
 
     def configs(self, p):
-        return [(3, configs.w4a16_ws_warpgroups(p.m, p.n, p.k, _sms(p)))]
+        wg = configs.w4a16_ws_warpgroups(p.m, p.n, p.k, _sms(p))
+        return [(3, wg)] if wg else []
 
     def accepts(self, p, c, cfg):
         return w4a16_ws.w4a16_ws_problem(c.x, c.meta, c.out)
@@ -458,7 +466,8 @@ class GluonW4a16Wgmma(GemmKernel):
         return _rule(configs.w4a16_wgmma_config(p.m, p.n, p.k), "configs.w4a16_wgmma_config")
 
     def configs(self, p):
-        return [configs.w4a16_wgmma_config(p.m, p.n, p.k)]
+        cfg = configs.w4a16_wgmma_config(p.m, p.n, p.k)
+        return [cfg] if cfg else []
 
     def accepts(self, p, c, cfg):
         return w4a16_wgmma.w4a16_wgmma_problem(c.x, c.meta, c.out)

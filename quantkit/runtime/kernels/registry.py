@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from quantkit.errors import QuantkitError
+
 ENV_KERNEL = "QUANTKIT_KERNEL"  # names one registered kernel to run wherever it serves the operation (tests, benches)
 ENV_TABLES = "QUANTKIT_TUNED_TABLES"  # "0": ignore the tuned launch tables (the launch rules alone decide)
 OPS = ("a8", "a8_mixed", "a16")  # int8 activations × packed weight; the same for a two-partition layer; fp16/bf16 × w4a16
@@ -114,6 +116,11 @@ class GemmKernel:
         raise NotImplementedError
 
 
+class KernelChoiceError(QuantkitError, ValueError):
+    """A kernel override that cannot be honoured (an unknown name, a kernel that cannot run the problem): a user
+    error with one line naming the fix."""
+
+
 PRIORITY: dict[str, list[GemmKernel]] = {op: [] for op in OPS}
 
 
@@ -140,7 +147,8 @@ def kernel_named(name: str) -> GemmKernel:
             if k.name == name:
                 return k
     known = sorted({k.name for lst in PRIORITY.values() for k in lst})
-    raise ValueError(f"no kernel named '{name}'; known: {', '.join(known)}")
+    raise KernelChoiceError(f"no kernel named '{name}'; known: {', '.join(known)} (QUANTKIT_KERNEL or kernel= name "
+                            "one of them)")
 
 
 def forced_kernel(op: str, kernel: str | None) -> str | None:
@@ -165,17 +173,19 @@ class Choice:
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan(p: GemmProblem, forced: str | None, tables: bool = True) -> tuple[Choice, ...]:
+def _plan(p: GemmProblem, forced: str | None, tables: bool = True, tables_generation: int = 0
+          ) -> tuple[Choice, ...]:
     if forced is not None:
         k = kernel_named(forced)
         if p.op not in k.ops:
-            raise ValueError(f"kernel '{forced}' does not serve {p.op} products ({p.describe()})")
+            raise KernelChoiceError(f"kernel '{forced}' does not serve {p.op} products ({p.describe()})")
         ok, why = k.can_implement(p)
         if not ok:
-            raise ValueError(f"kernel '{forced}' cannot run {p.describe()}: {why}")
-        cfgs = [c for c in k.configs(p) if c is not None] if k.configs(p) != [None] else [None]
+            raise KernelChoiceError(f"kernel '{forced}' cannot run {p.describe()}: {why}")
+        cfgs = k.configs(p)
         if not cfgs:
-            raise ValueError(f"kernel '{forced}' has no launch config for {p.describe()}")
+            raise KernelChoiceError(f"kernel '{forced}' has no launch config for {p.describe()} (its launch rule "
+                                    "does not cover this size)")
         return tuple(Choice(k, True, cfg) for cfg in cfgs)
     out = []
     tuned = _tuned_choice(p) if tables else None
@@ -198,19 +208,22 @@ def _tuned_choice(p: GemmProblem) -> Choice | None:
         return None
     try:
         k = kernel_named(entry["kernel"])
-    except ValueError:
-        return None  # a table written by another version, naming a kernel this one lacks
+        config = k.config_from_json(entry["config"])
+    except (ValueError, TypeError, KeyError):
+        return None  # a table written by another version: a kernel or a config form this one lacks
     ok, _ = k.can_implement(p)
     if not ok or p.op not in k.ops:
         return None
-    return Choice(k, True, k.config_from_json(entry["config"]), reason=f"tuned at M={entry['m']}")
+    return Choice(k, True, config, reason=f"tuned at M={entry['m']}")
 
 
 def plan(p: GemmProblem, forced: str | None = None) -> tuple[Choice, ...]:
     """Every kernel of ``p``'s priority list in order, each launch config it would try or why it declines (only
     the forced kernel's configs when ``forced`` names one), preceded by the tuned tables' choice where one applies
     (``QUANTKIT_TUNED_TABLES=0`` leaves the tables out); cached per problem."""
-    return _plan(p, forced, os.environ.get(ENV_TABLES) != "0")
+    from quantkit.runtime.kernels.tables import generation
+
+    return _plan(p, forced, os.environ.get(ENV_TABLES) != "0", generation())
 
 
 def run_config(p: GemmProblem, call, kernel: str, config) -> torch.Tensor:
@@ -224,7 +237,7 @@ def run_config(p: GemmProblem, call, kernel: str, config) -> torch.Tensor:
         if y is not None:
             return y
         why = "the launch did not build on this device"
-    raise ValueError(f"kernel '{kernel}' with {config!r} cannot run {p.describe()}: {why}")
+    raise KernelChoiceError(f"kernel '{kernel}' with {config!r} cannot run {p.describe()}: {why}")
 
 
 def run(p: GemmProblem, call, forced: str | None = None, on_decline: Callable[[Choice, str], None] | None = None
@@ -245,8 +258,9 @@ def run(p: GemmProblem, call, forced: str | None = None, on_decline: Callable[[C
         if on_decline is not None:
             on_decline(c, why)
         last = why
-    raise ValueError(f"kernel '{forced}' declined {p.describe()}: {last}" if forced is not None
-                     else f"no kernel ran {p.describe()}")
+    if forced is not None:
+        raise KernelChoiceError(f"kernel '{forced}' declined {p.describe()}: {last}")
+    raise RuntimeError(f"no kernel ran {p.describe()}: {last}")
 
 
 def explain(p: GemmProblem) -> list[tuple[str, bool, str]]:

@@ -4,8 +4,8 @@
 One JSON file per device name and operation: ``<device>/<op>-<layouts>-act<group>.json``, holding the device's
 name, capability and SM count, the commit, command and date of the tune run, and its entries. The registry
 (:func:`.registry.plan`) tries a table's choice ahead of the priority list when the problem's device, operation,
-layouts, activation group, N and K match an entry; M takes the entry tuned at the smallest M at or above it (the
-largest tuned M above the table's range). Tables are read from ``$QUANTKIT_TABLES`` (default
+layouts, activation group, N and K match an entry; M takes the entry tuned at the smallest M at or above it, and
+above the largest tuned M the launch rules decide. Tables are read from ``$QUANTKIT_TABLES`` (default
 ``~/.cache/quantkit/tables``, where ``quantkit tune`` writes) and then from the ones shipped in this package; a
 user's table for a (device, operation, N, K) replaces the shipped one.
 """
@@ -40,22 +40,30 @@ def table_name(op: str, layouts: tuple[str, ...], act_group: int) -> str:
     return f"{op}-{'_'.join(layouts)}-act{act_group}.json"
 
 
+def _valid(e) -> bool:
+    return (isinstance(e, dict) and all(isinstance(e.get(f), int) and e[f] > 0 for f in ("n", "k", "m"))
+            and isinstance(e.get("kernel"), str))
+
+
 def _read(path: Path) -> list[dict]:
+    """The well-formed entries of a table file ([] for a missing, unreadable or foreign file)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return []
-    if data.get("schema") != SCHEMA or data.get("version") != VERSION:
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or data.get("version") != VERSION:
         return []
-    return list(data.get("entries", []))
+    entries = data.get("entries", [])
+    return [e for e in entries if _valid(e)] if isinstance(entries, list) else []
 
 
 @functools.lru_cache(maxsize=256)
-def _entries(device: str, op: str, layouts: tuple[str, ...], act_group: int) -> dict[tuple[int, int], list[dict]]:
-    """(N, K) → entries sorted by M, the user's table replacing the shipped one per (N, K)."""
+def _entries(device: str, op: str, layouts: tuple[str, ...], act_group: int,
+             user: Path) -> dict[tuple[int, int], list[dict]]:
+    """(N, K) → entries sorted by M, the ``user`` folder's table replacing the shipped one per (N, K)."""
     out: dict[tuple[int, int], list[dict]] = {}
     name = table_name(op, layouts, act_group)
-    for folder in (SHIPPED_DIR, user_dir()):  # later folders replace earlier ones per (N, K)
+    for folder in (SHIPPED_DIR, user):  # later folders replace earlier ones per (N, K)
         by_shape: dict[tuple[int, int], list[dict]] = {}
         for e in _read(folder / device_slug(device) / name):
             by_shape.setdefault((int(e["n"]), int(e["k"])), []).append(e)
@@ -63,22 +71,31 @@ def _entries(device: str, op: str, layouts: tuple[str, ...], act_group: int) -> 
     return out
 
 
+_GENERATION = [0]  # bumped whenever tables may have changed: part of the registry's plan-cache key
+
+
+def generation() -> int:
+    """A counter that changes whenever the tables read so far were forgotten (the registry re-plans then)."""
+    return _GENERATION[0]
+
+
 def clear_cache() -> None:
     """Forget the tables read so far (after ``quantkit tune`` wrote one, or in tests)."""
     _entries.cache_clear()
+    _GENERATION[0] += 1
 
 
 def lookup(p) -> dict | None:
     """The table entry for problem ``p`` (:class:`.registry.GemmProblem`), or None (module docstring)."""
     if not p.device:
         return None
-    entries = _entries(p.device, p.op, p.layouts, p.act_group).get((p.n, p.k))
+    entries = _entries(p.device, p.op, p.layouts, p.act_group, user_dir()).get((p.n, p.k))
     if not entries:
         return None
-    for e in entries:
+    for e in entries:  # the entry tuned at the smallest M at or above p.m; beyond the tuned range the rules decide
         if int(e["m"]) >= p.m:
             return e
-    return entries[-1]
+    return None
 
 
 def write_table(folder: Path, device: str, capability: tuple[int, int], sms: int, op: str,

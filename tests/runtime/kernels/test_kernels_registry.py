@@ -82,12 +82,20 @@ def test_an_override_names_one_kernel_by_argument_or_environment(monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where no GPU is present")
 def test_a_forced_kernel_that_cannot_run_is_an_error_naming_why():
+    from quantkit.errors import QuantkitError
+
     _, tensors, meta = packed("w8", 100, 512, -1, seed=1, sym=True)
     codes, scales = _a8(5, 512)
     with pytest.raises(ValueError, match="kernel 'cuda.a8_gemv' cannot run a8 w8 M=5 N=100 K=512.*needs a CUDA GPU"):
         int8_matmul(codes, scales, -1, "w8", tensors, meta, kernel="cuda.a8_gemv")
-    with pytest.raises(ValueError, match="does not serve a8 products"):
+    with pytest.raises(QuantkitError, match="does not serve a8 products"):  # a user error: one line in the CLI
         int8_matmul(codes, scales, -1, "w8", tensors, meta, kernel="triton.w4a16")
+    big = GemmProblem("a8", ("w8",), 17, 4096, 4096, 128, torch.float16, (9, 0), 132, frozenset({"cupy", "gluon"}))
+    with pytest.raises(ValueError, match="cuda.a8_gemv' cannot run.*1-16 tokens"):
+        plan(big, "cuda.a8_gemv")
+    small = GemmProblem("a8", ("w8",), 8, 4096, 4096, 128, torch.float16, (9, 0), 132, frozenset({"cupy", "gluon"}))
+    with pytest.raises(ValueError, match="gluon_sm90.w8a8' has no launch config"):
+        plan(small, "gluon_sm90.w8a8")
 
 
 def test_bench_explain_prints_the_choice_for_a_named_gpu(tmp_path):
@@ -126,9 +134,10 @@ def test_a_tuned_table_goes_first_for_its_device_and_rounds_m_up(tmp_path, monke
     path = tables.write_table(tmp_path, "NVIDIA Test GPU", (9, 0), 132, "a8", ("w4a8-lqq",), -1, entries,
                               "quantkit tune --shapes 4096x4096", "abc1234", "2026-11-28T00:00:00Z")
     assert path == tmp_path / "NVIDIA_Test_GPU" / "a8-w4a8-lqq-act-1.json"
-    for m, bm in ((1, 16), (16, 16), (17, 64), (256, 64), (257, 128), (9000, 128)):
+    for m, bm in ((1, 16), (16, 16), (17, 64), (256, 64), (257, 128), (4096, 128)):
         first = plan(_problem(m))[0]
         assert first.kernel.name == "triton.int8" and first.config.bm == bm and "tuned" in first.reason, m
+    assert "tuned" not in plan(_problem(4097))[0].reason  # above the tuned range the launch rules decide
     assert plan(_problem(17, device="Another GPU"))[0].kernel.name != "triton.int8"  # other devices: no table
     assert plan(_problem(17, n=512))[0].reason == ""  # other shapes: no entry
     monkeypatch.setenv(registry.ENV_TABLES, "0")
@@ -152,9 +161,17 @@ def test_a_table_naming_an_unknown_kernel_or_a_bad_file_is_ignored(tmp_path, mon
     tables.write_table(tmp_path, "NVIDIA Test GPU", (9, 0), 132, "a8", ("w4a8-lqq",), -1,
                        [{"n": 4096, "k": 4096, "m": 64, "kernel": "gone.kernel", "config": None}], "c", "d", "e")
     assert plan(_problem(64))[0].kernel.name != "gone.kernel"
-    (tmp_path / "NVIDIA_Test_GPU" / "a8-w4a8-lqq-act-1.json").write_text("{not json")
+    path = tmp_path / "NVIDIA_Test_GPU" / "a8-w4a8-lqq-act-1.json"
+    data = json.loads(path.read_text())
+    data["entries"] = [{"n": 4096, "k": 4096, "m": 64, "kernel": "triton.int8", "config": {"tile": "from v9"}},
+                       {"n": "4096", "kernel": "triton.int8"}, ["not", "an", "entry"]]
+    path.write_text(json.dumps(data))
     tables.clear_cache()
-    assert "tuned" not in plan(_problem(64))[0].reason
+    assert "tuned" not in plan(_problem(64))[0].reason  # a config this version cannot read, malformed entries
+    for text in ("{not json", "[1, 2]"):
+        path.write_text(text)
+        tables.clear_cache()
+        assert "tuned" not in plan(_problem(64))[0].reason
 
 
 def test_tune_candidates_include_the_rules_choice_and_only_kernels_that_can_run():
@@ -188,9 +205,9 @@ def test_a_tune_run_times_the_default_without_the_tables_it_is_writing(tmp_path,
     monkeypatch.setenv(tables.ENV_DIR, str(tmp_path))
     tables.clear_cache()
     tables.write_table(tmp_path, "NVIDIA Test GPU", (9, 0), 132, "a8", ("w4a8-lqq",), -1,
-                       [{"n": 4096, "k": 4096, "m": 16, "kernel": "triton.int8",
+                       [{"n": 4096, "k": 4096, "m": 256, "kernel": "triton.int8",
                          "config": {"bn": 64, "bm": 16, "split_k": 1, "num_warps": 4, "num_stages": 3}}], "c", "d", "e")
-    assert "tuned" in plan(_problem(64))[0].reason  # beyond the table's M range: its largest entry
+    assert "tuned" in plan(_problem(64))[0].reason
     with tables_hidden():
         assert "tuned" not in plan(_problem(64))[0].reason
     assert "tuned" in plan(_problem(64))[0].reason and os.environ.get(registry.ENV_TABLES) is None

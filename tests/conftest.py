@@ -95,10 +95,12 @@ def kernel_registry(monkeypatch):
 def fresh_kernel_plans():
     """Every test starts and ends with an empty kernel-plan cache (tests patch launch rules and device traits)."""
     try:
-        from quantkit.runtime.kernels import registry
+        from quantkit.runtime.kernels import gemm, registry
     except ImportError:
         yield
         return
     registry._plan.cache_clear()
+    gemm.problem_for.cache_clear()
     yield
     registry._plan.cache_clear()
+    gemm.problem_for.cache_clear()

@@ -63,6 +63,7 @@ def pretend_hopper(monkeypatch, sms: int = 132) -> None:
     monkeypatch.setattr(gemm, "device_traits", lambda device: ((9, 0), sms))
     monkeypatch.setattr(gemm, "toolchains", lambda: frozenset({"cupy", "gluon"}))
     registry._plan.cache_clear()
+    gemm.problem_for.cache_clear()
 
 
 def gluon_lqq(codes: torch.Tensor, scales: torch.Tensor, meta: dict, out_dtype: torch.dtype):

@@ -517,9 +517,11 @@ for _k in (CudaLqqCluster(), CudaA8Gemv(), GluonLqqKPair(), GluonLqq(), GluonW8a
 
 # --- entry points -----------------------------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=4096)
 def problem_for(op: str, layouts: tuple[str, ...], m: int, n: int, k: int, act_group: int, dtype: torch.dtype,
                 device: torch.device) -> GemmProblem:
-    """The :class:`.registry.GemmProblem` of a call on ``device`` (its capability and real SM count)."""
+    """The :class:`.registry.GemmProblem` of a call on ``device`` (its capability and real SM count); cached, so a
+    layer's calls at one token count share one problem."""
     cap, sms = device_traits(device)
     return GemmProblem(op, tuple(layouts), int(m), int(n), int(k), int(act_group), dtype, cap, sms, toolchains(),
                        device_name(device))

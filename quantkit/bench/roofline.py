@@ -16,7 +16,7 @@ class Ceilings:
     ``int8_ops``, the 8-bit matmul ceiling every int8-operand kernel is held to: the faster of cuBLAS's int8 GEMM
     (``int_mm_ops``, torch._int_mm) and, on GPUs with fp8 tensor cores, its fp8 e4m3 GEMM (``fp8_ops``,
     torch._scaled_mm). Hopper's (and Ada's) datasheet gives int8 and fp8 the same dense rate, but cuBLAS's int8
-    kernels run well below it (H100, session 24's runs: 819-963 TOP/s at 8192³ against fp8's 1334-1417), so the int8
+    kernels run well below it (measured on an H100: 819-963 TOP/s at 8192³ against fp8's 1334-1417), so the int8
     GEMM alone understates what the 8-bit tensor cores do and a fused int8 kernel could show more than 100 % of it.
     The max assumes that equal rate; on a GPU whose fp8 rate is higher than its int8 rate it overstates the int8
     ceiling."""

@@ -161,7 +161,7 @@ def check_plan_recipe(plan: Plan, recipe, where: str) -> None:
     """Refuse a recipe that quantizes the plan's bit-widths otherwise than the recipe the plan was searched with:
     its channels were ranked (MixLLM Eq. 4's c_q) and its bits counted with that quantizer, so another group size
     or symmetry — or an 8-bit recipe that would put most weights at the plan's 4 bits — is not the plan's model.
-    Compares ``search.recipe.weights`` (plans from session 27 on) and ``search.salience_quantizer`` (plans of the
+    Compares ``search.recipe.weights`` (plans that record it) and ``search.salience_quantizer`` (plans of the
     salience strategies) with the recipe's spec of the plan's first layer at each width."""
     recorded = {}
     sq = plan.search.get("salience_quantizer")

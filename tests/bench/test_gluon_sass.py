@@ -11,8 +11,8 @@ import pytest
 
 from quantkit.bench.sass import cuobjdump, hazards_in, register_products
 
-# the shape of session 15's LiquidQuant loop (its SASS, shortened): two products, a wait that retires only the
-# older, then the loop top rewriting the newer one's A registers (R88-R91) — the race session 16 fixed
+# the shape of a racy LiquidQuant loop (its SASS, shortened): two products, a wait that retires only the
+# older, then (where a test inserts it) a loop-top write to the newer one's A registers (R88-R91): the race
 RACY = [
     (0x100, "PRMT R100, R4, 0x40, R5"),
     (0x110, "IGMMA.64x128x32.S8.S8 R24, R116, gdesc[UR20], R24, gsb0"),
@@ -84,9 +84,9 @@ def test_the_gluon_kernels_launches_write_no_register_of_a_running_product():
     run = subprocess.run([sys.executable, "-m", "quantkit.bench.sass"], capture_output=True, text=True, timeout=600)
     lines = [line for line in run.stdout.splitlines() if "hazard" in line]
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    # 33 since session 24: lqq_ws's two-warpgroup long-row launches (128 / 160 / 192 tokens, three and four stages);
-    # 34 since session 25: its 256-token launch (a 128-token tail tile); 35 since session 26: that launch with its
-    # last wave's tiles halved (configs.lqq_ws_halves)
+    # 35 launches, among them lqq_ws's two-warpgroup long-row launches (128 / 160 / 192 tokens, three and four
+    # stages), its 256-token launch (a 128-token tail tile) and that launch with its last wave's tiles halved
+    # (configs.lqq_ws_halves)
     assert lines[-1] == "35 launch(es), 0 with hazards or no products parsed", lines
     assert any("lqq_ws tail=128 wg=2 per_sm=1 stages=3" in line for line in lines)
     assert any("lqq_ws tail=128 wg=2 per_sm=1 stages=3 halves" in line for line in lines)

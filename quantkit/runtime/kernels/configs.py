@@ -43,21 +43,16 @@ class TileConfig:
 # Above M = 16 the 4-bit kernels pick from a per-kind, per-M-class list of tiles (largest first): the first with
 # >= MIN_PROGRAMS programs whose last wave is not mostly empty (programs / (waves · SMs · per-SM) >= MIN_WAVE_FILL),
 # else, of those with >= MIN_PROGRAMS programs, the one with the fullest waves, else the last (LiquidQuant then
-# splits K on long rows). Measured by docs/bench/tile_sweep_4bit.py on an H100 (docs/logs/wide_tune_*_h100.json)
-# at M = 32 … 4096 on the five Llama-3.1-8B shapes. LiquidQuant runs best with two programs per SM (two-stage
-# 128×128 or 64×128 tiles of 4 warps: while one program dequantizes, the other's tensor-core products run — within
-# a program Triton 3.6 waits for each int8 product before the next tile), e.g. 6144×4096 M=4096: 128×128 2 stages
-# 218 µs, 128×256 8 warps 250 µs; M=1024: 64×128 (768 programs, 97 % wave fill) 61 µs, 128×128 (384, 73 %) 71 µs;
-# 4096×4096 M=64: 64×32 tiles (128 programs) 10.7 µs, 64×64 (64 programs) 12.1 µs.
+# splits K on long rows). Tuned on an H100 at M = 32 … 4096 on the five Llama-3.1-8B shapes (docs/BENCHMARKS.md).
+# LiquidQuant runs best with two programs per SM (two-stage 128×128 or 64×128 tiles of 4 warps: while one program
+# dequantizes, the other's tensor-core products run; within a program Triton 3.6 waits for each int8 product before
+# the next tile), e.g. 6144×4096 M=4096: 128×128 2 stages 218 µs, 128×256 8 warps 250 µs.
 # Entries with split_k > 1 count split_k programs per tile and apply only to rows long enough that each split
 # keeps >= WAVE_SPLIT_MIN_TILES tiles of 256 columns (K >= 7168 at split 2, 14336 at 4): on a long-row layer
-# splitting K fills the waves where shrinking the tile did (4096×14336, docs/logs/{lqq,w4a16}_mid_split_h100.json,
-# measured after split-K sums went to per-split slots: LiquidQuant M=64 64×64 split 4 21.6 µs vs 29.5 for 64×32,
-# M=256 64×128 split 2 40.0 vs 49.7 for 64×64; W4A16 M=64 64×64 split 2 29.1 vs 48.1, M=256 128×128 split 2
-# 69.4 vs 92.8). On 16-tile rows (K = 4096) splits were mixed (4096×4096 W4A16 M=64 12.9 vs 15.8 µs, but 6144×4096
-# W4A16 M=64 22 vs 16.3) and are left out. LiquidQuant at M = 257-512 tries 64×128 tiles first and takes them
-# from a wave fill of 0.7 (WAVE_FILL_OF_CLASS): 6144×4096 M=512 33.9 µs vs 49.5 for the 64×64 tiles whose waves
-# are fuller (and 40 for 128×128); 14336×4096 pays 88 vs 80 (docs/logs/lqq_mid_split_h100.json).
+# splitting K fills the waves where shrinking the tile did (4096×14336 LiquidQuant M=64 64×64 split 4 21.6 µs vs
+# 29.5 for 64×32; W4A16 M=64 64×64 split 2 29.1 vs 48.1); on 16-tile rows (K = 4096) splits were mixed and are left
+# out. LiquidQuant at M = 257-512 tries 64×128 tiles first and takes them from a wave fill of 0.7
+# (WAVE_FILL_OF_CLASS): 6144×4096 M=512 33.9 µs vs 49.5 for the 64×64 tiles whose waves are fuller.
 # Entries: (largest M of the class, [(config, programs resident per SM — shared memory and registers)]).
 MIN_PROGRAMS = 90
 MIN_WAVE_FILL = 0.8
@@ -82,8 +77,8 @@ WAVE_TILES: dict[str, list[tuple[int, list[tuple[TileConfig, int]]]]] = {
 
 KINDS = ("w4a16", "lqq", "asym", "w8", "mixed")
 # kind → [(largest M of the class, config)] at M <= 16 (all kinds) and above (w8, mixed), measured at
-# N = 14336, K = 4096 (docs/BENCHMARKS.md); W4A16 at M = 2-16 on 128-row tiles since the split-K slots
-# (14336×4096 M = 8: 16.7 µs vs 21.2 on 64-row tiles, 28672×4096: 29.5 vs 43.7; docs/logs/tile_m16_slots_h100.json)
+# N = 14336, K = 4096 (docs/BENCHMARKS.md); W4A16 at M = 2-16 on 128-row tiles (14336×4096 M = 8: 16.7 µs vs 21.2
+# on 64-row tiles)
 TABLE: dict[str, list[tuple[int, TileConfig]]] = {
     "w4a16": [(1, TileConfig(128, 16, 2, 4, 4)), (16, TileConfig(128, 16, 1, 4, 4))],
     "lqq": [(16, TileConfig(128, 16, 1, 4, 4))],
@@ -95,10 +90,8 @@ TABLE: dict[str, list[tuple[int, TileConfig]]] = {
 }
 
 
-# Shortest K split (in 256-column tiles) of the small-M rule. (Until split-K sums went to per-split slots instead
-# of fp32 atomics, LiquidQuant and W4A16 at M = 9-16 ran unsplit 16-tile rows faster and had a 12-tile minimum;
-# with the slots 4096×4096 M = 16 runs split 4 in 8.7 µs vs 9.6 unsplit (LiquidQuant), 9.6 vs 12.0 (W4A16);
-# docs/logs/tile_m16_slots_h100.json.)
+# Shortest K split (in 256-column tiles) of the small-M rule: with split-K sums in per-split slots even short splits
+# pay (4096×4096 M = 16 split 4: LiquidQuant 8.7 µs vs 9.6 unsplit, W4A16 9.6 vs 12.0).
 MIN_SPLIT_TILES = 4
 
 
@@ -124,17 +117,14 @@ def wave_config(m: int, n: int, k: int, kind: str, sms: int = SMS_H100) -> TileC
     >= MIN_WAVE_FILL (or the class's own, WAVE_FILL_OF_CLASS), else the
     fullest-wave one with >= MIN_PROGRAMS programs, else the last, whose K LiquidQuant and W4A16 split (doubling)
     while short of MIN_PROGRAMS programs and each split keeps >= MIN_SPLIT_TILES tiles of 256 columns: the
-    narrow k/v projections (1024×4096 M = 32-128: 64×32 or 64×64 tiles split 4, 6.7-10 µs vs 10-15 unsplit;
-    docs/logs/narrow_kv_split_h100.json; 16 tiles per split until split-K sums went to per-split slots)."""
+    narrow k/v projections (1024×4096 M = 32-128: 64×32 or 64×64 tiles split 4, 6.7-10 µs vs 10-15 unsplit)."""
     n_tiles = -(-k // 256)
     top, tiles = next((top, t) for top, t in WAVE_TILES[kind] if m <= top)
     min_fill = WAVE_FILL_OF_CLASS.get((kind, top), MIN_WAVE_FILL)
     # no tile with more token columns than M needs (M = 65-127 would leave half of a 128-token tile empty) or,
-    # up to M = 512, whose last token tile would be half empty or emptier (M = 192, 320, 448 on 128-token tiles:
-    # LiquidQuant 6144×4096 M=192 57 µs on 64×128 tiles vs 27 on 64×64, docs/logs/lqq_narrow_mid_h100.json —
-    # measured while tokens past M were clamped to row M - 1, which made any ragged tile slow; above 512 the last
-    # tile pads M by < 25 % and 64-token tiles cost far more: LiquidQuant 14336×4096 M = 1025 on 64×64 250.8 µs,
-    # 0.66× fp16, M = 1000 on 128×128 151.4, docs/logs/lqq_coverage_h100.json), no split of rows too short for it
+    # up to M = 512, whose last token tile would be half empty or emptier (M = 192, 320, 448 on 128-token tiles);
+    # above 512 the last tile pads M by < 25 % and 64-token tiles cost far more (LiquidQuant 14336×4096 M = 1025 on
+    # 64×64 250.8 µs, 0.66× fp16; M = 1000 on 128×128 151.4); no split of rows too short for it
     tiles = [(cfg, per_sm) for cfg, per_sm in tiles if cfg.bm <= max(64, m)
              and not (m <= 512 and cfg.bm > 64 and m > cfg.bm and (-m) % cfg.bm >= cfg.bm // 2)
              and (cfg.split_k == 1 or n_tiles // cfg.split_k >= WAVE_SPLIT_MIN_TILES)] or tiles[-1:]
@@ -168,59 +158,36 @@ def gemm_config(m: int, n: int, k: int, kind: str = "w4a16", sms: int = SMS_H100
     return cfg
 
 
-# LiquidQuant W4A8 on Hopper at M = 32-4096: the Gluon kernels (:mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma`; its unsplit 128-token launches on
-# :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws` since session 16), whose dequantization overlaps int8 products of other warpgroups. A program owns 64
-# weight rows and a token tile of 32, 64 or 128 tokens, or 96 / 160 / 192 as a 64- or 128-token tile plus a 32- or
-# 64-token tail tile multiplying the same dequantized weights (a program dequantizes its weight slice once whatever its
-# token tile, so fewer token tiles mean less dequantization, but fewer programs).
+# LiquidQuant W4A8 on Hopper at M = 32-4096: the Gluon kernels (:mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma`;
+# its unsplit 128-token launches on :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws`), whose dequantization overlaps
+# int8 products of other warpgroups. A program owns 64 weight rows and a token tile of 32, 64 or 128 tokens, or
+# 96 / 160 / 192 as a 64- or 128-token tile plus a 32- or 64-token tail tile multiplying the same dequantized weights
+# (a program dequantizes its weight slice once whatever its token tile, so fewer token tiles mean less
+# dequantization, but fewer programs).
 # From M = 32 (to 768, where neither the large-M model nor a measured exception below takes the point,
 # lqq_uses_cost_model) the rule scores every (token tile, K split, warpgroups) with a small cost model
 # (lqq_wgmma_cost): rounds of programs (ceil of programs / (SMs × resident programs), blended with the exact fraction
 # by "exact_rounds") × resident programs ^ "share" (programs sharing an SM slow each other, less than linearly) × (1 +
 # "tokens" × tokens / 32) (a tile's products next to its dequantization) × (K tiles per split + "fixed_tiles", +
 # "split_tiles" + "slot_tiles" × split when split: the prologue and epilogue, and the split-K slots the tile's last
-# program adds) × "two_warpgroups" for a two-warpgroup program. Session 18 made the split-K slots cheap (a coalesced
-# layout, docs/BENCHMARKS.md) and refitted the model (docs/bench/lqq_cost_fit.py over docs/logs/session18/
-# split_refit_*_h100.json: 120 points, 13 shapes, M = 33-512, every tile at K split 1, 2 and 4, two warpgroups on the
-# wide layers): splits of 4 (LQQ_WGMMA_SPLITS), the split terms 4 → 0 + 1 × split, share 0.6 → 0.5, exact_rounds 0.4 →
-# 0.2; its picks' geometric-mean time / fastest 1.027 where session 17's rule ran 1.064 (measured in the same sweeps).
-# A/B against that rule (docs/bench/lqq_rule_ab.py, ABBA, token counts outside the fit,
-# docs/logs/session18/lqq_rule_ab_costfit_h100.json): 1.074x at the 51 points where the launch changed, 0.95x at worst
-# (2048×4096 M = 352), slower than fp16 at 7 of the A/B's 61 points instead of 11; "two_warpgroups" stays 1.75: at 1.5
-# (the fit's best, by 0.2 %) 18944×3584 M = 260-288 ran 0.89-0.90x. A second A/B on six other shapes
-# (lqq_rule_ab_costfit_other_h100.json: 4096×11008, 12288×4096, 22016×4096, 512×3584, 5120×5120, 1536×8960): 1.105x at
-# 39 changed points, 0.93x at worst (22016×4096 M = 192), slower than fp16 at 6 instead of 14. Up to M = 64 only
-# launches of MIN_PROGRAMS programs or more count (else the Triton kernel): at M = 32-64 the Gluon kernel now runs
-# where the Triton kernel used to on layers below MIN_PROGRAMS × 64 = 5760 rows (1.05-1.20x in the A/B, 0.97x on
-# 3584/4096-row layers at M = 32). A split's tiles are split_plan's: all but the last keep MIN_SPLIT_TILES (K = 3584
-# splits 4 as 4+4+4+2, measured fastest at M <= 64 on the 3584-column shapes).
-# Before session 18 (session 10's fit, docs/bench/lqq_wgmma_sweep.py --tails --all-tiles, docs/logs/
-# lqq_tiles_wrapped_h100.json: every tile at 18 token counts from 96 to 768 on six Llama-3-8B shapes, after the
-# ragged-tile fix of commit c6d9e77; share 0.6, tokens 0.1, rounds 0.4, K tiles + 2, + 4 when split 2). Its pick was the
-# fastest measured or within 5 % of it at 92 of the 104 measured points, 1.11× at worst (6144×4096 M = 416-768,
-# where every tile leaves the 96 row tiles' waves ragged — there the Triton kernel's 128-row programs were faster
-# at M = 480, 512 and 640, 35-39 µs vs 40-53, and slower elsewhere); the fixed 32/64/128 rule it replaces chose
-# 32-token tiles at every
-# M = 64j + 32 (14336×4096 M = 288: 81.5 µs vs 52.2 on 96-token tiles). Resident programs per SM (LQQ_WGMMA_PER_SM)
-# come from ptxas's registers and the shared-memory ring (Triton 3.6); two activation stages instead of three at
-# M = 513-768 when the launch has a program per SM (4096×4096 M = 768: 30.5 vs 38.5 µs on 128-token tiles;
-# 4096×14336 M = 640 82.5 µs on 160-token tiles, 256 programs; the 1024-row layer's 80 keep 3: 14.1 µs on 128-token
-# tiles vs 17.7 at best with 2, and 14.1-14.4 µs on the 96-token tiles the model picks there at M = 576-768,
-# docs/logs/lqq_coverage_rule_h100.json). K splits only when the unsplit launch has fewer programs than
-# SMs, each split keeping >= MIN_SPLIT_TILES tiles of 256 columns (4096×14336 M = 160: 34 µs split 2 vs 47).
-# (Until session 18, M <= 64 took a fixed rule: 32 or 64 tokens, halved while fewer than half the SMs got a program,
-# K split up to one program per SM or on long rows up to LQQ_WGMMA_LONG_ROW_PROGRAMS, the Triton kernel on layers
-# narrower than MIN_PROGRAMS × 64 rows.) Above M = 768
-# (up to M = 4096; layers of N > 8192 only with K <= 8192; since session 17 from M = 384 where 128-token programs
-# would fill half the SMs, LQQ_BIG_M_MIN_M): the large-M wave model below (LQQ_BIG_M_WS) picks the
-# tile where 128-token programs would fill at least half the SMs and the long-row split (next) leaves them unsplit; on
+# program adds) × "two_warpgroups" for a two-warpgroup program. The parameters are fitted on an H100 to 120 timed
+# points (13 shapes, M = 33-512, every tile at K split 1, 2 and 4): the picks' geometric-mean time / fastest 1.027
+# (docs/BENCHMARKS.md). "two_warpgroups" stays 1.75: at 1.5 (the fit's best, by 0.2 %) 18944×3584 M = 260-288 ran
+# 0.89-0.90x. Up to M = 64 only launches of MIN_PROGRAMS programs or more count (else the Triton kernel). A split's
+# tiles are split_plan's: all but the last keep MIN_SPLIT_TILES (K = 3584 splits 4 as 4+4+4+2, measured fastest at
+# M <= 64 on the 3584-column shapes).
+# Resident programs per SM (LQQ_WGMMA_PER_SM) come from ptxas's registers and the shared-memory ring (Triton 3.6);
+# two activation stages instead of three at M = 513-768 when the launch has a program per SM (4096×4096 M = 768:
+# 30.5 vs 38.5 µs on 128-token tiles; the 1024-row layer's 80 programs keep 3: 14.1 µs vs 17.7 at best with 2).
+# K splits only when the unsplit launch has fewer programs than SMs, each split keeping >= MIN_SPLIT_TILES tiles of
+# 256 columns (4096×14336 M = 160: 34 µs split 2 vs 47).
+# Above M = 768 (up to M = 4096; layers of N > 8192 only with K <= 8192), and from M = 384 where 128-token programs
+# would fill half the SMs (LQQ_BIG_M_MIN_M): the large-M wave model below (LQQ_BIG_M_WS) picks the tile where
+# 128-token programs would fill at least half the SMs and the long-row split (next) leaves them unsplit; on
 # smaller layers the token tile halves and K splits (doubling) where fewer than half the SMs would get a program,
 # and rows of K >= 7168 split as long rows while short of LQQ_WGMMA_LONG_ROW_PROGRAMS 128-token programs (not
 # measured above 768; e.g. 2048×14336 M = 769-1280 runs split 2). The model's unsplit picks on rows longer than 8192
-# were measured on 4096×14336 only. Until session 13 this range ran 128-token tiles only, up to M = 2048, the Triton
-# kernel the wider layers; session 14's wave model chose among lqq_wgmma launches and the Triton kernel, up to 1536
-# tokens on long rows (docs/BENCHMARKS.md). Two warpgroups per program below 768 where the cost model puts them
-# (below).
+# were measured on 4096×14336 only. Two warpgroups per program below 768 where the cost model puts them (below).
 LQQ_WGMMA_BM = (128, 64, 32)
 LQQ_WGMMA_MIN_M = 32
 LQQ_WGMMA_MAX_M = 4096
@@ -236,29 +203,19 @@ LQQ_WGMMA_COST = {"share": 0.5, "tokens": 0.1, "exact_rounds": 0.2, "fixed_tiles
 LQQ_WGMMA_SPLITS = (1, 2, 4)
 # Measured exceptions to the cost model, by the layer's row tiles of 64 (K in LQQ_ROW_TILE_EXCEPTIONS_K, the
 # measured 3584-4096): (first M, last M, the Gluon config or None for the Triton kernel). Fusing q/k/v at load
-# (quantkit/runtime/fused_siblings.py) made 6144×4096 (96 row tiles) every Llama-3-8B / Mistral-7B layer's q/k/v
-# product, and there the model's picks left 96 row tiles' waves ragged. docs/bench/lqq_wgmma_sweep.py --tails on an
-# H100, four runs (docs/logs/lqq_tiles_wrapped_h100, lqq_mid_ab_h100, lqq_mid_rule_h100 and
-# lqq_mid_rule_check_h100.json): at M = 416-480 96-token tiles (64 + 32) took 34.6-36.1 µs where the model's
-# 128-token tiles took 38.5-40.6; at 481-640 the Triton kernel (64×128 tiles at 481-512, 384 programs; 128×128 at
-# 513-640, 240 programs, one wave of two per SM) 35.8-43.2 vs 39.7-54.9 for the model and 38.8-49.8 for the best Gluon
-# tile (lqq_tiles_wrapped's 61.4 at M = 576 was the Triton kernel on the 64-token tiles of an older Triton tile rule);
-# at 641-768 128-token tiles with two stages 50.5-53.5 vs 56.5-58.7 for the model's 192-token ones. On 4608×3584
-# (72 row tiles, Qwen2.5-7B's q/k/v fused) the Triton kernel's 128×128 tiles (216 programs) took 33.5-34.8 µs at
-# M = 641-768 against the model's 43.1-47.3 (two runs; at M = 641 alone 96-token Gluon tiles were faster still,
-# 31.6-31.7). Applied to 72 and 128 row tiles at M = 464-640 the Triton kernel ran 1.15-1.65× slower than the
-# model's picks (lqq_mid_rule_h100.json), so the exceptions stay per measured row-tile count.
+# (quantkit/runtime/fused_siblings.py) makes 6144×4096 (96 row tiles) every Llama-3-8B / Mistral-7B layer's q/k/v
+# product, and there the model's picks leave 96 row tiles' waves ragged: at M = 416-480 96-token tiles (64 + 32)
+# took 34.6-36.1 µs where the model's 128-token tiles took 38.5-40.6; at 481-640 the Triton kernel (64×128 tiles at
+# 481-512, 384 programs; 128×128 at 513-640, 240 programs, one wave of two per SM) 35.8-43.2 vs 39.7-54.9 for the
+# model. On 4608×3584 (72 row tiles, Qwen2.5-7B's q/k/v fused) the Triton kernel's 128×128 tiles (216 programs) took
+# 33.5-34.8 µs at M = 641-768 against the model's 43.1-47.3. Applied to 72 and 128 row tiles at M = 464-640 the
+# Triton kernel ran 1.15-1.65× slower than the model's picks, so the exceptions stay per measured row-tile count.
 LQQ_ROW_TILE_EXCEPTIONS_K = (3584, 4096)
-# Each entry: (first M, last M, config or None, warpgroups). 96 row tiles at 416-480: two warpgroups since session 12
-# (33.2 / 33.5 µs at M = 448 / 480 vs 35.3 / 35.6 with one, lqq_wg2_qkv_h100.json; 416 is the same launch grid).
-# 96 row tiles at 641-768 took 128-token tiles at two stages from session 10 to 16; since session 17 the large-M
-# wave model's launch (below: 44.6 / 45.2 µs at M = 700 / 768 against 47.7 / 49.9, docs/logs/session17/
-# lqq_mid_ws_h100.json).
-# 72 row tiles at M = 641-768 since session 13: the Triton kernel's 128×128 tiles (216-252 programs, one wave, two per
-# SM; docs/logs/session13/lqq_above768_h100.json, lqq_72rows_h100.json). Session 13 took the exception to M = 896
-# (Triton 34.0-35.1 µs at 769-896 against that rule's 37.2-38.2); the large-M wave model's launches of the
-# warp-specialized kernel took 31.5-34.7 there against Triton's 33.9-36.3 (docs/logs/session17/lqq_bigm_ws_a_h100.json),
-# so since session 17 the exception ends at 768.
+# Each entry: (first M, last M, config or None, warpgroups). 96 row tiles at 416-480: two warpgroups (33.2 / 33.5 µs
+# at M = 448 / 480 vs 35.3 / 35.6 with one; 416 is the same launch grid); above 640 the large-M wave model (44.6 /
+# 45.2 µs at M = 700 / 768 against 47.7 / 49.9 on 128-token tiles).
+# 72 row tiles at M = 641-768: the Triton kernel's 128×128 tiles (216-252 programs, one wave, two per SM); above 768
+# the large-M wave model's warp-specialized launches are faster (31.5-34.7 µs against 33.9-36.3).
 LQQ_ROW_TILE_EXCEPTIONS = {96: ((416, 480, (64, 3, 1, 32), 2), (481, 640, None, 1)),
                            72: ((641, 768, None, 1),)}
 
@@ -294,99 +251,55 @@ def lqq_wgmma_cost(m: int, n: int, k: int, tile: int, split: int, sms: int = SMS
     return cost * (c["two_warpgroups"] if warpgroups == 2 else 1.0)
 
 
-# Two warpgroups per LiquidQuant program (128 weight rows sharing each activation tile, as the W4A16 Gluon kernel's
-# measurements suggested), docs/bench/lqq_wgmma_sweep.py --tails --wg2 on an H100, every two-warpgroup result
-# bit-identical to the Triton kernel (docs/logs/session11/lqq_wg2_h100.json; docs/logs/session12/lqq_wg2_*.json):
-# they pay where a program is alone on its SM — the 128-token tiles with a tail at three stages, whose activation
-# ring leaves room for one program per SM (LQQ_WGMMA_PER_SM), so one warpgroup had the SM's tensor cores and
-# dequantization to itself: 14336×4096 M = 300-448 on 160/192-token tiles 53.4-80.1 µs with two vs 62.7-92.7 with
-# one, 28672×4096 M = 300/320 105.3-107.9 vs 118.1-123.9. Where several programs share an SM they lost (the 32/64/
-# 128-token tiles, and every tile above M = 512 at two stages: 4-35 % slower in all 22 timed cases) — except the 96-
-# token tiles on 6144×4096 at M = 448/480 (33.2-33.5 vs 35.3-35.6 µs), a measured exception below. So the cost model
-# scores two warpgroups only on unsplit tiles with one program per SM: programs over 128-row tiles, each costing
-# LQQ_WGMMA_COST["two_warpgroups"] × a one-warpgroup program of the same tile (LQQ_WG2_COST until session 18, same
-# value); fitted to the 7 timed points of both logs with such tiles
-# (1.56-1.86 per program; 1.75 keeps 14336×4096 M = 448 on one warpgroup's 96-token tiles, 75.3 µs vs 80.1). And only
-# where no one-warpgroup launch fits in one wave (LQQ_WGMMA_PER_SM is the one-warpgroup table; it holds for a
-# two-warpgroup program only because those are scored where one program fits per SM): on 6144×4096 at M = 289-320 the model's two-warpgroup 160-token
-# tiles (96 programs) took 27.9-29.9 µs against 26.3-26.9 for one warpgroup's 96-token tiles, 384 programs three to
-# an SM (lqq_wg2_mid / lqq_wg2_check_qkv_h100.json and the coverage run).
-# Checked after the fit (lqq_wg2_wide_small / wider_small / mid_h100.json): where it newly took two warpgroups, at
-# M = 129-192 on 14336×4096 and 28672×4096, the rule ran 28.3-58.7 µs against 34.2-70.3 for the same tiles on one
-# (1.63-1.74× fp16), and on 6144×4096 at M = 289 27.9 vs 32.3; on 18944×3584 at M = 289 / 320 two warpgroups beat one
-# on the same tile (72.9 / 74.7 vs 78.4 / 75.8) but a 64-token tile on one was faster still (69.6 / 71.7).
-# Where the model is off: 14336×4096 at M = 481-512 takes two warpgroups on 192-token tiles, 79.7 / 81.8 µs at
-# M = 496 / 512 against 76.9 / 78.4 for one warpgroup's 128-token tiles (lqq_wg2_check_wide_h100.json; both faster
-# than fp16's 88.7 / 90.2; since session 17 the large-M model takes M >= 384 there). Under session 12's other
-# parameters the factor had little margin (1.743 would have moved 14336×4096 M = 448 to two warpgroups); session 18's
-# refit kept it (above).
+# Two warpgroups per LiquidQuant program (128 weight rows sharing each activation tile), every two-warpgroup result
+# bit-identical to the Triton kernel: they pay where a program is alone on its SM — the 128-token tiles with a tail
+# at three stages, whose activation ring leaves room for one program per SM (LQQ_WGMMA_PER_SM), so one warpgroup has
+# the SM's tensor cores and dequantization to itself: 14336×4096 M = 300-448 on 160/192-token tiles 53.4-80.1 µs with
+# two vs 62.7-92.7 with one. Where several programs share an SM they lose (the 32/64/128-token tiles, and every tile
+# above M = 512 at two stages: 4-35 % slower) — except the 96-token tiles on 6144×4096 at M = 448/480, a measured
+# exception above. So the cost model scores two warpgroups only on unsplit tiles with one program per SM: programs
+# over 128-row tiles, each costing LQQ_WGMMA_COST["two_warpgroups"] × a one-warpgroup program of the same tile
+# (1.56-1.86 measured per program; 1.75 keeps 14336×4096 M = 448 on one warpgroup's 96-token tiles, 75.3 µs vs
+# 80.1). And only where no one-warpgroup launch fits in one wave (LQQ_WGMMA_PER_SM is the one-warpgroup table; it
+# holds for a two-warpgroup program only because those are scored where one program fits per SM): on 6144×4096 at
+# M = 289-320 two-warpgroup 160-token tiles (96 programs) took 27.9-29.9 µs against 26.3-26.9 for one warpgroup's
+# 96-token tiles, 384 programs three to an SM. Where the model is off (14336×4096 at M = 481-512: two warpgroups on
+# 192-token tiles, 3-4 % slower than one warpgroup's 128-token tiles) the large-M model takes the point (M >= 384).
 
 
-# LiquidQuant above M = 768: a wave model over five launches of the warp-specialized kernel (:mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws`; session
-# 17, replacing session 14's model of lqq_wgmma launches and the Triton kernel, docs/BENCHMARKS.md). A launch of P
-# programs, p resident per SM, runs W = ceil(P / (SMs · p)) waves; the last, a fraction f of a full wave, counts
-# (solo if no SM holds two of its programs, else 1) · (1 − blend) + f · blend (a program alone on its SM runs
-# faster than two sharing one; a ragged last wave of programs that share an SM costs nearly a full wave); time =
-# cost × (W − 1 + last) × K / 256. docs/bench/lqq_wgmma_sweep.py --tails --all-tiles --tiles 96,128,160,192
-# --stages 2,3 --splits 1 --wg2 --ws --ws-only on an H100 (docs/logs/session17/lqq_bigm_ws_{a,b}_h100.json: nine
-# shapes — 4096x4096, 6144x4096, 4608x3584, 1024x4096, 3584x3584, 8192x4096, 4096x14336, 14336x4096, 28672x4096 — at
-# 15 token counts from 769 to 4096, 135 points): the 192-token tiles (128 + a 64-token tail) at two stages, two programs
-# an SM, were the fastest launch at 64 of them, the 160-token ones (128 + 32) at 42 and the 128-token ones at 17;
-# lqq_wgmma's 96-token tiles and the Triton kernel were within 2 % of the best at only 6. Per option, solo and blend
-# are the grid point (0.02 / 0.1 steps) with the most uniform log cost over the 135 points (sd 0.066-0.086), the cost
-# their median. Over the five options (the four, and the 192-token tiles at three stages, one an SM, that session 14's
-# model had) the pick was within 2 % of the best at 124 of 135 points (worst 1.09x, 28672x4096 M = 1000-1025),
-# geometric-mean time / fp16 0.722 against 0.799 for the session-16 rule's launches timed in the same runs, slower than
-# fp16 only on the k/v layer (1024x4096) at M = 769 (0.93x) and 896 (0.99x), where no launch timed was faster. An A/B
-# against session 16's rule (docs/bench/lqq_rule_ab.py --rev 93c4a3f --reps 2, ABBA, same H100; before the fifth
-# option, docs/logs/session17/lqq_rule_ab_h100.json): 1.15x faster at the 46 of 48 points (six shapes, M = 769-4096)
-# where the two differ, faster than fp16 at all 46, slower only at 1024x4096 M = 1536 (0.87x: the fifth option's
-# launch, which the model now picks there) and 4096x14336 M = 4096 (0.98x). It covers the wide layers (N > 8192, K <= 8192) too, and the layers of
-# N <= 8192 with longer rows up to 4096 tokens (measured on 4096x14336; session 16's rule ran the Triton kernel above
-# 1536 tokens there, 1.01-1.32x slower). Wider layers with longer rows keep the Triton kernel (not measured).
+# LiquidQuant above M = 768: a wave model over launches of the warp-specialized kernel
+# (:mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws`). A launch of P programs, p resident per SM, runs
+# W = ceil(P / (SMs · p)) waves; the last, a fraction f of a full wave, counts (solo if no SM holds two of its
+# programs, else 1) · (1 − blend) + f · blend (a program alone on its SM runs faster than two sharing one; a ragged
+# last wave of programs that share an SM costs nearly a full wave); time = cost × (W − 1 + last) × K / 256.
+# Per option, solo and blend are the grid point (0.02 / 0.1 steps) with the most uniform log cost over the points
+# timed on an H100 (nine shapes × 15 token counts from 769 to 4096; sd 0.066-0.086), the cost their median; the pick
+# was within 2 % of the best at 124 of 135 points, geometric-mean time / fp16 0.722 (docs/BENCHMARKS.md). It covers
+# the wide layers (N > 8192, K <= 8192) too, and the layers of N <= 8192 with longer rows up to 4096 tokens
+# (measured on 4096x14336). Wider layers with longer rows keep the Triton kernel (not measured).
 # (tokens per program, warpgroups, activation stages) → (programs resident per SM, solo, blend, cost per wave of
 # 256 K columns)
-# From M = LQQ_BIG_M_MIN_M the same model also picks below 769 tokens, where 128-token programs would give at least half
-# the SMs one (on rows longer than LQQ_WGMMA_NARROW: as many as above 768 tokens, LQQ_WGMMA_LONG_ROW_PROGRAMS, where
-# the long-row split stops; not on layers with more and longer rows, as above 768): docs/logs/session17/lqq_mid_ws_h100.json (seven
-# shapes × M = 384-768, the same options and the session-16 rule's launch): at the 24 of 63 points where the launch
-# changed, geometric-mean time / fp16 0.785 against 0.878 (14336×4096 M = 384-640 48.5-82.1 µs against 59.3-92.7,
-# 4608×3584 M = 448-512 20.2-21.9 against 24.5-26.4, the k/v layer at 513-768 13.5-13.9 against 14.2-14.4), slower
-# by more than 3 % at none. Below 384 tokens, and on layers with fewer programs, the cost model above.
-# Session 22: two-warpgroup programs run their warpgroups as partitions that take turns (lqq_ws), 1.105-1.24x the
-# form the (192, 2, 3) cost was fitted to at the six points of M >= 1024 timed (docs/logs/session22/row_pair_lqq.json,
-# 192-token launches; geometric mean 1.16x): that option's cost is scaled by 1/1.16, not refitted.
-# Session 24 refitted every option to the kernel as it is, with five more two-warpgroup options (128, 160 and 192
-# tokens at three and four stages): docs/bench/lqq_big_m_options.py on an H100 (docs/logs/session24/big_m/
-# big_m_options.json: eleven shapes — 4096x4096, 6144x4096, 14336x4096, 28672x4096, 4096x14336, 4608x3584, 3584x3584,
-# 8192x4096, 2048x4096, 1536x4096, 1024x4096 — at M = 513, 769, 1024, 1536, 2048, 3072, 4096; all 770 outputs
-# bit-identical to the rule's launch), fitted by docs/bench/lqq_big_m_fit.py (session 17's method; sd of the log cost
-# 0.062-0.090). In-sample its picks were within 1.010x of the best option timed against 1.034x for the constants
-# above, but the ABBA check against them (docs/bench/lqq_rule_ab.py, big_m_rule_ab.json, 82 points of eight shapes
-# at M = 384-4096 where the picks differ) came to 1.008x: 0.905-1.17x, slower by over 3 % at 11 points (the
-# 14336- and 28672-row layers: 0.986 and 0.988x) and faster at 17. It held on the one layer with rows longer than
-# LQQ_WGMMA_NARROW: 4096x14336 (Llama-3-8B's down_proj) at M = 769-4096, 0.99-1.17x, geometric mean 1.070x. So the
-# refit (LQQ_BIG_M_WS_LONG_ROWS) prices launches on rows longer than LQQ_WGMMA_NARROW only, checked there on layers
-# the fit had not seen (docs/BENCHMARKS.md, "Launch options for LiquidQuant above 384 tokens …"). Its scope: the split
-# at K > 8192 was chosen after that ABBA run; it was checked on layers of N <= 5120 with K = 11008-18944 (wider layers
-# with long rows stay on the Triton kernel above 768 tokens); the one-warpgroup picks (max_warpgroups=1, where a
-# two-warpgroup build failed) follow the refit's constants there but were not timed as such.
+# From M = LQQ_BIG_M_MIN_M the same model also picks below 769 tokens, where 128-token programs would give at least
+# half the SMs one (on rows longer than LQQ_WGMMA_NARROW: LQQ_WGMMA_LONG_ROW_PROGRAMS, where the long-row split
+# stops; not on layers with more and longer rows, as above 768): geometric-mean time / fp16 0.785 against 0.878 for
+# the cost model where the launch differs. Below 384 tokens, and on layers with fewer programs, the cost model above.
+# Two-warpgroup programs run their warpgroups as partitions that take turns (lqq_ws), measured 1.16x (geometric mean)
+# the form the (192, 2, 3) cost was fitted to: that option's cost is scaled by 1 / LQQ_BIG_M_ROW_PAIR_GAIN.
+# On rows longer than LQQ_WGMMA_NARROW a refit with five more two-warpgroup options (128, 160 and 192 tokens at three
+# and four stages; LQQ_BIG_M_WS_LONG_ROWS) prices the launches: on 4096x14336 (Llama-3-8B's down_proj) at
+# M = 769-4096 it ran 0.99-1.17x the LQQ_BIG_M_WS constants (geometric mean 1.070x), while on the 14336- and
+# 28672-row layers it lost slightly (0.986 and 0.988x), so it applies to long rows only (docs/BENCHMARKS.md,
+# "Launch options for LiquidQuant above 384 tokens …"). It was checked on layers of N <= 5120 with K = 11008-18944;
+# the one-warpgroup picks (max_warpgroups=1, where a two-warpgroup build failed) follow its constants but were not
+# timed as such.
 LQQ_BIG_M_MIN_M = 384
 LQQ_BIG_M_ROW_PAIR_GAIN = 1.16
-# Session 25: 256-token programs (128 tokens + a 128-token tail tile, two warpgroups: 128 rows × 256 tokens, three
-# stages) — lqq_ws's alone (lqq_wgmma has no 128-token tail). docs/bench/lqq_ws_bounds.py had them 1.08-1.22x the
-# rule's launch at M = 1024 / 4096 on 14336x4096 and 4096x4096, the dequantization costing 1-3 % of their time
-# (replaced by register moves; 4-10 % of the rule's launches), and docs/bench/lqq_big_m_options.py --options "256,2,2;256,2,3" timed them next to the rule on 14
-# shapes × M = 513-4096 (docs/logs/session25/big_m_256/big_m_256.json, 196 outputs bit-identical to the rule's). The
-# three-stage option's constants are fitted on each table's own scale (docs/bench/lqq_big_m_fit.py --add: its times
-# multiplied by the model's time for the rule's pick over the rule's measured time, so the other options' constants
-# and picks stay): sd of the log cost 0.059 (65 points of rows <= 8192 columns) and 0.061 (26 of longer rows). In
-# sample the extended model's pick changed at 36 + 18 points, 1.01-1.33x (geometric mean 1.14x) and 0.93-1.40x (1.18x)
-# the rule's time. The two-stage form was never the better of the two by much and is left out. An ABBA check against
-# the rule before (docs/bench/lqq_rule_ab.py, docs/logs/session25/rule_ab/, 172 points of 13 shapes at M = 640-4096
-# where the picks differ, four shapes the fit had not seen): 1.096x geometric mean (0.96-1.33x; 1.086x on the four),
-# slower by over 3 % at three points (8192x4096 M = 2049 0.959x, 6144x4096 M = 3584 0.961x, 28672x4096 M = 2049
-# 0.968x). Below 513 tokens (two token tiles or fewer) it was not measured, and it is not offered there.
+# 256-token programs (128 tokens + a 128-token tail tile, two warpgroups: 128 rows × 256 tokens, three stages) run on
+# lqq_ws only (lqq_wgmma has no 128-token tail); their dequantization costs 1-3 % of their time. The option's
+# constants are fitted on each table's own scale, so the other options' constants and picks stay (sd of the log cost
+# 0.059-0.061); 1.096x geometric mean (0.96-1.33x) over the launches without it where the pick changes. The two-stage
+# form was never the better of the two by much and is left out. Below 513 tokens (two token tiles or fewer) it was
+# not measured, and it is not offered there.
 LQQ_BIG_M_TOKENS_256 = (256, 2, 3)
 LQQ_BIG_M_TOKENS_256_MIN_M = 513
 LQQ_BIG_M_WS = {(192, 1, 2): (2, 0.88, 0.5, 1.592), (160, 1, 2): (2, 0.80, 0.4, 1.381),
@@ -404,8 +317,8 @@ LQQ_WGMMA_MAX_TAIL = 64  # lqq_wgmma's largest tail tile; the 256-token launches
 
 
 def lqq_big_m_options(k: int) -> dict:
-    """The large-M wave model's options and constants for rows of ``k`` columns (comment above): the session-24
-    refit on rows longer than LQQ_WGMMA_NARROW, session 17's elsewhere."""
+    """The large-M wave model's options and constants for rows of ``k`` columns (comment above): the long-row
+    refit on rows longer than LQQ_WGMMA_NARROW, LQQ_BIG_M_WS elsewhere."""
     return LQQ_BIG_M_WS_LONG_ROWS if k > LQQ_WGMMA_NARROW else LQQ_BIG_M_WS
 
 
@@ -419,26 +332,22 @@ def lqq_big_m_waves(programs: int, per_sm: int, solo: float, blend: float, sms: 
     return waves - 1 + last
 
 
-# Halved tiles (session 26): a 256-token program holds its SM alone, so a launch's last wave runs as long as a full one
-# however few tiles it holds (docs/bench/lqq_ws_timeline.py: 6144x4096 M = 1024, 192 tiles on 132 SMs, the 60 of the
-# second wave 23.1 µs against 25.0 in the first). lqq_ws_matmul(halves_from=h) runs tiles 0 … h − 1 whole and each
-# later tile as two 128-token programs (all first halves, then the second halves), the same int32 sums and epilogue,
-# so the same bits; a tile whose second half lies past M (a last token tile of <= 128 tokens) runs its first only. A
-# half dequantizes the same weights for half the tokens: docs/bench/lqq_halves_ab.py (docs/logs/session26/
-# halves_ab/, 40 points where the whole waves were followed by halves that fit one wave) put the halves' wave at a
-# median 0.56 of a whole wave on the large-M model's scale (the model's waves for the whole launch × halved / whole
-# time, less the whole waves; 0.31-0.72 at up to five whole waves). lqq_halves_plan times each h at whole waves (and
-# at the last whole token row) by placing the programs in launch order on the SMs, each on the first free one — a
-# whole tile 1, a half LQQ_BIG_M_HALF — and the 256-token option of the large-M model takes the better of that and
-# its whole-tile waves; lqq_ws_halves gives h where the halves won. (Like the other flags here, LQQ_WS_HALVES is read
-# when a shape's launch is first picked: lqq_wgmma_launch caches its picks.)
+# Halved tiles: a 256-token program holds its SM alone, so a launch's last wave runs as long as a full one however
+# few tiles it holds (6144x4096 M = 1024, 192 tiles on 132 SMs: the 60 of the second wave 23.1 µs against 25.0 in
+# the first). lqq_ws_matmul(halves_from=h) runs tiles 0 … h − 1 whole and each later tile as two 128-token programs
+# (all first halves, then the second halves), the same int32 sums and epilogue, so the same bits; a tile whose second
+# half lies past M (a last token tile of <= 128 tokens) runs its first only. A half dequantizes the same weights for
+# half the tokens: its wave measured a median 0.56 of a whole wave on the large-M model's scale (0.31-0.72 at up to
+# five whole waves). lqq_halves_plan times each h at whole waves (and at the last whole token row) by placing the
+# programs in launch order on the SMs, each on the first free one — a whole tile 1, a half LQQ_BIG_M_HALF — and the
+# 256-token option of the large-M model takes the better of that and its whole-tile waves; lqq_ws_halves gives h
+# where the halves won. (Like the other flags here, LQQ_WS_HALVES is read when a shape's launch is first picked:
+# lqq_wgmma_launch caches its picks.)
 LQQ_WS_HALVES = True
 LQQ_BIG_M_HALF = 0.56
-# from 577 tokens: with the model above the halved launches won at 640-4096 tokens, but at 513 and 576 on the two widest
-# layers (28672x4096, 18944x3584: three token rows, the last of 1-64 tokens) they ran 0.91-0.97x the 192-token
-# one-warpgroup launches they replaced (docs/bench/lqq_rule_ab.py, docs/logs/session26/rule_ab/); at the other 77
-# points of 14 shapes where this model's launch differs from the rule before it (bdbaa65) it ran 1.047x that rule
-# (geometric mean, 0.959-1.199x, ABBA), bit-identical, none slower than fp16
+# from 577 tokens: at 513 and 576 on the two widest layers (28672x4096, 18944x3584: three token rows, the last of
+# 1-64 tokens) the halved launches ran 0.91-0.97x the 192-token one-warpgroup launches; from 640 tokens they win
+# (1.047x geometric mean, 0.959-1.199x, bit-identical, none slower than fp16)
 LQQ_HALVES_MIN_M = 577
 
 
@@ -567,9 +476,8 @@ def lqq_wgmma_launch(m: int, n: int, k: int, sms: int = SMS_H100,
     programs = row_tiles * -(-m // bm)
     # Halving the token tile gives the narrow layers' launches their programs (512×4096 M = 1000: 64-token tiles, 128
     # programs), so the split up to one program per SM only where even that leaves fewer than half the SMs one: split
-    # in two, the 1024-row layer's 112-128 programs at M = 769-1024 ran 19.8-20.2 µs (lqq_coverage_s10_h100.json)
-    # where unsplit they had run 14.1-14.5 (lqq_coverage_rule_h100.json). The long-row split (rows of >= 2 ×
-    # WAVE_SPLIT_MIN_TILES tiles, K >= 7168 here) stays; not measured above 768.
+    # in two, the 1024-row layer's 112-128 programs at M = 769-1024 ran 19.8-20.2 µs against 14.1-14.5 unsplit. The
+    # long-row split (rows of >= 2 × WAVE_SPLIT_MIN_TILES tiles, K >= 7168 here) stays; not measured above 768.
     split = max(_split_for(programs, k_tiles, sms) if programs < sms // 2 else 1,
                 _split_for(programs, k_tiles, LQQ_WGMMA_LONG_ROW_PROGRAMS, WAVE_SPLIT_MIN_TILES))
     if bm == 128 and split == 1:
@@ -636,26 +544,24 @@ def lqq_cost_model_launch(m: int, n: int, k: int, sms: int = SMS_H100, max_warpg
     return (bm, _lqq_stages(m, -(-n // (64 * wg)) * -(-m // tile), sms), split, tail), wg
 
 
-# The warp-specialized LiquidQuant kernel (:mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws`: a TMA producer warp, consumer warpgroups; session 16) runs
-# the rule's unsplit launches of 128-token tiles (with or without a 32/64-token tail) in place of :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma`. A/B
-# on an H100 against lqq_wgmma with its race fixed (same launch, same process, ABBA;
-# docs/logs/session16/ws_ab_fixed_h100.json, every output bit-identical): 1.10x geometric mean over 55 points, 128
-# tokens on one warpgroup 1.09x (1.01-1.14x), 160 tokens 1.29x, 192 tokens on one warpgroup 1.24x, on two 1.035x
-# (1.01-1.08x, 24 points) — which is why two warpgroups run it too. (Against lqq_wgmma before that fix, which overlapped
-# its own products unsafely, ws_ab_rule_h100.json: 1.07x / 1.06-1.29x on one warpgroup, 0.97x on two.) A launch of the
-# rule at two stages and 128 tokens (three programs an SM) runs three stages here (two an SM): the consumers' registers
-# at three an SM did not assemble (ptxas). The 64- and 32-token launches, and split-K ones, stay on lqq_wgmma. The cost
-# model for M = 32-768 above (LQQ_WGMMA_COST) was refitted in session 18 to the kernels as they are (this one on the
-# unsplit 128-token tiles), the large-M model (LQQ_BIG_M_WS) in session 17.
+# The warp-specialized LiquidQuant kernel (:mod:`quantkit.runtime.kernels.gluon_sm90.lqq_ws`: a TMA producer warp,
+# consumer warpgroups) runs the rule's unsplit launches of 128-token tiles (with or without a 32/64-token tail) in
+# place of :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma`: on an H100 (same launch, ABBA, every output
+# bit-identical) 1.10x geometric mean over 55 points, 128 tokens on one warpgroup 1.09x (1.01-1.14x), 160 tokens
+# 1.29x, 192 tokens on one warpgroup 1.24x, on two 1.035x (1.01-1.08x) — which is why two warpgroups run it too. A
+# launch of the rule at two stages and 128 tokens (three programs an SM) runs three stages here (two an SM): the
+# consumers' registers at three an SM did not assemble (ptxas). The 64- and 32-token launches, and split-K ones,
+# stay on lqq_wgmma. The cost models above are fitted to the kernels as they are (this one on the unsplit 128-token
+# tiles).
 LQQ_WS_TWO_WARPGROUPS = True
 
 
 def lqq_ws_launch(cfg: tuple[int, int, int, int], warpgroups: int) -> tuple[int, int, int, int, int, int] | None:
     """(tokens per program, stages, tail, warpgroups, programs per SM, K split) of :func:`quantkit.runtime.kernels.gluon_sm90.lqq_ws.lqq_ws_matmul` for
     the Gluon LiquidQuant launch ``cfg`` = (tokens, stages, K split, tail) on ``warpgroups`` warpgroups, or None where
-    that launch stays on :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma` (comment above: K-split launches too — lqq_ws takes a K split since
-    session 18, but on the k/v layer, where splits matter most, it ran no faster than lqq_wgmma's split launches,
-    docs/logs/session18/kv_ws_sweep_b_h100.json)."""
+    that launch stays on :mod:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma` (comment above: K-split launches too —
+    lqq_ws takes a K split, but on the k/v layer, where splits matter most, it ran no faster than lqq_wgmma's split
+    launches)."""
     bm, stages, split, tail = cfg
     if bm != 128 or split != 1 or (warpgroups == 2 and not LQQ_WS_TWO_WARPGROUPS):
         return None
@@ -666,22 +572,20 @@ def lqq_ws_launch(cfg: tuple[int, int, int, int], warpgroups: int) -> tuple[int,
         return bm, 3, 0, 1, LQQ_WGMMA_PER_SM[(128, 3)], 1
     return bm, stages, tail, 1, LQQ_WGMMA_PER_SM[(bm + tail, stages)], 1
 
-# K-pair launches of the warp-specialized LiquidQuant kernel (session 22, lqq_ws.lqq_ws_matmul(k_pair=True)): two
-# consumer warpgroups on one program's 64 rows × 128 tokens, each taking every other 256-column tile, their int32 sums
-# added in shared memory — one program an SM whose dequantization overlaps its own products. A one-warpgroup program
-# that alone holds its SM cannot overlap them (a warpgroup must wait for its own products before it writes registers
-# again: session 16), so launches of at most one program an SM ran ~1.15x slower than this. docs/bench/
-# lqq_kpair_ab.py on an H100 (docs/logs/session22/kpair_ab_*.json, kparts_ab_*.json; bit-identical): 1024x4096 at
-# M = 513-1024 (80-128 programs) 1.07-1.16x the rule, 1024x5120 at 513 / 769 1.18-1.19x, 4096x4096 at M = 129-256
-# (128 programs) 1.10-1.16x; with 64 programs or fewer it lost (2048x4096 M = 256: 12.2 µs against 11.8; 512x3584 and
+# K-pair launches of the warp-specialized LiquidQuant kernel (lqq_ws.lqq_ws_matmul(k_pair=True)): two consumer
+# warpgroups on one program's 64 rows × 128 tokens, each taking every other 256-column tile, their int32 sums added
+# in shared memory — one program an SM whose dequantization overlaps its own products. A one-warpgroup program that
+# alone holds its SM cannot overlap them (a warpgroup must wait for its own products before it writes registers
+# again), so launches of at most one program an SM run ~1.15x slower than this (bit-identical; on an H100 1024x4096
+# at M = 513-1024 (80-128 programs) 1.07-1.16x, 1024x5120 at 513 / 769 1.18-1.19x, 4096x4096 at M = 129-256 (128
+# programs) 1.10-1.16x). With 64 programs or fewer it loses (2048x4096 M = 256: 12.2 µs against 11.8; 512x3584 and
 # the k/v layer below 512 tokens, where the cluster kernel runs: 0.53-0.99x), and wherever the one-warpgroup launches
-# had two programs an SM (2048x4096 and 4096x4096 at 513-1024, 6144x4096 at 129-769: 0.66-0.85x). Hence: more than
+# have two programs an SM (2048x4096 and 4096x4096 at 513-1024, 6144x4096 at 129-769: 0.66-0.85x). Hence: more than
 # half the SMs and at most one program each, from 128 tokens (a token tile past M makes TMA boxes reach past the
-# activations, which were slow: session 16), on layers of K tiles enough to pair. Checked through int8_matmul on ten
-# shapes (docs/bench/lqq_k_pair_check.py, k_pair_check.json): 1.04-1.21x the rule before at 50 of its 51 points,
-# 0.97x at 4096x14336 M = 129.
+# activations, which is slow), on layers of K tiles enough to pair. Through int8_matmul on ten shapes: 1.04-1.21x the
+# launch without it at 50 of 51 points, 0.97x at 4096x14336 M = 129.
 LQQ_K_PAIR = True
-LQQ_K_PAIR_STAGES = 4  # two ring slots a warpgroup (one each: 1.24-1.27x slower on the k/v layer, kpair_ab_kv)
+LQQ_K_PAIR_STAGES = 4  # two ring slots a warpgroup (one each: 1.24-1.27x slower on the k/v layer)
 
 
 def lqq_k_pair(m: int, n: int, k: int, sms: int = SMS_H100) -> bool:
@@ -692,42 +596,27 @@ def lqq_k_pair(m: int, n: int, k: int, sms: int = SMS_H100) -> bool:
     return LQQ_K_PAIR and m >= 128 and k >= 512 and sms // 2 < programs <= sms
 
 
-# LiquidQuant on layers of few rows: the CUDA cluster kernel (:mod:`quantkit.runtime.kernels.cuda.lqq_cluster`, session 19), whose K split adds
-# its partial tiles inside a thread-block cluster instead of through global slots and a ticket. docs/bench/
-# lqq_cluster_sweep.py on an H100, every launch bit-identical to the unsplit Triton kernel; per class of layer (largest
-# N) and range of M, the launch with the best geometric mean over the points of the range (within 2.5 % of each
-# point's best launch), where it beat the rule without it.
-# * Session 19 (docs/logs/session19/cluster_wgmma_sweep_h100.json: 1024×4096, 512×3584, 1024×3584, 2048×4096 × 23
-#   token counts from 17 to 640, one tile's products in flight, 64 rows a CTA): against the session-18 Gluon rule at
-#   the 78 points it covered 1.01-1.55×, geometric mean 1.20×. The first ranges start at 9 tokens, ahead of the A8
-#   GEMV (int8_gemm.int8_matmul tries this kernel first): at M = 9-16 the 17-64 launches ran 5.1-5.7 µs on the 512-
-#   and 1024-row layers against the GEMV's 6.4-7.7, and 7.2-7.3 on 2048×4096 against 7.4-7.6
-#   (cluster_wgmma_small_m_h100.json); at M <= 8 the GEMV's 2.7-4.5 µs stays.
-# * Session 20 (docs/logs/session20/cluster_sweep_{narrow,wide_small_m}_h100.json): two tiles' products in flight
-#   (depth 2) and two warpgroups' 128 rows a CTA. Against the session-19 table where the launch changed: 1.03-1.07×
-#   (512×3584 M = 256-384, 1024×4096 M = 128-512, 2048×4096 M = 17-256), 1.11-1.12× on 512×3584 at 704-896 (two
-#   warpgroups; was the Gluon rule's), and two new classes at M = 17-128 where the Gluon / Triton launches ran:
-#   4096×4096 1.06-1.20×, 6144×4096 1.01-1.18×, 4608×3584 0.99-1.08× (one launch for both K, 6144×4096's best). At
-#   M = 9-16 on those the GEMV stays (the kernel 0.95-1.06× it); on the wider layers (14336 rows and more, or
-#   K = 14336) the other kernels were faster at every M measured (up to 192), and from 576 tokens on 1024-row
-#   layers, 288 on 2048-row ones. Checked through int8_matmul afterwards (cluster_rule_check_h100.json, 168
-#   points): 1.03-1.62× the rule without this kernel where it runs, except 6144×4096 and 4608×3584 at M = 32
-#   (0.95-0.99×, now left to the Gluon rule) and 512×3584 at M = 960 (0.62×: 8 token tiles × 4 row blocks × 4
-#   make 32 clusters of 4 single-CTA SMs, more than run at once, so the two-warpgroup range ends at 896).
-# * The same table on other K (docs/logs/session20/cluster_sweep_other_k_h100.json: 1024×5120 and 512×5120, the
-#   k/v projections of Qwen2.5-14B-like models, 5120×5120, 1024×8192): on the 512- and 1024-row layers of K = 5120 at
-#   M <= 384 1.11-1.45× the rule without it; above that 1024×5120 M = 448 ran 0.82× and 512×5120 M = 1024 0.99×, and
-#   on 5120×5120 (the 6144-row class) 1.00-1.02×, so K = 5120 takes the classes up to 2048 rows to M = 384. Checked
-#   through int8_matmul (cluster_rule_check_k5120_h100.json): 1.12-1.35× there. K = 8192 (1024×8192) was
-#   0.89-1.23×, slower at 5 of its 13 covered points: not taken.
-# * Session 27 (docs/logs/session27/cluster_512/): the 512-row class's M = 513-640 launch (64 tokens, a split of 8)
-#   came from 512×3584; on 512×4096 it ran 12.8-13.7 µs, 0.73-0.80× fp16, where the two-warpgroup launch of 641-896
-#   ran 9.7-9.9 (the sweep's best or within 1 % of it; on 512×3584 within 1 % of the old launch). That launch now
-#   starts at 513. K = 5120's 512-row layers take the class to M = 896: there the Gluon rule ran 0.90-0.98× fp16 at
-#   513-769 and this launch (or the table's 449-512 one) 1.03-1.18× (cluster_512_rule_check_h100.json). Left slower
-#   than fp16 after it: 512×3584 at most M of 513-1024 (0.90-0.98×) and the 512-row class at 897-1024 on every K
-#   (0.87-1.0×), where no launch of this kernel or the Gluon rule beat cuBLAS's 9.7-14.3 µs
-#   (cluster_512_top_h100.json).
+# LiquidQuant on layers of few rows: the CUDA cluster kernel (:mod:`quantkit.runtime.kernels.cuda.lqq_cluster`),
+# whose K split adds its partial tiles inside a thread-block cluster instead of through global slots and a ticket.
+# Timed on an H100, every launch bit-identical to the unsplit Triton kernel; per class of layer (largest N) and range
+# of M, the launch with the best geometric mean over the points of the range (within 2.5 % of each point's best
+# launch), where it beat the rule without it (through int8_matmul 1.03-1.62× that rule where it runs).
+# * The first ranges start at 9 tokens, ahead of the A8 GEMV (int8_gemm.int8_matmul tries this kernel first): at
+#   M = 9-16 the 17-64 launches ran 5.1-5.7 µs on the 512- and 1024-row layers against the GEMV's 6.4-7.7, and
+#   7.2-7.3 on 2048×4096 against 7.4-7.6; at M <= 8 the GEMV's 2.7-4.5 µs stays, and at M = 9-16 on the 4096- and
+#   6144-row classes (the kernel 0.95-1.06× it). At M = 32 on 6144×4096 and 4608×3584 the Gluon rule's full tile
+#   wins (this kernel 0.95-0.99×). On the wider layers (14336 rows and more, or K = 14336) the other kernels were
+#   faster at every M measured (up to 192), and from 576 tokens on 1024-row layers, 288 on 2048-row ones.
+# * Two-warpgroup launches (128 rows a CTA) on the 512-row class end at 896 tokens: at M = 960 on 512×3584 (0.62×)
+#   8 token tiles × 4 row blocks × 4 make 32 clusters of 4 single-CTA SMs, more than run at once. They start at 513
+#   tokens: a 64-token launch split 8 ran 0.73-0.80× fp16 on 512×4096 at M = 513-640, where they ran 9.7-9.9 µs.
+# * Other K: on the 512- and 1024-row layers of K = 5120 (the k/v projections of Qwen2.5-14B-like models) at
+#   M <= 384 1.11-1.45× the rule without it; above that 1024×5120 M = 448 ran 0.82×, and on 5120×5120 (the 6144-row
+#   class) 1.00-1.02×, so K = 5120 takes the classes up to 2048 rows to M = 384, and its 512-row layers to M = 896
+#   (1.03-1.18× fp16 where the Gluon rule ran 0.90-0.98×). K = 8192 (1024×8192) was 0.89-1.23×, slower at 5 of its
+#   13 covered points: not taken.
+# * Still slower than fp16: 512×3584 at most M of 513-1024 (0.90-0.98×) and the 512-row class at 897-1024 on every
+#   K (0.87-1.0×), where no launch of this kernel or the Gluon rule beat cuBLAS's 9.7-14.3 µs.
 # K → None (all of the table) or the (largest N, last M) pairs it applies to; the K measured, these only
 LQQ_CLUSTER_K = {3584: None, 4096: None, 5120: ((2048, 384), (512, 896))}
 # largest N → ((first M, last M, (tokens per CTA, K split, stages, depth, rows)), ...); the first class that holds N
@@ -757,39 +646,27 @@ def lqq_cluster_launch(m: int, n: int, k: int) -> tuple[int, int, int, int, int]
     return None
 
 
-# MixLLM W8A8 at M = 17-32, above 64 and (since session 21, below) at 33-64 on layers of up to
-# W8A8_WGMMA_MID_MAX_N rows: the Gluon TMA kernel (:mod:`quantkit.runtime.kernels.gluon_sm90.w8a8_wgmma`), 64 tokens × 128 weight rows
-# per program (64 rows when that leaves fewer than W8A8_WGMMA_MIN_PROGRAMS programs), 4 stages, one warpgroup.
-# Against the Triton W8A8 kernel in docs/bench/w8a8_wgmma_sweep.py on an H100 (docs/logs/w8a8_wgmma_h100.json and
-# w8a8_wgmma_small_m_h100.json, five Llama-3-8B shapes × M = 17-4096), with these tiles: 1.2-1.6× faster at
-# M >= 256, 2.7-3.8× at M = 128 (where the Triton rule's 256-token tile is half empty), 0.54-1.14× cuBLAS fp16;
-# at M = 17-32 1.08-2.4× faster on four shapes and 0.97-1.13× on 4096×14336, but at M = 48-64 the Triton kernel was
-# faster on three or four of the five (by up to 1.15×), so that range kept it until session 21. Of the other tiles measured,
-# 128×128 (two warpgroups) was 1.2× slower, and pairing K blocks so one block's epilogue overlaps the next one's
-# products was slower at M >= 1024 (docs/logs/w8a8_wgmma_paired_h100.json).
-# Since session 21 every launch loads the next K block's group scales during the current one (W8A8_SCALES_AHEAD):
-# ncu put the kernel's warps mostly on long-scoreboard stalls, the scale loads issued after the products and read
-# right after them (docs/logs/session21/ncu_w8a8_stalls_h200.txt, an H200, and ncu_w8a8_ahead_stalls_h100.txt: 1.5
-# of ~4 cycles per issued instruction; 0.4 with them a block ahead). docs/bench/w8a8_wgmma_sweep.py on an H100
-# (docs/logs/session21/w8a8_ahead_h100.json, the five shapes × M = 128-4096, bit-identical): 64×128 tiles 1.105×
-# faster (geometric mean; 0.97-1.21×, slower at two of 30 points), 0.63-0.94× the sweep's fp16 at M >= 256 (was
-# 0.57-0.95×).
-# Two int32 accumulators in turn (block kb's products while block kb - 1 is scaled) were no faster
-# (w8a8_pipe_h100.json, 64×64 tiles; 64×128 spilled).
-# Session 21 also gave the kernel a K split (whole 256-column tiles a split, fp32 slots added in split order, the same
-# bits as the Triton kernel split the same way): docs/bench/w8a8_wgmma_sweep.py --variants with splits 1, 2, 4 on
-# 64- and 128-row tiles (docs/logs/session21/w8a8_split_h100.json, five shapes × M = 17-256). Launches of P programs
-# split by the largest of 4 and 2 that keeps P · split <= W8A8_SPLIT_PROGRAMS and K's 256-column tiles / split,
-# rounded down, at MIN_SPLIT_TILES or more (launch.split_plan then gives the last split what is left, e.g. 4, 4, 4, 2
-# of 14 tiles at a split of 4 — which this bound refuses):
-# 4096×4096 M = 17-32 14.3-14.9 µs against 21.5 (the unsplit rule; fp16 14.1-14.3), M = 96-192 1.12-1.22×; 6144×4096
-# M = 17-32 1.23-1.31×, 96-128 1.06×; 4096×14336 M = 17-32 2.1-2.2×, 96-192 1.4-1.6×. Splits lost where the launch
-# already had ~224 programs or more (14336×4096, 28672×4096, 4096×4096 at M = 256), which the bound keeps unsplit.
+# MixLLM W8A8 at M = 17-32, above 64 and at 33-64 on layers of up to W8A8_WGMMA_MID_MAX_N rows: the Gluon TMA kernel
+# (:mod:`quantkit.runtime.kernels.gluon_sm90.w8a8_wgmma`), 64 tokens × 128 weight rows per program (64 rows when that
+# leaves fewer than W8A8_WGMMA_MIN_PROGRAMS programs), 4 stages, one warpgroup. Against the Triton W8A8 kernel on an
+# H100 (five Llama-3-8B shapes × M = 17-4096): 1.2-1.6× faster at M >= 256, 2.7-3.8× at M = 128 (where the Triton
+# rule's 256-token tile is half empty), 0.63-0.94× cuBLAS fp16 at M >= 256; at M = 17-32 1.08-2.4× faster on four
+# shapes and 0.97-1.13× on 4096×14336. 128×128 tiles (two warpgroups) were 1.2× slower, and pairing K blocks so one
+# block's epilogue overlaps the next one's products was slower at M >= 1024.
+# Every launch loads the next K block's group scales during the current one (W8A8_SCALES_AHEAD): otherwise the
+# kernel's warps stall mostly on long scoreboards, the scale loads issued after the products and read right after
+# them (ncu: 1.5 of ~4 cycles per issued instruction; 0.4 with them a block ahead); 64×128 tiles 1.105× faster
+# (geometric mean; 0.97-1.21×). Two int32 accumulators in turn (block kb's products while block kb - 1 is scaled)
+# were no faster (64×128 spilled).
+# K split (whole 256-column tiles a split, fp32 slots added in split order, the same bits as the Triton kernel split
+# the same way): launches of P programs split by the largest of 4 and 2 that keeps P · split <= W8A8_SPLIT_PROGRAMS
+# and K's 256-column tiles / split, rounded down, at MIN_SPLIT_TILES or more (launch.split_plan then gives the last
+# split what is left, e.g. 4, 4, 4, 2 of 14 tiles at a split of 4 — which this bound refuses): 4096×4096
+# M = 17-32 14.3-14.9 µs against 21.5 unsplit (fp16 14.1-14.3), 4096×14336 M = 17-32 2.1-2.2×; 0.99-2.45× the
+# unsplit rule on shapes outside the sweep (geometric mean 1.32×). Splits lose where the launch already has ~224
+# programs or more (14336×4096, 28672×4096, 4096×4096 at M = 256), which the bound keeps unsplit.
 # At M = 33-64 the split kernel beat the Triton kernel on 4096×4096 (1.10-1.13×) and 4096×14336 (1.6×) but not on
 # 6144×4096 (0.91-0.97×) or 14336×4096 (0.95×): layers of up to W8A8_WGMMA_MID_MAX_N rows take it there.
-# Checked afterwards on six shapes the sweep had not seen (w8a8_split_rule_h100.json: 1024×4096, 2048×4096,
-# 4096×11008, 3584×3584, 4608×3584, 3584×18944 × M = 17-512): 0.99-2.45× the rule before it, geometric mean 1.32×;
-# 1.4-2.0× on the 1024- and 2048-row layers up to M = 128, 1.8-2.45× on 3584×18944 up to M = 64.
 W8A8_SCALES_AHEAD = True
 W8A8_WGMMA_SMALL_M = (17, 32)
 W8A8_WGMMA_MID_M = (33, 64)
@@ -816,27 +693,21 @@ def w8a8_wgmma_config(m: int, n: int, k: int) -> tuple[int, int, int, int, bool,
 
 
 # MixLLM W4A8 and mixed W4.4A8 prefill: from this many tokens the layer's int8 operand q − z is written once per
-# call (:mod:`quantkit.runtime.kernels.triton.int8_operand`, one launch per partition, a mixed layer's rows in output order) and the W8A8 TMA kernel
-# multiplies it — bit-identical to the g128 Triton kernels. docs/bench/int8_operand_sweep.py on an H100
-# (docs/logs/int8_operand_mixed_fused_h100.json, five Llama-3-8B shapes): W4A8 1.19-1.30× the Triton kernel at
-# M = 1024 and 1.28-1.38× at 2048, mixed 1.13-1.28× and 1.25-1.34× (the operand moves N·Kp·1.5 bytes: 14336×4096
-# M = 1024 274 µs in all, 234 for the product alone); at M = 512 W4A8 won by 1.08-1.17× but mixed lost on
-# 6144×4096 (0.87×), so both switched at 1024 and a mixed layer stayed within 1.04× of W4A8 there. (Gathering the
-# mixed operand with indexed copies instead cost 38-70 µs more: docs/logs/int8_operand_mixed_h100.json.) Since
-# session 21 (the W8A8 kernel's scales a block ahead, 1.1×) both switch at 512
-# (docs/logs/session21/int8_operand_ahead_h100.json, same shapes, M = 256-1024, bit-exact): W4A8 1.11-1.26× the
-# Triton kernel at M = 512 and 1.18-1.39× at 768; mixed 0.97-1.33× at 512 (the 0.97× on 6144×4096) and 1.02-1.41×
-# at 768; at 256 0.72-1.13×, so that stays Triton. Switching only W4A8 at 512 would have left mixed layers at
-# 1.17-1.37× W4A8's time there; together, 1.00-1.05×.
+# call (:mod:`quantkit.runtime.kernels.triton.int8_operand`, one launch per partition, a mixed layer's rows in output
+# order) and the W8A8 TMA kernel multiplies it — bit-identical to the g128 Triton kernels. On an H100 (five
+# Llama-3-8B shapes) W4A8 ran 1.11-1.26× the Triton kernel at M = 512 and 1.18-1.39× at 768, mixed 0.97-1.33× and
+# 1.02-1.41×; at 256 0.72-1.13×, so that stays Triton. Both switch at the same M so a mixed layer stays within
+# 1.00-1.05× of W4A8's time (switching only W4A8 would leave mixed layers at 1.17-1.37× it). Gathering the mixed
+# operand with indexed copies instead cost 38-70 µs more.
 MIXLLM_OPERAND_MIN_M = 512
 MIXLLM_MIXED_OPERAND_MIN_M = 512
 
 
 # One-launch mixed W4.4A8 at M <= 16 with 128-row (or larger) tiles: the 8-bit partition's programs get half
-# the rows, so their doubled bytes per row do not leave them running after the 4-bit ones
-# (docs/bench/mixed_balance.py on an H100: 14336×4096 M=2: 22.7 → 19.4 µs, 28672×4096 M=16: 42.0 → 32.2 µs;
-# on 64-row split-K tiles it was 2–14 % faster on 6144×4096 but 5–15 % slower on the 4096-row layers, and at
-# M >= 256 0–25 % slower everywhere, so only 128-row tiles at M <= 16 halve)
+# the rows, so their doubled bytes per row do not leave them running after the 4-bit ones (14336×4096 M=2:
+# 22.7 → 19.4 µs, 28672×4096 M=16: 42.0 → 32.2 µs; on 64-row split-K tiles it was 2–14 % faster on 6144×4096 but
+# 5–15 % slower on the 4096-row layers, and at M >= 256 0–25 % slower everywhere, so only 128-row tiles at M <= 16
+# halve)
 MIXED_HALF_BN_8BIT = True
 
 
@@ -848,18 +719,15 @@ def mixed_second_bn(cfg: TileConfig, second_is_wider: bool, m: int) -> int:
 
 
 # W4A16 at prefill sizes: dequantizing Ŵ once (N·K·2.5 bytes moved, ~55 µs for 14336×4096) and calling cuBLAS
-# beats the fused kernel above M = 512 on the five Llama-3.1-8B shapes (docs/bench/w4a16_dequant_sweep.py on an H100,
-# docs/logs/w4a16_dequant_h100.json: M = 1024 0.74-0.80× fp16 vs 0.63-0.68× fused, M = 4096 0.93-0.95× vs
-# 0.65-0.74×; at M = 512 it won on 2 of 5 shapes, by <= 8 %; docs/logs/w4a16_dequant_mid_h100.json, M = 513-1000:
-# faster at 34 of 35 points, 0.60-0.83× fp16 vs 0.38-0.83× fused — the one loss 28672×4096 M = 600, 0.76× vs 0.83×).
+# beats the fused kernel above M = 512 on the five Llama-3.1-8B shapes (M = 1024 0.74-0.80× fp16 vs 0.63-0.68×
+# fused, M = 4096 0.93-0.95× vs 0.65-0.74×; at M = 513-1000 faster at 34 of 35 points; at M = 512 it won on 2 of 5
+# shapes, by <= 8 %).
 W4A16_DEQUANT_MIN_M = 513
-# ... and from M = 257 on 6144×4096 (Llama-3's fused q/k/v), where it beat the Gluon kernel (w4a16_wgmma_config) at
-# every count of M = 257-512 session 11 timed: 54.2-62.1 vs 61.0-68.4 µs (docs/logs/session11/w4a16_rule*_h100.json;
-# two warpgroups leave 144-192 programs there, 1.1-1.5 waves on 132 SMs). On the other four shapes the Gluon kernel
-# was 1.05-1.54× faster than dequantize-then-cuBLAS at those counts. On Hopper since session 17 the warp-specialized
-# kernel takes 6144×4096 at M = 257-512 first (w4a16_ws_warpgroups: session 17's one-warpgroup launches 53.7-57.2 µs
-# against 55.3-62.0; since session 22 two warpgroups, 50.1-55.2 µs, docs/logs/session22/w4a16_ws_wg_*.json), so this
-# holds where it cannot run.
+# ... and from M = 257 on 6144×4096 (Llama-3's fused q/k/v), where it beats the Gluon kernel (w4a16_wgmma_config) at
+# M = 257-512: 54.2-62.1 vs 61.0-68.4 µs (two warpgroups leave 144-192 programs there, 1.1-1.5 waves on 132 SMs). On
+# the other four shapes the Gluon kernel was 1.05-1.54× faster at those counts. On Hopper the warp-specialized kernel
+# takes 6144×4096 at M = 257-512 first (w4a16_ws_warpgroups: two warpgroups, 50.1-55.2 µs), so this holds where it
+# cannot run.
 W4A16_DEQUANT_SHAPES_FROM_257 = ((6144, 4096),)
 
 
@@ -868,28 +736,16 @@ def w4a16_dequant_preferred(m: int, n: int, k: int) -> bool:
     return m >= W4A16_DEQUANT_MIN_M or (m >= 257 and (n, k) in W4A16_DEQUANT_SHAPES_FROM_257)
 
 
-# W4A16 at M = 17-32 and 65-128 (65-512 until session 16, below) on Hopper: the Gluon kernel (:mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma`),
-# whose dequantization overlapped its own fp16 wgmma products until then. docs/bench/w4a16_wgmma_sweep.py on an H100,
-# five Llama-3.1-8B shapes: the variant sweep (docs/logs/session11/w4a16_wgmma_h100.json, M = 32-2048) picked
-# 32-token tiles at M <= 32 (two warpgroups of 128 rows on layers of >= 96 such row tiles, else one warpgroup and K
-# split in two) and 128-token tiles, one plane pair in flight (none since session 16, below), two warpgroups where
-# that leaves >= 96 programs; the rule's own calls at 26 token counts
-# (docs/logs/session11/w4a16_rule_h100.json and w4a16_rule2_h100.json, --rule): 1.06-1.28× the path it replaced
-# at M = 17-24, 1.32-1.42× on the 14336/28672-row layers at M = 65-112 (one 128-token tile where the Triton kernel
-# runs two 64-token ones), 1.02-1.33× at M = 129-512 where a launch has >= 128 programs of 64 rows. At M = 33-64
-# the Triton kernel is as fast (within 4 %) and keeps them, as it keeps launches of fewer programs (its split-K); at
-# M = 513-768 the first run measured the kernel 0.65-1.11× dequantize-then-cuBLAS, slower at 24 of 25 points (a
-# fifth, ragged 128-token tile costs another wave) and at 1024-2048 the variant sweep 0.76-0.95×, so
-# dequantize-then-cuBLAS keeps M > 512 (and 6144×4096 from M = 257, above). Still 0.52-0.88× cuBLAS fp16 at
-# M = 129-512 (one cuBLAS outlier aside): each 128×128 program re-reads its fp16 activations and re-dequantizes its
-# weights per token tile, and one or two warpgroups per SM keep the tensor cores about 2/3 as busy as cuBLAS at
-# M = 2048.
-# Since session 16 the kernel waits for a tile's products before forming the next tile's planes (see
-# :mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma`: the overlap it had left writes to registers its running products read), 0.74-0.88x its old
-# time at M = 256-512 and 0.93-0.99x at M = 32 (docs/logs/session16/kernel_ab_w4a16_wait0_h100.json); against the
-# other paths (docs/bench/w4a16_paths.py, docs/logs/session16/w4a16_paths_h100.json, three Llama-3 shapes) the
-# Triton kernel was then 1.09-1.27x faster at M = 256 and 512, while at M = 96 on 14336×4096 the Gluon kernel still
-# led (41.8 µs vs 47.9): it keeps M <= 128. Since session 17 its 128-token launches run the warp-specialized kernel
+# W4A16 at M = 17-32 and 65-128 on Hopper: the Gluon kernel (:mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma`)
+# on 32-token tiles at M <= 32 (two warpgroups of 128 rows on layers of >= 96 such row tiles, else one warpgroup and
+# K split in two) and 128-token tiles, two warpgroups where that leaves >= 96 programs. On an H100 (five
+# Llama-3.1-8B shapes): 1.06-1.28× the Triton path at M = 17-24, 1.32-1.42× on the 14336/28672-row layers at
+# M = 65-112 (one 128-token tile where the Triton kernel runs two 64-token ones). At M = 33-64 the Triton kernel is
+# as fast (within 4 %) and keeps them, as it keeps launches of fewer programs (its split-K). The kernel waits for a
+# tile's products before forming the next tile's planes (:mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma`:
+# overlapping them would write registers its running products read), so at M = 256-512 the Triton kernel is
+# 1.09-1.27x faster, while at M = 96 on 14336×4096 the Gluon kernel leads (41.8 µs vs 47.9): it keeps M <= 128.
+# Above M = 512 dequantize-then-cuBLAS is faster (above). Its 128-token launches run the warp-specialized kernel
 # (W4A16_WS_* below), which also takes parts of M = 129-512.
 W4A16_WGMMA_MAX_M = 128
 W4A16_WGMMA_MIN_PROGRAMS = 128  # 64-row programs of 128-token tiles below which the Triton kernel (split-K) runs
@@ -911,37 +767,20 @@ def w4a16_wgmma_config(m: int, n: int, k: int) -> tuple[int, int, int, int] | No
 
 
 
-# The warp-specialized W4A16 kernel (:mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_ws`: a TMA producer warp, consumer warpgroups; unsplit 128-token
-# tiles; session 17). docs/bench/w4a16_paths.py --gluon on an H100 (docs/logs/session17/w4a16_paths_gluon_h100.json
-# and w4a16_paths_ws_h100.json: six Llama-3-8B shapes incl. the 1024×4096 k/v layer × M = 80-512, every output of it
-# bit-identical to w4a16_wgmma's same launch): faster than w4a16_wgmma on the same launch at all 24 points timed
-# (1.02-1.32×), so the M = 65-128 launches of w4a16_wgmma_config run it (14336×4096 / 28672×4096: 33.4-34.6 µs and
-# 69.6-72.1 against 40.8-42.1 and 81.2-83.8); at M = 129-512, where the Triton kernel or dequantize-then-cuBLAS ran,
-# it took over where its programs are about one per SM — two warpgroups (128 weight rows a program) where those
-# number 96 to one per SM (4096×4096 M = 320-512: 34.1-35.4 µs against 35.6-36.4; 6144×4096 M = 160-256: 33.6-34.7
-# against 35.8-43.6; 4096×14336 M = 320-512: 108.8-129.6 against 115.4-156.5), else one warpgroup where its 64-row
-# programs number 96 to three per SM (4096×4096 M = 160-256: 18.7-18.9 against 22.4-22.9; 6144×4096 M = 320-512
-# 53.7-57.2 against 55.3-62.0; 4096×14336 M = 160-256: 59.4-61.0 against 69.7-72.9), else two warpgroups on the
-# wide layers where padding to 128-token tiles adds at most a fifth of M (14336×4096 M = 256-512: 69.8-143.8 against
-# 80.6-161.5; 28672×4096 152.0-273.7 against 173.9-292.2; at M = 160 68.7 against the Triton kernel's 64.8, at
-# M = 192 146.7 against 138.2 on 28672×4096) — on one warpgroup there where its waves are fuller (below).
-# At the 39 of the 66 points where it runs this kernel, 1.10× faster (geometric mean) than session 16's path, each
-# timed in its own column after the rule's, slower by more than 2 % at one (4096×14336 M = 448, 129.6 µs against
-# 126.4). The k/v layer keeps the other paths (16-64 programs). M = 65-128 on layers short of W4A16_WGMMA_MIN_PROGRAMS stay on the
-# Triton kernel (6144×4096 M = 96-128: the warp-specialized kernel 18.4-19.5 µs against 22.0-22.5, but 24.1 against
-# 22.4 at M = 80, where its one 128-token tile reads 48 rows past M).
-# Since session 22 a two-warpgroup launch runs its warpgroups as partitions of their own, which take turns instead of
-# meeting at a barrier every tile: 1.16-1.37x the barrier form at the 30 points of docs/logs/session22/
-# row_pair_w4a16.json. Until then a wave model (a 128-row program costing 1.9 64-row ones, session 17's
-# w4a16_wide_repeat*_h100.json) and a padding bound chose between one warpgroup, two, and the other paths. Timed again
-# with the new form (docs/bench/w4a16_ws_wg_check.py: w4a16_ws_wg_check.json, w4a16_ws_wg_padding.json, six shapes at
-# M = 129-512), a 128-row program took 1.34-1.53x a 64-row one, so two warpgroups are faster wherever one
-# warpgroup's 64-row programs need more than one wave: 1.03-1.47x one warpgroup (6144x4096 M = 257-512 1.03-1.07x,
-# 4608x3584 M = 129-224 1.30-1.33x, the 14336- and 28672-row layers 1.17-1.40x, 4096x14336 at M = 320-512
-# 1.41-1.47x), and 1.17-1.27x the Triton kernel that ran where the padding bound had declined both (14336x4096 and
-# 28672x4096 at M = 129-192 and 257-288). Where one
-# wave of 64-row programs holds the layer (4096x4096, 4096x14336 at M = 160-256: 128 programs) one warpgroup stays,
-# 1.28-1.36x two. Layers with fewer than W4A16_WS_MIN_PROGRAMS such programs keep the other paths (the k/v layer).
+# The warp-specialized W4A16 kernel (:mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_ws`: a TMA producer warp,
+# consumer warpgroups; unsplit 128-token tiles), every output bit-identical to w4a16_wgmma's same launch: faster than
+# w4a16_wgmma on the same launch at all 24 points timed (1.02-1.32×), so the M = 65-128 launches of
+# w4a16_wgmma_config run it (14336×4096 / 28672×4096: 33.4-34.6 µs and 69.6-72.1 against 40.8-42.1 and 81.2-83.8).
+# At M = 129-512 a two-warpgroup launch runs its warpgroups as partitions of their own, which take turns instead of
+# meeting at a barrier every tile (1.16-1.37x the barrier form), and a 128-row program takes 1.34-1.53x a 64-row
+# one, so two warpgroups are faster wherever one warpgroup's 64-row programs need more than one wave: 1.03-1.47x one
+# warpgroup (6144x4096 M = 257-512 1.03-1.07x, 4608x3584 M = 129-224 1.30-1.33x, the 14336- and 28672-row layers
+# 1.17-1.40x, 4096x14336 at M = 320-512 1.41-1.47x), and 1.17-1.27x the Triton kernel (14336x4096 and 28672x4096 at
+# M = 129-192 and 257-288). Where one wave of 64-row programs holds the layer (4096x4096, 4096x14336 at
+# M = 160-256: 128 programs) one warpgroup stays, 1.28-1.36x two. Layers with fewer than W4A16_WS_MIN_PROGRAMS such
+# programs keep the other paths (the k/v layer, 16-64 programs). M = 65-128 on layers short of
+# W4A16_WGMMA_MIN_PROGRAMS stay on the Triton kernel (6144×4096 M = 80: 24.1 µs against 22.4, where its one
+# 128-token tile reads 48 rows past M).
 W4A16_WS_MAX_M = 512
 W4A16_WS_MIN_PROGRAMS = 96
 
@@ -960,16 +799,14 @@ def w4a16_ws_warpgroups(m: int, n: int, k: int, sms: int = SMS_H100) -> int | No
         return None
     return 1 if programs_one <= sms else 2
 
-# The activation quantizer (:mod:`quantkit.runtime.kernels.triton.act_quant`): rows per program and warps. docs/bench/act_quant_sweep.py on an H100
-# (docs/logs/act_quant_h100.json; every variant bit-identical, M = 1-4096, K = 4096 and 14336; compared here among
-# the variants, which were timed alike): a program's rows past M are masked but still pay the round-to-nearest
-# divisions, so padding is what decode sizes lost. Per token, 1 row × 8 warps was the fastest variant at every M
-# and both K (M = 1, K = 4096: 2.5 µs, where the old 2 rows × 4 warps took 7.6; K = 14336, where the old launch
-# already had 1 row, 4 → 8 warps: 8.5 → 6.1). Per 128-column group: 1 row × 2 warps within 12 % of the best at
-# M <= 4 (1.8-2.4 µs; the old 16 rows × 4 warps, timed only through the wrapper there, 3.9-4.3), 4 rows × 4 warps
-# at M = 8-64 (within 13 %; the best at M = 64), 16 rows × 4 warps above (the best at M = 4096 and at M = 1024,
-# K = 14336; at M = 1024, K = 4096 13 % behind 4 rows × 2 warps; at M = 256 8 % behind 4 rows × 4 warps at
-# K = 4096 and 2 % behind 4 rows × 2 warps at K = 14336).
+# The activation quantizer (:mod:`quantkit.runtime.kernels.triton.act_quant`): rows per program and warps, timed on
+# an H100 (every variant bit-identical, M = 1-4096, K = 4096 and 14336): a program's rows past M are masked but still
+# pay the round-to-nearest divisions, so padding is what decode sizes lose. Per token, 1 row × 8 warps was the
+# fastest variant at every M and both K (M = 1, K = 4096: 2.5 µs, against 7.6 for 2 rows × 4 warps). Per 128-column
+# group: 1 row × 2 warps within 12 % of the best at M <= 4 (1.8-2.4 µs), 4 rows × 4 warps at M = 8-64 (within 13 %;
+# the best at M = 64), 16 rows × 4 warps above (the best at M = 4096 and at M = 1024, K = 14336; at M = 1024,
+# K = 4096 13 % behind 4 rows × 2 warps; at M = 256 8 % behind 4 rows × 4 warps at K = 4096 and 2 % behind 4 rows ×
+# 2 warps at K = 14336).
 # Per-token rows wider than the measured 16384 columns get more warps, so no thread holds more than 64 values (not
 # measured).
 ACT_QUANT_TOKEN_ELEMS = 4096  # columns per program of per-token rows narrower than this: whole rows up to it

@@ -64,7 +64,7 @@ def test_the_8bit_ceiling_is_the_faster_of_int8_and_fp8():
     assert eight_bit_ceiling(905e12, None) == 905e12  # no fp8 tensor cores (A100): cuBLAS int8 alone
     assert eight_bit_ceiling(905e12, 1431e12) == 1431e12
     assert eight_bit_ceiling(1200e12, 1000e12) == 1200e12
-    # a fused int8 kernel at 969.8 TOP/s (session 24's LiquidQuant 4096×14336 M = 4096) is below the 8-bit ceiling
+    # a fused int8 kernel at 969.8 TOP/s (LiquidQuant 4096×14336 M = 4096) is below the 8-bit ceiling
     ceil = Ceilings(3e12, 750e12, eight_bit_ceiling(905e12, 1431e12), "test", 905e12, 1431e12)
     assert roofline_row(1.0, int(969.8e9), 1000, ceil, int8=True)["pct_peak"] == pytest.approx(100 * 969.8 / 1431)
 

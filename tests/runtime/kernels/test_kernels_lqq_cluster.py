@@ -181,7 +181,7 @@ def test_rule_takes_the_cluster_kernel_only_where_it_was_measured_faster():
     assert lqq_cluster_launch(384, 1024, 5120) == lqq_cluster_launch(384, 1024, 4096)  # K = 5120 up to 384 tokens
     assert lqq_cluster_launch(385, 1024, 5120) is None and lqq_cluster_launch(385, 1024, 4096) is not None
     assert lqq_cluster_launch(17, 5120, 5120) is None and lqq_cluster_launch(17, 5120, 4096) is not None
-    # session 27: the 512-row class runs its two-warpgroup launch from 513 tokens (the split of 8 there ran 0.73-0.80x
+    # the 512-row class runs its two-warpgroup launch from 513 tokens (the split of 8 there ran 0.73-0.80x
     # fp16 on 512x4096), and at K = 5120 to 896 tokens, where the Gluon rule ran 0.90-0.98x
     for k in (3584, 4096, 5120):
         assert lqq_cluster_launch(513, 512, k) == lqq_cluster_launch(896, 512, k) == (128, 4, 3, 2, 128)

@@ -42,28 +42,23 @@ def _acts(m: int, k: int, seed: int):
 def test_rule_range_of_the_gluon_kernel_by_layer_and_token_count():
     assert lqq_wgmma_config(16, 14336, 4096) is None  # decode: CUDA GEMV / Triton
     assert lqq_wgmma_config(4096, 4096, 4096) is not None  # up to 4096 tokens on layers of <= 8192 rows
-    # session 17's wave model over the warp-specialized launches (docs/logs/session17/lqq_bigm_ws_a_h100.json):
-    # 192-token tiles at two stages, two programs an SM, at M = 4096 (130.9 us vs 155.1 for session 16's pick); since
-    # session 25 the 256-token tiles (two warpgroups, lqq_ws only): 116.2 us vs 133.5 (ABBA, docs/logs/session25/
-    # rule_ab/rule_ab_256_a.json)
+    # the large-M wave model over the warp-specialized launches: at M = 4096 the 256-token tiles (two warpgroups,
+    # lqq_ws only), 116.2 us vs 133.5 for the 192-token tiles at two stages (ABBA)
     assert lqq_wgmma_launch(4096, 4096, 4096) == T256
     assert lqq_wgmma_config(4097, 1024, 4096) is None and lqq_wgmma_config(4097, 4096, 4096) is None
-    # wide layers above 768 tokens: the same model (14336x4096 M = 1025: 130.8 us vs the Triton kernel's 160.6), since
-    # session 26 the 256-token tiles with the last token row (one token) and the last wave halved: 122.6 us vs 137.7
-    # (ABBA, docs/logs/session26/rule_ab/)
+    # wide layers above 768 tokens: the same model (14336x4096 M = 1025: the 256-token tiles with the last token row
+    # (one token) and the last wave halved, 122.6 us vs 137.7 in ABBA; the Triton kernel 160.6)
     assert lqq_wgmma_launch(1025, 14336, 4096) == T256
-    assert lqq_wgmma_launch(1024, 14336, 4096) == T256  # session 25: 119.7 us vs 139.2 (ABBA)
-    # long rows on a layer of <= 8192 rows: up to 4096 tokens since session 17 (4096x14336 M = 2049: 245.4 us vs the
-    # Triton kernel's 325.0, lqq_bigm_ws_b_h100.json); since session 24 the model refitted for rows longer than 8192,
-    # two warpgroups at three or four stages (docs/logs/session24/big_m/big_m_long_rows_ab.json, ABBA, µs against
-    # the session-17 constants: M = 769 101.3 vs 109.2, 1280 122.7 vs 135.6, 2049-4096 on 192-token tiles, four stages)
-    # — and since session 25 the 256-token tiles where they fill the waves (M = 769: 83.4 us vs 103.9, ABBA)
+    assert lqq_wgmma_launch(1024, 14336, 4096) == T256  # 119.7 us vs 139.2 (ABBA)
+    # long rows on a layer of <= 8192 rows: up to 4096 tokens (4096x14336 M = 2049: 245.4 us vs the Triton kernel's
+    # 325.0), with the model refitted for rows longer than 8192: two warpgroups at three or four stages (ABBA, µs
+    # against the constants of shorter rows: M = 1280 122.7 vs 135.6, 2049-4096 on 192-token tiles, four stages) and
+    # the 256-token tiles where they fill the waves (M = 769: 83.4 us vs 103.9, ABBA)
     assert lqq_wgmma_launch(769, 4096, 14336) == T256
     assert lqq_wgmma_launch(1280, 4096, 14336) == ((128, 4, 1, 32), 2)
     assert lqq_wgmma_launch(2049, 4096, 14336) == ((128, 4, 1, 64), 2)
     assert lqq_wgmma_config(1025, 14336, 14336) is None  # more rows and long ones: Triton above 768 (not measured)
-    # from 32 tokens the cost model with splits of 4 since session 18 (docs/logs/session18/split_refit_*_h100.json and
-    # lqq_rule_ab_costfit_h100.json): the Gluon kernel split where the Triton kernel ran before (4608x3584 M = 40:
+    # from 32 tokens the cost model with splits of 4: the Gluon kernel split beats the Triton kernel (4608x3584 M = 40:
     # 11.4 us vs 13.6), 64-token tiles split 4 on long rows (4096x14336 M = 64: 21.0 us vs 24.4 on 32-token ones)
     assert lqq_wgmma_config(32, 4096, 4096) == (32, 3, 2, 0)
     assert lqq_wgmma_config(40, 4608, 3584) == (64, 3, 2, 0)
@@ -78,32 +73,31 @@ def tokens(cfg):
 
 
 def test_rule_above_64_tokens_takes_the_tiles_the_sweep_measured_fastest():
-    # docs/logs/lqq_tiles_wrapped_h100.json: one 96/160-token program per row tile where M fits one
+    # one 96/160-token program per row tile where M fits one
     assert lqq_wgmma_config(96, 14336, 4096) == (64, 3, 1, 32)
     assert lqq_wgmma_config(160, 14336, 4096) == (128, 3, 1, 32)
     assert lqq_wgmma_config(288, 14336, 4096) == (64, 3, 1, 32)  # 52.2 µs; 32-token tiles 81.5
     assert lqq_wgmma_config(160, 4096, 14336) == (128, 3, 2, 32)  # 64 programs: K split in two
-    # two warpgroups on 192 tokens at M = 700-768 on the widest layer since session 22 (M = 700: 1.04x), 256 tokens
-    # since session 25 (ABBA, docs/logs/session25/rule_ab/: M = 700 177.6 us vs 179.7, M = 768 180.4 vs 185.7;
-    # 4096x4096 M = 1024 30.6 vs 37.3)
+    # 256 tokens on two warpgroups at M = 700-768 on the widest layer (ABBA: M = 700 177.6 us vs 179.7, M = 768 180.4
+    # vs 185.7; 4096x4096 M = 1024 30.6 vs 37.3)
     assert lqq_wgmma_launch(768, 28672, 4096) == lqq_wgmma_launch(1024, 4096, 4096) == T256
 
 
 def test_rule_takes_the_measured_exceptions_on_fused_qkv_shapes_only():
-    # docs/logs/lqq_mid_rule_h100.json (and the two runs before it): 6144×4096 (96 row tiles) and 4608×3584 (72)
+    # measured on 6144×4096 (96 row tiles) and 4608×3584 (72)
     assert lqq_wgmma_config(448, 6144, 4096) == (64, 3, 1, 32)  # 96-token tiles, was 128
     assert lqq_wgmma_config(480, 6144, 4096) == (64, 3, 1, 32)
     assert lqq_wgmma_config(481, 6144, 4096) is None  # the Triton kernel ...
     assert gemm_config(481, 6144, 4096, "lqq").bm == 128  # ... on 128-token tiles
     assert lqq_wgmma_config(640, 6144, 4096) is None
     assert gemm_config(640, 6144, 4096, "lqq") == TileConfig(128, 128, 1, 4, 2)
-    # past the exceptions (641-768 since session 17: 44.6 / 45.2 us at M = 700 / 768 against 47.7 / 49.9 on the old
-    # exception's 128-token tiles, docs/logs/session17/lqq_mid_ws_h100.json): the large-M model
+    # past the exceptions (641-768: 44.6 / 45.2 us at M = 700 / 768 against 47.7 / 49.9 on 128-token tiles): the
+    # large-M model
     assert lqq_wgmma_launch(700, 6144, 4096) == ((128, 2, 1, 64), 1)
     assert lqq_wgmma_launch(769, 6144, 4096) == ((128, 2, 1, 32), 1)
     assert lqq_wgmma_config(641, 4608, 3584) is None and lqq_wgmma_config(768, 4608, 3584) is None
-    # session 13 kept Triton's one wave to M = 896; the large-M model's launch since session 17 (769: 31.5 us vs 33.9),
-    # since session 26 the 256-token tiles, every one halved (31.3 us vs 34.8, ABBA, docs/logs/session26/rule_ab/)
+    # above 768 the large-M model's launch beats Triton's one wave: the 256-token tiles, every one halved (M = 769:
+    # 31.3 us vs 34.8, ABBA)
     assert lqq_wgmma_launch(769, 4608, 3584) == T256
     assert lqq_wgmma_config(640, 4608, 3584) is not None and lqq_wgmma_config(897, 4608, 3584) is not None
     assert gemm_config(704, 4608, 3584, "lqq") == TileConfig(128, 128, 1, 4, 2)  # 216 programs, one wave
@@ -130,43 +124,38 @@ def test_rule_exceptions_leave_other_shapes_to_the_cost_model(monkeypatch):
 
 
 def test_large_m_wave_model_takes_the_launches_measured_fastest():
-    # docs/logs/session17/lqq_bigm_ws_{a,b}_h100.json (µs: the pick vs session 16's rule, which ran lqq_wgmma
-    # launches and the Triton kernel here)
+    # µs: the pick vs lqq_wgmma launches and the Triton kernel
     two192, two160, two128 = ((128, 2, 1, 64), 1), ((128, 2, 1, 32), 1), ((128, 3, 1, 0), 1)
     wg2, one192 = ((128, 3, 1, 64), 2), ((128, 3, 1, 64), 1)
-    # since session 22 two-warpgroup programs run their warpgroups as partitions that take turns, and the model's
-    # (192, 2, 3) cost is scaled by that form's measured gain (1.16x): docs/logs/session22/lqq_rule_ab_row_pair.json
-    # (µs, the new pick vs session 17's, ABBA) — 6144x4096: 72.7 vs 76.6 at M = 1536 ... 193.5 vs 206.1 at 4096;
-    # since session 25 the 256-token tiles from 2048 (ABBA, docs/logs/session25/rule_ab/: 91.3 vs 99.0 at 2048,
-    # 183.4 vs 196.8 at 4096)
-    # since session 26 the 256-token tiles with their last wave halved also at 1536 (69.5 us vs 67.5: 0.97x, one of
-    # the points where the halved model lost in its ABBA; 1.047x over the 77 that changed, docs/logs/session26/rule_ab/)
+    # two-warpgroup programs run their warpgroups as partitions that take turns, and the model's (192, 2, 3) cost is
+    # scaled by that form's measured gain (1.16x); 6144x4096 runs the 256-token tiles from 2048 (ABBA: 91.3 vs 99.0 at
+    # 2048, 183.4 vs 196.8 at 4096) and, with their last wave halved, at 1536 (69.5 us vs 67.5: 0.97x, one of the
+    # points where the halved model lost in its ABBA; 1.047x over the 77 that changed)
     assert lqq_wgmma_launch(1536, 6144, 4096) == T256
     for m in (2048, 3072, 4096):
         assert lqq_wgmma_launch(m, 6144, 4096) == T256, m
-    # M = 1000: 128-token tiles (57.4 vs 63.8) until session 25's 256-token tiles, 59.6 us vs 58.1 in its ABBA: one of
-    # the points where the extended model lost (0.974x; geometric mean over the 172 points that changed 1.096x)
+    # M = 1000: 256-token tiles, 59.6 us vs 58.1 for 128-token tiles in ABBA: one of the points where the model with
+    # 256-token tiles loses (0.974x; geometric mean over the 172 points that changed 1.096x)
     assert lqq_wgmma_launch(1000, 6144, 4096) == T256
     assert lqq_wgmma_launch(1280, 6144, 4096, max_warpgroups=1) == two160  # 64.8 vs 77.5
-    assert lqq_wgmma_launch(1280, 6144, 4096) == T256  # session 25: 61.6 vs 65.8 (ABBA)
+    assert lqq_wgmma_launch(1280, 6144, 4096) == T256  # 61.6 vs 65.8 (ABBA)
     # the k/v layer: a program per SM at 1000 tokens; past 132 programs the 160-token tiles (M = 1025: 15.5 vs 18.1,
-    # M = 2049: 21.2 vs 32.6 — the one launch session 16's coverage run had slower than fp16 by 0.83x)
+    # M = 2049: 21.2 vs 32.6, where the other launch ran 0.83x fp16)
     assert lqq_wgmma_launch(1000, 1024, 4096) == two128
     assert lqq_wgmma_launch(1025, 1024, 4096) == lqq_wgmma_launch(2049, 1024, 4096) == two160
     assert lqq_wgmma_launch(1536, 1024, 4096) == one192  # one 192-token program an SM: 16.3 vs 18.4 on 128-token tiles
-    # 28672x4096: 283.9 vs 303.8 ... 1016.2 vs 1089.7 (session 22) on 192 tokens, on 256 since session 25 (ABBA:
-    # M = 1024 232.1 vs 286.9, 2048 447.9 vs 518.0)
+    # 28672x4096: 256-token tiles (ABBA: M = 1024 232.1 vs 286.9, 2048 447.9 vs 518.0)
     for m in (1024, 1280, 1536, 2048, 4096):
         assert lqq_wgmma_launch(m, 28672, 4096) == T256, m
-    # 100.7 us vs the Triton kernel's 118.6; since session 26 the 256-token tiles, the last token row (one token) and
-    # the last wave halved: 95.9 us vs 95.6 (ABBA, docs/logs/session26/rule_ab/)
+    # 256-token tiles, the last token row (one token) and the last wave halved: 95.9 us vs 95.6 (ABBA; the Triton
+    # kernel 118.6)
     assert lqq_wgmma_launch(769, 14336, 4096) == T256
     # one warpgroup only (a two-warpgroup build failed): the model's one-warpgroup options
     assert lqq_wgmma_launch(1536, 6144, 4096, max_warpgroups=1) == two192
     for n, k in LLAMA + [(3584, 3584), (4608, 3584), (37888, 3584), (8192, 4096), (24576, 4096), (11008, 4096),
                          (3584, 18944), (5120, 13824)]:
-        # rows longer than 8192: the session-24 table adds two warpgroups on 128 / 160 / 192 tokens at 3-4 stages
-        # and since session 25 both tables the 256-token tiles
+        # rows longer than 8192: the long-row table adds two warpgroups on 128 / 160 / 192 tokens at 3-4 stages,
+        # and both tables have the 256-token tiles
         two_wg = ({((128, st, 1, tail), 2) for st in (3, 4) for tail in (0, 32, 64)} if k > configs.LQQ_WGMMA_NARROW
                   else {wg2}) | {T256}
         for m in range(769, 4097, 37):
@@ -179,8 +168,8 @@ def test_large_m_wave_model_takes_the_launches_measured_fastest():
 
 
 def test_large_m_model_refitted_for_long_rows_only():
-    # session 24: the refit lost on the wide layers in its ABBA check (14336x4096, 28672x4096: 0.986-0.988x), won on
-    # rows longer than 8192 (1.05-1.13x on three layers it was not fitted to: big_m_long_rows_ab.json)
+    # the refit lost on the wide layers in its ABBA check (14336x4096, 28672x4096: 0.986-0.988x), won on rows longer
+    # than 8192 (1.05-1.13x on three layers it was not fitted to)
     assert configs.lqq_big_m_options(4096) is configs.LQQ_BIG_M_WS
     assert configs.lqq_big_m_options(14336) is configs.LQQ_BIG_M_WS_LONG_ROWS
     assert configs.lqq_big_m_options(configs.LQQ_WGMMA_NARROW) is configs.LQQ_BIG_M_WS
@@ -189,10 +178,9 @@ def test_large_m_model_refitted_for_long_rows_only():
     for tokens, wg, stages in configs.LQQ_BIG_M_WS_LONG_ROWS:
         ws = configs.lqq_ws_launch((128, stages, 1, tokens - 128), wg)
         assert ws is not None and ws[2] == tokens - 128 and ws[3] == wg
-    # wide rows of 4096: session 17's one-warpgroup pick unchanged (its two-warpgroup pick is session 25's 256 tokens)
+    # wide rows of 4096: the LQQ_BIG_M_WS one-warpgroup pick (its two-warpgroup pick is the 256-token tiles)
     assert configs.lqq_wgmma_launch(1024, 14336, 4096, max_warpgroups=1) == ((128, 2, 1, 32), 1)
-    # 355.0 us vs 437.2 (ABBA, session 24) on 192 tokens at four stages; on 256 since session 25 (335.9 vs the rule's
-    # 370.7 in docs/logs/session25/big_m_256/big_m_256.json)
+    # 256-token tiles: 335.9 us vs 370.7 for 192 tokens at four stages
     assert configs.lqq_wgmma_launch(3072, 3584, 18944) == T256
 
 
@@ -216,7 +204,7 @@ def test_rule_above_768_tokens_splits_k_only_for_launches_short_of_half_the_sms(
 
 
 def test_rule_never_falls_to_32_token_tiles_above_64_tokens_on_llama_shapes():
-    # (until session 18 the 16-row-tile 1024×4096 layer took them at M <= 160; since, 64-token tiles split 4)
+    # (the 16-row-tile 1024×4096 layer runs 64-token tiles split 4 there)
     for n, k in LLAMA:
         for m in range(65, 4097, 7):
             cfg = lqq_wgmma_config(m, n, k)
@@ -232,7 +220,7 @@ def test_rule_configs_are_ones_the_kernel_has():
             if cfg is not None:
                 assert lqq_wgmma_warpgroups(m, n, k) in (1, 2)
                 bm, stages, split, tail = cfg
-                # four stages: the large-M model's two-warpgroup options on rows longer than 8192 (session 24)
+                # four stages: the large-M model's two-warpgroup options on rows longer than 8192
                 assert bm in (32, 64, 128) and stages in (2, 3, 4) and split in (1, 2, 4, 8) and tail in (0, 32, 64, 128)
                 # a 128-token tail: the large-M model's 256-token launch, two warpgroups on lqq_ws, from 513 tokens
                 assert tail < 128 or (lqq_wgmma_launch(m, n, k) == T256 and m >= configs.LQQ_BIG_M_TOKENS_256_MIN_M
@@ -246,9 +234,8 @@ def test_rule_configs_are_ones_the_kernel_has():
 def test_rule_uses_two_stages_on_the_large_m_models_two_per_sm_launches_and_launches_of_a_program_per_sm():
     assert lqq_wgmma_config(640, 4096, 4096)[1] == 2
     assert lqq_wgmma_launch(768, 4096, 4096) == ((128, 3, 1, 64), 2)  # one two-warpgroup program an SM: 3 stages
-    assert lqq_wgmma_launch(896, 4096, 4096) == T256  # 128-token tiles two an SM until session 25 (30.7 us vs 38.3)
-    # the large-M model's 128-token tiles two an SM until session 26; since, 256-token tiles every one halved (18.2 us
-    # vs 18.4, ABBA, docs/logs/session26/rule_ab/)
+    assert lqq_wgmma_launch(896, 4096, 4096) == T256  # 30.7 us vs 38.3 on 128-token tiles two an SM
+    # 256-token tiles every one halved: 18.2 us vs 18.4 on 128-token tiles two an SM (ABBA)
     assert lqq_wgmma_launch(1024, 2048, 4096) == T256
     assert lqq_wgmma_config(768, 1024, 4096)[1] == 3  # 16 row tiles: fewer programs than SMs
     assert lqq_wgmma_config(512, 4096, 4096)[1] == 3
@@ -264,8 +251,8 @@ def test_cost_model_prefers_fewer_token_tiles_and_fuller_waves():
 
 
 def test_cost_model_region_and_its_split_terms():
-    """configs.lqq_uses_cost_model says where lqq_wgmma_launch takes the cost model's pick, and the split terms of
-    session 18 (each slot the tile's last program adds costs "slot_tiles") order the splits."""
+    """configs.lqq_uses_cost_model says where lqq_wgmma_launch takes the cost model's pick, and the split terms
+    (each slot the tile's last program adds costs "slot_tiles") order the splits."""
     from quantkit.runtime.kernels.configs import lqq_cost_model_launch, lqq_uses_cost_model
 
     assert lqq_uses_cost_model(32, 4096, 4096) and lqq_uses_cost_model(128, 1024, 4096)
@@ -287,7 +274,7 @@ def test_cost_model_region_and_its_split_terms():
         return 16 / split + cost["fixed_tiles"] + cost["split_tiles"] + cost["slot_tiles"] * split
 
     assert ratio(c, 4) / ratio(free, 4) == pytest.approx(work(4, c) / work(4, free))
-    # the k/v layer at 96 tokens splits 4 (8.2 µs vs 9.2 for session 17's split 2; split_refit_kv_h100.json)
+    # the k/v layer at 96 tokens splits 4 (8.2 µs vs 9.2 split 2)
     assert lqq_wgmma_launch(96, 1024, 4096)[0][2] == 4
 
 
@@ -420,7 +407,7 @@ def test_matmul_refuses_tiles_it_has_no_kernel_for():
 
 
 def test_triton_rule_takes_128_token_tiles_with_a_ragged_last_tile_above_512_tokens():
-    # LiquidQuant 14336×4096 M = 1025 on 64×64 tiles ran 0.66× fp16 (docs/logs/lqq_coverage_h100.json)
+    # LiquidQuant 14336×4096 M = 1025 on 64×64 tiles ran 0.66× fp16
     assert gemm_config(1025, 14336, 4096, "lqq").bm == 128
     assert gemm_config(2049, 28672, 4096, "lqq").bm == 128
     assert gemm_config(448, 14336, 4096, "lqq").bm == 64  # up to 512 a half-empty 128-token tile is still refused
@@ -453,7 +440,7 @@ def test_int8_matmul_runs_the_gluon_kernel_where_the_rule_picks_it(monkeypatch):
 
 
 def test_two_warpgroups_where_the_cost_model_puts_them():
-    # docs/logs/session11/lqq_wg2_h100.json, docs/logs/session12/lqq_wg2_*.json: the timed fastest, or within noise
+    # measured on an H100: the timed fastest, or within noise
     # of it (28672x4096 M = 320: 107.9 us vs 107.6 on 192-token tiles)
     measured = {(14336, 300): (128, 3, 1, 32), (14336, 320): (128, 3, 1, 32), (28672, 300): (128, 3, 1, 32),
                 (28672, 320): (128, 3, 1, 32), (14336, 352): (128, 3, 1, 64),
@@ -461,8 +448,8 @@ def test_two_warpgroups_where_the_cost_model_puts_them():
     for (n, m), cfg in measured.items():
         assert lqq_wgmma_launch(m, n, 4096) == (cfg, 2), (n, m)
         assert lqq_wgmma_config(m, n, 4096) == cfg and lqq_wgmma_warpgroups(m, n, 4096) == 2
-    # from M = 384 the large-M model's one-warpgroup launches of lqq_ws since session 17
-    # (docs/logs/session17/lqq_mid_ws_h100.json: 14336x4096 M = 384 48.5 us vs 59.3 on the two-warpgroup tiles,
+    # from M = 384 the large-M model's one-warpgroup launches of lqq_ws
+    # (14336x4096 M = 384 48.5 us vs 59.3 on the two-warpgroup tiles,
     # M = 448 64.3 vs 79.2, 4608x3584 M = 512 21.9 vs 26.4)
     assert lqq_wgmma_launch(384, 14336, 4096) == lqq_wgmma_launch(500, 4608, 3584) == ((128, 2, 1, 64), 1)
     assert lqq_wgmma_launch(448, 14336, 4096) == ((128, 2, 1, 32), 1)
@@ -488,15 +475,10 @@ def test_two_warpgroups_where_the_cost_model_puts_them():
                     assert all(configs._lqq_waves(m, n, t, 1, configs.SMS_H100) > 1 for t in configs.LQQ_WGMMA_TILES)
     for m in (33, 64):
         assert lqq_wgmma_warpgroups(m, 14336, 4096) == 1
-    assert lqq_wgmma_launch(1024, 14336, 4096) == T256  # two warpgroups on 256 tokens since session 25
-    # M = 2048 on the wide layer: one warpgroup's 192-token tiles, two an SM, from session 17 (263.7 us vs 286.4 for
-    # the two-warpgroup ones then, docs/logs/session17/lqq_bigm_ws_b_h100.json); since session 22's scaled cost the
-    # two-warpgroup ones again — 264.6 vs 257.0 us there, one of the 8 of 37 changed points that ran slower (0.95-0.99x;
-    # geometric mean of the 37 1.04x, docs/logs/session22/lqq_rule_ab_row_pair.json)
-    # — and since session 25 the 256-token tiles: 223.9 vs 252.3 us (ABBA, docs/logs/session25/rule_ab/)
+    assert lqq_wgmma_launch(1024, 14336, 4096) == T256  # two warpgroups on 256 tokens
+    # M = 2048 on the wide layer: the 256-token tiles, 223.9 vs 252.3 us (ABBA)
     assert lqq_wgmma_launch(2048, 14336, 4096) == T256
-    # M = 481-512 on the wide layer, where session 12's cost model was off by 3-4 %: the large-M model since session 17
-    # (70.6 us vs 83.0, docs/logs/session17/lqq_mid_ws_h100.json)
+    # M = 481-512 on the wide layer, where the cost model is off by 3-4 %: the large-M model (70.6 us vs 83.0)
     assert lqq_wgmma_launch(512, 14336, 4096) == ((128, 2, 1, 64), 1)
     # a two-warpgroup program costs LQQ_WGMMA_COST["two_warpgroups"] one-warpgroup programs over half as many row tiles
     one = lqq_wgmma_cost(300, 14336, 4096, 160, 1)

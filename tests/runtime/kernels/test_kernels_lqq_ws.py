@@ -95,11 +95,11 @@ def test_matmul_refuses_a_split_below_one():
     (1024, 4096, 769, 3, 0, 1, 2, 2), (1024, 4096, 128, 3, 0, 1, 2, 8), (333, 1280, 300, 3, 0, 1, 2, 2),
     (200, 1280, 300, 3, 32, 1, 1, 2), (1000, 2048, 161, 2, 64, 1, 2, 4), (4096, 2048, 700, 3, 64, 2, 1, 2),
     (64, 256, 5, 2, 0, 1, 2, 2), (130, 2304, 1025, 3, 32, 2, 1, 3), (1000, 2048, 161, 2, 64, 1, 2, 8),
-    # two warpgroups (partitions of their own since session 22, each on its own split-K tickets): a tail of 32,
+    # two warpgroups (partitions of their own, each on its own split-K tickets): a tail of 32,
     # none, one K tile, a split of two-warpgroup programs over a ragged token tile
     (333, 768, 161, 3, 32, 2, 1, 1), (200, 512, 33, 3, 0, 2, 1, 1), (1000, 1280, 300, 2, 32, 2, 1, 1),
     (333, 1280, 300, 3, 0, 2, 1, 2),
-    # 256-token programs (a 128-token tail tile; configs.LQQ_BIG_M_TOKENS_256, session 25): whole tiles, a ragged
+    # 256-token programs (a 128-token tail tile; configs.LQQ_BIG_M_TOKENS_256): whole tiles, a ragged
     # last tile moved back (M = 1000, 513), a tail partly past M (M = 200), odd N, a K split, one K tile
     (4096, 2048, 1024, 3, 128, 2, 1, 1), (1000, 1280, 1000, 3, 128, 2, 1, 1), (333, 2304, 513, 3, 128, 2, 1, 1),
     (130, 768, 200, 3, 128, 2, 1, 1), (1000, 2048, 700, 3, 128, 2, 1, 2), (64, 256, 300, 2, 128, 2, 1, 1)])
@@ -204,7 +204,7 @@ def test_halved_tiles_equal_the_triton_kernel_call_after_call(n, k, m, halves_fr
 @pytest.mark.gpu
 @hopper
 def test_int8_matmul_runs_the_256_token_launch_with_the_triton_kernels_bits(monkeypatch):
-    """The large-M model's 256-token launch (session 25) through int8_matmul: lqq_ws with a 128-token tail, the
+    """The large-M model's 256-token launch through int8_matmul: lqq_ws with a 128-token tail, the
     Triton kernel's bits, fp16 and bf16."""
     calls = record_launches(monkeypatch, gluon_lqq_ws, "lqq_ws_matmul", 4, 10)
     _, tensors, meta = packed("w4a8-lqq", 4096, 1024, 128, seed=3)
@@ -262,7 +262,7 @@ def test_halves_rule_halves_tiles_where_the_model_has_fewer_waves(monkeypatch):
     assert configs.lqq_ws_halves(1024, 6144, 4096, launch, sms=96) is None  # exactly two whole waves
     assert configs.lqq_ws_halves(512, 6144, 4096, launch) is None  # below the 256-token option's 513 tokens
     # from 577 tokens: at 513 / 576 on the widest layers the halved launches lost to the 192-token one-warpgroup ones
-    # (0.91-0.97x, docs/logs/session26/rule_ab/), which the rule keeps there
+    # (0.91-0.97x), which the rule keeps there
     assert configs.LQQ_HALVES_MIN_M == 577 and configs.lqq_ws_halves(576, 28672, 4096, launch) is None
     for n, k in [(28672, 4096), (18944, 3584)]:
         for m in (513, 576):

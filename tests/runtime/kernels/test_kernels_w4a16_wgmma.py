@@ -106,7 +106,7 @@ def test_gluon_kernel_reads_strided_activation_rows():
 
 
 def test_rule_takes_the_gluon_kernel_only_where_the_sweep_measured_it_faster():
-    # docs/logs/session11/w4a16_wgmma_h100.json
+    # measured on an H100 (docs/BENCHMARKS.md)
     for n, k in [(14336, 4096), (4096, 4096), (6144, 4096), (4096, 14336), (28672, 4096)]:
         for m in (1, 8, 16, 33, 64, 513, 768, 1024, 4096):  # GEMV / Triton ties at 33-64 / dequantize + cuBLAS
             assert w4a16_wgmma_config(m, n, k) is None, (m, n, k)
@@ -115,8 +115,8 @@ def test_rule_takes_the_gluon_kernel_only_where_the_sweep_measured_it_faster():
     assert w4a16_wgmma_config(128, 4096, 4096) is None  # 64 programs of 64 rows: the Triton kernel's split
     assert w4a16_wgmma_config(128, 14336, 4096) == (128, 3, 1, 2)
     assert w4a16_wgmma_config(128, 4096, 14336) is None  # 64 programs again
-    # since session 16 (no products in flight across tiles) the Triton kernel from M = 129: 1.09-1.27x faster at
-    # M = 256 / 512 on three shapes (docs/logs/session16/w4a16_paths_h100.json)
+    # with no products in flight across tiles the Triton kernel runs from M = 129: 1.09-1.27x faster at
+    # M = 256 / 512 on three shapes
     for n, k in [(14336, 4096), (4096, 4096), (6144, 4096), (4096, 14336)]:
         for m in (129, 256, 257, 512):
             assert w4a16_wgmma_config(m, n, k) is None, (m, n, k)
@@ -131,7 +131,7 @@ def test_rule_takes_the_gluon_kernel_only_where_the_sweep_measured_it_faster():
 def test_w4a16_matmul_runs_the_gluon_kernel_where_the_rule_picks_it(monkeypatch):
     calls = record_launches(monkeypatch, gluon_w4a16_wgmma, "w4a16_wgmma_matmul", 3)
     _, tensors, meta = packed("w4a16", 14336, 512, 128, seed=4)
-    # since session 17 the rule's 128-token launches run the warp-specialized kernel (test_kernels_w4a16_ws.py):
+    # the rule's 128-token launches run the warp-specialized kernel (test_kernels_w4a16_ws.py):
     # with it declined, this kernel takes them
     monkeypatch.setattr(configs, "w4a16_ws_warpgroups", lambda m, n, k: None)
     for m, dtype in ((24, torch.float16), (100, torch.bfloat16), (120, torch.float16)):

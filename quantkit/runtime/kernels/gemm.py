@@ -104,9 +104,23 @@ def _rule(cfg, what: str) -> tuple[bool, str]:
     return (True, "") if cfg else (False, f"not picked here by {what}")
 
 
+class RuleKernel(GemmKernel):
+    """A kernel whose launch rule both picks it and gives its one launch config: subclasses define
+    ``rule(problem) -> config or None`` and name it in ``rule_name``."""
+
+    rule_name = ""
+
+    def picks(self, p):
+        return _rule(self.rule(p), self.rule_name)
+
+    def configs(self, p):
+        cfg = self.rule(p)
+        return [cfg] if cfg else []
+
+
 # --- a8: CUDA ---------------------------------------------------------------------------------------------------
 
-class CudaLqqCluster(GemmKernel):
+class CudaLqqCluster(RuleKernel):
     """LiquidQuant W4A8 with the K split reduced inside a thread-block cluster (:mod:`.cuda.lqq_cluster`), for
     layers with few output tiles from 9 tokens."""
 
@@ -120,12 +134,10 @@ class CudaLqqCluster(GemmKernel):
             return False, why
         return True, ""
 
-    def picks(self, p):
-        return _rule(configs.lqq_cluster_launch(p.m, p.n, p.k), "configs.lqq_cluster_launch")
+    rule_name = "configs.lqq_cluster_launch"
 
-    def configs(self, p):
-        cfg = configs.lqq_cluster_launch(p.m, p.n, p.k)
-        return [cfg] if cfg else []
+    def rule(self, p):
+        return configs.lqq_cluster_launch(p.m, p.n, p.k)
 
     def accepts(self, p, c, cfg):
         layout, tensors, meta = c.one
@@ -274,7 +286,7 @@ class GluonLqq(GemmKernel):
             fallback="the next launch of the priority list")
 
 
-class GluonW8a8(GemmKernel):
+class GluonW8a8(RuleKernel):
     """W8A8 on the TMA wgmma kernel (:mod:`.gluon_sm90.w8a8_wgmma`); MixLLM W4A8 from
     :data:`.configs.MIXLLM_OPERAND_MIN_M` tokens through its int8 operand (:mod:`.triton.int8_operand`)."""
 
@@ -290,12 +302,10 @@ class GluonW8a8(GemmKernel):
             return False, why
         return True, ""
 
-    def picks(self, p):
-        return _rule(configs.w8a8_wgmma_config(p.m, p.n, p.k), "configs.w8a8_wgmma_config")
+    rule_name = "configs.w8a8_wgmma_config"
 
-    def configs(self, p):
-        cfg = configs.w8a8_wgmma_config(p.m, p.n, p.k)
-        return [cfg] if cfg else []
+    def rule(self, p):
+        return configs.w8a8_wgmma_config(p.m, p.n, p.k)
 
     def accepts(self, p, c, cfg):
         _, _, meta = c.one
@@ -307,7 +317,7 @@ class GluonW8a8(GemmKernel):
             c.a_codes, c.a_scales, c.act_group, w8_operand(layout, tensors, meta), meta, *cfg, c.out, c.out_dtype))
 
 
-class GluonW8a8Mixed(GemmKernel):
+class GluonW8a8Mixed(RuleKernel):
     """A W4.4A8 layer (MixLLM 4-bit + 8-bit rows) in one launch of the W8A8 TMA kernel, both partitions' int8
     operands written in output-row order (:func:`.triton.int8_operand.mixed_w8_operand`), from
     :data:`.configs.MIXLLM_MIXED_OPERAND_MIN_M` tokens."""
@@ -324,12 +334,10 @@ class GluonW8a8Mixed(GemmKernel):
             return False, why
         return True, ""
 
-    def picks(self, p):
-        return _rule(configs.w8a8_wgmma_config(p.m, p.n, p.k), "configs.w8a8_wgmma_config")
+    rule_name = "configs.w8a8_wgmma_config"
 
-    def configs(self, p):
-        cfg = configs.w8a8_wgmma_config(p.m, p.n, p.k)
-        return [cfg] if cfg else []
+    def rule(self, p):
+        return configs.w8a8_wgmma_config(p.m, p.n, p.k)
 
     def accepts(self, p, c, cfg):
         why = w8a8_wgmma.w8a8_wgmma_problem(c.a_codes, c.act_group, "w8", c.parts[0][2], c.out, c.out_dtype)
@@ -425,7 +433,7 @@ class CudaW4a16Gemv(GemmKernel):
         return cuda_gemv.w4a16_gemv_cuda(c.x, c.tensors, c.meta, out=c.out)
 
 
-class GluonW4a16Ws(GemmKernel):
+class GluonW4a16Ws(RuleKernel):
     """W4A16 on the warp-specialized Gluon kernel (:mod:`.gluon_sm90.w4a16_ws`)."""
 
     name, ops = "gluon_sm90.w4a16_ws", ("a16",)
@@ -436,12 +444,11 @@ class GluonW4a16Ws(GemmKernel):
             return False, why
         return True, ""
 
-    def picks(self, p):
-        return _rule(configs.w4a16_ws_warpgroups(p.m, p.n, p.k, _sms(p)), "configs.w4a16_ws_warpgroups")
+    rule_name = "configs.w4a16_ws_warpgroups"
 
-    def configs(self, p):
+    def rule(self, p):
         wg = configs.w4a16_ws_warpgroups(p.m, p.n, p.k, _sms(p))
-        return [(3, wg)] if wg else []
+        return (3, wg) if wg else None
 
     def accepts(self, p, c, cfg):
         return w4a16_ws.w4a16_ws_problem(c.x, c.meta, c.out)
@@ -451,7 +458,7 @@ class GluonW4a16Ws(GemmKernel):
             c.x, c.tensors, c.meta, *cfg, out=c.out), fallback="the next kernel of the priority list")
 
 
-class GluonW4a16Wgmma(GemmKernel):
+class GluonW4a16Wgmma(RuleKernel):
     """W4A16 on the Gluon wgmma kernel (:mod:`.gluon_sm90.w4a16_wgmma`)."""
 
     name, ops = "gluon_sm90.w4a16_wgmma", ("a16",)
@@ -462,12 +469,10 @@ class GluonW4a16Wgmma(GemmKernel):
             return False, why
         return True, ""
 
-    def picks(self, p):
-        return _rule(configs.w4a16_wgmma_config(p.m, p.n, p.k), "configs.w4a16_wgmma_config")
+    rule_name = "configs.w4a16_wgmma_config"
 
-    def configs(self, p):
-        cfg = configs.w4a16_wgmma_config(p.m, p.n, p.k)
-        return [cfg] if cfg else []
+    def rule(self, p):
+        return configs.w4a16_wgmma_config(p.m, p.n, p.k)
 
     def accepts(self, p, c, cfg):
         return w4a16_wgmma.w4a16_wgmma_problem(c.x, c.meta, c.out)

@@ -1,6 +1,6 @@
 """Kernel benchmarks: CUDA-event timing with rotating inputs and CUDA graphs (:mod:`.timing`), ceilings measured
 on the device and roofline rows (:mod:`.roofline`), benchmark problems per method (:mod:`.problems`),
-``run_bench`` / ``tune`` (:mod:`.runner`), tile-config sweeps (:mod:`.sweep`), ``python -m quantkit.bench``; and
+``run_bench`` (:mod:`.runner`), launch tuning (:mod:`.tune`), ``python -m quantkit.bench``; and
 a check of the Gluon kernels' SASS that needs no GPU (:mod:`.sass`, ``python -m quantkit.bench.sass``).
 
 Submodules are imported on use: the problems need Triton and a GPU, ``import quantkit.bench`` does not."""

@@ -1,5 +1,5 @@
 """``run_bench``: time methods × shapes × token counts against ceilings measured in the same run, with the
-speedup over torch fp16 (cuBLAS); ``tune``: time candidate tile configs of one quantkit kernel problem."""
+speedup over torch fp16 (cuBLAS)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from quantkit.bench.problems import build_problem
 from quantkit.bench.roofline import Ceilings, gemm_flops, measure_ceilings, roofline_row, traffic_bytes
 from quantkit.bench.timing import time_rotating
 from quantkit.errors import QuantkitError
-from quantkit.runtime.kernels.configs import TileConfig
+from quantkit.runtime.kernels.triton.launch import TileConfig
 from quantkit.runtime.kernels.cuda.common import pdl_supported
 
 
@@ -83,20 +83,3 @@ def run_bench(shapes: Iterable[tuple[int, int]], ms: Sequence[int], methods: Seq
                 torch.cuda.empty_cache()
     return rows
 
-
-def tune(method: str, m: int, n: int, k: int, candidates: Sequence[TileConfig], reps: int = 30) -> list[dict]:
-    """Time every candidate config of a quantkit kernel method on one problem (weights packed once; compile
-    failures, e.g. too much shared memory, are reported, not raised); rows sorted fastest first."""
-    _require_cuda()
-    prob = build_problem(method, m, n, k)
-    out = []
-    for cfg in candidates:
-        prob.state["config"] = cfg
-        try:
-            out.append({"config": cfg.to_dict(), **time_rotating(prob.fn, prob.inputs, reps=reps)})
-        except Exception as e:  # noqa: BLE001 — a config the compiler rejects is a result of the sweep
-            msg = str(e).strip().splitlines()
-            out.append({"config": cfg.to_dict(), "error": f"{type(e).__name__}: {(msg[0] if msg else '')[:200]}"})
-    del prob
-    torch.cuda.empty_cache()
-    return sorted(out, key=lambda r: r.get("ms", float("inf")))

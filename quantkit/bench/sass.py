@@ -197,7 +197,6 @@ def _lqq_launches():
 
     from quantkit.runtime.kernels.gluon_sm90 import lqq_wgmma
     from quantkit.runtime.kernels.gluon_sm90 import lqq_ws
-    from quantkit.runtime.kernels.configs import LQQ_BIG_M_TILES, LQQ_BIG_M_WS_LONG_ROWS, lqq_ws_launch
     from quantkit.runtime.kernels.gluon_sm90.common import gl, ws_maxnreg
 
     m, n, k = 1024, 4096, 4096
@@ -212,14 +211,8 @@ def _lqq_launches():
                dict(BM=bm, STAGES=3, SPLIT_K=split, BT=tail, WG=wg, COPIES=lqq_wgmma.one_copy_per_tile(tail, wg),
                     num_warps=4 * wg))
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
-    # every register budget, tail and stage count of the lqq_ws launches the rules give (configs.lqq_ws_launch of the
-    # cost model's unsplit 128-token tiles, one warpgroup and two, and of every option of the large-M model)
-    kinds = [(0, 1, 2, 3), (32, 1, 1, 3), (64, 1, 1, 3), (32, 2, 1, 3), (64, 2, 1, 3)]
-    for tokens, wg, stages in LQQ_BIG_M_WS_LONG_ROWS:  # LQQ_BIG_M_WS's options and more (tests check the subset)
-        bm, tail = LQQ_BIG_M_TILES[tokens]
-        _, st, tail, _, per_sm, _ = lqq_ws_launch((bm, stages, 1, tail), wg)
-        kinds.append((tail, wg, per_sm, st))
-    for tail, wg, per_sm, stages in sorted(set(kinds)):
+    # every register budget, tail and stage count of the lqq_ws launches the registry may run (lqq_ws_kinds)
+    for tail, wg, per_sm, stages in lqq_ws_kinds():
         descs = (TensorDescriptor(a, [m, k], [k, 1], [128, 128], layout),
                  TensorDescriptor(a, [m, k], [k, 1], [max(tail, 8), 128], layout))
         # a K split: the rules give lqq_ws none; its split epilogue is checked on one warpgroup and on two (each on
@@ -230,20 +223,42 @@ def _lqq_launches():
                             k // 128, 0),
                    dict(BM=128, BT=tail, STAGES=stages, WG=wg, SPLIT_K=split, PART_REGS=lqq_ws.PART_REGS,
                         num_warps=4, maxnreg=ws_maxnreg(wg, per_sm)))
-        if tail == 128:  # the 256-token launch with its last wave's tiles halved (configs.lqq_ws_halves)
+        if tail == 128:  # the 256-token launch with its last wave's tiles halved
             yield (f"lqq_ws tail={tail} wg={wg} per_sm={per_sm} stages={stages} halves", lqq_ws._lqq_ws_kernel,
                    descs + (sa, w, p, cs, out, slots, tickets, m, n, 1, n, w.shape[1], k // 256, k // 256, 1,
                             k // 128, 132),
                    dict(BM=128, BT=tail, STAGES=stages, WG=wg, SPLIT_K=1, PART_REGS=lqq_ws.PART_REGS, HALVES=True,
                         num_warps=4, maxnreg=ws_maxnreg(wg, per_sm)))
-    # the K-pair launches (configs.lqq_k_pair; unsplit, and a split for the slot epilogue)
+    # the K-pair launches (2 and 4 stages; unsplit, and a split for the slot epilogue)
     desc = TensorDescriptor(a, [m, k], [k, 1], [128, 128], layout)
-    for split in (1, 2):
-        yield (f"lqq_ws k_pair split={split}", lqq_ws._lqq_ws_kpair_kernel,
-               (desc, sa, w, p, cs, out, slots, tickets, m, n, 1, n, w.shape[1], k // 256, k // 256 // split, 1,
-                k // 128),
-               dict(BM=128, STAGES=4, SPLIT_K=split, HALF_REGS=lqq_ws.PART_REGS, num_warps=4,
-                    maxnreg=ws_maxnreg(2, 1)))
+    for stages in (2, 4):
+        for split in (1, 2):
+            yield (f"lqq_ws k_pair stages={stages} split={split}", lqq_ws._lqq_ws_kpair_kernel,
+                   (desc, sa, w, p, cs, out, slots, tickets, m, n, 1, n, w.shape[1], k // 256, k // 256 // split, 1,
+                    k // 128),
+                   dict(BM=128, STAGES=stages, SPLIT_K=split, HALF_REGS=lqq_ws.PART_REGS, num_warps=4,
+                        maxnreg=ws_maxnreg(2, 1)))
+
+
+def lqq_ws_kinds() -> list[tuple[int, int, int, int]]:
+    """(tail, warpgroups, programs an SM, stages) of every lqq_ws launch that the LiquidQuant Gluon kernel's default
+    rule or tune space gives on layers of 512-28672 rows at 17-4096 tokens (:class:`.gemm.GluonLqq`)."""
+    import torch
+
+    from quantkit.runtime.kernels.gemm import GluonLqq
+    from quantkit.runtime.kernels.gluon_sm90 import lqq_ws
+    from quantkit.runtime.kernels.registry import GemmProblem
+
+    kinds = set()
+    for n in (512, 1024, 4096, 14336, 28672):
+        for m in (17, 64, 130, 200, 300, 600, 1024, 2500, 4096):
+            p = GemmProblem("a8", ("w4a8-lqq",), m, n, 4096, -1, torch.float16, (9, 0), 132,
+                            frozenset({"cupy", "gluon"}))
+            for c in GluonLqq().configs(p) + GluonLqq().candidates(p):
+                if c.kernel in (lqq_ws.KERNEL, lqq_ws.HALVES_KERNEL):
+                    _, stages, tail, wg, per_sm, _ = c.args
+                    kinds.add((tail, wg, per_sm, stages))
+    return sorted(kinds)
 
 
 def _w4a16_launches():

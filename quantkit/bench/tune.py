@@ -7,8 +7,9 @@ GemmKernel.candidates`. Each candidate's output on the point's first input is fi
 reference of the packed format (:mod:`quantkit.runtime.kernels.reference`): relative error at most
 :data:`MAX_REL_ERR` (a K split changes only the fp32 summation order), and whether it equals the default choice's
 output bit for bit is recorded. Only checked candidates are timed (CUDA graphs of rotating inputs, the bench's
-timing, each after the GPU is warm), with the default choice (the priority list alone), in two rounds of opposite
-order; each keeps its smaller median, and every entry states what tuning gained over the default.
+timing): a short screening timing each, then the :data:`FINALISTS` fastest with the default choice (the priority
+list alone), each after the GPU is warm, in two rounds of opposite order; each keeps its smaller median, and every
+entry states what tuning gained over the default.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def reference_output(method: str, inputs: tuple, meta: dict) -> torch.Tensor:
 
 
 WARM_MS = 25.0  # GPU work before each timing: clocks drop while the host compiles, and ramp back within this
+SCREEN_REPS = 5  # graph replays of the screening timing
+FINALISTS = 4  # candidates the screening passes on to the two-round timing
 
 
 def warm_time(fn: Callable, inputs: Sequence[tuple], reps: int) -> float:
@@ -142,9 +145,15 @@ def _tune_point(method, m, n, k, timer, build_problem, gemm, kernel_named, plan)
             lines = str(e).strip().splitlines()
             row["error"] = f"{type(e).__name__}: {(lines[0] if lines else '')[:200]}"
         tried.append(row)
-    # every checked candidate and the default, timed in two rounds, the second in reverse order (ABBA), each
-    # after the GPU is warm: the smaller median counts, so clock ramps and drift do not favour a position
-    runs = [(None, None, None)] + checked
+    from quantkit.bench.timing import time_rotating
+
+    for row, name, cfg in checked:
+        prob.state.update(kernel=name, launch_config=cfg)
+        row["screen_us"] = round(time_rotating(prob.fn, prob.inputs, reps=SCREEN_REPS)["ms"] * 1e3, 3)
+    finalists = sorted(checked, key=lambda c: c[0]["screen_us"])[:FINALISTS]
+    # the finalists and the default, timed in two rounds, the second in reverse order (ABBA), each after the GPU is
+    # warm: the smaller median counts, so clock ramps and drift do not favour a position
+    runs = [(None, None, None)] + finalists
     times: dict[int, list[float]] = {i: [] for i in range(len(runs))}
     for order in (range(len(runs)), reversed(range(len(runs)))):
         for i in order:

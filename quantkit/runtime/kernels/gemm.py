@@ -14,8 +14,10 @@ Three operations, each with one priority list (first = preferred where it can ru
 
 The CUDA GEMVs serve decode sizes (a few tokens), the CUDA cluster kernel LiquidQuant layers with few output tiles,
 the Gluon kernels Hopper above decode sizes, and the Triton kernels everything else (every GPU, and the CPU
-interpreter). Each kernel's launch rule (:mod:`.configs`) both decides whether it takes a shape and gives its
-launch config. All of them compute the bits of the torch reference (:mod:`.reference`) for the same packed tensors,
+interpreter). Where a tuned table (:mod:`.tables`) names a kernel and launch for the device and size, it runs
+first; elsewhere each kernel's short rule (:mod:`.heuristic`, sized by the real SM count) decides whether it takes
+the size and gives its launch. Each kernel's :meth:`~.registry.GemmKernel.candidates` is the launch space
+``quantkit tune`` times. All of them compute the bits of the torch reference (:mod:`.reference`) for the same packed tensors,
 up to the K split (fp32 partial sums added in another order).
 """
 
@@ -27,7 +29,7 @@ from typing import NamedTuple
 
 import torch
 
-from quantkit.runtime.kernels import configs
+from quantkit.runtime.kernels import heuristic as rules
 from quantkit.runtime.kernels.cuda import gemv as cuda_gemv
 from quantkit.runtime.kernels.cuda import gemv_a8 as cuda_gemv_a8
 from quantkit.runtime.kernels.cuda import lqq_cluster as cuda_cluster
@@ -39,6 +41,7 @@ from quantkit.runtime.kernels.registry import (GemmKernel, GemmProblem, device_t
 from quantkit.runtime.kernels.triton import int8_gemm as triton_int8
 from quantkit.runtime.kernels.triton import w4a16 as triton_w4a16
 from quantkit.runtime.kernels.triton.int8_operand import mixed_w8_operand, w8_operand
+from quantkit.runtime.kernels.triton.launch import TileConfig, split_plan
 
 HOPPER = (9, 0)
 HALF = (torch.float16, torch.bfloat16)
@@ -95,9 +98,16 @@ def _device_reason(p: GemmProblem, exact: tuple[int, int] | None = None, least: 
 
 
 def _sms(p: GemmProblem) -> int:
-    """The SM count the launch rules size waves by: the device's own (the rules' reference, an H100's 132, where
-    there is no GPU: the interpreter runs the configs a 132-SM GPU would)."""
-    return p.sms or configs.SMS_H100
+    """The SM count the launch rules size waves by: the device's own (:data:`.heuristic.SMS_WITHOUT_GPU` where there
+    is no GPU)."""
+    return p.sms or rules.SMS_WITHOUT_GPU
+
+
+def _splits(p: GemmProblem, programs: int, splits=(1, 2, 4, 8)) -> list[int]:
+    """The K splits a tune tries for a launch of ``programs`` unsplit programs: 1, and the others where the launch has
+    fewer programs than two waves and each split keeps :data:`.heuristic.MIN_SPLIT_TILES` tiles."""
+    kt = rules.k_tiles(p.k)
+    return [s for s in splits if s == 1 or (programs < 2 * _sms(p) and split_plan(kt, s)[0] >= rules.MIN_SPLIT_TILES)]
 
 
 def _rule(cfg, what: str) -> tuple[bool, str]:
@@ -134,10 +144,17 @@ class CudaLqqCluster(RuleKernel):
             return False, why
         return True, ""
 
-    rule_name = "configs.lqq_cluster_launch"
+    rule_name = "heuristic.lqq_cluster_launch"
 
     def rule(self, p):
-        return configs.lqq_cluster_launch(p.m, p.n, p.k)
+        return rules.lqq_cluster_launch(p.m, p.n, p.k, _sms(p))
+
+    def candidates(self, p):
+        if not 9 <= p.m <= 1024 or p.k % 256 or p.n > 6144:
+            return []
+        kt = rules.k_tiles(p.k)
+        out = [(64, s, st, d, 64) for s in (2, 4, 8) if kt >= s for st, d in ((2, 1), (3, 1), (3, 2), (4, 2))]
+        return out + [(t, 4, 4, 2, 128) for t in (64, 128) if kt >= 8]
 
     def accepts(self, p, c, cfg):
         layout, tensors, meta = c.one
@@ -177,6 +194,9 @@ class CudaA8Gemv(GemmKernel):
 
 # --- a8: Gluon (Hopper) -----------------------------------------------------------------------------------------
 
+LQQ_TILES = ((32, 0), (64, 0), (64, 32), (128, 0), (128, 32), (128, 64))  # (tokens, tail) of the Gluon programs
+
+
 class LqqLaunch(NamedTuple):
     """One LiquidQuant Gluon launch: the kernel (``lqq_ws_halves``, ``lqq_ws`` or ``lqq_wgmma``) and its
     arguments after the operands (see :func:`.gluon_sm90.lqq_ws.lqq_ws_matmul` /
@@ -197,7 +217,7 @@ def _lqq_gluon_reason(p: GemmProblem) -> str | None:
 
 class GluonLqqKPair(GemmKernel):
     """LiquidQuant on the warp-specialized Gluon kernel, one program an SM over two K halves
-    (:func:`.gluon_sm90.lqq_ws.lqq_ws_matmul` with ``k_pair``), where :func:`.configs.lqq_k_pair` picks it."""
+    (:func:`.gluon_sm90.lqq_ws.lqq_ws_matmul` with ``k_pair``), where :func:`.heuristic.lqq_k_pair` picks it."""
 
     name, ops = "gluon_sm90.lqq_ws_k_pair", ("a8",)
 
@@ -208,11 +228,14 @@ class GluonLqqKPair(GemmKernel):
         return True, ""
 
     def picks(self, p):
-        return _rule(configs.lqq_wgmma_launch(p.m, p.n, p.k, _sms(p)) and configs.lqq_k_pair(p.m, p.n, p.k, _sms(p)),
-                     "configs.lqq_k_pair")
+        return _rule(rules.lqq_k_pair(p.m, p.n, p.k, _sms(p)), "heuristic.lqq_k_pair")
 
     def configs(self, p):
-        return [(128, configs.LQQ_K_PAIR_STAGES)]
+        return [(128, 4)]  # two ring slots a warpgroup
+
+    def candidates(self, p):
+        programs = rules.cdiv(p.n, 64) * rules.cdiv(p.m, 128)
+        return [(128, 4), (128, 2)] if p.m >= 65 and p.k >= 512 and programs <= 2 * _sms(p) else []
 
     def accepts(self, p, c, cfg):
         layout, _, meta = c.one
@@ -227,10 +250,10 @@ class GluonLqqKPair(GemmKernel):
 
 
 class GluonLqq(GemmKernel):
-    """LiquidQuant on the Gluon wgmma kernels (:mod:`.gluon_sm90.lqq_ws`, :mod:`.gluon_sm90.lqq_wgmma`) with the
-    launch :func:`.configs.lqq_wgmma_launch` picks, then its one-warpgroup form; each as the warp-specialized
-    kernel with halved last tiles where :func:`.configs.lqq_ws_halves` says so, else with whole tiles, else the
-    non-specialized kernel (tails up to 64 tokens)."""
+    """LiquidQuant on the Gluon wgmma kernels: the warp-specialized one (:mod:`.gluon_sm90.lqq_ws`: unsplit
+    128-token programs, with a tail of up to 128 tokens, and 256-token launches whose last tiles may run as halves)
+    and the plain one (:mod:`.gluon_sm90.lqq_wgmma`: 32-128-token tiles with tails up to 64, K splits); the launch
+    of :func:`.heuristic.lqq_gluon_launch` by default."""
 
     name, ops = "gluon_sm90.lqq", ("a8",)
 
@@ -241,22 +264,46 @@ class GluonLqq(GemmKernel):
         return True, ""
 
     def picks(self, p):
-        return _rule(configs.lqq_wgmma_launch(p.m, p.n, p.k, _sms(p)), "configs.lqq_wgmma_launch")
+        return _rule(rules.lqq_gluon_launch(p.m, p.n, p.k, _sms(p)), "heuristic.lqq_gluon_launch")
 
     def configs(self, p):
-        m, n, k = p.m, p.n, p.k
+        launch = rules.lqq_gluon_launch(p.m, p.n, p.k, _sms(p))
+        if launch is None:
+            return []
+        form, args = launch
+        if form == "wgmma":
+            return [LqqLaunch(lqq_wgmma.KERNEL, args)]
+        # the warp-specialized launch, and the same tile on the plain kernel where the first does not build here
+        return [LqqLaunch(lqq_ws.KERNEL, args), LqqLaunch(lqq_wgmma.KERNEL, (128, 3, 1, 0, 1))]
+
+    def candidates(self, p):
+        m, n, sms = p.m, p.n, _sms(p)
+        if m < 17:
+            return []
         out = []
-        sms = _sms(p)
-        picks = (configs.lqq_wgmma_launch(m, n, k, sms), configs.lqq_wgmma_launch(m, n, k, sms, max_warpgroups=1))
-        for cfg, wg in [c for c in dict.fromkeys(picks) if c]:
-            ws = configs.lqq_ws_launch(cfg, wg)
-            halves = configs.lqq_ws_halves(m, n, k, ws, sms) if ws is not None else None
-            if halves is not None:
-                out.append(LqqLaunch(lqq_ws.HALVES_KERNEL, ws, halves))
-            if ws is not None:
-                out.append(LqqLaunch(lqq_ws.KERNEL, ws))
-            if cfg[3] <= configs.LQQ_WGMMA_MAX_TAIL:  # the 256-token tiles run on lqq_ws only
-                out.append(LqqLaunch(lqq_wgmma.KERNEL, cfg + (wg,)))
+        for bm, tail in LQQ_TILES:
+            tokens = bm + tail
+            if tokens > m + 31 and tokens > 32:  # a tile past M by a whole 32-token chunk only loads padding
+                continue
+            if m > 256 and bm < 128:  # prefill sizes: fewer, wider programs dequantize less
+                continue
+            programs = rules.cdiv(n, 64) * rules.cdiv(m, tokens)
+            if bm == 128:
+                out.append(LqqLaunch(lqq_ws.KERNEL, (128, 3, tail, 1, 2 if tail == 0 else 1, 1)))
+                if tail:
+                    out.append(LqqLaunch(lqq_ws.KERNEL, (128, 3, tail, 2, 1, 1)))
+                if tail and m > 512:
+                    out.append(LqqLaunch(lqq_ws.KERNEL, (128, 2, tail, 1, 2, 1)))
+            for split in _splits(p, programs):
+                if bm < 128 or split > 1:
+                    out.append(LqqLaunch(lqq_wgmma.KERNEL, (bm, 3, split, tail, 1)))
+        if m > 256:  # 128 tokens + a 128-token tail on two warpgroups; its later tiles as two 128-token halves
+            ws = (128, 3, 128, 2, 1, 1)
+            tiles = rules.cdiv(n, 128) * rules.cdiv(m, 256)
+            out.append(LqqLaunch(lqq_ws.KERNEL, ws))
+            for h in dict.fromkeys((0, tiles // sms * sms)):
+                if h < tiles:
+                    out.append(LqqLaunch(lqq_ws.HALVES_KERNEL, ws, h))
         return out
 
     def config_to_json(self, config):
@@ -288,24 +335,27 @@ class GluonLqq(GemmKernel):
 
 class GluonW8a8(RuleKernel):
     """W8A8 on the TMA wgmma kernel (:mod:`.gluon_sm90.w8a8_wgmma`); MixLLM W4A8 from
-    :data:`.configs.MIXLLM_OPERAND_MIN_M` tokens through its int8 operand (:mod:`.triton.int8_operand`)."""
+    :data:`.heuristic.MIXLLM_OPERAND_MIN_M` tokens through its int8 operand (:mod:`.triton.int8_operand`)."""
 
     name, ops = "gluon_sm90.w8a8", ("a8",)
 
     def can_implement(self, p):
         if p.layouts not in (("w8",), ("w4a16",)):
             return False, "W8A8 and MixLLM W4A8 weights only"
-        if p.layouts == ("w4a16",) and p.m < configs.MIXLLM_OPERAND_MIN_M:
-            return False, f"MixLLM W4A8 takes the int8-operand path from {configs.MIXLLM_OPERAND_MIN_M} tokens"
+        if p.layouts == ("w4a16",) and p.m < rules.MIXLLM_OPERAND_MIN_M:
+            return False, f"MixLLM W4A8 takes the int8-operand path from {rules.MIXLLM_OPERAND_MIN_M} tokens"
         why = _device_reason(p, exact=HOPPER, gluon_needed=True)
         if why:
             return False, why
         return True, ""
 
-    rule_name = "configs.w8a8_wgmma_config"
+    rule_name = "heuristic.w8a8_gluon_launch"
 
     def rule(self, p):
-        return configs.w8a8_wgmma_config(p.m, p.n, p.k)
+        return rules.w8a8_gluon_launch(p.m, p.n, p.k, _sms(p))
+
+    def candidates(self, p):
+        return _w8a8_candidates(p)
 
     def accepts(self, p, c, cfg):
         _, _, meta = c.one
@@ -320,24 +370,27 @@ class GluonW8a8(RuleKernel):
 class GluonW8a8Mixed(RuleKernel):
     """A W4.4A8 layer (MixLLM 4-bit + 8-bit rows) in one launch of the W8A8 TMA kernel, both partitions' int8
     operands written in output-row order (:func:`.triton.int8_operand.mixed_w8_operand`), from
-    :data:`.configs.MIXLLM_MIXED_OPERAND_MIN_M` tokens."""
+    :data:`.heuristic.MIXLLM_OPERAND_MIN_M` tokens."""
 
     name, ops = "gluon_sm90.w8a8_mixed", ("a8_mixed",)
 
     def can_implement(self, p):
         if not all(lay in ("w8", "w4a16") for lay in p.layouts):
             return False, "MixLLM W4A8 and W8A8 partitions only"
-        if p.m < configs.MIXLLM_MIXED_OPERAND_MIN_M:
-            return False, f"takes layers from {configs.MIXLLM_MIXED_OPERAND_MIN_M} tokens"
+        if p.m < rules.MIXLLM_OPERAND_MIN_M:
+            return False, f"takes layers from {rules.MIXLLM_OPERAND_MIN_M} tokens"
         why = _device_reason(p, exact=HOPPER, gluon_needed=True)
         if why:
             return False, why
         return True, ""
 
-    rule_name = "configs.w8a8_wgmma_config"
+    rule_name = "heuristic.w8a8_gluon_launch"
 
     def rule(self, p):
-        return configs.w8a8_wgmma_config(p.m, p.n, p.k)
+        return rules.w8a8_gluon_launch(p.m, p.n, p.k, _sms(p))
+
+    def candidates(self, p):
+        return _w8a8_candidates(p)
 
     def accepts(self, p, c, cfg):
         why = w8a8_wgmma.w8a8_wgmma_problem(c.a_codes, c.act_group, "w8", c.parts[0][2], c.out, c.out_dtype)
@@ -353,38 +406,55 @@ class GluonW8a8Mixed(RuleKernel):
             c.a_codes, c.a_scales, c.act_group, *operand, *cfg, c.out, c.out_dtype))
 
 
+def _w8a8_candidates(p: GemmProblem) -> list:
+    """The W8A8 TMA kernel's tune space: 64-token tiles of 64 or 128 rows, each at its K splits."""
+    if p.m < 17:
+        return []
+    tiles = rules.cdiv(p.m, 64)
+    return [(64, bn, 4, 4, True, s) for bn in (128, 64) for s in _splits(p, tiles * rules.cdiv(p.n, bn), (1, 2, 4))]
+
+
 # --- a8: Triton -------------------------------------------------------------------------------------------------
 
 class TritonTiles(GemmKernel):
-    """What the Triton GEMM kernels share: a :class:`.configs.TileConfig` per launch, and as tune candidates the
-    rule's tile with each other token tile (16-128 tokens, up to M) and each K split (1, 2, 4)."""
+    """What the Triton GEMM kernels share: a :class:`.triton.launch.TileConfig` per launch
+    (:func:`.heuristic.triton_tile` by default), and as tune candidates the default with half and twice its token
+    tile (16-128 tokens, up to M), each other row tile, other warps and stages (tiles of 64 tokens or more) and
+    each K split (1, 2, 4)."""
+
+    def configs(self, p):
+        return [rules.triton_tile(p.m, p.n, p.k, _sms(p))]
+
+    row_tiles = (64, 128)
 
     def candidates(self, p):
         rule = self.configs(p)[0]
         top = max(16, 1 << max(0, p.m - 1).bit_length())
-        tiles = [rule] + [configs.TileConfig(rule.bn, bm, rule.split_k, rule.num_warps, rule.num_stages)
-                          for bm in (16, 32, 64, 128) if bm <= top and bm != rule.bm]
-        tiles += [configs.TileConfig(rule.bn, rule.bm, s, rule.num_warps, rule.num_stages)
-                  for s in (1, 2, 4) if s != rule.split_k and -(-p.k // 256) >= 4 * s]
-        return tiles
+        tiles = [rule] + [TileConfig(rule.bn, bm, rule.split_k, *rules.triton_warps_stages(rule.bn, bm))
+                          for bm in (rule.bm // 2, rule.bm * 2) if 16 <= bm <= min(top, 128)]
+        tiles += [TileConfig(bn, rule.bm, rule.split_k, *((8, 4) if bn == 256 else rules.triton_warps_stages(bn, rule.bm)))
+                  for bn in self.row_tiles if bn != rule.bn and bn * rule.bm <= 256 * 64]
+        tiles += [TileConfig(rule.bn, rule.bm, rule.split_k, w, st) for w, st in ((4, 3), (4, 4), (8, 3))
+                  if rule.bm >= 64]
+        tiles += [TileConfig(rule.bn, rule.bm, s, rule.num_warps, rule.num_stages)
+                  for s in _splits(p, rules.cdiv(p.n, rule.bn) * rules.cdiv(p.m, rule.bm)) if s != rule.split_k]
+        return list(dict.fromkeys(tiles))
 
     def config_to_json(self, config):
         return asdict(config)
 
     def config_from_json(self, data):
-        return configs.TileConfig(**data)
+        return TileConfig(**data)
 
 
 class TritonInt8(TritonTiles):
     """The Triton int8 tensor-core kernel (:mod:`.triton.int8_gemm`): every layout, activation group and GPU."""
 
     name, ops = "triton.int8", ("a8",)
+    row_tiles = (64, 128, 256)
 
     def can_implement(self, p):
         return True, ""
-
-    def configs(self, p):
-        return [configs.gemm_config(p.m, p.n, p.k, triton_int8.KIND[triton_int8.MODES[p.layouts[0]]], _sms(p))]
 
     def launch(self, p, c, cfg):
         layout, tensors, meta = c.one
@@ -399,9 +469,6 @@ class TritonInt8Mixed(TritonTiles):
 
     def can_implement(self, p):
         return True, ""
-
-    def configs(self, p):
-        return [configs.gemm_config(p.m, p.n, p.k, "mixed", _sms(p))]
 
     def launch(self, p, c, cfg):
         return triton_int8.triton_mixed_int8_matmul(c.a_codes, c.a_scales, c.act_group, list(c.parts),
@@ -444,11 +511,14 @@ class GluonW4a16Ws(RuleKernel):
             return False, why
         return True, ""
 
-    rule_name = "configs.w4a16_ws_warpgroups"
+    rule_name = "heuristic.w4a16_gluon_launch"
 
     def rule(self, p):
-        wg = configs.w4a16_ws_warpgroups(p.m, p.n, p.k, _sms(p))
-        return (3, wg) if wg else None
+        launch = rules.w4a16_gluon_launch(p.m, p.n, p.k, _sms(p))
+        return launch[1] if launch and launch[0] == "ws" else None
+
+    def candidates(self, p):
+        return [(3, 1), (3, 2)] if p.m > 32 else []
 
     def accepts(self, p, c, cfg):
         return w4a16_ws.w4a16_ws_problem(c.x, c.meta, c.out)
@@ -469,10 +539,23 @@ class GluonW4a16Wgmma(RuleKernel):
             return False, why
         return True, ""
 
-    rule_name = "configs.w4a16_wgmma_config"
+    rule_name = "heuristic.w4a16_gluon_launch"
 
     def rule(self, p):
-        return configs.w4a16_wgmma_config(p.m, p.n, p.k)
+        launch = rules.w4a16_gluon_launch(p.m, p.n, p.k, _sms(p))
+        return launch[1] if launch and launch[0] == "wgmma" else None
+
+    def candidates(self, p):
+        if p.m < 17:
+            return []
+        out = []
+        for bm in (32, 64, 128):
+            if (bm > p.m + 31 and bm > 32) or (p.m > 256 and bm < 128):
+                continue
+            for wg in (1, 2):
+                programs = rules.cdiv(p.n, 64 * wg) * rules.cdiv(p.m, bm)
+                out += [(bm, 3, s, wg) for s in _splits(p, programs, (1, 2))]
+        return out
 
     def accepts(self, p, c, cfg):
         return w4a16_wgmma.w4a16_wgmma_problem(c.x, c.meta, c.out)
@@ -493,7 +576,7 @@ class TritonW4a16Dequant(GemmKernel):
         return True, ""
 
     def picks(self, p):
-        return _rule(configs.w4a16_dequant_preferred(p.m, p.n, p.k), "configs.w4a16_dequant_preferred")
+        return _rule(p.m >= rules.DEQUANT_MIN_M, f"heuristic: from {rules.DEQUANT_MIN_M} tokens")
 
     def launch(self, p, c, cfg):
         w = triton_w4a16.w4a16_dequantize(c.tensors, c.meta, c.x.dtype, c.use_asm)
@@ -507,9 +590,6 @@ class TritonW4a16(TritonTiles):
 
     def can_implement(self, p):
         return True, ""
-
-    def configs(self, p):
-        return [configs.gemm_config(p.m, p.n, p.k, "w4a16", _sms(p))]
 
     def launch(self, p, c, cfg):
         return triton_w4a16.triton_w4a16_matmul(c.x, c.tensors, c.meta, c.config or cfg, c.out, c.use_asm)
@@ -551,7 +631,7 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
     """Y [M, N] (``out_dtype``) = dequant(A)·Ŵᵀ for int8 activation codes [M, K] with float32 scales [M, G]
     (:func:`quantkit.quant.act.quantize_activation_int`) and a ``w8``, ``w4a16`` (MixLLM W4A8) or ``w4a8-lqq``
     weight, by the kernel the ``a8`` priority list picks (module docstring). ``kernel`` names one kernel
-    (``QUANTKIT_KERNEL`` does the same); a Triton ``config`` (:class:`.configs.TileConfig`) or a ``use_asm`` value
+    (``QUANTKIT_KERNEL`` does the same); a Triton ``config`` (:class:`.triton.launch.TileConfig`) or a ``use_asm`` value
     selects ``triton.int8``; ``kernel`` with ``launch_config`` runs that launch exactly (``quantkit tune``).
     Reference: :func:`.reference.int8_reference`."""
     triton_int8.check_act(a_codes, a_scales, act_group_size, int(meta["in_features"]))

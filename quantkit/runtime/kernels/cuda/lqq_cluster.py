@@ -32,8 +32,8 @@ they add their partial tiles through distributed shared memory instead:
 * a second cluster barrier keeps every CTA's shared memory alive until its peers have read it.
 
 The product is a wgmma, not an ``mma.sync``: an mma.sync form is no faster per tile than the Gluon wgmma kernels.
-The rule (:func:`.configs.lqq_cluster_launch`) runs this kernel on narrow layers, where it is 1.1-1.5× the Gluon
-rule, and on 4096-6144-row layers at 17-128 tokens. It does not reach the Gluon kernels' rate at larger M: Nsight
+It serves narrow layers (:func:`quantkit.runtime.kernels.heuristic.lqq_cluster_launch`, or a tuned table), where
+the Gluon kernels cannot give every SM a program. It does not reach the Gluon kernels' rate at larger M: Nsight
 Compute has it issuing on 22-31 % of cycles with the tensor pipe below that (ALU 21 %) and L2 at 25-31 % — a warp
 issues ~440 instructions per tile step (the dequantization, ~14 cp.async with their addresses, the waits) with two
 warps per scheduler to hide their latency. wgmma needs the ``sm_90a`` target, which

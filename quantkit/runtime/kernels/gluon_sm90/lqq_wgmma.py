@@ -8,7 +8,7 @@ Sec. 5) overlaps the two. This kernel does that in Gluon, where the waits are ex
 per program, or programs sharing an SM), not within one (below):
 
 * a program owns BN = 64 weight rows per warpgroup (wgmma's M side; one warpgroup, or two sharing every
-  activation tile — :func:`.configs.lqq_wgmma_warpgroups` says where) × BM tokens (wgmma's N side), the
+  activation tile — a launch config) × BM tokens (wgmma's N side), the
   transposed product Y^T = W·X^T (LiquidGEMM Sec. 5.4), optionally plus a tail tile of BT = 32/64 more tokens
   that multiplies the same dequantized planes into a second accumulator — a program dequantizes its weight slice
   once whatever its token count, so M = 160 runs one 128 + 32 program per row tile rather than five of 32

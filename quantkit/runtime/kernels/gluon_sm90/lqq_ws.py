@@ -44,8 +44,8 @@ tokens dequantize the same weights, so a half takes ~0.6 of a whole tile's time,
 large-M model's fit, 0.65 in the 128-token launch's own timing); the same int32 sums and epilogue, so the same bits.
 The program order is: whole tiles, then the first halves of the later tiles, then their second halves — a tile of a
 last token row of 128 tokens or fewer has none, so a ragged M (1025 tokens: four whole token rows and one of a
-single token) runs that row as 128-token programs. :func:`.configs.lqq_ws_halves` gives ``halves_from`` from the
-large-M model.
+single token) runs that row as 128-token programs. ``quantkit tune`` times the launch with the last partial wave's
+tiles halved and with every tile halved against the whole tiles (:class:`quantkit.runtime.kernels.gemm.GluonLqq`).
 
 **K-pair launches** (``k_pair``): a program that has its SM to itself (a layer of few output tiles: the k/v
 projection at M = 513-1024, 4096 rows at M = 129-256) cannot overlap a warpgroup's dequantization with its own
@@ -55,7 +55,8 @@ on the same 64 rows and 128 tokens, warpgroup h taking tiles h, h + 2, … of th
 it uses (STAGES even, so each slot's mbarrier phases follow one warpgroup); while one dequantizes, the other's
 products run. The second leaves its int32 sum in shared memory, the first adds it (an mbarrier orders the two) and
 stores the tile as above — integers, exact in any order, so the same bits as one warpgroup over the whole range.
-1.04-1.21x the rule's launch at 50 of the 51 points where :func:`.configs.lqq_k_pair` gives it (docs/BENCHMARKS.md).
+Launches of at most one program an SM on more than half the SMs take it by default
+(:func:`quantkit.runtime.kernels.heuristic.lqq_k_pair`).
 Storing the dequantized planes to shared memory so that a warpgroup's own products could run on (the extra
 shared-memory traffic and fence) and three warpgroups along K both measure slower (docs/BENCHMARKS.md, Measured and
 dropped).
@@ -69,7 +70,6 @@ from __future__ import annotations
 
 import torch
 
-from quantkit.runtime.kernels.configs import lqq_tiles_with_second_half
 from quantkit.runtime.kernels.triton.launch import groups_in_halves, split_plan
 from quantkit.runtime.kernels.gluon_sm90.lqq_wgmma import lqq_operands, lqq_wgmma_problem
 from quantkit.runtime.kernels.triton.splitk import split_workspace
@@ -317,10 +317,16 @@ if HAVE_GLUON:
 def halved_programs(m: int, n: int, halves_from: int) -> int:
     """Programs of a 256-token launch (128 rows × 256 tokens a tile) of M tokens on N rows with the tiles from
     ``halves_from`` (<= the tiles) on halved: one per tile — whole, or its first half — then one per second half of
-    the tiles from ``halves_from`` on that have one (:func:`.configs.lqq_tiles_with_second_half`; module
-    docstring)."""
+    the tiles from ``halves_from`` on that have one (:func:`tiles_with_second_half`; module docstring)."""
     tiles = -(-n // 128) * -(-m // 256)
-    return tiles + max(lqq_tiles_with_second_half(m, n) - halves_from, 0)
+    return tiles + max(tiles_with_second_half(m, n) - halves_from, 0)
+
+
+def tiles_with_second_half(m: int, n: int) -> int:
+    """Tiles (128 rows × 256 tokens, row tiles fastest) of M tokens on N rows whose second 128 tokens hold any: all,
+    or all but the last token row where it holds 128 tokens or fewer."""
+    rows, token_tiles = -(-n // 128), -(-m // 256)
+    return rows * token_tiles if m % 256 == 0 or m % 256 > 128 else rows * (token_tiles - 1)
 
 
 def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, meta: dict, bm: int = 128,
@@ -336,7 +342,7 @@ def lqq_ws_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, 
     same 64 rows, each taking every other tile of the K range (module docstring; one warpgroup of rows, no tail, 2
     or 4 stages, one program an SM). ``halves_from`` (a 256-token launch: tail 128, two warpgroups,
     unsplit): the output tiles from that one on, in launch order, each run as two 128-token programs — the last
-    wave's tiles spread over twice the programs (module docstring; :func:`.configs.lqq_ws_halves` gives it). The
+    wave's tiles spread over twice the programs (module docstring). The
     caller checks :func:`quantkit.runtime.kernels.gluon_sm90.lqq_wgmma.lqq_wgmma_problem`."""
     if k_pair and (bm != 128 or tail or stages not in (2, 4) or warpgroups != 1 or per_sm != 1 or split_k < 1):
         raise ValueError(f"a K-pair launch takes bm 128, no tail, 2 or 4 stages, one warpgroup of rows, one program "

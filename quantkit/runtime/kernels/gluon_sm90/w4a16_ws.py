@@ -21,9 +21,9 @@ feeds compute warpgroups).
   (:func:`quantkit.runtime.kernels.gluon_sm90.common.store_rows`); fp32 sums over K in the tile order of
   :mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma`, so the two give the same bits at the same token tile.
 
-Unsplit launches of 128 tokens, one or two warpgroups: where :func:`.configs.w4a16_ws_warpgroups` picks it (the
-128-token launches of the wgmma rule at M = 65-128; at M = 129-512 one warpgroup where its programs fit one wave,
-else two; measured on an H100). The GPU tests compare it with :mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma`
+Unsplit launches of 128 tokens, one or two warpgroups (by default
+:func:`quantkit.runtime.kernels.heuristic.w4a16_gluon_launch`: one warpgroup where its programs fit one wave, else
+two). The GPU tests compare it with :mod:`quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma`
 bit for bit and with :func:`quantkit.runtime.kernels.reference.w4a16_reference`.
 """
 

@@ -19,7 +19,6 @@ import triton.language as tl
 
 from quantkit.errors import QuantkitError
 from quantkit.quant.grid import num_groups
-from quantkit.runtime.kernels.configs import act_quant_launch
 from quantkit.runtime.kernels.cuda.common import pdl_supported
 from quantkit.runtime.kernels.jit import check_device, kernel
 
@@ -88,11 +87,27 @@ def _act_quant_token_kernel(x_ptr, c_ptr, s_ptr, M, K, stride_xm, stride_cm, str
     tl.store(s_ptr + rm * stride_sm, s, mask=rm < M)
 
 
+TOKEN_ROW_ELEMS = 4096  # per-token rows narrower than this share a program, up to this many columns a program
+
+
+def act_quant_launch(m: int, k_padded: int, group_size: int) -> tuple[int, int]:
+    """(rows per program, warps) of the activation quantizer for M rows of ``k_padded`` (the power of two >= K)
+    columns; ``group_size`` -1 for per-token scales. A program's rows past M are masked but still pay the rounding,
+    so decode sizes take one row a program; per-token rows get warps enough that no thread holds more than 64
+    values; group-wise scales batch 4 rows up to 64 tokens and 16 above."""
+    if group_size == -1:
+        rows = 1 if k_padded >= TOKEN_ROW_ELEMS else min(1 << (m - 1).bit_length(), TOKEN_ROW_ELEMS // k_padded)
+        return rows, min(32, max(8, k_padded // 2048))
+    if m <= 4:
+        return 1, 2
+    return (4, 4) if m <= 64 else (16, 4)
+
+
 def quantize_activation_triton(x: torch.Tensor, bits: int = 8, group_size: int = 128,
                                launch: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes int8 [M, K], scales float32 [M, G]) of activations ``x`` [M, K] — the same values as
     :func:`quantkit.quant.act.quantize_activation_int` (module docstring). ``group_size``: a power of two >= 16
-    or -1 (per token). ``launch``: (rows per program, warps), default :func:`.configs.act_quant_launch`."""
+    or -1 (per token). ``launch``: (rows per program, warps), default :func:`act_quant_launch`."""
     if not 2 <= int(bits) <= 8:
         raise QuantkitError(f"activation bits must be in 2..8, got {bits}; MixLLM uses 8")
     if group_size != -1 and (group_size < 16 or group_size & (group_size - 1)):

@@ -28,15 +28,15 @@ import torch
 import triton.language as tl
 
 from quantkit.formats.nibble_planes import padded_k
-from quantkit.runtime.kernels.configs import TileConfig, gemm_config, mixed_second_bn
+from quantkit.runtime.kernels.heuristic import mixed_second_bn, sms_of, triton_tile
 from quantkit.runtime.kernels.jit import USE_ASM, check_device, kernel
 from quantkit.runtime.kernels.triton.dequant import group_scale_f32, planes_i8, side_by_side
-from quantkit.runtime.kernels.triton.launch import act_groups_in_halves, groups_in_halves, split_plan
+from quantkit.runtime.kernels.triton.launch import (TileConfig, act_groups_in_halves, groups_in_halves,
+                                                    split_plan)
 from quantkit.runtime.kernels.triton.splitk import split_workspace, store_tile
 
 W8, ASYM4, LQQ = 0, 1, 2
 MODES = {"w8": W8, "w4a16": ASYM4, "w4a8-lqq": LQQ}
-KIND = {W8: "w8", ASYM4: "asym", LQQ: "lqq"}  # configs.gemm_config kinds
 _W8, _LQQ = tl.constexpr(W8), tl.constexpr(LQQ)  # the same, readable inside @jit code
 I2F_BIAS_INT = tl.constexpr(0x4B400000)  # bit pattern of 12582912.0 = 1.5·2^23 (MixLLM Sec. 3.3, Fig. 4)
 I2F_BIAS_FLOAT = tl.constexpr(12582912.0)
@@ -232,7 +232,7 @@ def triton_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_
                        use_asm: bool | None = None) -> torch.Tensor:
     """Y [M, N] (``out_dtype``) = dequant(A)·Ŵᵀ on the Triton kernel (module docstring) for int8 activation codes
     [M, K] with float32 scales [M, G] and a ``w8``, ``w4a16`` (MixLLM W4A8) or ``w4a8-lqq`` weight; ``config`` the
-    tile (default :func:`.configs.gemm_config`), ``out`` an optional [M, N] result, ``use_asm`` False forces the
+    tile (default :func:`.heuristic.triton_tile`), ``out`` an optional [M, N] result, ``use_asm`` False forces the
     plain-Triton dequantization. Reference: :func:`quantkit.runtime.kernels.reference.int8_reference`."""
     k = int(meta["in_features"])
     check_act(a_codes, a_scales, act_group_size, k)
@@ -240,7 +240,7 @@ def triton_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_
     n_tiles = padded_k(k) // 256
     wa = _weight_args(layout, tensors, meta, n_tiles, act_group_size)
     check_device(a_codes, a_scales, wa["w"], wa["p"], wa["cs"])
-    cfg = config or gemm_config(m, wa["n"], k, KIND[wa["mode"]])
+    cfg = config or triton_tile(m, wa["n"], k, sms_of(a_codes.device))
     tiles_per_split, split = split_plan(n_tiles, cfg.split_k)
     out = torch.empty(m, wa["n"], dtype=out_dtype, device=a_codes.device) if out is None else out
     grid = (-(-wa["n"] // cfg.bn), -(-m // cfg.bm), split)
@@ -266,7 +266,7 @@ def triton_mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_
     layer — sharing the activation codes (quantized once); programs 0..tiles_a-1 run the first partition
     (the 4-bit one, whichever order ``parts`` has), the rest the second, and each epilogue scatters into its rows
     (int32 [N_part] output indices). ``bn_b``: rows per program of the second partition (default
-    :func:`.configs.mixed_second_bn`: half of BN for 8-bit rows at small M)."""
+    :func:`.heuristic.mixed_second_bn`: half of BN for 8-bit rows at small M)."""
     if len(parts) != 2:
         raise ValueError(f"the one-launch mixed kernel takes 2 partitions, got {len(parts)}")
     k = int(parts[0][2]["in_features"])
@@ -287,7 +287,7 @@ def triton_mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_
         args.reverse()  # the wider 8-bit rows go second, where their programs may get fewer rows (bn_b)
     a, b = args
     out = torch.empty(m, out_features, dtype=out_dtype, device=a_codes.device) if out is None else out
-    cfg = config or gemm_config(m, a["n"] + b["n"], k, "mixed")
+    cfg = config or triton_tile(m, a["n"] + b["n"], k, sms_of(a_codes.device))
     tiles_per_split, split = split_plan(n_tiles, cfg.split_k)
     # the second partition's programs get fewer rows when it has more bytes per row (MixLLM's 8-bit rows next to
     # 4-bit ones): per-program work stays balanced instead of the 8-bit programs finishing last

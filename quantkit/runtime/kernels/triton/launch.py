@@ -1,8 +1,27 @@
-"""Launch bookkeeping shared by the GEMM kernels: split-K ranges and group indexing in half-tiles."""
+"""Launch bookkeeping shared by the GEMM kernels: the Triton tile config, split-K ranges and group indexing in
+half-tiles."""
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 from quantkit.formats.kernel_common import HALF_K
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One launch of the Triton GEMM kernels: BN weight rows × BM tokens per program, ``split_k`` programs along K
+    (the transposed product Y^T = W·X^T, LiquidGEMM Sec. 5.4: weight rows on the tensor core's M side)."""
+
+    bn: int
+    bm: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def to_dict(self) -> dict:
+        """The config as a JSON-ready dict."""
+        return asdict(self)
 
 
 def split_plan(n_tiles: int, split_k: int) -> tuple[int, int]:

@@ -7,8 +7,8 @@ issues one tensor-core product against the tile's [256, BM] activations, accumul
 4.1/4.3: the packed layout follows the MMA operand, dequantization overlaps the MMA — Triton keeps consecutive
 tiles' products in flight). The
 product is computed transposed, Y^T = W·X^T (LiquidGEMM Sec. 5.4), so a one-token GEMV still fills the MMA's
-64-row side with weights. Small M splits K over programs (:mod:`quantkit.runtime.kernels.triton.splitk`); see
-:mod:`quantkit.runtime.kernels.configs`.
+64-row side with weights. Small M splits K over programs (:mod:`quantkit.runtime.kernels.triton.splitk`); the default tile is
+:func:`quantkit.runtime.kernels.heuristic.triton_tile`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import torch
 import triton.language as tl
 
 from quantkit.formats.nibble_planes import PLANE_K
-from quantkit.runtime.kernels.configs import TileConfig, gemm_config
+from quantkit.runtime.kernels.heuristic import sms_of, triton_tile
 from quantkit.runtime.kernels.jit import INTERPRET, USE_ASM, check_device, kernel
 from quantkit.runtime.kernels.triton.dequant import planes_f16, side_by_side
-from quantkit.runtime.kernels.triton.launch import groups_in_halves, split_plan
+from quantkit.runtime.kernels.triton.launch import TileConfig, groups_in_halves, split_plan
 from quantkit.runtime.kernels.triton.splitk import split_workspace, store_tile
 
 
@@ -138,7 +138,7 @@ def triton_w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: Tile
                         out: torch.Tensor | None = None, use_asm: bool | None = None) -> torch.Tensor:
     """Y = X·Ŵᵀ [M, N] in x's dtype (fp16 or bf16) on the Triton kernel (module docstring) for a ``w4a16`` weight,
     Ŵ = (q - z)·s rounded to x's dtype per element (bf16: s rounded to bf16 first); fp32 accumulation. ``x``
-    [M, K] (any row stride, unit column stride); ``config`` the tile (default :func:`.configs.gemm_config`);
+    [M, K] (any row stride, unit column stride); ``config`` the tile (default :func:`.heuristic.triton_tile`);
     ``out`` an optional [M, N] result; ``use_asm`` False forces the plain-Triton dequantization.
     Reference: :func:`quantkit.runtime.kernels.reference.w4a16_reference`."""
     check_input(x, tensors, meta)
@@ -147,7 +147,7 @@ def triton_w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: Tile
     m, k = x.shape
     n = int(meta["out_features"])
     n_tiles = qweight.shape[1] // PLANE_K
-    cfg = config or gemm_config(m, n, k, "w4a16")
+    cfg = config or triton_tile(m, n, k, sms_of(x.device))
     tiles_per_split, split = split_plan(n_tiles, cfg.split_k)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
     grid = (-(-n // cfg.bn), -(-m // cfg.bm), split)

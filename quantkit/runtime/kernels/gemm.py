@@ -435,7 +435,7 @@ class TritonTiles(GemmKernel):
         tiles += [TileConfig(bn, rule.bm, rule.split_k, *((8, 4) if bn == 256 else rules.triton_warps_stages(bn, rule.bm)))
                   for bn in self.row_tiles if bn != rule.bn and bn * rule.bm <= 256 * 64]
         tiles += [TileConfig(rule.bn, rule.bm, rule.split_k, w, st) for w, st in ((4, 3), (4, 4), (8, 3))
-                  if rule.bm >= 64]
+                  if rule.bm >= 64 and (st == 3 or rule.bm < 128)]
         tiles += [TileConfig(rule.bn, rule.bm, s, rule.num_warps, rule.num_stages)
                   for s in _splits(p, rules.cdiv(p.n, rule.bn) * rules.cdiv(p.m, rule.bm)) if s != rule.split_k]
         return list(dict.fromkeys(tiles))

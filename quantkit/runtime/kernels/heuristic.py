@@ -72,8 +72,9 @@ def triton_tile(m: int, n: int, k: int, sms: int) -> TileConfig:
 
 
 def triton_warps_stages(bn: int, bm: int) -> tuple[int, int]:
-    """(warps, stages) of a Triton GEMM tile: 8 warps and 3 stages from 128 × 128, else 4 warps and 4 stages."""
-    return (8, 3) if bn * bm >= 128 * 128 else (4, 4)
+    """(warps, stages) of a Triton GEMM tile: 8 warps from 128 × 128 (else 4); 3 stages for 128-token tiles, whose
+    fp16 activation stages take 64 KB each (else 4)."""
+    return 8 if bn * bm >= 128 * 128 else 4, 3 if bm >= 128 else 4
 
 
 def mixed_second_bn(config: TileConfig, second_is_wider: bool, m: int) -> int:

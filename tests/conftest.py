@@ -92,6 +92,20 @@ def kernel_registry(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def no_tuned_tables(tmp_path_factory, monkeypatch):
+    """Tests see no tuned launch tables, neither the user's nor the shipped ones (the runtime's defaults are what
+    they test); tests of the tables point QUANTKIT_TABLES or tables.SHIPPED_DIR at tables of their own."""
+    try:
+        from quantkit.runtime.kernels import tables
+    except ImportError:
+        return
+    empty = tmp_path_factory.mktemp("no-tables")
+    monkeypatch.setenv(tables.ENV_DIR, str(empty))
+    monkeypatch.setattr(tables, "SHIPPED_DIR", empty)
+    tables.clear_cache()
+
+
+@pytest.fixture(autouse=True)
 def fresh_kernel_plans():
     """Every test starts and ends with an empty kernel-plan cache (tests patch launch rules and device traits)."""
     try:

@@ -81,3 +81,57 @@ def gluon_lqq(codes: torch.Tensor, scales: torch.Tensor, meta: dict, out_dtype: 
             if y is not None:
                 return y
     return None
+
+
+def record_kernel_launches(monkeypatch) -> list:
+    """Spy on the ``launch`` of every registered kernel (:data:`quantkit.runtime.kernels.registry.PRIORITY`):
+    (kernel name, launch config) of each launch that returned a result, in call order (launches that declined — a
+    config that did not build — are not recorded)."""
+    from quantkit.runtime.kernels import registry
+
+    calls = []
+    seen = set()
+    for kernels in registry.PRIORITY.values():
+        for k in kernels:
+            if id(k) in seen:  # a kernel serving two operations is one instance
+                continue
+            seen.add(id(k))
+
+            def spy(p, call, cfg, _launch=k.launch, _name=k.name):
+                y = _launch(p, call, cfg)
+                if y is not None:
+                    calls.append((_name, cfg))
+                return y
+
+            monkeypatch.setattr(k, "launch", spy)
+    return calls
+
+
+def planned_launch(monkeypatch, op: str, layouts: tuple, m: int, n: int, k: int, act_group: int,
+                   dtype: torch.dtype) -> tuple:
+    """(kernel name, launch config) of the first entry of the registry's plan that can run this product on DEVICE,
+    with the tuned launch tables hidden (``QUANTKIT_TUNED_TABLES=0`` for the rest of the test, so the entry points
+    see the same plan): the launch the entry point runs first."""
+    from quantkit.runtime.kernels import gemm, registry
+
+    monkeypatch.setenv(registry.ENV_TABLES, "0")
+    p = gemm.problem_for(op, tuple(layouts), m, n, k, act_group, dtype, torch.device(DEVICE))
+    first = next(c for c in registry.plan(p) if c.ok)
+    return first.kernel.name, first.config
+
+
+def a8_split(kernel: str, config) -> int | None:
+    """The K split at which the Triton int8 kernel gives the same bits as this launch of an ``a8``/``a8_mixed``
+    kernel: the launch's own split (the same fp32 partial sums added in the same order), 1 where the split's partial
+    sums are exact int32 (the CUDA cluster kernel), None where the kernel sums in another order (the A8 GEMV)."""
+    if kernel.startswith("triton."):
+        return config.split_k
+    if kernel in ("cuda.lqq_cluster", "gluon_sm90.lqq_ws_k_pair"):
+        return 1
+    if kernel == "gluon_sm90.lqq":  # (bm, stages, split, tail, warpgroups) / (bm, stages, tail, wg, per_sm, split)
+        from quantkit.runtime.kernels.gluon_sm90.lqq_wgmma import KERNEL as LQQ_WGMMA
+
+        return config.args[2] if config.kernel == LQQ_WGMMA else config.args[5]
+    if kernel in ("gluon_sm90.w8a8", "gluon_sm90.w8a8_mixed"):
+        return config[5]
+    return None

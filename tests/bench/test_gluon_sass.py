@@ -1,6 +1,6 @@
 """The SASS check of the Gluon wgmma kernels (quantkit/bench/sass.py): its walk over a listing finds a write to a
 register that a running product reads — and none once a DEPBAR has retired that product — and every launch the
-rules use, compiled for sm_90 with the installed Triton (no GPU needed), has no such write."""
+registry may run, compiled for sm_90 with the installed Triton (no GPU needed), has no such write."""
 
 from __future__ import annotations
 
@@ -77,17 +77,57 @@ def _gluon_available() -> bool:
     return True
 
 
+def test_sass_check_covers_every_warp_specialized_launch_the_registry_may_run():
+    """The SASS check compiles one lqq_ws launch per (tail, warpgroups, programs an SM, stages) of
+    quantkit.bench.sass.lqq_ws_kinds: every lqq_ws launch of the LiquidQuant Gluon kernel's default rule and tune
+    space — on other layers, K and SM counts too — is of one of those kinds (their register budgets and rings are
+    what the check compiles)."""
+    import torch
+
+    from quantkit.bench.sass import lqq_ws_kinds
+    from quantkit.runtime.kernels.gemm import GluonLqq
+    from quantkit.runtime.kernels.gluon_sm90 import lqq_ws
+    from quantkit.runtime.kernels.registry import GemmProblem
+
+    kinds = set(lqq_ws_kinds())
+    kernel = GluonLqq()
+    for sms in (78, 114, 132):
+        for n in (512, 1000, 4096, 6144, 14336, 28672):
+            for k in (3584, 4096, 14336):
+                for m in (17, 32, 33, 64, 65, 96, 97, 128, 129, 256, 257, 512, 513, 700, 1025, 2049, 4096):
+                    p = GemmProblem("a8", ("w4a8-lqq",), m, n, k, -1, torch.float16, (9, 0), sms,
+                                    frozenset({"cupy", "gluon"}))
+                    for c in kernel.configs(p) + kernel.candidates(p):
+                        if c.kernel in (lqq_ws.KERNEL, lqq_ws.HALVES_KERNEL):
+                            _, stages, tail, wg, per_sm, _ = c.args
+                            assert (tail, wg, per_sm, stages) in kinds, (sms, n, k, m, c)
+
+
 @pytest.mark.skipif(not _gluon_available() or cuobjdump() is None,
                     reason="needs Triton with Gluon and its bundled cuobjdump/ptxas")
 def test_the_gluon_kernels_launches_write_no_register_of_a_running_product():
+    import torch
+
+    from quantkit.bench.sass import _lqq_launches, _w4a16_launches, lqq_ws_kinds
+    from quantkit.runtime.kernels.gemm import GluonLqqKPair
+    from quantkit.runtime.kernels.registry import GemmProblem
+
     # a process of its own: the check swaps Triton's driver for an sm_90 stand-in while it compiles
     run = subprocess.run([sys.executable, "-m", "quantkit.bench.sass"], capture_output=True, text=True, timeout=600)
     lines = [line for line in run.stdout.splitlines() if "hazard" in line]
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    # 35 launches, among them lqq_ws's two-warpgroup long-row launches (128 / 160 / 192 tokens, three and four
-    # stages), its 256-token launch (a 128-token tail tile) and that launch with its last wave's tiles halved
-    # (configs.lqq_ws_halves)
-    assert lines[-1] == "35 launch(es), 0 with hazards or no products parsed", lines
-    assert any("lqq_ws tail=128 wg=2 per_sm=1 stages=3" in line for line in lines)
-    assert any("lqq_ws tail=128 wg=2 per_sm=1 stages=3 halves" in line for line in lines)
-    assert any("wg=2 per_sm=1 stages=4" in line for line in lines)
+    # every launch the check enumerates (the lqq_wgmma / w4a16 ones, lqq_ws's of every lqq_ws_kinds kind, the
+    # 256-token launch with its later tiles halved, the K-pair launches) compiled, products parsed, no hazard
+    names = [name for name, *_ in [*_lqq_launches(), *_w4a16_launches()]]
+    assert lines[-1] == f"{len(names)} launch(es), 0 with hazards or no products parsed", lines
+    for name in names:
+        assert any(line.startswith(f"{name}: ") for line in lines), name
+    for tail, wg, per_sm, stages in lqq_ws_kinds():
+        kind = f"lqq_ws tail={tail} wg={wg} per_sm={per_sm} stages={stages}"
+        assert any(line.startswith(kind + " split=1:") for line in lines), kind
+        if tail == 128:
+            assert any(line.startswith(kind + " halves:") for line in lines), kind
+    # the K-pair kernel's stage counts (its default and tune space)
+    p = GemmProblem("a8", ("w4a8-lqq",), 769, 1024, 4096, -1, torch.float16, (9, 0), 132, frozenset({"gluon"}))
+    for _, stages in GluonLqqKPair().configs(p) + GluonLqqKPair().candidates(p):
+        assert any(line.startswith(f"lqq_ws k_pair stages={stages} split=1:") for line in lines), stages

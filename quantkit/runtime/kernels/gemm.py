@@ -154,7 +154,9 @@ class CudaLqqCluster(RuleKernel):
             return []
         kt = rules.k_tiles(p.k)
         out = [(64, s, st, d, 64) for s in (2, 4, 8) if kt >= s for st, d in ((2, 1), (3, 1), (3, 2), (4, 2))]
-        return out + [(t, 4, 4, 2, 128) for t in (64, 128) if kt >= 8]
+        if kt >= 8:  # two warpgroups of rows; 128 tokens at three stages (four need more than a block's shared memory)
+            out += [(64, 4, 4, 2, 128)] + ([(128, 4, 3, 2, 128)] if p.m > 64 else [])
+        return out
 
     def accepts(self, p, c, cfg):
         layout, tensors, meta = c.one
@@ -419,23 +421,29 @@ def _w8a8_candidates(p: GemmProblem) -> list:
 class TritonTiles(GemmKernel):
     """What the Triton GEMM kernels share: a :class:`.triton.launch.TileConfig` per launch
     (:func:`.heuristic.triton_tile` by default), and as tune candidates the default with half and twice its token
-    tile (16-128 tokens, up to M), each other row tile, other warps and stages (tiles of 64 tokens or more) and
-    each K split (1, 2, 4)."""
+    tile (16-128 tokens, up to M), each row tile at the default's token tile and half of it, with other warps and
+    stages on tiles of 64 tokens or more, and each K split."""
 
     def configs(self, p):
         return [rules.triton_tile(p.m, p.n, p.k, _sms(p))]
 
-    row_tiles = (64, 128)
+    def row_tiles(self, p: GemmProblem) -> tuple[int, ...]:
+        """The weight-row tiles (BN) of this kernel's tune space."""
+        return (64, 128)
 
     def candidates(self, p):
         rule = self.configs(p)[0]
         top = max(16, 1 << max(0, p.m - 1).bit_length())
         tiles = [rule] + [TileConfig(rule.bn, bm, rule.split_k, *rules.triton_warps_stages(rule.bn, bm))
                           for bm in (rule.bm // 2, rule.bm * 2) if 16 <= bm <= min(top, 128)]
-        tiles += [TileConfig(bn, rule.bm, rule.split_k, *((8, 4) if bn == 256 else rules.triton_warps_stages(bn, rule.bm)))
-                  for bn in self.row_tiles if bn != rule.bn and bn * rule.bm <= 256 * 64]
-        tiles += [TileConfig(rule.bn, rule.bm, rule.split_k, w, st) for w, st in ((4, 3), (4, 4), (8, 3))
-                  if rule.bm >= 64 and (st == 3 or rule.bm < 128)]
+        for bm in dict.fromkeys((rule.bm, max(16, rule.bm // 2))):
+            for bn in self.row_tiles(p):
+                if bn * bm > 256 * 64:
+                    continue
+                tiles.append(TileConfig(bn, bm, rule.split_k, *((8, 4) if bn == 256 else
+                                                                 rules.triton_warps_stages(bn, bm))))
+                tiles += [TileConfig(bn, bm, rule.split_k, w, st) for w, st in ((4, 3), (4, 4), (8, 3))
+                          if bm >= 64 and bn <= 128 and (st == 3 or bm < 128)]
         tiles += [TileConfig(rule.bn, rule.bm, s, rule.num_warps, rule.num_stages)
                   for s in _splits(p, rules.cdiv(p.n, rule.bn) * rules.cdiv(p.m, rule.bm)) if s != rule.split_k]
         return list(dict.fromkeys(tiles))
@@ -451,7 +459,10 @@ class TritonInt8(TritonTiles):
     """The Triton int8 tensor-core kernel (:mod:`.triton.int8_gemm`): every layout, activation group and GPU."""
 
     name, ops = "triton.int8", ("a8",)
-    row_tiles = (64, 128, 256)
+
+    def row_tiles(self, p):
+        # 256-row tiles for 4-bit weights only: four stages of 256 int8 rows take more shared memory than a block has
+        return (64, 128) if p.layouts == ("w8",) else (64, 128, 256)
 
     def can_implement(self, p):
         return True, ""

@@ -58,15 +58,18 @@ def test_act_quant_launch_shapes_give_the_same_bits(group_size, launch):
     assert torch.equal(codes.cpu(), ref_codes) and torch.equal(scales.cpu(), ref_scales.float())
 
 
-def test_act_quant_launch_rule():
-    from quantkit.runtime.kernels.configs import act_quant_launch
+def test_every_launch_the_rule_gives_is_bit_identical():
+    """Whatever (rows per program, warps) act_quant_launch gives, from decode to prefill token counts and on narrow
+    to wide rows, the kernel takes it and returns the reference's codes and scales (rows past M masked)."""
+    from quantkit.runtime.kernels.triton.act_quant import act_quant_launch
 
-    assert act_quant_launch(1, 4096, -1) == (1, 8)       # no masked rows at decode sizes
-    assert act_quant_launch(4096, 16384, -1) == (1, 8)
-    assert act_quant_launch(3, 512, -1) == (4, 8)        # narrow rows: several per program, never past M's power of 2
-    assert act_quant_launch(1000, 512, -1) == (8, 8)
-    assert act_quant_launch(1, 65536, -1) == (1, 32)     # at most 64 values per thread
-    assert [act_quant_launch(m, 4096, 128) for m in (1, 4, 5, 64, 65)] == [(1, 2), (1, 2), (4, 4), (4, 4), (16, 4)]
+    launches = sorted({(group, act_quant_launch(m, k_padded, group)) for group in (128, -1)
+                       for m in (1, 3, 4, 5, 16, 64, 65, 1000, 4096) for k_padded in (256, 512, 4096, 16384, 65536)})
+    x = (torch.randn(5, 300, generator=torch.Generator().manual_seed(9)) * 3).half()
+    for group, launch in launches:
+        codes, scales = quantize_activation_triton(x.to(DEVICE), 8, group, launch=launch)
+        ref_codes, ref_scales = quantize_activation_int(x, 8, group)
+        assert torch.equal(codes.cpu(), ref_codes) and torch.equal(scales.cpu(), ref_scales.float()), (group, launch)
 
 
 def test_act_quant_empty_and_bad_launch():

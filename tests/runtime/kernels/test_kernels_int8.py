@@ -16,10 +16,10 @@ import pytest  # noqa: E402
 from quantkit.quant import grid  # noqa: E402
 from quantkit.quant.act import quantize_activation, quantize_activation_int  # noqa: E402
 from quantkit.runtime.dispatch import ActQuant  # noqa: E402
-from quantkit.runtime.kernels.configs import TileConfig, gemm_config  # noqa: E402
 from quantkit.runtime.kernels.entry import layout_kernel  # noqa: E402
-from quantkit.runtime.kernels.gemm import int8_matmul, mixed_int8_matmul  # noqa: E402
+from quantkit.runtime.kernels.gemm import TritonInt8, int8_matmul, mixed_int8_matmul, problem_for  # noqa: E402
 from quantkit.runtime.kernels.reference import int8_reference, int8_weight  # noqa: E402
+from quantkit.runtime.kernels.triton.launch import TileConfig  # noqa: E402
 from tests.kernels_helpers import DEVICE, packed, poisoned, rel_err  # noqa: E402
 
 TOL = 1e-3  # fp16 output rounding; the sums themselves are exact integers times fp32 scales
@@ -157,62 +157,47 @@ def test_dispatch_entry_computes_the_quantlinear_reference(layout, act):
     assert rel_err(out, ref) < 2e-3
 
 
-def test_default_config_grows_tiles_with_m():
-    for kind in ("lqq", "asym", "w8", "mixed"):
-        assert gemm_config(1, 4096, 4096, kind).bm == 16
-        big = gemm_config(4096, 4096, 4096, kind)
-        assert big.bn * big.bm >= 64 * 128 and big.split_k == 1
+def _default_and_tune_tiles(layout: str, m: int, n: int, k: int, act_group: int) -> list:
+    """The Triton int8 kernel's default tile for this product on DEVICE and every tile of its tune space."""
+    p = problem_for("a8", (layout,), m, n, k, act_group, torch.float16, torch.device(DEVICE))
+    kernel = TritonInt8()
+    return list(dict.fromkeys(kernel.configs(p) + kernel.candidates(p)))
 
 
-def test_small_m_splits_narrow_layers_until_about_one_program_per_sm():
-    # 64 row tiles of 4096x4096 split 4 (256 programs), 96 of 6144 split 2; wide layers and short splits stay whole
-    for m in (8, 16):
-        assert gemm_config(m, 4096, 4096, "lqq").split_k == 4 and gemm_config(m, 6144, 4096, "lqq").split_k == 2
-        assert gemm_config(m, 4096, 14336, "lqq").split_k == 4 and gemm_config(m, 14336, 4096, "lqq").split_k == 1
-    assert gemm_config(16, 4096, 1024, "w4a16").split_k == 1  # 4 tiles of 256 columns: no split shorter than 4
+@pytest.mark.parametrize("layout,m,act_group", [("w4a8-lqq", 40, -1), ("w8", 3, 128), ("w4a16", 17, 128)])
+def test_every_default_and_tune_tile_builds_and_gives_the_same_bits_at_its_split(layout, m, act_group):
+    """Selection rules are checked by invariants: every tile the default rule or the tune space gives runs, within
+    the reference's tolerance, and tiles of one K split give one result bit for bit (exact int32 products, the
+    fp32 sums in K order whatever the tile)."""
+    n, k = 40, 2048
+    _, tensors, meta = packed(layout, n, k, 128, seed=m)
+    _, codes, scales = _acts(m, k, act_group, seed=m)
+    ref = int8_reference(codes, scales, act_group, layout, tensors, meta)
+    by_split = {}
+    tiles = _default_and_tune_tiles(layout, m, n, k, act_group)
+    assert len(tiles) > 1
+    for cfg in tiles:
+        out = int8_matmul(codes, scales, act_group, layout, tensors, meta, config=cfg,
+                          out=poisoned(m, n, torch.float16))
+        assert rel_err(out, ref) < TOL, cfg
+        assert torch.equal(out, by_split.setdefault(cfg.split_k, out)), cfg
 
 
-def test_wave_config_avoids_a_mostly_empty_last_wave():
-    from quantkit.runtime.kernels.configs import wave_fill
-    assert wave_fill(132, 1) == 1.0 and wave_fill(133, 1) == 133 / 264 and wave_fill(264, 2) == 1.0
-    # LiquidQuant 4096x4096 M=1024: 256 programs of 128x128 fill one wave of 2 per SM; 6144x4096 M=1024: 384 would
-    # leave the second wave 45 % full, so 64x128 tiles (768 programs, 97 %) — the faster of the two in the H100 sweep
-    assert (gemm_config(1024, 4096, 4096, "lqq").bn, gemm_config(1024, 4096, 4096, "lqq").bm) == (128, 128)
-    assert (gemm_config(1024, 6144, 4096, "lqq").bn, gemm_config(1024, 6144, 4096, "lqq").bm) == (64, 128)
-    # no tile fills its waves (6144x4096 M=256): the fullest of those with enough programs
-    assert (gemm_config(256, 6144, 4096, "lqq").bn, gemm_config(256, 6144, 4096, "lqq").bm) == (64, 128)
-    # too few large tiles for the SMs: the smallest tile
-    assert (gemm_config(256, 4096, 4096, "lqq").bn, gemm_config(256, 4096, 4096, "lqq").bm) == (64, 64)
-    # nothing reaches MIN_PROGRAMS on a tiny layer: the last candidate, K split on long rows (LiquidQuant)
-    tiny = gemm_config(64, 256, 16384, "lqq")
-    assert (tiny.bn, tiny.bm) == (64, 32) and tiny.split_k > 1
-    assert gemm_config(64, 256, 16384, "asym").split_k == 1
+def test_every_default_and_tune_tile_of_the_mixed_kernel_builds_and_gives_the_same_bits_at_its_split():
+    """The same invariant for the one-launch mixed kernel (its second partition's rows per program follow BN)."""
+    from quantkit.runtime.kernels.gemm import TritonInt8Mixed
 
-
-def test_wave_config_splits_long_rows_and_prefers_128_token_tiles_up_to_512():
-    """Long rows (4096x14336) fill their waves by splitting K (each split >= 14 tiles of 256 columns), 16-tile
-    rows only when no tile gives enough programs; LiquidQuant at M = 257-512 takes 64x128 tiles from a wave fill
-    of 0.7 (6144x4096 M=512), a layer too narrow for them (1024 rows) still gets the small tiles with enough
-    programs, and no token tile is left half empty."""
-    def key(cfg):
-        return cfg.bn, cfg.bm, cfg.split_k
-
-    assert key(gemm_config(64, 4096, 14336, "lqq")) == (64, 64, 4)
-    assert key(gemm_config(256, 4096, 14336, "lqq")) == (64, 128, 2)
-    assert key(gemm_config(64, 4096, 14336, "w4a16")) == (64, 64, 2)
-    assert key(gemm_config(256, 4096, 14336, "w4a16")) == (128, 128, 2)
-    for m in (64, 128, 256, 512):
-        for n in (6144, 14336, 28672):
-            assert gemm_config(m, n, 4096, "lqq").split_k == 1 and gemm_config(m, n, 4096, "w4a16").split_k == 1
-    # ... unless no tile reaches MIN_PROGRAMS: then 4-tile splits until it does (the k/v projections)
-    assert key(gemm_config(64, 4096, 4096, "w4a16")) == (64, 64, 2)
-    assert key(gemm_config(64, 1024, 4096, "lqq")) == (64, 32, 4)
-    assert key(gemm_config(128, 1024, 4096, "lqq")) == (64, 64, 4)
-    assert gemm_config(64, 1024, 4096, "asym").split_k == 1
-    assert key(gemm_config(512, 6144, 4096, "lqq")) == (64, 128, 1)
-    assert key(gemm_config(512, 1024, 4096, "lqq")) == (64, 64, 1)
-    # M = 192 would leave the second of two 128-token tiles half empty: 64-token tiles
-    assert gemm_config(192, 6144, 4096, "lqq").bm == 64 and gemm_config(192, 14336, 4096, "w4a16").bm == 64
+    m, n, k, act_group = 17, 70, 2048, 128
+    parts, ref, codes, scales = _mixed_layer(m, n, k, act_group, torch.arange(0, n, 5), seed=5)
+    p = problem_for("a8_mixed", ("w4a16", "w8"), m, n, k, act_group, torch.float16, torch.device(DEVICE))
+    kernel = TritonInt8Mixed()
+    tiles = list(dict.fromkeys(kernel.configs(p) + kernel.candidates(p)))
+    assert len(tiles) > 1
+    by_split = {}
+    for cfg in tiles:
+        out = mixed_int8_matmul(codes, scales, act_group, parts, n, config=cfg, out=poisoned(m, n, torch.float16))
+        assert rel_err(out, ref) < TOL, cfg
+        assert torch.equal(out, by_split.setdefault(cfg.split_k, out)), cfg
 
 
 @pytest.mark.gpu
@@ -223,7 +208,7 @@ def test_int8_ptx_equals_plain_triton_and_reference_on_gpu(layout, act_group, m)
     n, k = 1000, 2048 + 256
     _, tensors, meta = packed(layout, n, k, 128, seed=m)
     _, codes, scales = _acts(m, k, act_group, seed=m)
-    cfg = gemm_config(m, n, k, {"w8": "w8", "w4a16": "asym", "w4a8-lqq": "lqq"}[layout])
+    cfg = _default_and_tune_tiles(layout, m, n, k, act_group)[0]  # the default tile
     fast = int8_matmul(codes, scales, act_group, layout, tensors, meta, config=cfg, use_asm=True)
     plain = int8_matmul(codes, scales, act_group, layout, tensors, meta, config=cfg, use_asm=False)
     if cfg.split_k == 1:

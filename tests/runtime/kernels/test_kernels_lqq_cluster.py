@@ -15,14 +15,16 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from quantkit.quant.act import quantize_activation_int  # noqa: E402
-from quantkit.runtime.kernels.configs import LQQ_CLUSTER_TABLE, TileConfig, lqq_cluster_launch  # noqa: E402
 from quantkit.runtime.kernels.cuda.common import cupy_available  # noqa: E402
 from quantkit.runtime.kernels.cuda.lqq_cluster import (CLUSTER_SPLITS, _cluster_split,  # noqa: E402
                                                         cluster_shared_bytes, lqq_cluster_matmul, lqq_cluster_problem)
-from quantkit.runtime.kernels.gemm import int8_matmul  # noqa: E402
+from quantkit.runtime.kernels.gemm import CudaLqqCluster, int8_matmul, problem_for  # noqa: E402
+from quantkit.runtime.kernels.registry import GemmProblem  # noqa: E402
+from quantkit.runtime.kernels.triton.launch import TileConfig  # noqa: E402
 from quantkit.runtime.kernels.reference import int8_reference  # noqa: E402
 from quantkit.runtime.kernels.cuda import lqq_cluster as cuda_lqq_cluster  # noqa: E402
-from tests.kernels_helpers import DEVICE, pretend_hopper, packed, record_launches, rel_err  # noqa: E402
+from tests.kernels_helpers import (DEVICE, a8_split, pretend_hopper, packed, planned_launch,  # noqa: E402
+                                   record_kernel_launches, rel_err)
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0) and cupy_available()
 hopper = pytest.mark.skipif(not ON_HOPPER, reason="needs a GPU of compute capability >= 9.0 and CuPy")
@@ -161,70 +163,74 @@ def test_cluster_kernel_in_a_cuda_graph_replays_the_same_bits():
         assert torch.equal(out, lqq_cluster_matmul(codes, scales, tensors, meta, 128, 4, 2))
 
 
-def test_rule_takes_the_cluster_kernel_only_where_it_was_measured_faster():
-    assert lqq_cluster_launch(17, 512, 3584) == lqq_cluster_launch(64, 512, 4096) == (64, 8, 3, 1, 64)
-    assert lqq_cluster_launch(56, 1024, 4096) == lqq_cluster_launch(64, 1000, 3584) == (64, 4, 4, 1, 64)
-    assert lqq_cluster_launch(384, 1024, 4096) == (128, 4, 3, 2, 128)
-    assert lqq_cluster_launch(256, 2048, 4096) == (64, 2, 3, 2, 64)
-    assert lqq_cluster_launch(769, 512, 3584) == (128, 4, 3, 2, 128)
-    assert lqq_cluster_launch(960, 512, 3584) == (64, 2, 3, 2, 64)  # 32 clusters of 4 would not all fit at once
-    assert lqq_cluster_launch(40, 4096, 4096) == (64, 2, 4, 2, 64)
-    assert lqq_cluster_launch(17, 4608, 3584) == lqq_cluster_launch(64, 6144, 4096) == (64, 2, 3, 2, 64)
-    # every range of each class is taken from its first to its last token count, in order; the classes up to 2048
-    # rows from 9 tokens (ahead of the A8 GEMV), the wider ones from 17; the one gap is M = 32 on the widest
-    for max_n, ranges in LQQ_CLUSTER_TABLE.items():
-        assert ranges[0][0] == (9 if max_n <= 2048 else 17)
-        assert all(a[0] <= a[1] < b[0] for a, b in zip(ranges, ranges[1:]))
-        gaps = [m for a, b in zip(ranges, ranges[1:]) for m in range(a[1] + 1, b[0])]
-        assert gaps == ([32] if max_n == 6144 else [])
-    assert lqq_cluster_launch(9, 2048, 3584) == (64, 8, 2, 1, 64)
-    assert lqq_cluster_launch(384, 1024, 5120) == lqq_cluster_launch(384, 1024, 4096)  # K = 5120 up to 384 tokens
-    assert lqq_cluster_launch(385, 1024, 5120) is None and lqq_cluster_launch(385, 1024, 4096) is not None
-    assert lqq_cluster_launch(17, 5120, 5120) is None and lqq_cluster_launch(17, 5120, 4096) is not None
-    # the 512-row class runs its two-warpgroup launch from 513 tokens (the split of 8 there ran 0.73-0.80x
-    # fp16 on 512x4096), and at K = 5120 to 896 tokens, where the Gluon rule ran 0.90-0.98x
-    for k in (3584, 4096, 5120):
-        assert lqq_cluster_launch(513, 512, k) == lqq_cluster_launch(896, 512, k) == (128, 4, 3, 2, 128)
-        assert lqq_cluster_launch(449, 512, k) == (64, 2, 4, 1, 64)
-    assert lqq_cluster_launch(897, 512, 5120) is None and lqq_cluster_launch(897, 512, 4096) == (64, 2, 3, 2, 64)
-    assert lqq_cluster_launch(385, 513, 5120) is None
-    for m, n, k in [(8, 512, 3584), (1025, 512, 3584), (513, 1024, 4096), (257, 2048, 4096), (16, 2049, 4096),
-                    (129, 4096, 4096), (65, 6144, 4096), (32, 4608, 3584), (17, 6145, 4096), (17, 14336, 4096),
-                    (40, 512, 2048), (40, 512, 8192), (40, 1024, 8192), (40, 512, 3840), (40, 4096, 14336)]:
-        assert lqq_cluster_launch(m, n, k) is None, (m, n, k)
+def _default_and_tune_launches() -> set:
+    """Every (tokens, split, stages, depth, rows) of the cluster kernel's default rule and tune space on a Hopper GPU
+    with 132 SMs, over layers of 512-28672 rows and 3584-14336 columns at 1-4096 tokens."""
+    out = set()
+    kernel = CudaLqqCluster()
+    for n in (512, 1024, 2048, 4096, 6144, 14336, 28672):
+        for k in (3584, 4096, 14336):
+            for m in (1, 9, 16, 17, 40, 64, 65, 100, 128, 200, 256, 300, 512, 513, 768, 1024, 2048, 4096):
+                p = GemmProblem("a8", ("w4a8-lqq",), m, n, k, -1, torch.float16, (9, 0), 132,
+                                frozenset({"cupy", "gluon"}))
+                picked = kernel.picks(p)[0]
+                out.update((n, k, tuple(cfg)) for cfg in (kernel.configs(p) if picked else []) + kernel.candidates(p))
+    return out
 
 
-def test_int8_matmul_runs_the_cluster_kernel_where_the_rule_picks_it_else_falls_through(monkeypatch):
-    """int8_gemm._cluster_matmul without a GPU: the rule's launch reaches lqq_cluster_matmul when the kernel can run;
-    when it cannot (a problem), int8_matmul goes on to the other kernels and still returns the product."""
+def test_int8_matmul_runs_the_rules_cluster_launch_else_falls_through(monkeypatch):
+    """Without a GPU: where the cluster kernel's rule gives a launch, that launch reaches lqq_cluster_matmul; where
+    the kernel cannot run the call (lqq_cluster_problem names a reason), int8_matmul goes on to the next kernels of
+    its plan and still returns the product. (The rule itself is replaced: this checks the wiring, not its choice.)"""
+    from quantkit.runtime.kernels import heuristic
+
+    launch = (64, 4, 3, 2, 64)
+    monkeypatch.setattr(heuristic, "lqq_cluster_launch", lambda m, n, k, sms: launch)
     pretend_hopper(monkeypatch)
-    from quantkit.runtime.kernels.triton import int8_gemm
-
     _, tensors, meta = packed("w4a8-lqq", 64, 3584, 128, seed=2)
     codes, scales = _acts(17, 3584, seed=2)
+    assert planned_launch(monkeypatch, "a8", ("w4a8-lqq",), 17, 64, 3584, -1, torch.float16) == \
+        ("cuda.lqq_cluster", launch)
     calls = []
     monkeypatch.setattr(cuda_lqq_cluster, "lqq_cluster_problem", lambda *a, **kw: None)
     monkeypatch.setattr(cuda_lqq_cluster, "lqq_cluster_matmul", lambda *a, **kw: calls.append(a[4:9]) or "cluster")
     assert int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta) == "cluster"
-    assert calls == [lqq_cluster_launch(17, 64, 3584)]
+    assert calls == [launch]
     monkeypatch.setattr(cuda_lqq_cluster, "lqq_cluster_problem", lambda *a, **kw: "no CuPy")
     got = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta)  # on a CPU the Triton kernel, interpreted
-    assert calls == [lqq_cluster_launch(17, 64, 3584)]
+    assert calls == [launch]
     assert rel_err(got, int8_reference(codes, scales, -1, "w4a8-lqq", tensors, meta)) < 1e-3
 
 
 @pytest.mark.gpu
 @hopper
-def test_int8_matmul_runs_the_cluster_kernel_on_a_narrow_layer(monkeypatch):
-    from quantkit.runtime.kernels.triton import int8_gemm
-
-    calls = record_launches(monkeypatch, cuda_lqq_cluster, "lqq_cluster_matmul", 4, 9)
-    _, tensors, meta = packed("w4a8-lqq", 512, 3584, 128, seed=6)
-    codes, scales = _acts(40, 3584, seed=6)
-    out = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta)
-    assert calls == [lqq_cluster_launch(40, 512, 3584)]
-    assert torch.equal(out, int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta,
-                                        config=TileConfig(64, 128, 1, 4, 3)))
+def test_int8_matmul_runs_the_first_launch_of_its_plan_on_narrow_layers_with_the_triton_kernels_bits(monkeypatch):
+    """With no tuned tables, int8_matmul runs the first launch of the registry's plan on narrow LiquidQuant layers
+    (where the cluster kernel serves), with the Triton kernel's bits at that launch's K split (the cluster kernel's
+    exact int32 sums: the unsplit bits); then every default and tune launch of the cluster kernel on those layers,
+    through int8_matmul, gives the unsplit Triton bits too."""
+    calls = record_kernel_launches(monkeypatch)
+    for n, k, m in ((512, 3584, 40), (512, 3584, 300), (1024, 4096, 17), (1024, 4096, 100), (2048, 4096, 256),
+                    (4096, 4096, 64)):
+        _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n + m)
+        codes, scales = _acts(m, k, seed=m)
+        launch = planned_launch(monkeypatch, "a8", ("w4a8-lqq",), m, n, k, -1, torch.float16)
+        calls.clear()
+        out = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta)
+        assert calls == [launch], (n, k, m)
+        assert rel_err(out, int8_reference(codes, scales, -1, "w4a8-lqq", tensors, meta)) < 1e-3
+        split = a8_split(*launch)
+        if split is not None:
+            assert torch.equal(out, int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta,
+                                                config=TileConfig(64, 128, split, 4, 3))), (n, k, m, launch)
+        tri = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, config=TileConfig(64, 128, 1, 4, 3))
+        p = problem_for("a8", ("w4a8-lqq",), m, n, k, -1, torch.float16, codes.device)
+        kernel = CudaLqqCluster()
+        if not kernel.can_implement(p)[0]:  # (a GPU newer than Hopper)
+            continue
+        for cfg in dict.fromkeys((kernel.configs(p) if kernel.picks(p)[0] else []) + kernel.candidates(p)):
+            got = int8_matmul(codes, scales, -1, "w4a8-lqq", tensors, meta, kernel=kernel.name, launch_config=cfg)
+            assert torch.equal(got, tri), (n, k, m, cfg)
 
 
 @pytest.mark.gpu
@@ -247,10 +253,11 @@ def _nvcc_and_cuobjdump() -> bool:
 
 @pytest.mark.skipif(not _nvcc_and_cuobjdump(), reason="needs nvcc and cuobjdump (no GPU)")
 def test_no_register_a_operand_is_overwritten_while_its_wgmma_runs(tmp_path):
-    """The SASS of every instance the rule launches (with and without programmatic dependent launch, fp16 and bf16
-    outputs), built by nvcc for sm_90a: ptxas does not keep a register A operand alive past its wgmma's issue, so a
-    write to one before the wait would race (quantkit.bench.sass). (The cubins the NVRTC of CuPy's wheel builds at
-    run time could not be disassembled by the H100 machine's cuobjdump, so this checks the toolkit's ptxas.)"""
+    """The SASS of every instance the default rule and the tune space launch (with and without programmatic
+    dependent launch, fp16 and bf16 outputs), built by nvcc for sm_90a: ptxas does not keep a register A operand
+    alive past its wgmma's issue, so a write to one before the wait would race (quantkit.bench.sass). (The cubins
+    the NVRTC of CuPy's wheel builds at run time could not be disassembled by the H100 machine's cuobjdump, so this
+    checks the toolkit's ptxas.)"""
     import subprocess
 
     from quantkit.bench.sass import hazards, instructions, register_products
@@ -259,14 +266,15 @@ def test_no_register_a_operand_is_overwritten_while_its_wgmma_runs(tmp_path):
 
     args = ("const signed char*, const float*, int, long long, long long, const char*, const u32*, const __half*, "
             "int, int, int, int, int, void*, long long, int, int")
-    launches = {launch for ranges in LQQ_CLUSTER_TABLE.values() for _, _, launch in ranges}
-    for tokens, split, stages, depth, rows in sorted(launches):
-        for s in sorted({split, 4}):  # 14 tiles lower a split of 8 to 4
-            for bf16, source in ((False, SOURCE), (True, PDL_DEFINE + SOURCE)):  # each output and form once
-                name = cluster_kernel_name(s, tokens, stages, bf16, depth, rows)
-                (tmp_path / "k.cu").write_text(f"{source}\ntemplate __global__ void {name}({args});\n")
-                subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-std=c++17", "-o", str(tmp_path / "k.cubin"),
-                                str(tmp_path / "k.cu")], check=True, capture_output=True)
-                # the 8 planes of a tile (depth 2: the first tile's, then three register sets' in the loop)
-                assert register_products(instructions(str(tmp_path / "k.cubin"))) == 8 * (1 + 3 * (depth - 1)), name
-                assert hazards(str(tmp_path / "k.cubin")) == [], name
+    # the instance each launch builds: its split as _cluster_split lowers it on K's tiles (14 tiles asked in 8: 4)
+    instances = {(_cluster_split(k // 256, split)[1], tokens, stages, depth, rows)
+                 for _, k, (tokens, split, stages, depth, rows) in _default_and_tune_launches()}
+    for s, tokens, stages, depth, rows in sorted(instances):
+        for bf16, source in ((False, SOURCE), (True, PDL_DEFINE + SOURCE)):  # each output and form once
+            name = cluster_kernel_name(s, tokens, stages, bf16, depth, rows)
+            (tmp_path / "k.cu").write_text(f"{source}\ntemplate __global__ void {name}({args});\n")
+            subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-std=c++17", "-o", str(tmp_path / "k.cubin"),
+                            str(tmp_path / "k.cu")], check=True, capture_output=True)
+            # the 8 planes of a tile (depth 2: the first tile's, then three register sets' in the loop)
+            assert register_products(instructions(str(tmp_path / "k.cubin"))) == 8 * (1 + 3 * (depth - 1)), name
+            assert hazards(str(tmp_path / "k.cubin")) == [], name

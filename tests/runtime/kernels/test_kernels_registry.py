@@ -50,6 +50,97 @@ def test_every_plan_ends_in_a_kernel_that_runs_everywhere_and_every_pick_has_a_l
                     assert rows[-1][0].startswith("triton."), p.describe()
 
 
+class _ArgsChecked(Exception):
+    """Raised in place of reading a kernel's operands: the wrapper's own checks of its launch arguments passed."""
+
+
+def _launch_args_checker(monkeypatch):
+    """A function (kernel name, launch config) -> None that runs the kernel wrapper's own checks of its launch
+    arguments (the ValueError a wrapper raises before any GPU work, a CUDA instance's launch checks), raising the
+    wrapper's ValueError where it refuses the launch; Triton tiles are checked for what the Triton kernels compile
+    (power-of-two tiles of at least 16, warps and stages)."""
+    from quantkit.runtime.kernels.cuda.lqq_cluster import _check_launch
+    from quantkit.runtime.kernels.gluon_sm90 import lqq_wgmma, lqq_ws, w4a16_wgmma, w4a16_ws, w8a8_wgmma
+    from quantkit.runtime.kernels.triton.launch import TileConfig
+
+    def stop(*args, **kwargs):
+        raise _ArgsChecked
+
+    for module, name in ((lqq_wgmma, "lqq_operands"), (lqq_ws, "lqq_operands"), (w4a16_wgmma, "w4a16_operands"),
+                         (w4a16_ws, "w4a16_operands")):
+        monkeypatch.setattr(module, name, stop)
+
+    class Codes:  # w8a8_wgmma_matmul reads the codes' shape right after its checks
+        @property
+        def shape(self):
+            raise _ArgsChecked
+
+    def power_of_two(v, least=1):
+        return v >= least and v & (v - 1) == 0
+
+    def check(name, cfg):
+        try:
+            if name == "cuda.lqq_cluster":
+                _check_launch(*cfg)
+            elif name == "gluon_sm90.lqq_ws_k_pair":
+                lqq_ws.lqq_ws_matmul(None, None, {}, {}, *cfg, k_pair=True)
+            elif name == "gluon_sm90.lqq" and cfg.kernel == lqq_wgmma.KERNEL:
+                assert cfg.halves_from is None, cfg
+                lqq_wgmma.lqq_wgmma_matmul(None, None, {}, {}, *cfg.args)
+            elif name == "gluon_sm90.lqq":
+                assert cfg.kernel in (lqq_ws.KERNEL, lqq_ws.HALVES_KERNEL), cfg
+                assert (cfg.kernel == lqq_ws.HALVES_KERNEL) == (cfg.halves_from is not None), cfg
+                halves = {} if cfg.halves_from is None else {"halves_from": cfg.halves_from}
+                lqq_ws.lqq_ws_matmul(None, None, {}, {}, *cfg.args, **halves)
+            elif name in ("gluon_sm90.w8a8", "gluon_sm90.w8a8_mixed"):
+                w8a8_wgmma.w8a8_wgmma_matmul(Codes(), None, -1, {}, {}, *cfg)
+            elif name == "gluon_sm90.w4a16_ws":
+                w4a16_ws.w4a16_ws_matmul(None, {}, {}, *cfg)
+            elif name == "gluon_sm90.w4a16_wgmma":
+                w4a16_wgmma.w4a16_wgmma_matmul(None, {}, {}, *cfg)
+            elif isinstance(cfg, TileConfig):
+                assert name in ("triton.int8", "triton.int8_mixed", "triton.w4a16"), (name, cfg)
+                assert (power_of_two(cfg.bn, 16) and power_of_two(cfg.bm, 16) and cfg.split_k >= 1
+                        and power_of_two(cfg.num_warps) and cfg.num_stages >= 1), cfg
+            else:
+                assert cfg is None, (name, cfg)  # the GEMVs and dequantize-then-cuBLAS take no launch config
+        except _ArgsChecked:
+            pass
+
+    return check
+
+
+def test_every_default_and_tune_launch_is_one_its_kernel_takes(monkeypatch):
+    """Selection rules are checked by invariants, not by their particular choices: on a Hopper GPU, over layers of
+    512-28672 rows and 3584-14336 columns at 1-4096 tokens, every launch config of each kernel's default rule
+    (where it picks the kernel) and of its tune space is one the kernel's own argument checks accept — none of them
+    can fail before it runs. (That every one is bit-exact against the reference is checked per kernel on the GPU.)"""
+    check = _launch_args_checker(monkeypatch)
+    cap, sms, tools = HOPPER
+    ms = sorted({*range(1, 4097, 23), 8, 9, 16, 17, 31, 32, 33, 64, 65, 128, 129, 256, 257, 512, 513, 768, 769,
+                 1024, 1025, 2048, 4096})
+    seen = set()
+    for n in (512, 1024, 4096, 6144, 14336, 28672):
+        for k in (3584, 4096, 14336):
+            for m in ms:
+                for op, layouts, act in METHODS:
+                    p = GemmProblem(op, layouts, m, n, k, act, torch.float16, cap, sms, tools)
+                    for kernel in PRIORITY[op]:
+                        if not kernel.can_implement(p)[0]:
+                            continue
+                        defaults = kernel.configs(p) if kernel.picks(p)[0] else []
+                        for cfg in defaults + kernel.candidates(p):
+                            key = (kernel.name, cfg if not isinstance(cfg, list) else tuple(cfg))
+                            if key in seen:
+                                continue
+                            seen.add(key)
+                            try:
+                                check(kernel.name, cfg)
+                            except (ValueError, AssertionError) as e:
+                                pytest.fail(f"{kernel.name} {cfg!r} at {p.describe()}: {e}")
+    assert {name for name, _ in seen} >= {k.name for kernels in PRIORITY.values() for k in kernels}
+
+
 def test_priority_lists_name_each_kernel_once_and_serve_their_ops():
     for op, kernels in PRIORITY.items():
         names = [k.name for k in kernels]
@@ -211,3 +302,28 @@ def test_a_tune_run_times_the_default_without_the_tables_it_is_writing(tmp_path,
     with tables_hidden():
         assert "tuned" not in plan(_problem(64))[0].reason
     assert "tuned" in plan(_problem(64))[0].reason and os.environ.get(registry.ENV_TABLES) is None
+
+
+def test_shipped_tables_name_kernels_and_launches_that_can_run_their_entries():
+    """Every entry of the shipped tuned tables (kernels/tuned/) names a registered kernel of its op, with a launch
+    config that kernel reads back, for a problem that kernel can implement on the table's device."""
+    from pathlib import Path
+
+    from quantkit.runtime.kernels import tables
+
+    shipped = Path(tables.__file__).with_name("tuned")
+    files = sorted(shipped.glob("*/*.json"))
+    assert files, "no shipped launch tables"
+    for path in files:
+        data = json.loads(path.read_text())
+        assert data["schema"] == tables.SCHEMA and data["commit"] and data["command"].startswith("quantkit tune")
+        assert path.name == tables.table_name(data["op"], tuple(data["layouts"]), data["act_group"])
+        for e in data["entries"]:
+            k = registry.kernel_named(e["kernel"])
+            assert data["op"] in k.ops
+            config = k.config_from_json(e["config"])
+            assert k.config_to_json(config) == e["config"]
+            p = GemmProblem(data["op"], tuple(data["layouts"]), e["m"], e["n"], e["k"], data["act_group"],
+                            torch.float16, tuple(data["capability"]), data["sms"], frozenset({"cupy", "gluon"}),
+                            data["device"])
+            assert k.can_implement(p)[0], (path.name, e)

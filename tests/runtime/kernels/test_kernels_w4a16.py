@@ -14,9 +14,9 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from quantkit.quant import grid  # noqa: E402
-from quantkit.runtime.kernels.configs import TileConfig, gemm_config  # noqa: E402
 from quantkit.runtime.kernels.reference import w4a16_reference, w4a16_weight  # noqa: E402
-from quantkit.runtime.kernels.gemm import w4a16_matmul  # noqa: E402
+from quantkit.runtime.kernels.gemm import TritonW4a16, problem_for, w4a16_matmul  # noqa: E402
+from quantkit.runtime.kernels.triton.launch import TileConfig  # noqa: E402
 from quantkit.runtime.kernels.triton.w4a16 import w4a16_dequantize  # noqa: E402
 from tests.kernels_helpers import DEVICE, packed, poisoned, rel_err  # noqa: E402
 
@@ -53,8 +53,6 @@ def test_w4a16_dequantize_then_matmul_matches_reference(n, k, group_size):
     x = torch.randn(5, k, generator=torch.Generator().manual_seed(k)).half().to(DEVICE)
     out = w4a16_matmul(x, tensors, meta, dequant=True, out=poisoned(5, n, torch.float16))
     assert rel_err(out, w4a16_reference(x, tensors, meta)) < TOL[torch.float16]
-    from quantkit.runtime.kernels.configs import w4a16_dequant_preferred
-    assert w4a16_dequant_preferred(513, 4096, 4096) and not w4a16_dequant_preferred(512, 4096, 4096)
 
 
 def test_w4a16_symmetric_and_strided_activations():
@@ -74,19 +72,26 @@ def test_w4a16_rejects_bad_inputs():
         w4a16_matmul(torch.randn(2, 255, device=DEVICE).half(), tensors, meta)
 
 
-def test_w4a16_small_m_runs_128_row_tiles_on_wide_layers():
-    # measured after the split-K slots: 14336x4096 M=8 16.7 us on 128-row tiles vs 21.2 on 64-row ones
-    assert gemm_config(8, 14336, 4096, "w4a16").bn == 128 and gemm_config(16, 28672, 4096, "w4a16").bn == 128
-    assert gemm_config(32, 1024, 14336, "w4a16").split_k * 16 >= 90  # narrow rows split to ~90 programs
+def _default_and_tune_tiles(m: int, n: int, k: int, dtype: torch.dtype) -> list:
+    """The Triton W4A16 kernel's default tile for this product on DEVICE and every tile of its tune space."""
+    p = problem_for("a16", ("w4a16",), m, n, k, 0, dtype, torch.device(DEVICE))
+    kernel = TritonW4a16()
+    return list(dict.fromkeys(kernel.configs(p) + kernel.candidates(p)))
 
 
-def test_default_config_splits_k_for_small_m_only():
-    small, large = gemm_config(1, 14336, 4096, "w4a16"), gemm_config(4096, 14336, 4096, "w4a16")
-    assert small.bm == 16 and small.split_k >= 1 and large.split_k == 1 and large.bm >= 64
-    narrow = gemm_config(1, 1024, 4096, "w4a16")  # 8 row tiles: split K until ~2 programs per SM
-    assert narrow.split_k > small.split_k and (1024 // narrow.bn) * narrow.split_k >= 16
-    with pytest.raises(ValueError, match="unknown kernel kind"):
-        gemm_config(1, 1, 1, "fp8")
+@pytest.mark.parametrize("m,dtype", [(3, torch.float16), (40, torch.bfloat16)])
+def test_every_default_and_tune_tile_builds_and_matches_the_reference(m, dtype):
+    """Selection rules are checked by invariants: every tile the default rule or the tune space gives runs and stays
+    within the reference's tolerance."""
+    n, k = 40, 2048
+    _, tensors, meta = packed("w4a16", n, k, 128, seed=m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype).to(DEVICE)
+    ref = w4a16_reference(x, tensors, meta)
+    tiles = _default_and_tune_tiles(m, n, k, dtype)
+    assert len(tiles) > 1
+    for cfg in tiles:
+        out = w4a16_matmul(x, tensors, meta, cfg, out=poisoned(m, n, dtype))
+        assert rel_err(out, ref) < TOL[dtype], cfg
 
 
 @pytest.mark.gpu
@@ -96,7 +101,7 @@ def test_default_config_splits_k_for_small_m_only():
 def test_w4a16_ptx_equals_plain_triton_and_reference_on_gpu(m, dtype):
     _, tensors, meta = packed("w4a16", 1000, 2048 + 256, 128, seed=m)
     x = torch.randn(m, 2048 + 256, device="cuda").to(dtype)
-    cfg = gemm_config(m, 1000, 2304, "w4a16")
+    cfg = _default_and_tune_tiles(m, 1000, 2304, dtype)[0]  # the default tile
     fast = w4a16_matmul(x, tensors, meta, cfg, use_asm=True)
     plain = w4a16_matmul(x, tensors, meta, cfg, use_asm=False)
     assert torch.equal(fast, plain)  # split-K sums too: its slots are added in split order
@@ -175,7 +180,7 @@ def test_cuda_gemv_declines_inputs_it_cannot_read():
     (12, 33, 2304, -1, 2, 128, 2, False), (37, 40, 1024, 256, 8, 0, 2, False), (3, 65, 512, 128, 4, 128, 2, False),
     (1, 33, 256, 128, 8, 128, 1, True), (3, 1000, 1024, -1, 2, 128, 1, True), (5, 65, 2304, 128, 2, 0, 1, True),
     (7, 17, 3072, 512, 4, 256, 1, True), (2, 40, 7168, 512, 4, 128, 1, True), (1, 4103, 1280, 256, 8, 128, 1, True)])
-def test_cuda_gemv_matches_reference_on_gpu(m, n, k, group_size, warps, l2_prefetch, sets, wait2, dtype):
+def test_cuda_gemv_matches_reference_on_gpu(m, n, k, group_size, warps, l2_prefetch, sets, wait2, dtype, monkeypatch):
     """Odd N (a partial 16-row block), per-channel, 256-, 512- (shifted group index), 384- and
     1280-column groups (divided), M beyond one 8-token launch column, activations that are a row-strided view, and
     K long enough that every warp loops over several tiles (odd and even counts: both register tiles in turn);
@@ -191,8 +196,8 @@ def test_cuda_gemv_matches_reference_on_gpu(m, n, k, group_size, warps, l2_prefe
     assert rel_err(out, w4a16_reference(x, tensors, meta)) < TOL[dtype]
     # the wait's place changes no arithmetic: the other placement gives the same bits
     assert torch.equal(out, w4a16_gemv_cuda(x, tensors, meta, GemvVariant(warps, l2_prefetch, sets, not wait2)))
-    # w4a16_matmul's default path is the CUDA GEMV (its default variant) wherever cuda_gemv_preferred says so
-    from quantkit.runtime.kernels.cuda.gemv import cuda_gemv_preferred
+    # w4a16_matmul's default path (no tuned tables) is the CUDA GEMV (its default variant) wherever its plan says so
+    from tests.kernels_helpers import planned_launch
 
-    if cuda_gemv_preferred(m, n, k):
+    if planned_launch(monkeypatch, "a16", ("w4a16",), m, n, k, 0, dtype)[0] == "cuda.w4a16_gemv":
         assert torch.equal(w4a16_matmul(x, tensors, meta), w4a16_gemv_cuda(x, tensors, meta))

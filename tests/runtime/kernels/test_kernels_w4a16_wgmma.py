@@ -13,15 +13,11 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from quantkit.runtime.kernels.triton import w4a16 as w4a16_module  # noqa: E402
-from quantkit.runtime.kernels.configs import gemm_config, w4a16_dequant_preferred, w4a16_wgmma_config  # noqa: E402
 from quantkit.runtime.kernels.triton.dequant import _asm_f16, asm_f16_pair  # noqa: E402
 from quantkit.runtime.kernels.reference import w4a16_reference  # noqa: E402
 from quantkit.runtime.kernels.gemm import w4a16_matmul  # noqa: E402
 from quantkit.runtime.kernels.gluon_sm90.w4a16_wgmma import HAVE_GLUON, w4a16_wgmma_matmul, w4a16_wgmma_problem  # noqa: E402
-from quantkit.runtime.kernels.gluon_sm90 import w4a16_wgmma as gluon_w4a16_wgmma  # noqa: E402
-import quantkit.runtime.kernels.configs as configs  # noqa: E402
-from tests.kernels_helpers import DEVICE, packed, record_launches, rel_err  # noqa: E402
+from tests.kernels_helpers import DEVICE, packed, planned_launch, record_kernel_launches, rel_err  # noqa: E402
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and HAVE_GLUON
 hopper = pytest.mark.skipif(not ON_HOPPER, reason="needs a Hopper (sm_90) GPU and Triton's Gluon")
@@ -91,7 +87,7 @@ def test_gluon_kernel_matches_the_reference_and_the_triton_kernel(n, k, m, group
     assert got.data_ptr() == out.data_ptr() and torch.isfinite(got).all()
     assert rel_err(got, w4a16_reference(x, tensors, meta)) < TOL[dtype]
     # same Ŵ bits as the Triton kernel, fp32 sums in another order: far inside the reference tolerance
-    tri = w4a16_matmul(x, tensors, meta, config=gemm_config(m, n, k, "w4a16"))  # a config: the Triton kernel
+    tri = w4a16_matmul(x, tensors, meta, kernel="triton.w4a16")  # the Triton kernel at its default tile
     assert rel_err(got, tri) < TOL[dtype] / 4
 
 
@@ -105,45 +101,26 @@ def test_gluon_kernel_reads_strided_activation_rows():
     assert rel_err(got, w4a16_reference(x, tensors, meta)) < TOL[torch.float16]
 
 
-def test_rule_takes_the_gluon_kernel_only_where_the_sweep_measured_it_faster():
-    # measured on an H100 (docs/BENCHMARKS.md)
-    for n, k in [(14336, 4096), (4096, 4096), (6144, 4096), (4096, 14336), (28672, 4096)]:
-        for m in (1, 8, 16, 33, 64, 513, 768, 1024, 4096):  # GEMV / Triton ties at 33-64 / dequantize + cuBLAS
-            assert w4a16_wgmma_config(m, n, k) is None, (m, n, k)
-    assert w4a16_wgmma_config(32, 14336, 4096) == (32, 3, 1, 2)  # 112 row tiles of 128: two warpgroups
-    assert w4a16_wgmma_config(17, 4096, 14336) == (32, 3, 2, 1)  # 32 such tiles: one, K split in two
-    assert w4a16_wgmma_config(128, 4096, 4096) is None  # 64 programs of 64 rows: the Triton kernel's split
-    assert w4a16_wgmma_config(128, 14336, 4096) == (128, 3, 1, 2)
-    assert w4a16_wgmma_config(128, 4096, 14336) is None  # 64 programs again
-    # with no products in flight across tiles the Triton kernel runs from M = 129: 1.09-1.27x faster at
-    # M = 256 / 512 on three shapes
-    for n, k in [(14336, 4096), (4096, 4096), (6144, 4096), (4096, 14336)]:
-        for m in (129, 256, 257, 512):
-            assert w4a16_wgmma_config(m, n, k) is None, (m, n, k)
-    # 6144×4096 from M = 257: dequantize-then-cuBLAS measured faster (configs.W4A16_DEQUANT_SHAPES_FROM_257)
-    assert w4a16_dequant_preferred(257, 6144, 4096) and not w4a16_dequant_preferred(512, 14336, 4096)
-    assert w4a16_wgmma_config(65, 14336, 4096) == (128, 3, 1, 2)  # one 128-token tile on a wide layer
-    assert w4a16_wgmma_config(96, 4096, 4096) is None
-
-
 @pytest.mark.gpu
 @hopper
-def test_w4a16_matmul_runs_the_gluon_kernel_where_the_rule_picks_it(monkeypatch):
-    calls = record_launches(monkeypatch, gluon_w4a16_wgmma, "w4a16_wgmma_matmul", 3)
+def test_w4a16_matmul_runs_the_first_launch_of_its_plan(monkeypatch):
+    """Selection rules are checked by invariants: with no tuned tables, w4a16_matmul runs the first launch of the
+    registry's plan (whichever kernel that is: the GEMV, the Gluon kernels, dequantize-then-cuBLAS, the Triton
+    kernel), into the given output, within the reference's tolerance of both the reference and the Triton kernel
+    (the same Ŵ bits, fp32 sums in another order, fp16 outputs rounded apart)."""
+    calls = record_kernel_launches(monkeypatch)
     _, tensors, meta = packed("w4a16", 14336, 512, 128, seed=4)
-    # the rule's 128-token launches run the warp-specialized kernel (test_kernels_w4a16_ws.py):
-    # with it declined, this kernel takes them
-    monkeypatch.setattr(configs, "w4a16_ws_warpgroups", lambda m, n, k: None)
-    for m, dtype in ((24, torch.float16), (100, torch.bfloat16), (120, torch.float16)):
-        assert w4a16_wgmma_config(m, 14336, 512) is not None  # a token count the rule gives the Gluon kernel
+    _, narrow, narrow_meta = packed("w4a16", 1024, 512, 128, seed=5)
+    for (t, mt), m, dtype in [((tensors, meta), 1, torch.float16), ((tensors, meta), 24, torch.float16),
+                              ((tensors, meta), 100, torch.bfloat16), ((tensors, meta), 120, torch.float16),
+                              ((tensors, meta), 200, torch.float16), ((tensors, meta), 600, torch.bfloat16),
+                              ((narrow, narrow_meta), 24, torch.float16), ((narrow, narrow_meta), 300, torch.float16)]:
+        n = int(mt["out_features"])
+        launch = planned_launch(monkeypatch, "a16", ("w4a16",), m, n, 512, 0, dtype)
         x = torch.randn(m, 512, device=DEVICE).to(dtype)
-        out = torch.full((m, 14336), float("nan"), dtype=dtype, device=DEVICE)
-        n_calls = len(calls)
-        assert w4a16_matmul(x, tensors, meta, out=out).data_ptr() == out.data_ptr()
-        assert len(calls) == n_calls + 1 and calls[-1] == w4a16_wgmma_config(m, 14336, 512)
-        assert rel_err(out, w4a16_reference(x, tensors, meta)) < TOL[dtype]
-    n_calls = len(calls)
-    for m in (64, 200):  # the rule says Triton here
-        assert w4a16_wgmma_config(m, 14336, 512) is None
-        w4a16_matmul(torch.randn(m, 512, device=DEVICE).half(), tensors, meta)
-    assert len(calls) == n_calls
+        out = torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
+        calls.clear()
+        assert w4a16_matmul(x, t, mt, out=out).data_ptr() == out.data_ptr()
+        assert calls == [launch], (m, n, launch)
+        assert rel_err(out, w4a16_reference(x, t, mt)) < TOL[dtype], (m, n, launch)
+        assert rel_err(out, w4a16_matmul(x, t, mt, kernel="triton.w4a16")) < TOL[dtype], (m, n, launch)

@@ -15,16 +15,16 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from quantkit.quant.act import quantize_activation_int  # noqa: E402
-from quantkit.runtime.kernels.triton import int8_gemm  # noqa: E402
-from quantkit.runtime.kernels.configs import (MIXLLM_MIXED_OPERAND_MIN_M, MIXLLM_OPERAND_MIN_M,  # noqa: E402
-                                             TileConfig, w8a8_wgmma_config)
+from quantkit.runtime.kernels.heuristic import MIXLLM_OPERAND_MIN_M  # noqa: E402
+from quantkit.runtime.kernels.triton.launch import TileConfig  # noqa: E402
 from quantkit.runtime.kernels.gemm import int8_matmul, mixed_int8_matmul  # noqa: E402
 from quantkit.runtime.kernels.triton.int8_operand import mixed_w8_operand, w8_operand  # noqa: E402
 from quantkit.runtime.kernels.reference import int8_reference, int8_weight  # noqa: E402
 from quantkit.runtime.kernels.gluon_sm90.w8a8_wgmma import w8a8_wgmma_matmul, w8a8_wgmma_problem  # noqa: E402
 from quantkit.runtime.kernels.gluon_sm90.common import HAVE_GLUON  # noqa: E402
 from quantkit.runtime.kernels.gluon_sm90 import w8a8_wgmma as gluon_w8a8  # noqa: E402
-from tests.kernels_helpers import DEVICE, packed, record_launches, rel_err  # noqa: E402
+from tests.kernels_helpers import (DEVICE, a8_split, packed, planned_launch, record_kernel_launches,  # noqa: E402
+                                   rel_err)
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and HAVE_GLUON
 hopper = pytest.mark.skipif(not ON_HOPPER, reason="needs a Hopper (sm_90) GPU and Triton's Gluon")
@@ -45,25 +45,6 @@ def _mixed_parts(n: int, k: int, seed: int):
         _, tensors, meta = packed(layout, len(rows), k, 128, seed=seed + len(rows))
         parts.append((layout, tensors, meta, rows.to(torch.int32).to(DEVICE)))
     return parts
-
-
-def test_rule_takes_w8a8_from_17_tokens_with_fewer_rows_per_program_on_small_launches():
-    assert w8a8_wgmma_config(16, 14336, 4096) is None and w8a8_wgmma_config(48, 14336, 4096) is None
-    assert w8a8_wgmma_config(64, 14336, 4096) is None
-    assert w8a8_wgmma_config(17, 14336, 4096) == (64, 64, 4, 4, True, 1) and w8a8_wgmma_config(32, 28672, 4096)[1] == 128
-    assert w8a8_wgmma_config(65, 14336, 4096) == (64, 128, 4, 4, True, 1)
-    assert w8a8_wgmma_config(256, 4096, 4096) == (64, 64, 4, 4, True, 1)  # 4 × 32 = 128 programs of 128 rows
-    assert w8a8_wgmma_config(512, 4096, 4096) == (64, 128, 4, 4, True, 1)
-
-
-def test_rule_splits_k_on_launches_of_few_programs_and_takes_33_to_64_tokens_on_narrow_layers():
-    split = {m: w8a8_wgmma_config(m, 4096, 4096)[-1] for m in (17, 48, 64, 65, 192, 193)}
-    assert split == {17: 4, 48: 4, 64: 4, 65: 2, 192: 2, 193: 1}  # 64, 128, 192, 256 programs of 64 rows
-    assert w8a8_wgmma_config(32, 6144, 4096)[-1] == 4 and w8a8_wgmma_config(128, 6144, 4096)[-1] == 2
-    assert w8a8_wgmma_config(32, 14336, 4096)[-1] == 1  # 224 programs: split 2 would pass W8A8_SPLIT_PROGRAMS
-    assert w8a8_wgmma_config(32, 4096, 3584)[-1] == 2  # 14 tiles of 256 columns: 14 // 4 < MIN_SPLIT_TILES
-    assert w8a8_wgmma_config(32, 4096, 512)[-1] == 1
-    assert w8a8_wgmma_config(48, 4096, 4096) is not None and w8a8_wgmma_config(48, 4224, 4096) is None
 
 
 @pytest.mark.parametrize("n,k", [(33, 200), (70, 512), (5, 1000)])
@@ -114,11 +95,11 @@ def test_mixed_operand_refuses_partitions_that_do_not_cover_the_layer():
 
 @pytest.mark.skipif(ON_HOPPER, reason="checks the fallback where the Gluon kernels cannot run")
 def test_int8_matmul_falls_back_to_triton_where_the_gluon_paths_cannot_run():
-    # sizes where the rules would pick the TMA kernel (w8 above 64 tokens) or the int8 operand (MIXLLM_OPERAND_MIN_M on)
+    # sizes where the TMA kernel would take the product on a Hopper GPU (w8 from 17 tokens, MixLLM W4A8 and mixed
+    # layers through the int8 operand from MIXLLM_OPERAND_MIN_M)
     m8, mo, k = 70, MIXLLM_OPERAND_MIN_M, 256
     codes, scales = _acts(m8, k, 128, seed=2)
     _, tensors, meta = packed("w8", 30, k, 128, seed=2)
-    assert w8a8_wgmma_config(m8, 30, k) is not None
     y = int8_matmul(codes, scales, 128, "w8", tensors, meta)
     assert rel_err(y, int8_reference(codes, scales, 128, "w8", tensors, meta)) < 1e-3
     codes, scales = _acts(mo, k, 128, seed=3)
@@ -177,40 +158,81 @@ def test_gluon_w8a8_k_split_equals_triton_split_the_same_way(n, k, m, act_group,
 
 @pytest.mark.gpu
 @hopper
-def test_int8_matmul_runs_the_w8a8_kernel_where_the_rule_picks_it(monkeypatch):
-    calls = record_launches(monkeypatch, gluon_w8a8, "w8a8_wgmma_matmul", 5, 11)
+def test_int8_matmul_runs_the_first_launch_of_its_plan_with_the_triton_kernels_bits(monkeypatch):
+    """Selection rules are checked by invariants: with no tuned tables, int8_matmul runs the first launch of the
+    registry's plan for W8A8 (the A8 GEMV at decode sizes, this kernel, the Triton kernel), within the reference's
+    tolerance and, where that launch sums in the Triton kernel's order, bit for bit the Triton kernel at its K
+    split."""
+    calls = record_kernel_launches(monkeypatch)
     _, tensors, meta = packed("w8", 4096, 512, 128, seed=1)
-    codes, scales = _acts(256, 512, 128, 1)
-    out = int8_matmul(codes, scales, 128, "w8", tensors, meta)
-    assert calls == [w8a8_wgmma_config(256, 4096, 512)]
-    assert rel_err(out, int8_reference(codes, scales, 128, "w8", tensors, meta)) < 1e-3
-    # 64 tokens on a 4096-row layer: this kernel (W8A8_WGMMA_MID_M); on wider layers the Triton kernel; decode: the
-    # A8 GEMV
-    int8_matmul(codes[:64], scales[:64], 128, "w8", tensors, meta)
-    assert calls[1] == w8a8_wgmma_config(64, 4096, 512)
-    del calls[1]
     _, wide, wide_meta = packed("w8", 4224, 512, 128, seed=2)
-    int8_matmul(codes[:64], scales[:64], 128, "w8", wide, wide_meta)
-    int8_matmul(codes[:8], scales[:8], 128, "w8", tensors, meta)
-    assert len(calls) == 1
+    codes, scales = _acts(256, 512, 128, 1)
+    for (t, mt), m, dtype in [((tensors, meta), 256, torch.float16), ((tensors, meta), 64, torch.bfloat16),
+                              ((tensors, meta), 8, torch.float16), ((tensors, meta), 17, torch.float16),
+                              ((wide, wide_meta), 64, torch.float16), ((wide, wide_meta), 200, torch.bfloat16)]:
+        n = int(mt["out_features"])
+        launch = planned_launch(monkeypatch, "a8", ("w8",), m, n, 512, 128, dtype)
+        calls.clear()
+        out = int8_matmul(codes[:m], scales[:m], 128, "w8", t, mt, out_dtype=dtype)
+        assert calls == [launch], (m, n, launch)
+        tol = 1e-3 if dtype == torch.float16 else 4e-3
+        assert rel_err(out, int8_reference(codes[:m], scales[:m], 128, "w8", t, mt)) < tol, (m, n, launch)
+        split = a8_split(*launch)
+        if split is not None:
+            assert torch.equal(out, int8_matmul(codes[:m], scales[:m], 128, "w8", t, mt, out_dtype=dtype,
+                                                config=TileConfig(64, 64, split, 4, 3))), (m, n, launch)
+
+
+@pytest.mark.gpu
+@hopper
+def test_every_default_and_tune_launch_equals_triton_at_its_split(monkeypatch):
+    """Every launch of this kernel's default and tune space, through int8_matmul: the Triton kernel's bits at the
+    launch's K split."""
+    from quantkit.runtime.kernels.gemm import GluonW8a8, problem_for
+
+    kernel = GluonW8a8()
+    for n, k, m in ((4096, 1024, 17), (1000, 2048, 130), (300, 768, 600)):
+        _, tensors, meta = packed("w8", n, k, 128, seed=n + m)
+        codes, scales = _acts(m, k, 128, seed=m)
+        p = problem_for("a8", ("w8",), m, n, k, 128, torch.float16, codes.device)
+        launches = list(dict.fromkeys(kernel.configs(p) + kernel.candidates(p)))
+        assert launches, (n, k, m)
+        for cfg in launches:
+            got = int8_matmul(codes, scales, 128, "w8", tensors, meta, kernel=kernel.name, launch_config=cfg)
+            tri = int8_matmul(codes, scales, 128, "w8", tensors, meta, config=TileConfig(64, 64, cfg[5], 4, 3))
+            assert torch.equal(got, tri), (n, k, m, cfg)
 
 
 @pytest.mark.gpu
 @hopper
 def test_w4a8_and_mixed_prefill_through_the_int8_operand_equal_their_triton_kernels(monkeypatch):
-    calls = []
+    """MixLLM W4A8 and a mixed layer from MIXLLM_OPERAND_MIN_M tokens: with no tuned tables, the first launch of
+    each plan runs; where that is the TMA kernel it reads the materialized int8 operand, and either way the result
+    is the Triton kernel's bits at the launch's K split."""
+    operands = []
 
     def spy(*args, **kwargs):
-        calls.append(args[3]["qweight"].shape)  # the materialized operand: [N, Kp] int8
+        operands.append(args[3]["qweight"].shape)  # the materialized operand: [N, Kp] int8
         return w8a8_wgmma_matmul(*args, **kwargs)
 
     monkeypatch.setattr(gluon_w8a8, "w8a8_wgmma_matmul", spy)
-    m, n, k = max(MIXLLM_OPERAND_MIN_M, MIXLLM_MIXED_OPERAND_MIN_M) + 3, 300, 768
+    calls = record_kernel_launches(monkeypatch)
+    m, n, k = MIXLLM_OPERAND_MIN_M + 3, 300, 768
     codes, scales = _acts(m, k, 128, seed=3)
     _, tensors, meta = packed("w4a16", n, k, 128, seed=3)
-    via = int8_matmul(codes, scales, 128, "w4a16", tensors, meta)
-    assert torch.equal(via, int8_matmul(codes, scales, 128, "w4a16", tensors, meta, config=TileConfig(64, 64, 1, 4, 3)))
     parts = _mixed_parts(n, k, seed=4)
-    mixed = mixed_int8_matmul(codes, scales, 128, parts, n)
-    assert torch.equal(mixed, mixed_int8_matmul(codes, scales, 128, parts, n, config=TileConfig(64, 64, 1, 4, 3)))
-    assert calls == [(n, k), (n, k)]  # both through the materialized operand (Kp = K = 768)
+    for op, layouts in (("a8", ("w4a16",)), ("a8_mixed", tuple(p[0] for p in parts))):
+        launch = planned_launch(monkeypatch, op, layouts, m, n, k, 128, torch.float16)
+        calls.clear()
+        operands.clear()
+        if op == "a8":
+            got = int8_matmul(codes, scales, 128, "w4a16", tensors, meta)
+        else:
+            got = mixed_int8_matmul(codes, scales, 128, parts, n)
+        assert calls == [launch], (op, launch)
+        assert operands == ([(n, k)] if launch[0].startswith("gluon_sm90.w8a8") else []), (op, launch)
+        tile = TileConfig(64, 64, a8_split(*launch), 4, 3)
+        if op == "a8":
+            assert torch.equal(got, int8_matmul(codes, scales, 128, "w4a16", tensors, meta, config=tile))
+        else:
+            assert torch.equal(got, mixed_int8_matmul(codes, scales, 128, parts, n, config=tile))

@@ -26,8 +26,8 @@ ALLOWED = {
             "mixed-precision plan, LQQ or per-layer overrides",
     "gptq_v2": "--format gptq_v2 holds uniform weight-only (A16) 2/3/4/8-bit rtn/gptq/awq recipes without a "
                "mixed-precision plan, LQQ or per-layer overrides",
-    "awq": "--format awq holds uniform weight-only (A16) 4-bit rtn/gptq/awq recipes without act-order, a "
-           "mixed-precision plan, LQQ or per-layer overrides",
+    "awq": "--format awq holds uniform weight-only (A16) 4-bit rtn/gptq/awq recipes without act-order's g_idx "
+           "(static groups need none), a mixed-precision plan, LQQ or per-layer overrides",
 }
 
 
@@ -52,7 +52,8 @@ def _refuse(export: str, recipe: Recipe, why: str) -> QuantkitError:
 def check_recipe_export(recipe: Recipe, export: str, plan_is_mixed: bool) -> None:
     """Refuse, from the recipe and plan alone, what a GPTQ/AWQ checkpoint cannot represent: activation
     quantization (W4A8/W8A8), LiquidQuant two-level weights, a mixed-precision plan, per-layer overrides
-    (config.json holds one bits/group_size/sym), bit-widths the format lacks, AWQ with GPTQ act-order."""
+    (config.json holds one bits/group_size/sym), bit-widths the format lacks, AWQ with GPTQ act-order whose
+    groups follow the sweep order (a g_idx; static groups keep consecutive groups and need none)."""
     if export == "quantkit":
         return
     w = recipe.weight
@@ -69,8 +70,8 @@ def check_recipe_export(recipe: Recipe, export: str, plan_is_mixed: bool) -> Non
     if export == "awq":
         if w.bits != 4:
             raise _refuse(export, recipe, f"{w.bits}-bit weights")
-        if w.method == "gptq" and w.act_order:
-            raise _refuse(export, recipe, "GPTQ act-order (AWQ checkpoints have no g_idx)")
+        if w.method == "gptq" and w.act_order and not w.static_groups:
+            raise _refuse(export, recipe, "GPTQ act-order without static groups (AWQ checkpoints have no g_idx)")
 
 
 def kernel_layout(qw: QuantizedWeight) -> str | None:

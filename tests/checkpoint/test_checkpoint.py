@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from quantkit.checkpoint import load_packed, parse_size, read_manifest, verify_checkpoint
-from quantkit.checkpoint.choose import choose_layouts
+from quantkit.checkpoint.choose import check_recipe_export, choose_layouts
 from quantkit.errors import QuantkitError
 from quantkit.formats.registry import get_layout
 from quantkit.model import load_model
@@ -365,15 +365,16 @@ def test_impossible_combinations_are_refused_before_loading(model_dir, plan_path
     assert not (tmp_path / "o").exists()
 
 
-def test_awq_refuses_8_bit_and_act_order(model_dir, tmp_path):
+def test_awq_refuses_8_bit_and_act_order_with_g_idx(model_dir, tmp_path):
     r8 = tmp_path / "r8.yaml"
     r8.write_text("name: r8\nweight: {method: rtn, bits: 8, sym: true}\n")
     ao = tmp_path / "ao.yaml"
-    ao.write_text("name: ao\nweight: {method: gptq, bits: 4, act_order: true}\n")
+    ao.write_text("name: ao\nweight: {method: gptq, bits: 4, act_order: true, static_groups: false}\n")
     with pytest.raises(QuantkitError, match="8-bit weights"):
         run_pack(str(model_dir), str(r8), str(tmp_path / "o"), export="awq", **FAST)
     with pytest.raises(QuantkitError, match="act-order"):
         run_pack(str(model_dir), str(ao), str(tmp_path / "o"), export="awq", **FAST)
+    check_recipe_export(load_recipe("gptq-w4a16-g128"), "awq", False)  # static act-order: no g_idx to hold
 
 
 def test_plan_for_another_model_is_refused(plan_path, tiny_model_dir, tmp_path):

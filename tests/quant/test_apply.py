@@ -52,6 +52,19 @@ def test_clip_recipe_runs_layerwise_and_records_calibration():
     assert all(r.meta["clip"] == "output" for r in res.weights.values())
 
 
+def test_shipped_gptq_recipe_uses_static_act_order():
+    """gptq-w4a16-g128 sweeps the columns by descending diag(H) with every group's grid fixed up front on the
+    original column order (GPTQ's static-groups act-order, llm-compressor's default): act-order's sweep without a
+    g_idx, so the records keep consecutive groups and the written weights are their dequantization."""
+    recipe = load_recipe("gptq-w4a16-g128")
+    assert recipe.weight.act_order and recipe.weight.static_groups
+    model = build_tiny_model("llama", seed=6, vocab_size=len(shipped_tokenizer()))
+    res = quantize_model(model, shipped_tokenizer(), recipe, device="cpu", samples=4, seqlen=32)
+    _check_written(model, res)
+    for name, rec in res.weights.items():
+        assert rec.meta["act_order"] and rec.meta["static_groups"] and rec.g_idx is None, name
+
+
 def test_calibration_inputs_take_explicit_options_literally():
     """0 windows is an error, not "the recipe's default" (falsy-or would have swallowed it)."""
     from quantkit.quant.apply import calibration_inputs

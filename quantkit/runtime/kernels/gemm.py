@@ -511,10 +511,13 @@ class CudaW4a16Gemv(GemmKernel):
         return cuda_gemv.w4a16_gemv_cuda(c.x, c.tensors, c.meta, out=c.out)
 
 
-class GluonW4a16Ws(RuleKernel):
-    """W4A16 on the warp-specialized Gluon kernel (:mod:`.gluon_sm90.w4a16_ws`)."""
+class GluonW4a16(RuleKernel):
+    """What the two Gluon W4A16 kernels share: Hopper with Gluon, and the launch of
+    :func:`.heuristic.w4a16_gluon_launch` where it names this kernel's ``form`` ("ws" or "wgmma")."""
 
-    name, ops = "gluon_sm90.w4a16_ws", ("a16",)
+    ops = ("a16",)
+    form = ""
+    rule_name = "heuristic.w4a16_gluon_launch"
 
     def can_implement(self, p):
         why = _device_reason(p, exact=HOPPER, gluon_needed=True)
@@ -522,11 +525,15 @@ class GluonW4a16Ws(RuleKernel):
             return False, why
         return True, ""
 
-    rule_name = "heuristic.w4a16_gluon_launch"
-
     def rule(self, p):
         launch = rules.w4a16_gluon_launch(p.m, p.n, p.k, _sms(p))
-        return launch[1] if launch and launch[0] == "ws" else None
+        return launch[1] if launch and launch[0] == self.form else None
+
+
+class GluonW4a16Ws(GluonW4a16):
+    """W4A16 on the warp-specialized Gluon kernel (:mod:`.gluon_sm90.w4a16_ws`)."""
+
+    name, form = "gluon_sm90.w4a16_ws", "ws"
 
     def candidates(self, p):
         return [(3, 1), (3, 2)] if p.m > 32 else []
@@ -539,22 +546,10 @@ class GluonW4a16Ws(RuleKernel):
             c.x, c.tensors, c.meta, *cfg, out=c.out), fallback="the next kernel of the priority list")
 
 
-class GluonW4a16Wgmma(RuleKernel):
+class GluonW4a16Wgmma(GluonW4a16):
     """W4A16 on the Gluon wgmma kernel (:mod:`.gluon_sm90.w4a16_wgmma`)."""
 
-    name, ops = "gluon_sm90.w4a16_wgmma", ("a16",)
-
-    def can_implement(self, p):
-        why = _device_reason(p, exact=HOPPER, gluon_needed=True)
-        if why:
-            return False, why
-        return True, ""
-
-    rule_name = "heuristic.w4a16_gluon_launch"
-
-    def rule(self, p):
-        launch = rules.w4a16_gluon_launch(p.m, p.n, p.k, _sms(p))
-        return launch[1] if launch and launch[0] == "wgmma" else None
+    name, form = "gluon_sm90.w4a16_wgmma", "wgmma"
 
     def candidates(self, p):
         if p.m < 17:

@@ -437,7 +437,7 @@ def recipes(json_out: Annotated[bool, typer.Option("--json", help="print one JSO
 def bench(
     packed: Annotated[Optional[str], typer.Argument(
         metavar="PACKED", help="a `quantkit pack` checkpoint folder: time its linears' shapes with its methods "
-                               "(or --decode-step)")] = None,
+                               "(or --decode-step, --e2e); with --e2e also an FP model")] = None,
     shapes: Annotated[Optional[str], typer.Option(help="NxK (out × in features), comma-separated")] = None,
     preset: Annotated[Optional[str], typer.Option(help=f"a model's linear shapes: {', '.join(PRESETS)}")] = None,
     m: Annotated[Optional[str], typer.Option("--m", help=f"token counts M, comma-separated (default "
@@ -446,7 +446,8 @@ def bench(
                                                         "act-quant and the +aq variants (activation quantization "
                                                         "timed in); "
                                                         f"default: PACKED's own, else {DEFAULT_METHODS}")] = None,
-    reps: Annotated[int, typer.Option(help="timed samples per point (median reported)")] = 50,
+    reps: Annotated[Optional[int], typer.Option(help="timed samples per point, median reported (default 50; "
+                                                     "--e2e: 5)")] = None,
     plot: Annotated[Optional[str], typer.Option(help="write speedup vs M per method, one panel per shape, to this "
                                                      "PNG (needs matplotlib)")] = None,
     decode_step: Annotated[bool, typer.Option("--decode-step", help="time one decode step of a decoder layer of "
@@ -468,6 +469,16 @@ def bench(
                                                             "declined")] = False,
     assume_gpu: Annotated[Optional[str], typer.Option(help="--explain for a GPU that is not here, MAJOR.MINOR:SMS "
                                                            "(e.g. 9.0:132 for an H100)")] = None,
+    e2e: Annotated[bool, typer.Option("--e2e", help="time the whole model: prefill ms, decode tok/s by batch and "
+                                                    "context, HF generate; a packed model beside its FP source")] = False,
+    prefill_tokens: Annotated[Optional[str], typer.Option(help="--e2e prompt lengths, comma-separated (default "
+                                                               "128,512,2048)")] = None,
+    contexts: Annotated[Optional[str], typer.Option(help="--e2e decode contexts (tokens in the KV cache), "
+                                                         "comma-separated (default 1024,4096)")] = None,
+    steps: Annotated[int, typer.Option(help="--e2e timed decode steps per point")] = 32,
+    source: Annotated[Optional[str], typer.Option(help="--e2e: the FP model of PACKED (default: the one its "
+                                                       "manifest names)")] = None,
+    hf: Annotated[bool, typer.Option("--hf/--no-hf", help="--e2e: also time transformers' generate")] = True,
 ):
     """Kernel speed on this GPU against torch FP16 (cuBLAS), or one decode step of a packed model.
 
@@ -479,7 +490,43 @@ def bench(
     from quantkit.bench import command
 
     console = err_console if json_out else out_console
-    command.check_reps(reps)
+    if reps is not None:
+        command.check_reps(reps)
+    if e2e:
+        from quantkit.bench.e2e import e2e_table, run_e2e, save_e2e_plot
+
+        if explain or decode_step:
+            raise QuantkitError("--e2e times the whole model; drop --explain/--decode-step")
+        a = command.e2e_args(packed, source, shapes, preset, m, methods, batch, context, layer, prefill_tokens,
+                             contexts, steps, reps, device, hf)
+        if plot is not None:
+            from quantkit.plotting import require_matplotlib
+
+            require_matplotlib()
+        from quantkit.bench.e2e import points
+        from quantkit.ui import progress_bar
+
+        models = e2e_loaders(a)
+        total = points(a.plan) * len(models)
+        done = [0]
+
+        with progress_bar("whole-model speed", total) as update:
+            def advance(row):
+                done[0] += 1
+                update(done[0], total)
+
+            rows = run_e2e(models, a.plan, progress=advance)
+        console.print(e2e_table(rows))
+        if plot is not None:
+            from quantkit.plotting import written_path
+
+            save_e2e_plot(rows, plot)
+            info(f"plot written to {written_path(plot)}", console)
+        if json_out:
+            sys.stdout.write(json.dumps(rows) + "\n")
+        return
+    command.check_no_e2e_options(prefill_tokens, contexts, steps, source, hf)
+    reps = 50 if reps is None else reps
     if assume_gpu is not None and not explain:
         raise QuantkitError("--assume-gpu goes with --explain (timings need the GPU itself)")
     if explain:
@@ -521,6 +568,20 @@ def bench(
             info(f"plot written to {written_path(plot)}", console)
     if json_out:
         sys.stdout.write(json.dumps(rows) + "\n")
+
+
+def e2e_loaders(a) -> list:
+    """(label, loader) of the models ``bench --e2e`` times: the FP source first (the speedups' baseline), then the
+    packed checkpoint; or the one FP model."""
+    from quantkit.checkpoint import load_packed
+    from quantkit.model import load_model
+
+    fp = a.source or a.target
+    out = [(f"FP ({Path(fp).name or fp})", lambda: load_model(fp, device=a.device, load_tokenizer=False).model)]
+    if a.source is not None:
+        out.append((f"packed ({Path(a.target).name})",
+                    lambda: load_packed(a.target, device=a.device, load_tokenizer=False).model))
+    return out
 
 
 @command("generate")

@@ -149,3 +149,67 @@ def check_kernel_only(batch: str | None, context: int | None, layer: int | None,
     if given:
         raise QuantkitError(f"{', '.join(given)} {_verb(given, 'is', 'are')} for --decode-step only; add "
                             f"--decode-step or remove {_verb(given, 'it', 'them')}")
+
+
+@dataclass
+class E2EArgs:
+    """The parsed options of ``quantkit bench MODEL|PACKED --e2e``."""
+
+    target: str
+    source: str | None  # the FP model timed beside a packed one (None: the target is an FP model, timed alone)
+    plan: object  # quantkit.bench.e2e.E2EPlan
+    device: str
+
+
+def e2e_args(target: str | None, source: str | None, shapes: str | None, preset: str | None, m: str | None,
+             methods: str | None, batch: str | None, context: int | None, layer: int | None, prefill: str | None,
+             contexts: str | None, steps: int, reps: int | None, device: str | None, hf: bool) -> E2EArgs:
+    """Check the options of the ``--e2e`` mode and fill in the defaults: the kernel sweep's and ``--decode-step``'s
+    options do not apply; a packed target is timed beside its FP source (``--source``, else the manifest's)."""
+    from quantkit.bench.e2e import DECODE_BATCHES, DECODE_CONTEXTS, PREFILL_TOKENS, E2EPlan
+    from quantkit.checkpoint import is_checkpoint
+
+    if target is None:
+        raise QuantkitError("--e2e times a whole model: give PACKED (a `quantkit pack` folder) or an FP model")
+    given = [opt for opt, v in (("--shapes", shapes), ("--preset", preset), ("--m", m), ("--methods", methods),
+                                ("--context", context), ("--layer", layer)) if v is not None]
+    if given:
+        raise QuantkitError(f"{', '.join(given)} {_verb(given, 'does', 'do')} not apply to --e2e; remove "
+                            f"{_verb(given, 'it', 'them')} (--e2e takes --batch, --prefill-tokens, --contexts, "
+                            "--steps, --source, --device)")
+    if steps < 1:
+        raise QuantkitError(f"--steps is the number of timed decode steps (≥ 1), got {steps}")
+    packed = is_checkpoint(target)
+    if source is not None and not packed:
+        raise QuantkitError(f"--source names the FP model of a packed checkpoint, but '{target}' is not one; drop "
+                            "--source")
+    if packed and source is None:
+        from quantkit.checkpoint.manifest import read_manifest
+
+        source = read_manifest(target)["source"].get("model")
+        if not source:
+            raise QuantkitError(f"'{target}' does not record its source model; give --source MODEL (its FP model)")
+    plan = E2EPlan(prefill=tuple(parse_ints(prefill, "--prefill-tokens", 2)) if prefill else PREFILL_TOKENS,
+                   batches=tuple(parse_ints(batch, "--batch")) if batch else DECODE_BATCHES,
+                   contexts=tuple(parse_ints(contexts, "--contexts", 2)) if contexts else DECODE_CONTEXTS,
+                   steps=steps, reps=reps or 5, hf_batches=(1,) if hf else ())
+    from quantkit.model.loader import resolve_device
+
+    resolved = resolve_device(device or "auto")
+    if device in (None, "auto") and resolved == "cpu":
+        from quantkit.ui import warn
+
+        warn("no CUDA GPU is visible, so --e2e runs on the CPU: the torch reference path, no kernels (a check of the "
+             "mode, not a speed); run it on a GPU machine")
+    return E2EArgs(target, source if packed else None, plan, resolved)
+
+
+def check_no_e2e_options(prefill: str | None, contexts: str | None, steps: int, source: str | None,
+                         hf: bool) -> None:
+    """Refuse the ``--e2e`` options in the other modes."""
+    given = [opt for opt, v in (("--prefill-tokens", prefill), ("--contexts", contexts),
+                                ("--steps", None if steps == 32 else steps), ("--source", source),
+                                ("--no-hf", None if hf else True)) if v is not None]
+    if given:
+        raise QuantkitError(f"{', '.join(given)} {_verb(given, 'is', 'are')} for --e2e only; add --e2e or remove "
+                            f"{_verb(given, 'it', 'them')}")

@@ -50,8 +50,10 @@ class FusedRMSNorm(nn.Module):
         """RMSNorm(x) · weight; on the kernel, with the A8 form of the result attached for its consumers."""
         fn = norm_kernel_for(x.device)
         k = self.weight.shape[0]
-        if fn is None or x.dtype != self.weight.dtype or x.shape[-1] != k or torch.is_grad_enabled():
-            return self.base.forward(self, x)  # grad mode: the kernel has no backward
+        if (fn is None or x.dtype != self.weight.dtype or x.shape[-1] != k or torch.is_grad_enabled()
+                or torch.compiler.is_compiling()):
+            # grad mode: the kernel has no backward; torch.compile: the norm compiles, its consumers quantize
+            return self.base.forward(self, x)
         hooked = bool(self._forward_hooks or self._forward_hooks_with_kwargs or nn.modules.module._global_forward_hooks)
         y, codes, scales = fn(x.reshape(-1, k).contiguous(), self.weight, self.variance_epsilon,
                               None if hooked else self.act)

@@ -53,7 +53,8 @@ class SiblingScope:
         ``source`` with the same ``key``; else ``compute()``, remembered there while a parent call is under way."""
         if not self._depth:
             return compute()
-        full = (*input_key(source), *key)
+        # where torch.compile traces, the same traced tensor is the same value: its identity is the key
+        full = key if torch.compiler.is_compiling() else (*input_key(source), *key)
         entry = self._entries.get(slot)
         if entry is not None and entry[0] is source and entry[1] == full:
             return entry[2]

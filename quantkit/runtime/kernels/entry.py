@@ -10,6 +10,9 @@ Each kernel layout gets one entry that receives raw activations (``quantizes_act
   activations are fake-quantized with :func:`quantkit.quant.act.quantize_activation` and multiplied by the
   dequantized weight in torch — the same numbers QuantLinear's reference path computes, just not fast.
 
+Where torch.compile traces the forward, the GEMMs and the activation quantizer run as the custom ops of
+:mod:`.ops` (opaque nodes, the same kernels underneath).
+
 The activation's int8 codes and its fake-quant form come from the forward's
 :class:`~quantkit.runtime.dispatch.SharedActivation` (``shared``; a fresh one when called alone), so the
 partitions of a mixed-precision layer quantize the activation once between them.
@@ -28,6 +31,7 @@ import torch.nn.functional as F
 
 from quantkit.quant.act import quantize_activation_int
 from quantkit.runtime.dispatch import A8_FORM, FAKE_FORM, ActQuant, SharedActivation
+from quantkit.runtime.kernels import ops
 from quantkit.runtime.kernels.triton.act_quant import quantize_activation_triton
 from quantkit.runtime.kernels.gemm import int8_matmul, mixed_int8_matmul, w4a16_matmul
 from quantkit.runtime.kernels.triton.int8_gemm import MODES
@@ -45,7 +49,9 @@ def int8_path_ok(act) -> bool:
 
 def quantize_for_kernel(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A8 codes and scales of ``x`` [M, K]: the Triton kernel for power-of-two groups (and per token), torch
-    otherwise (same values either way)."""
+    otherwise (same values either way); the ``quantkit::act_quant`` op where torch.compile traces."""
+    if torch.compiler.is_compiling():
+        return ops.act_quant(x.contiguous(), 8, group_size)
     if group_size == -1 or group_size & (group_size - 1) == 0:
         return quantize_activation_triton(x.contiguous(), 8, group_size)
     return quantize_activation_int(x, 8, group_size)
@@ -93,12 +99,20 @@ def layout_kernel(layout: str) -> Callable:
     def run(x: torch.Tensor, tensors: Mapping[str, torch.Tensor], meta: dict, act,
             shared: SharedActivation | None = None) -> torch.Tensor:
         shared = SharedActivation(x, act) if shared is None else shared
+        compiling = torch.compiler.is_compiling()
         if int8_path_ok(act):
             codes, scales = a8_activation(shared)
+            if compiling:
+                names, spec = ops.layer_spec(tensors, meta)
+                return ops.a8_gemm(codes, scales, act.group_size, layout, [tensors[n] for n in names], spec,
+                                   _out_dtype(x))
             return int8_matmul(codes, scales, act.group_size, layout, dict(tensors), meta,
                                out_dtype=_out_dtype(x))
         xq = shared.fake_quant()
         if layout == "w4a16" and xq.dtype in HALF_DTYPES:
+            if compiling:
+                names, spec = ops.layer_spec(tensors, meta)
+                return ops.w4a16_gemm(xq.contiguous(), [tensors[n] for n in names], spec)
             return w4a16_matmul(xq.contiguous(), dict(tensors), meta)
         return _dense(xq, layout, tensors, meta)
 
@@ -122,6 +136,9 @@ def mixed_kernel(x: torch.Tensor, parts: list, out_features: int, act: ActQuant 
         raise ValueError(f"the one-launch mixed kernel cannot run partitions {layouts} with activations {act}")
     shared = SharedActivation(x, act) if shared is None else shared
     codes, scales = a8_activation(shared)
+    if torch.compiler.is_compiling():
+        packed, rows, spec = ops.mixed_spec(parts)
+        return ops.a8_mixed_gemm(codes, scales, act.group_size, packed, rows, spec, out_features, _out_dtype(x))
     return mixed_int8_matmul(codes, scales, act.group_size,
                              [(lay, dict(tensors), meta, rows) for lay, tensors, meta, rows in parts],
                              out_features, out_dtype=_out_dtype(x))

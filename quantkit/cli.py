@@ -460,8 +460,9 @@ def bench(
     layer: Annotated[Optional[int], typer.Option(help="--decode-step decoder layer index (default 0)")] = None,
     device: Annotated[str, typer.Option(help="--decode-step device: cuda, cuda:N, cpu (no kernels: a check of the "
                                              "mode only) or auto (cuda when present)")] = "auto",
-    graph: Annotated[bool, typer.Option("--graph/--no-graph", help="--decode-step: time CUDA graph replays or "
-                                                                   "eager calls")] = True,
+    graph: Annotated[bool, typer.Option("--graph/--no-graph", help="--decode-step, --e2e: time CUDA graph replays "
+                                                                   "(--e2e: the compiled decode step) or eager "
+                                                                   "calls")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="print the rows as one JSON list on stdout (tables go "
                                                           "to stderr)")] = False,
     explain: Annotated[bool, typer.Option("--explain", help="time nothing: print which kernel runs each point, its "
@@ -498,7 +499,7 @@ def bench(
         if explain or decode_step:
             raise QuantkitError("--e2e times the whole model; drop --explain/--decode-step")
         a = command.e2e_args(packed, source, shapes, preset, m, methods, batch, context, layer, prefill_tokens,
-                             contexts, steps, reps, device, hf)
+                             contexts, steps, reps, device, hf, graph)
         if plot is not None:
             from quantkit.plotting import require_matplotlib
 
@@ -595,13 +596,17 @@ def generate(
                                                         "tokens, capped at the model's positions)")] = None,
     device: Device = "auto",
     dtype: Dtype = None,
+    compile_decode: Annotated[bool, typer.Option("--compile", help="compile the decode step with torch.compile "
+                                                                  "(a CUDA graph a step on a GPU; the first steps "
+                                                                  "compile)")] = False,
     json_out: Json = False,
 ):
     """Continue a prompt with a packed or FP model through quantkit's static-cache decode loop, streaming the text;
     then print prefill ms, decode tokens/s and peak GPU memory."""
     from quantkit.generate_job import run_generate
 
-    rec = run_generate(model, prompt, max_new_tokens, context, device, dtype, stream=None if json_out else out_console)
+    rec = run_generate(model, prompt, max_new_tokens, context, device, dtype, stream=None if json_out else out_console,
+                       compile_decode=compile_decode)
     line = (f"prefill {rec['prefill_ms']:.1f} ms ({rec['prompt_tokens']} tokens), decode {rec['decode_tok_s']:.1f} "
             f"tok/s ({rec['new_tokens']} tokens)"
             + (f", peak {rec['peak_memory_bytes'] / 2**30:.2f} GiB" if rec["peak_memory_bytes"] else ""))

@@ -8,9 +8,10 @@ from quantkit.errors import QuantkitError
 
 
 def run_generate(model_ref: str, prompt: str, max_new_tokens: int, context: int | None, device: str,
-                 dtype: str | None, stream=None) -> dict:
+                 dtype: str | None, stream=None, compile_decode: bool = False) -> dict:
     """Greedy continuation of ``prompt`` by ``max_new_tokens`` tokens; the text is printed to ``stream`` (a rich
-    console) as it is generated. Returns the text, the token counts and the :class:`GenerationStats` fields."""
+    console) as it is generated; ``compile_decode`` compiles the decode step (:class:`Generator`). Returns the
+    text, the token counts and the :class:`GenerationStats` fields."""
     from quantkit.checkpoint import is_checkpoint, load_packed
     from quantkit.model import load_model
     from quantkit.model.loader import max_positions
@@ -31,7 +32,7 @@ def run_generate(model_ref: str, prompt: str, max_new_tokens: int, context: int 
     if ids.shape[1] + 1 > ctx:
         raise QuantkitError(f"the prompt is {ids.shape[1]} tokens, which leaves no room to generate in a {ctx}-token "
                             f"context (the model's positions: {limit}); shorten it or raise --context")
-    gen = Generator(loaded.model, ctx)
+    gen = Generator(loaded.model, ctx, compile_decode=compile_decode)
     new: list[int] = []
     shown = ""
     if stream is not None:

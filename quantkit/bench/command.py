@@ -163,7 +163,8 @@ class E2EArgs:
 
 def e2e_args(target: str | None, source: str | None, shapes: str | None, preset: str | None, m: str | None,
              methods: str | None, batch: str | None, context: int | None, layer: int | None, prefill: str | None,
-             contexts: str | None, steps: int, reps: int | None, device: str | None, hf: bool) -> E2EArgs:
+             contexts: str | None, steps: int, reps: int | None, device: str | None, hf: bool,
+             graph: bool = True) -> E2EArgs:
     """Check the options of the ``--e2e`` mode and fill in the defaults: the kernel sweep's and ``--decode-step``'s
     options do not apply; a packed target is timed beside its FP source (``--source``, else the manifest's)."""
     from quantkit.bench.e2e import DECODE_BATCHES, DECODE_CONTEXTS, PREFILL_TOKENS, E2EPlan
@@ -192,7 +193,7 @@ def e2e_args(target: str | None, source: str | None, shapes: str | None, preset:
     plan = E2EPlan(prefill=tuple(parse_ints(prefill, "--prefill-tokens", 2)) if prefill else PREFILL_TOKENS,
                    batches=tuple(parse_ints(batch, "--batch")) if batch else DECODE_BATCHES,
                    contexts=tuple(parse_ints(contexts, "--contexts", 2)) if contexts else DECODE_CONTEXTS,
-                   steps=steps, reps=reps or 5, hf_batches=(1,) if hf else ())
+                   steps=steps, reps=reps or 5, hf_batches=(1,) if hf else (), graph=graph)
     from quantkit.model.loader import resolve_device
 
     resolved = resolve_device(device or "auto")

@@ -5,7 +5,8 @@ For each model (a packed checkpoint and its FP source, or one FP model) and unde
 
 * **prefill**: milliseconds of one forward over a prompt of T tokens (batch 1), median of ``reps``;
 * **decode**: tokens per second of greedy decode steps at batch B with C tokens in the cache (the cache is
-  prefilled with C - steps random tokens, then ``steps`` steps are timed after one untimed step), with the weight
+  prefilled with C - steps random tokens, then ``steps`` steps are timed after two untimed ones), on a GPU each
+  step a CUDA graph of the compiled step unless ``graph`` is off (``"graph"`` in the row), with the weight
   bytes each step reads per second and that rate as a share of the device's measured copy bandwidth
   (:func:`quantkit.bench.roofline.measure_hbm_bandwidth`), the roofline of a memory-bound decode;
 * **HF generate**: transformers' own ``model.generate`` (greedy, its default cache, eager) from a 128-token prompt,
@@ -44,6 +45,7 @@ class E2EPlan:
     hf_batches: tuple[int, ...] = (1,)
     hf_prompt: int = HF_PROMPT
     hf_new: int = HF_NEW
+    graph: bool = True  # decode steps compiled into CUDA graphs on a GPU (Generator's compile_decode)
 
 
 def weight_bytes(model: nn.Module) -> int:
@@ -107,6 +109,7 @@ def measure_model(label: str, model: nn.Module, plan: E2EPlan, hbm_bytes_s: floa
 
     device = next(model.parameters()).device
     wbytes = weight_bytes(model)
+    graph = plan.graph and device.type == "cuda"
     rows: list[dict] = []
 
     def add(row: dict) -> None:
@@ -124,23 +127,24 @@ def measure_model(label: str, model: nn.Module, plan: E2EPlan, hbm_bytes_s: floa
         add(_guarded(row, lambda: {"ms": round(_median_ms(lambda: gen.prefill(ids), device, plan.reps), 3)}, device))
     for context in plan.contexts:
         for batch in plan.batches:
-            row = {"model": label, "measure": "decode", "batch": batch, "context": context}
-            why = _fits(model, context) or (None if context > plan.steps + 1 else
+            row = {"model": label, "measure": "decode", "batch": batch, "context": context, "graph": graph}
+            why = _fits(model, context) or (None if context > plan.steps + 2 else
                                             f"a {context}-token context holds no {plan.steps}-step decode")
             if why:
                 add({**row, "skipped": why})
                 continue
 
             def decode(batch=batch, context=context) -> dict:
-                gen = Generator(model, context, prefill_chunk=min(context, 2048))
-                ids = _random_ids(model, batch, context - plan.steps - 1, device, seed=batch)
+                gen = Generator(model, context, prefill_chunk=min(context, 2048), compile_decode=graph)
+                ids = _random_ids(model, batch, context - plan.steps - 2, device, seed=batch)
                 tok = gen.prefill(ids).argmax(-1, keepdim=True)
                 pos = ids.shape[1]
-                tok = gen.decode_step(tok, pos).argmax(-1, keepdim=True)  # untimed: first use
+                for i in range(2):  # untimed: first use (compiles; a compiled step records its graph)
+                    tok = gen.decode_step(tok, pos + i).argmax(-1, keepdim=True)
                 _sync(device)
                 t0 = time.perf_counter()
                 for i in range(plan.steps):
-                    tok = gen.decode_step(tok, pos + 1 + i).argmax(-1, keepdim=True)
+                    tok = gen.decode_step(tok, pos + 2 + i).argmax(-1, keepdim=True)
                 _sync(device)
                 step_s = (time.perf_counter() - t0) / plan.steps
                 out = {"tok_s": round(batch / step_s, 2), "step_ms": round(step_s * 1e3, 4),

@@ -3,12 +3,15 @@
 * The KV cache is transformers' :class:`~transformers.StaticCache`, allocated once for (batch, max context), so
   decoding allocates no cache memory per token.
 * The prompt is prefilled in chunks of at most ``prefill_chunk`` tokens (one forward each, writing the cache).
-* Each decode step is one eager forward of one token per sequence.
+* Each decode step is one forward of one token per sequence: eager, or with ``compile_decode`` one
+  ``torch.compile(fullgraph=True)`` graph (on a GPU with ``mode="reduce-overhead"``, which replays it as a CUDA
+  graph: no per-step host work). The kernels enter the compiled graph as custom ops
+  (:mod:`quantkit.runtime.kernels.ops`); the static cache's tensors are static addresses, and each call of the
+  compiled step is a real step (the warm-up calls too), so the cache's device-side write position advances once
+  per step.
 
 Greedy decoding gives the tokens of ``model.generate(do_sample=False, cache_implementation="static")`` (the tests
-check it). transformers' static cache keeps its write position on the device and advances it on every forward,
-so replaying a decode step from a CUDA graph needs that state saved and restored around capture; the loop does not
-capture graphs yet.
+check it), compiled or not.
 """
 
 from __future__ import annotations
@@ -46,9 +49,11 @@ def _sync(device: torch.device) -> None:
 
 class Generator:
     """Greedy generation for ``model`` (a HF causal LM in eval mode) on its device with a static cache of
-    ``max_context`` tokens per sequence (module docstring)."""
+    ``max_context`` tokens per sequence; ``compile_decode`` compiles the decode step with torch.compile's
+    ``backend`` (module docstring)."""
 
-    def __init__(self, model: nn.Module, max_context: int, prefill_chunk: int = 512):
+    def __init__(self, model: nn.Module, max_context: int, prefill_chunk: int = 512, compile_decode: bool = False,
+                 backend: str | Callable = "inductor"):
         if max_context < 2:
             raise ValueError(f"max_context must be at least 2 tokens, got {max_context}")
         self.model = model
@@ -61,6 +66,10 @@ class Generator:
         # transformers renamed forward's past_key_values to cache; pass it under the name this version takes
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._decode = self._forward
+        if compile_decode:
+            mode = "reduce-overhead" if self.device.type == "cuda" and backend == "inductor" else None
+            self._decode = torch.compile(self._forward, backend=backend, mode=mode, fullgraph=True, dynamic=False)
 
     def _new_cache(self, batch: int):
         from transformers import StaticCache
@@ -100,7 +109,7 @@ class Generator:
     @torch.inference_mode()
     def decode_step(self, tokens: torch.Tensor, position: int) -> torch.Tensor:
         """Logits [B, V] after feeding ``tokens`` [B, 1] at ``position`` (the cache holds positions below it)."""
-        return self._forward(tokens, torch.tensor([position], device=self.device))
+        return self._decode(tokens, torch.tensor([position], device=self.device))
 
     @torch.inference_mode()
     def generate(self, ids: torch.Tensor, max_new_tokens: int, eos_token_id: int | None = None,

@@ -32,6 +32,24 @@ def test_greedy_tokens_match_hf_generate(arch, chunk):
     assert torch.equal(again, _hf_greedy(model, ids[:, :7], 5))
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_a_compiled_decode_step_gives_the_same_tokens_in_one_graph(arch):
+    """The decode step compiled with fullgraph=True (on the CPU with the aot_eager backend; a GPU adds CUDA graphs)
+    gives HF's greedy tokens, call after call, with one graph for the decode shape."""
+    import torch._dynamo.testing
+
+    model = build_tiny_model(arch, seed=4)
+    ids = torch.randint(1, 500, (2, 9), generator=torch.Generator().manual_seed(1))
+    torch._dynamo.reset()
+    backend = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    gen = Generator(model, max_context=48, compile_decode=True, backend=backend)
+    out, _ = gen.generate(ids, 10)
+    again, _ = gen.generate(ids, 10)
+    torch._dynamo.reset()
+    assert torch.equal(out, _hf_greedy(model, ids, 10)) and torch.equal(again, out)
+    assert backend.frame_count == 1
+
+
 def test_the_context_bounds_generation_and_bad_sizes_are_refused():
     model = build_tiny_model("llama", seed=1)
     ids = torch.randint(1, 500, (1, 10), generator=torch.Generator().manual_seed(1))

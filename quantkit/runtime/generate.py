@@ -28,8 +28,9 @@ import torch.nn as nn
 @dataclass
 class GenerationStats:
     """What one :meth:`Generator.generate` call measured: prompt and new tokens, prefill wall time, decode tokens
-    per second over all sequences of the batch (from the second decode step on, so first-use kernel compiles are
-    not counted; the ``on_tokens`` callback's time is left out), and peak GPU memory (None off a GPU)."""
+    per second over all sequences of the batch (from the second decode step on, the third for a compiled step, so
+    first-use compiles and graph recording are not counted; the ``on_tokens`` callback's time is left out), and
+    peak GPU memory (None off a GPU)."""
 
     batch: int
     prompt_tokens: int
@@ -133,7 +134,8 @@ class Generator:
         out = [tok]
         done = torch.zeros(batch, dtype=torch.bool, device=self.device)
         callback_s = 0.0
-        t_first = None  # after the first decode step: its first-use compiles are not decode speed
+        t_first = None  # after the untimed decode steps: first-use compiles (and graph recording) are not speed
+        untimed = 2 if self._decode is not self._forward else 1  # a compiled step records its CUDA graph second
 
         def report(tokens: torch.Tensor) -> float:
             if not on_tokens:
@@ -150,13 +152,13 @@ class Generator:
                     break
             tok = self.decode_step(tok, t + i - 1).argmax(dim=-1, keepdim=True)
             out.append(tok)
-            if t_first is None:
+            if t_first is None and len(out) == 1 + untimed:
                 _sync(self.device)
                 t_first, callback_s = time.perf_counter(), 0.0
             callback_s += report(tok[:, 0])
         _sync(self.device)
         t2 = time.perf_counter()
-        steps = len(out) - 2  # decode steps after the first (the first new token came from the prefill)
+        steps = len(out) - 1 - untimed  # timed decode steps (the first new token came from the prefill)
         elapsed = (t2 - t_first - callback_s) if t_first is not None else 0.0
         peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
         stats = GenerationStats(batch, t, len(out), (t1 - t0) * 1e3,

@@ -61,22 +61,36 @@ def test_w4a16_and_mixed_ops_are_the_reference_and_pass_opcheck():
     torch.library.opcheck(ops.a8_mixed_gemm, (codes, scales, 128, packed_list, rows, spec, 40, torch.float16))
 
 
-@cpu_only
-def test_a_compiled_packed_model_runs_each_gemm_as_one_op(tmp_path, kernel_registry, monkeypatch):
-    import torch._dynamo.testing
-
-    from quantkit.checkpoint import load_packed
-    from quantkit.cli import app
-    from quantkit.runtime.kernels.entry import layout_kernel
+@pytest.fixture(scope="module")
+def lqq_sm90(tmp_path_factory):
+    """builtin:reference packed with lqq-w4a8-rtn in the sm_90 kernels' layout."""
     from typer.testing import CliRunner
 
-    out = tmp_path / "lqq"
+    from quantkit.cli import app
+
+    out = tmp_path_factory.mktemp("ops") / "lqq"
     r = CliRunner().invoke(app, ["pack", "builtin:reference", "--recipe", "lqq-w4a8-rtn", "--target", "sm90", "-o",
                                  str(out)])
     assert r.exit_code == 0, r.output
+    return out
+
+
+def _with_cpu_kernels(kernel_registry, folder):
+    """The packed model with the LiquidQuant kernel entry registered for the CPU (under torch.compile: the ops, whose
+    CPU kernels are the references)."""
+    from quantkit.checkpoint import load_packed
+    from quantkit.runtime.kernels.entry import layout_kernel
+
     kernel_registry.register("w4a8-lqq", layout_kernel("w4a8-lqq"), quantizes_activations=True,
                              shared_activation=True, devices=("cpu",))
-    model = load_packed(str(out), device="cpu", load_tokenizer=False).model
+    return load_packed(str(folder), device="cpu", load_tokenizer=False).model
+
+
+@cpu_only
+def test_a_compiled_packed_model_runs_each_gemm_as_one_op(lqq_sm90, kernel_registry, monkeypatch):
+    import torch._dynamo.testing
+
+    model = _with_cpu_kernels(kernel_registry, lqq_sm90)
     ids = torch.randint(0, model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         monkeypatch.setenv(kernel_registry.ENV_SWITCH, "0")
@@ -93,3 +107,27 @@ def test_a_compiled_packed_model_runs_each_gemm_as_one_op(tmp_path, kernel_regis
     # fused q/k/v, o, fused gate/up, down: four GEMMs a layer, each input quantized once
     assert sum("quantkit.a8_gemm" in t for t in targets) == 4 * layers
     assert sum("quantkit.act_quant" in t for t in targets) == 4 * layers
+
+
+@cpu_only
+def test_hf_generate_with_a_static_cache_compiles_the_packed_model_in_one_graph(lqq_sm90, kernel_registry):
+    """transformers' generate with cache_implementation="static" compiles the decode forward (on CUDA by itself;
+    here its device check is passed by hand) as one full graph over the ops, with our loop's greedy tokens."""
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+
+    from quantkit.runtime.generate import Generator
+
+    model = _with_cpu_kernels(kernel_registry, lqq_sm90)
+    ids = torch.randint(0, model.config.vocab_size, (1, 10), generator=torch.Generator().manual_seed(0))
+    ours, _ = Generator(model, 40).generate(ids, 8)
+    model._valid_auto_compile_criteria = lambda *args: True  # what a CUDA device passes
+    torch._dynamo.reset()
+    counters.clear()
+    with torch.inference_mode():
+        hf = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+                            cache_implementation="static", pad_token_id=0,
+                            compile_config=CompileConfig(fullgraph=True, backend="aot_eager", mode=None))
+    graphs = counters["stats"]["unique_graphs"]
+    torch._dynamo.reset()
+    assert torch.equal(hf, ours) and graphs == 1

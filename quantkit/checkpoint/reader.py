@@ -185,6 +185,10 @@ def load_packed(path: str | Path, device: str = "auto", dtype: str | None = None
         if os.environ.get(NORM_SWITCH) != "0":
             fuse_norms(model)
     share_sibling_inputs(model)
+    if torch.device(dev).type == "cuda":
+        from quantkit.runtime.kernels.scratch import reserve_graph_tickets
+
+        reserve_graph_tickets(dev)  # outside any CUDA graph, for a compiled forward's split-K launches
     tokenizer = None
     if load_tokenizer:
         from quantkit.model.loader import load_tokenizer_of

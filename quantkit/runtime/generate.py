@@ -69,6 +69,10 @@ class Generator:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._decode = self._forward
         if compile_decode:
+            if self.device.type == "cuda":
+                from quantkit.runtime.kernels.scratch import reserve_graph_tickets
+
+                reserve_graph_tickets(self.device)  # the graphs' split-K tickets, allocated outside any graph
             mode = "reduce-overhead" if self.device.type == "cuda" and backend == "inductor" else None
             self._decode = torch.compile(self._forward, backend=backend, mode=mode, fullgraph=True, dynamic=False)
 

@@ -15,7 +15,8 @@ dispatch would add host time to every call and buys nothing there.
 
 A layout's tensors travel as a list with a ``spec`` string (their names and the layout metadata as JSON, made
 once per layer by :func:`layer_spec`). On the CPU each op runs the torch reference of the same packed format
-(:mod:`.reference`), so the ops are checked with ``torch.library.opcheck`` in CI.
+(:mod:`.reference`), so the ops are checked with ``torch.library.opcheck`` in CI. The GEMM ops run under
+:func:`.scratch.graph_owned_scratch`: split-K scratch memory belongs to the graph that replays them.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from collections.abc import Mapping
 
 import torch
 from torch.library import custom_op
+
+from quantkit.runtime.kernels.scratch import graph_owned_scratch
 
 
 def layer_spec(tensors: Mapping[str, torch.Tensor], meta: dict) -> tuple[list[str], str]:
@@ -59,7 +62,8 @@ def a8_gemm(codes: torch.Tensor, scales: torch.Tensor, act_group: int, layout: s
     from quantkit.runtime.kernels.gemm import int8_matmul
 
     tensors, meta = _unpack(packed, spec)
-    return int8_matmul(codes, scales, act_group, layout, tensors, meta, out_dtype=out_dtype)
+    with graph_owned_scratch():
+        return int8_matmul(codes, scales, act_group, layout, tensors, meta, out_dtype=out_dtype)
 
 
 @a8_gemm.register_kernel("cpu")
@@ -115,7 +119,9 @@ def a8_mixed_gemm(codes: torch.Tensor, scales: torch.Tensor, act_group: int, pac
     partitions as :func:`mixed_spec` lays them out."""
     from quantkit.runtime.kernels.gemm import mixed_int8_matmul
 
-    return mixed_int8_matmul(codes, scales, act_group, _parts(packed, rows, spec), out_features, out_dtype=out_dtype)
+    with graph_owned_scratch():
+        return mixed_int8_matmul(codes, scales, act_group, _parts(packed, rows, spec), out_features,
+                                 out_dtype=out_dtype)
 
 
 @a8_mixed_gemm.register_kernel("cpu")
@@ -139,7 +145,8 @@ def w4a16_gemm(x: torch.Tensor, packed: list[torch.Tensor], spec: str) -> torch.
     from quantkit.runtime.kernels.gemm import w4a16_matmul
 
     tensors, meta = _unpack(packed, spec)
-    return w4a16_matmul(x, tensors, meta)
+    with graph_owned_scratch():
+        return w4a16_matmul(x, tensors, meta)
 
 
 @w4a16_gemm.register_kernel("cpu")

@@ -90,7 +90,7 @@ def test_mixed_one_launch_scatters_both_partitions(m, act_group, split):
 def test_split_k_workspace_rows_do_not_follow_the_output_stride():
     """A [1, N] output may report row stride 1 (torch calls it contiguous): split-K slots keep rows N apart in a
     workspace sized for them, allocated afresh here so a short one cannot hide behind an earlier, larger one."""
-    from quantkit.runtime.kernels.triton import splitk
+    from quantkit.runtime.kernels import scratch as splitk
 
     n, k = 33, 1024
     _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=11)

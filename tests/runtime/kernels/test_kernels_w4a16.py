@@ -112,8 +112,8 @@ def test_split_k_sums_in_split_order_and_leaves_its_tickets_zeroed():
     """Each split-K program stores its partial sums in its own workspace slot and the last of a tile adds the
     slots in split order (quantkit.runtime.kernels.triton.splitk): repeated and differently-shaped launches, which reuse
     the workspace with stale slots, give bit-identical sums, and every ticket is back at zero."""
-    from quantkit.runtime.kernels.triton import splitk
-    from quantkit.runtime.kernels.triton.splitk import split_workspace
+    from quantkit.runtime.kernels import scratch as splitk
+    from quantkit.runtime.kernels.scratch import split_workspace
 
     _, tensors, meta = packed("w4a16", 33, 1024, 128, seed=3)
     x = torch.randn(3, 1024, generator=torch.Generator().manual_seed(0)).half().to(DEVICE)
@@ -132,7 +132,7 @@ def test_split_k_sums_in_split_order_and_leaves_its_tickets_zeroed():
 def test_split_workspace_only_for_split_launches_and_within_32_bit_offsets():
     """An unsplit launch never touches the workspace, so it must not allocate one (at prefill sizes that would be
     M·N fp32 kept alive per stream); slots addressed past 2^31 elements are refused, not wrapped."""
-    from quantkit.runtime.kernels.triton import splitk
+    from quantkit.runtime.kernels import scratch as splitk
 
     _, tensors, meta = packed("w4a16", 33, 512, 128, seed=5)
     x = torch.randn(40, 512, generator=torch.Generator().manual_seed(2)).half().to(DEVICE)
@@ -201,3 +201,23 @@ def test_cuda_gemv_matches_reference_on_gpu(m, n, k, group_size, warps, l2_prefe
 
     if planned_launch(monkeypatch, "a16", ("w4a16",), m, n, k, 0, dtype)[0] == "cuda.w4a16_gemv":
         assert torch.equal(w4a16_matmul(x, tensors, meta), w4a16_gemv_cuda(x, tensors, meta))
+
+
+def test_split_k_inside_a_graph_owns_its_slots_and_shares_fixed_tickets():
+    """Under graph_owned_scratch (the custom ops' calls, which CUDA graphs capture) split launches take fresh slots
+    and the device's one fixed ticket array: nothing is cached or grown there, the bits equal an eager call's, and
+    the tickets are back at zero."""
+    from quantkit.runtime.kernels import scratch
+
+    _, tensors, meta = packed("w4a16", 33, 1024, 128, seed=3)
+    x = torch.randn(3, 1024, generator=torch.Generator().manual_seed(0)).half().to(DEVICE)
+    eager = w4a16_matmul(x, tensors, meta, TileConfig(16, 16, 4))
+    scratch._WORKSPACES.clear()
+    with scratch.graph_owned_scratch():
+        graphed = w4a16_matmul(x, tensors, meta, TileConfig(16, 16, 4))
+    assert not scratch._WORKSPACES
+    assert torch.equal(eager, graphed)
+    tickets = scratch.reserve_graph_tickets(x.device)
+    assert tickets.numel() == scratch.GRAPH_TICKET_CAPACITY and not tickets.any()
+    with scratch.graph_owned_scratch(), pytest.raises(ValueError, match="tickets"):
+        scratch.split_workspace(x.device, 1, 2, scratch.GRAPH_TICKET_CAPACITY + 1)

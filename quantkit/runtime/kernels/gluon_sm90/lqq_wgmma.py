@@ -41,7 +41,7 @@ import torch
 from quantkit.runtime.kernels.triton.dequant import ASM_I8_TEXT, CONSTRAINTS_I8_TEXT
 from quantkit.runtime.kernels.jit import check_device
 from quantkit.runtime.kernels.triton.launch import groups_in_halves, split_plan
-from quantkit.runtime.kernels.triton.splitk import split_workspace
+from quantkit.runtime.kernels.scratch import split_workspace
 from quantkit.runtime.kernels.gluon_sm90.common import BN, HAVE_GLUON, hopper_problem
 
 KERNEL = "lqq_wgmma"  # its name for hopper_problem / launch_or_decline

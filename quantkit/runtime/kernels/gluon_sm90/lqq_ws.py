@@ -72,7 +72,7 @@ import torch
 
 from quantkit.runtime.kernels.triton.launch import groups_in_halves, split_plan
 from quantkit.runtime.kernels.gluon_sm90.lqq_wgmma import lqq_operands, lqq_wgmma_problem
-from quantkit.runtime.kernels.triton.splitk import split_workspace
+from quantkit.runtime.kernels.scratch import split_workspace
 from quantkit.runtime.kernels.gluon_sm90.common import BN, HAVE_GLUON, PART_REGS, PRODUCER_REGS, ws_maxnreg
 
 KERNEL = "lqq_ws"

@@ -32,7 +32,7 @@ import torch
 
 from quantkit.runtime.kernels.jit import check_device
 from quantkit.runtime.kernels.triton.launch import act_groups_in_halves, groups_in_halves, split_plan
-from quantkit.runtime.kernels.triton.splitk import split_workspace
+from quantkit.runtime.kernels.scratch import split_workspace
 from quantkit.runtime.kernels.gluon_sm90.common import HAVE_GLUON, hopper_problem
 
 KERNEL = "w8a8_wgmma"  # its name for hopper_problem / launch_or_decline

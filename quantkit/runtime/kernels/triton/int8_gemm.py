@@ -33,7 +33,8 @@ from quantkit.runtime.kernels.jit import USE_ASM, check_device, kernel
 from quantkit.runtime.kernels.triton.dequant import group_scale_f32, planes_i8, side_by_side
 from quantkit.runtime.kernels.triton.launch import (TileConfig, act_groups_in_halves, groups_in_halves,
                                                     split_plan)
-from quantkit.runtime.kernels.triton.splitk import split_workspace, store_tile
+from quantkit.runtime.kernels.scratch import split_workspace
+from quantkit.runtime.kernels.triton.splitk import store_tile
 
 W8, ASYM4, LQQ = 0, 1, 2
 MODES = {"w8": W8, "w4a16": ASYM4, "w4a8-lqq": LQQ}

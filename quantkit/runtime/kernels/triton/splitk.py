@@ -6,40 +6,16 @@ at zero for the next call.
 Why slots: a zeroed fp32 result per call with atomics and a cast into the output costs two more kernels per GEMM
 (a memset and the cast), a few µs each against a ~15 µs decode GEMV; fp32 atomics into one shared slot cost little
 for a decode tile but up to 4× the GEMM above M = 64 (H100, LiquidQuant 6144×4096 M = 256, 64×256 tiles: 26 µs
-unsplit, 103 µs split 2; docs/BENCHMARKS.md, Measured and dropped), and their sums depend on arrival order. The
-workspace and tickets are allocated once per (device, stream) and grown on demand: a kernel on another stream never
-shares them.
+unsplit, 103 µs split 2; docs/BENCHMARKS.md, Measured and dropped), and their sums depend on arrival order.
+
+The workspace and tickets come from :func:`quantkit.runtime.kernels.scratch.split_workspace`.
 """
 
 from __future__ import annotations
 
-import torch
 import triton.language as tl
 
 from quantkit.runtime.kernels.jit import kernel
-
-_WORKSPACES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def split_workspace(device: torch.device, slot: int, split: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp32 workspace of >= ``split`` slots of ``slot`` elements — none for an unsplit launch, which never touches
-    it — and int32 tickets of >= ``tiles`` zeros) for split-K launches on the current stream of ``device``;
-    kernels return the tickets to zero when they finish. The kernels address slots with 32-bit offsets, so more
-    than 2^31 - 1 elements is refused."""
-    elements = slot * split if split > 1 else 0
-    if elements >= 2**31:
-        raise ValueError(f"a split-K workspace of {elements} elements exceeds 32-bit offsets; use split_k=1 "
-                         "(or fewer tokens per call)")
-    device = torch.device(device)
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device, stream)
-    ws, tickets = _WORKSPACES.get(key, (None, None))
-    if ws is None or ws.numel() < elements:
-        ws = torch.zeros(max(elements, 1), dtype=torch.float32, device=device)
-    if tickets is None or tickets.numel() < tiles:
-        tickets = torch.zeros(max(tiles, 1), dtype=torch.int32, device=device)
-    _WORKSPACES[key] = (ws, tickets)
-    return ws, tickets
 
 
 @kernel

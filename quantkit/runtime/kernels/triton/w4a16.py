@@ -21,7 +21,8 @@ from quantkit.runtime.kernels.heuristic import sms_of, triton_tile
 from quantkit.runtime.kernels.jit import INTERPRET, USE_ASM, check_device, kernel
 from quantkit.runtime.kernels.triton.dequant import planes_f16, side_by_side
 from quantkit.runtime.kernels.triton.launch import TileConfig, groups_in_halves, split_plan
-from quantkit.runtime.kernels.triton.splitk import split_workspace, store_tile
+from quantkit.runtime.kernels.scratch import split_workspace
+from quantkit.runtime.kernels.triton.splitk import store_tile
 
 
 @kernel

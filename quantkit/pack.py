@@ -201,7 +201,8 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
                        "dtype": str(source_dtype).replace("torch.", ""), "parameters": n_params},
             "recipe": rec.to_dict(), "plan_sha256": hashlib.sha256(plan_raw).hexdigest() if plan_raw else None,
             "plan_file": Path(plan).name if plan else None, "target": target, "export": export,
-            "activation": act, "calibration": result.calibration, "avg_bits": result.avg_bits}
+            "activation": act, "calibration": result.calibration, "avg_bits": result.avg_bits,
+            "online_rotation": result.online_rotation}
     packed = build_checkpoint(loaded.model, result.weights, layouts, info, source_dtype)
     is_local = Path(loaded.path).is_dir()
     packed.extra_files = tokenizer_files(loaded.path if is_local else None)

@@ -14,7 +14,8 @@ from quantkit.checkpoint.atomic import MANIFEST_NAME
 from quantkit.errors import QuantkitError
 
 FORMAT = "quantkit.checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: a linear may carry an online input rotation (written only then; else 1)
+ROTATION_VERSION = 2
 DENSE = "dense"  # layout name of tensors stored as they are (embeddings, norms, biases, skipped linears)
 
 _REQUIRED = {"format": str, "format_version": int, "quantkit_version": str, "recipe": dict, "source": dict,
@@ -68,6 +69,10 @@ def validate(manifest: dict, path: Path) -> dict:
             for tname in list(p["tensors"].values()) + ([p["rows"]] if p["rows"] else []):
                 if tname not in tensors:
                     raise _bad(path, f"linear '{name}' names tensor '{tname}', which the manifest does not list")
+        rot = lin.get("input_rotation")
+        if rot is not None and not (isinstance(rot, dict) and isinstance(rot.get("seed"), int)
+                                    and isinstance(rot.get("width"), int)):
+            raise _bad(path, f"linear '{name}' has an input_rotation without an integer seed and width")
     shards = manifest.get("shards")  # optional: checkpoints written before it was recorded lack it
     if shards is not None and not (isinstance(shards, dict) and all(
             isinstance(r, dict) and isinstance(r.get("bytes"), int) and isinstance(r.get("header_sha256"), str)

@@ -99,7 +99,13 @@ def build_quant_linear(entry: dict, tensors: dict[str, torch.Tensor], act, dtype
         rows = tensors[p["rows"]] if p["rows"] else None
         parts.append(PackedPart(p["layout"], p["meta"], local, rows, int(p["bits"])))
     bias = tensors[entry["bias"]].to(dtype) if entry.get("bias") else None
-    return QuantLinear(entry["in_features"], entry["out_features"], parts, bias, act, cache_dense)
+    lin = QuantLinear(entry["in_features"], entry["out_features"], parts, bias, act, cache_dense)
+    rot = entry.get("input_rotation")
+    if rot is not None:
+        from quantkit.quant.rotate import InputRotation
+
+        lin.input_rotation = InputRotation(int(rot["width"]), int(rot["seed"]), dtype)
+    return lin
 
 
 def _empty_model(folder: Path, dtype: torch.dtype) -> nn.Module:

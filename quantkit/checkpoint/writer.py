@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from quantkit.checkpoint.atomic import MANIFEST_NAME, atomic_directory
 from quantkit.checkpoint.choose import record_parts
-from quantkit.checkpoint.manifest import DENSE, FORMAT, FORMAT_VERSION
+from quantkit.checkpoint.manifest import DENSE, FORMAT, ROTATION_VERSION
 from quantkit.checkpoint.shards import nbytes, shard_record, tensor_sha256, write_json, write_shards
 from quantkit.quant.partition import WeightRecord, record_bits
 from quantkit.quant.records import QuantizedWeight
@@ -117,7 +117,7 @@ def pack_model(model: nn.Module, records: dict[str, WeightRecord], layouts: dict
     return tensors, linears, aliases
 
 
-def quantization_config(export: str, linears: dict[str, dict], info: dict) -> dict:
+def quantization_config(export: str, linears: dict[str, dict], info: dict, version: int = 1) -> dict:
     """config.json ``quantization_config``: the GPTQ/AWQ layout's own (what transformers/vLLM read) or quantkit's."""
     if export != "quantkit":
         from quantkit.formats.registry import get_layout
@@ -125,7 +125,7 @@ def quantization_config(export: str, linears: dict[str, dict], info: dict) -> di
         layout = next(iter(linears.values()))["partitions"][0]["layout"]
         return get_layout(layout).quantization_config([p["meta"] for lin in linears.values()
                                                        for p in lin["partitions"]])
-    return {"quant_method": "quantkit", "format_version": FORMAT_VERSION, "recipe": info["recipe"]["name"],
+    return {"quant_method": "quantkit", "format_version": version, "recipe": info["recipe"]["name"],
             "target": info["target"], "bits": info["recipe"]["weight"]["bits"],
             "group_size": info["recipe"]["weight"]["group_size"], "activation": info["activation"],
             "avg_bits": info["avg_bits"], "manifest": MANIFEST_NAME}
@@ -135,7 +135,8 @@ def build_checkpoint(model: nn.Module, records: dict[str, WeightRecord], layouts
                      info: dict, source_dtype: torch.dtype) -> PackedModel:
     """Assemble tensors, manifest and config of a checkpoint. ``info`` carries the manifest's descriptive fields:
     quantkit_version, source, recipe (dict), plan_sha256, plan_file, target, export, activation, calibration,
-    avg_bits."""
+    avg_bits, and optionally online_rotation ({"seed", "linears"}: each of those linears' entry gets its
+    ``input_rotation``, and the manifest format version 2)."""
     tensors, linears, aliases = pack_model(model, records, layouts, source_dtype)
     owner = {}
     for lin, entry in linears.items():
@@ -149,11 +150,19 @@ def build_checkpoint(model: nn.Module, records: dict[str, WeightRecord], layouts
                          "nbytes": nbytes(t), "sha256": tensor_sha256(t), "layout": layout}
         if lin is not None:
             entries[name]["linear"] = lin
-    manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **info, "linears": linears,
+    info = dict(info)
+    online = info.pop("online_rotation", None)
+    version = 1
+    if online:  # the linear's kernels read W·Q, so its input must rotate first: readers before version 2 cannot
+        version = ROTATION_VERSION
+        for name in online["linears"]:
+            width = model.get_submodule(name).in_features
+            linears[name]["input_rotation"] = {"seed": int(online["seed"]), "width": int(width)}
+    manifest = {"format": FORMAT, "format_version": version, **info, "linears": linears,
                 "tensors": entries, "aliases": aliases}
     config = copy.deepcopy(model.config)
     config.dtype = source_dtype
-    config.quantization_config = quantization_config(info["export"], linears, info)
+    config.quantization_config = quantization_config(info["export"], linears, info, version)
     return PackedModel(tensors, manifest, config)
 
 

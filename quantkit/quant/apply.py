@@ -42,6 +42,7 @@ class QuantizeResult:
     avg_bits: float
     calibration: dict | None = None
     act_handles: list = field(default_factory=list)
+    online_rotation: dict | None = None  # {"seed", "linears"}: inputs rotated at run time (quant.rotate)
 
     def summary(self) -> dict:
         return {"recipe": self.recipe.name, "linears": len(self.weights), "avg_bits": self.avg_bits,
@@ -145,8 +146,9 @@ def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, devic
     """Quantize every decoder-layer linear of ``model`` per ``recipe`` (and ``plan``), in place (fake-quant).
 
     Returns the integer records (what ``quantkit pack`` writes) and attaches A8 input hooks when the recipe
-    quantizes activations; its residual rotation and SmoothQuant folds change the model's other weights too. ``device`` is where layer-by-layer calibration runs (default: the model's device).
-    ``calib_ids`` [n, T] replaces the recipe's calibration windows (benchmarks, tests); ``text_column`` names the
+    quantizes activations; its residual rotation and SmoothQuant folds change the model's other weights too, and
+    its online rotation gives o_proj / down_proj a rotating input hook (``online_rotation`` in the result).
+    ``device`` is where layer-by-layer calibration runs (default: the model's device). ``calib_ids`` [n, T] replaces the recipe's calibration windows (benchmarks, tests); ``text_column`` names the
     text column of a record-file ``dataset``.
     """
     device = device or str(next(model.parameters()).device)
@@ -154,6 +156,13 @@ def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, devic
         from quantkit.quant.rotate import rotate_model
 
         rotate_model(model, recipe.calibration.seed)
+    online = None
+    if recipe.activation.online_rotate:
+        from quantkit.quant.rotate import rotate_inputs_online
+
+        skipped = {n for n, _ in iter_linears(model) if recipe.spec_for(n).skip}
+        online = {"seed": recipe.calibration.seed,
+                  "linears": rotate_inputs_online(model, recipe.calibration.seed, skipped)}
     targets = {n: lin for n, lin in iter_linears(model) if not recipe.spec_for(n).skip}
     if not targets:
         raise QuantkitError("the recipe skips every linear layer; nothing to quantize")
@@ -197,7 +206,7 @@ def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, devic
                                    recipe.activation.sym)
     total = sum(record_bits(r)[0] for r in records.values())
     elems = sum(record_bits(r)[1] for r in records.values())
-    return QuantizeResult(records, recipe, total / elems, calib, handles)
+    return QuantizeResult(records, recipe, total / elems, calib, handles, online)
 
 
 def _quantize_layerwise(model, recipe, plan, targets, ids, device, method, progress_factory):

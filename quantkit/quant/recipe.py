@@ -26,6 +26,7 @@ Schema (every field optional except ``weight.method``; unknown fields are errors
       smooth: 0.5             # SmoothQuant migration strength α folded into norms/linears; auto: searched per
                               #   fold by output error (null: off)
       rotate: false           # QuaRot/SpinQuant R1: a random Hadamard rotation of the residual stream, folded
+      online_rotate: false    # QuaRot R3/R4: o_proj and down_proj inputs rotated at run time (W·Q folded)
     overrides:                # per-layer, by fnmatch pattern on the linear's name; later entries win
       - {pattern: "*.down_proj", bits: 8}
       - {pattern: "model.layers.0.*", skip: true}
@@ -74,6 +75,7 @@ class ActSpec:
     sym: bool = True
     smooth: float | str | None = None  # SmoothQuant migration strength α, "auto" = searched per fold; None = off
     rotate: bool = False  # fold a random Hadamard rotation into the residual stream (quantkit.quant.rotate)
+    online_rotate: bool = False  # rotate o_proj / down_proj inputs at run time (quantkit.quant.rotate.InputRotation)
 
     @property
     def enabled(self) -> bool:
@@ -271,9 +273,10 @@ def parse_recipe(data: dict, source: str = "") -> Recipe:
             raise QuantkitError("recipe field 'activation.smooth' needs quantized activations (activation.bits "
                                 "8); drop it for weight-only recipes")
         act.smooth = act.smooth if act.smooth == "auto" else float(act.smooth)
-    if act.rotate and not act.enabled:
-        raise QuantkitError("recipe field 'activation.rotate' needs quantized activations (activation.bits 8); "
-                            "drop it for weight-only recipes")
+    for field_name in ("rotate", "online_rotate"):
+        if getattr(act, field_name) and not act.enabled:
+            raise QuantkitError(f"recipe field 'activation.{field_name}' needs quantized activations (activation.bits "
+                                "8); drop it for weight-only recipes")
     calib = _build(CalibSpec, data.get("calibration"), "calibration")
     if calib.samples < 1 or calib.seqlen < 2:
         raise QuantkitError(f"recipe fields 'calibration.samples' (≥ 1) and 'calibration.seqlen' (≥ 2 tokens) are out "

@@ -58,8 +58,9 @@ class SmoothPair:
 
 
 def smooth_pairs(layer: nn.Module) -> list[SmoothPair]:
-    """The four SmoothQuant folds of a Llama-like decoder layer (module docstring); a QuantkitError naming the
-    missing module when the layer does not have that shape."""
+    """The SmoothQuant folds of a Llama-like decoder layer (module docstring; the two into o_proj and down_proj only
+    where their inputs do not rotate online); a QuantkitError naming the missing module when the layer does not
+    have that shape."""
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
     needed = {"input_layernorm": layer, "post_attention_layernorm": layer, "self_attn": attn, "mlp": mlp}
     missing = [n for n, m in needed.items() if m is None or (n.endswith("norm") and not hasattr(layer, n))]
@@ -71,10 +72,13 @@ def smooth_pairs(layer: nn.Module) -> list[SmoothPair]:
                             f"{', '.join(missing)} — drop activation.smooth from the recipe for this model")
     heads = attn.o_proj.in_features // attn.v_proj.out_features  # query heads per KV head
     head = attn.o_proj.in_features // _num_heads(attn)
-    return [SmoothPair("input_layernorm", layer.input_layernorm, [attn.q_proj, attn.k_proj, attn.v_proj]),
-            SmoothPair("post_attention_layernorm", layer.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj]),
-            SmoothPair("v_proj", attn.v_proj, [attn.o_proj], rep=heads, head=head),
-            SmoothPair("up_proj", mlp.up_proj, [mlp.down_proj])]
+    pairs = [SmoothPair("input_layernorm", layer.input_layernorm, [attn.q_proj, attn.k_proj, attn.v_proj]),
+             SmoothPair("post_attention_layernorm", layer.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj]),
+             SmoothPair("v_proj", attn.v_proj, [attn.o_proj], rep=heads, head=head),
+             SmoothPair("up_proj", mlp.up_proj, [mlp.down_proj])]
+    # a consumer whose input rotates online (quantkit.quant.rotate.InputRotation) reads x·Q, not the producer's
+    # channels: a per-channel factor of the producer does not commute with Q, and Q already spreads the outliers
+    return [p for p in pairs if not any(hasattr(c, "input_rotation") for c in p.consumers)]
 
 
 def _num_heads(attn: nn.Module) -> int:

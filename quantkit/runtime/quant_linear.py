@@ -74,6 +74,7 @@ class QuantLinear(nn.Module):
         self.act = act
         self.cache_dense = cache_dense
         self.sibling_scope = None  # a SiblingScope shared with the other projections of one input (sibling_inputs)
+        self.input_rotation = None  # quant.rotate.InputRotation: the weight reads x·Q (QuaRot's online rotation)
         # out_features of the projections fused into this linear (fused_siblings), None for an ordinary linear: the
         # torch reference multiplies each block of rows on its own, as the unfused projections did
         self.row_blocks: tuple[int, ...] | None = None
@@ -202,6 +203,8 @@ class QuantLinear(nn.Module):
         column views of one fused GEMM (one launch, one activation quantization)."""
         blocks = self.row_blocks or (self.out_features,)
         if self._on_reference_path(x.device):
+            if self.input_rotation is not None:
+                x = self.input_rotation(x)
             shared = SharedActivation(x.reshape(-1, self.in_features), self.act)
             adopt_norm_codes(shared, x)
             bias = None if self.bias is None else self.bias.to(x.dtype)
@@ -215,7 +218,9 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """y [..., N] = act(x) · Ŵᵀ + b for x [..., K] (module docstring: one-launch mixed kernel, kernels per
-        partition, else the dense torch reference)."""
+        partition, else the dense torch reference); x is first rotated where the weight reads x·Q."""
+        if self.input_rotation is not None:
+            x = self.input_rotation(x)
         lead = x.shape[:-1]
         x2d = x.reshape(-1, self.in_features)
         scope = self.sibling_scope

@@ -139,7 +139,7 @@ def measure_model(label: str, model: nn.Module, plan: E2EPlan, hbm_bytes_s: floa
                 ids = _random_ids(model, batch, context - plan.steps - 2, device, seed=batch)
                 tok = gen.prefill(ids).argmax(-1, keepdim=True)
                 pos = ids.shape[1]
-                for i in range(2):  # untimed: first use (compiles; a compiled step records its graph)
+                for i in range(2):  # untimed: first use (compiles and captures the graph), then one replay
                     tok = gen.decode_step(tok, pos + i).argmax(-1, keepdim=True)
                 _sync(device)
                 t0 = time.perf_counter()

@@ -4,11 +4,11 @@
   decoding allocates no cache memory per token.
 * The prompt is prefilled in chunks of at most ``prefill_chunk`` tokens (one forward each, writing the cache).
 * Each decode step is one forward of one token per sequence: eager, or with ``compile_decode`` one
-  ``torch.compile(fullgraph=True)`` graph (on a GPU with ``mode="reduce-overhead"``, which replays it as a CUDA
-  graph: no per-step host work). The kernels enter the compiled graph as custom ops
-  (:mod:`quantkit.runtime.kernels.ops`); the static cache's tensors are static addresses, and each call of the
-  compiled step is a real step (the warm-up calls too), so the cache's device-side write position advances once
-  per step.
+  ``torch.compile(fullgraph=True)`` graph. On a GPU that compiled step is captured once per cache (batch size and
+  context) as a raw CUDA graph (:class:`CapturedStep`, as gpt-fast and vLLM capture theirs) and each later step is
+  one replay: no dynamo guards, no CUDA-graph-tree bookkeeping, no allocation. The kernels enter the compiled graph
+  as custom ops (:mod:`quantkit.runtime.kernels.ops`); the static cache's tensors keep their addresses, so the
+  replays write the cache where the capture did.
 
 Greedy decoding gives the tokens of ``model.generate(do_sample=False, cache_implementation="static")`` (the tests
 check it), compiled or not.
@@ -28,8 +28,8 @@ import torch.nn as nn
 @dataclass
 class GenerationStats:
     """What one :meth:`Generator.generate` call measured: prompt and new tokens, prefill wall time, decode tokens
-    per second over all sequences of the batch (from the second decode step on, the third for a compiled step, so
-    first-use compiles and graph recording are not counted; the ``on_tokens`` callback's time is left out), and
+    per second over all sequences of the batch (from the second decode step on, so first-use compiles and the
+    graph capture are not counted; the ``on_tokens`` callback's time is left out), and
     peak GPU memory (None off a GPU)."""
 
     batch: int
@@ -46,6 +46,52 @@ class GenerationStats:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+class CapturedStep:
+    """``step(ids [B, 1], positions [1]) -> logits [B, V]`` replayed as a CUDA graph, captured anew for each new
+    ``cache`` object.
+
+    The first call for a cache runs the step twice on a side stream (first use compiles and autotunes; the second
+    rewrites the same cache entries with the same values) and returns that real step's logits; then it captures the
+    step into a :class:`torch.cuda.CUDAGraph` with static ``ids`` and ``positions`` buffers. Later calls copy the
+    tokens in, fill the position and replay: a few µs of host time where a compiled call with
+    ``mode="reduce-overhead"`` spends its guards and graph-tree checks (docs/BENCHMARKS.md, whole-model speed).
+    Split-K scratch inside the capture belongs to the graph (:func:`quantkit.runtime.kernels.scratch
+    .graph_owned_scratch`). A replay's logits live in the graph's output buffer: read them before the next step."""
+
+    def __init__(self, step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
+        self.step = step
+        self.graph = None
+        self._cache = None
+
+    def __call__(self, tokens: torch.Tensor, position: int, cache) -> torch.Tensor:
+        if self.graph is None or self._cache is not cache:
+            return self._capture(tokens, position, cache)
+        self._ids.copy_(tokens)
+        self._positions.fill_(position)
+        self.graph.replay()
+        return self._logits
+
+    def _capture(self, tokens: torch.Tensor, position: int, cache) -> torch.Tensor:
+        from quantkit.runtime.kernels.scratch import graph_owned_scratch, reserve_graph_tickets
+
+        self.graph = self._cache = None  # the previous cache's graph and its memory pool go first
+        device = tokens.device
+        reserve_graph_tickets(device)
+        self._ids = tokens.clone()
+        self._positions = torch.full((1,), position, dtype=torch.long, device=device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side), graph_owned_scratch():
+            logits = self.step(self._ids, self._positions)
+            self.step(self._ids, self._positions)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph), graph_owned_scratch():
+            self._logits = self.step(self._ids, self._positions)
+        self.graph, self._cache = graph, cache
+        return logits
 
 
 class Generator:
@@ -68,13 +114,11 @@ class Generator:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._decode = self._forward
+        self._captured = None
         if compile_decode:
+            self._decode = torch.compile(self._forward, backend=backend, fullgraph=True, dynamic=False)
             if self.device.type == "cuda":
-                from quantkit.runtime.kernels.scratch import reserve_graph_tickets
-
-                reserve_graph_tickets(self.device)  # the graphs' split-K tickets, allocated outside any graph
-            mode = "reduce-overhead" if self.device.type == "cuda" and backend == "inductor" else None
-            self._decode = torch.compile(self._forward, backend=backend, mode=mode, fullgraph=True, dynamic=False)
+                self._captured = CapturedStep(self._decode)
 
     def _new_cache(self, batch: int):
         from transformers import StaticCache
@@ -113,8 +157,27 @@ class Generator:
 
     @torch.inference_mode()
     def decode_step(self, tokens: torch.Tensor, position: int) -> torch.Tensor:
-        """Logits [B, V] after feeding ``tokens`` [B, 1] at ``position`` (the cache holds positions below it)."""
+        """Logits [B, V] after feeding ``tokens`` [B, 1] at ``position`` (the cache holds positions below it); a
+        captured step's logits are overwritten by the next step."""
+        if self._captured is not None:
+            try:
+                return self._captured(tokens, position, self._cache)
+            except RuntimeError as exc:
+                if self._captured.graph is not None:
+                    raise
+                self._fall_back_from_capture(exc)
         return self._decode(tokens, torch.tensor([position], device=self.device))
+
+    def _fall_back_from_capture(self, exc: Exception) -> None:
+        """A step that CUDA-graph capture refused runs as torch.compile's own CUDA graphs instead (slower host side;
+        the refused step is rerun at the same position, which rewrites the same cache entries)."""
+        from quantkit.ui import warn
+
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        warn(f"capturing the decode step as one CUDA graph failed ({first[:200]}); using torch.compile's "
+             "mode='reduce-overhead' instead")
+        self._captured = None
+        self._decode = torch.compile(self._forward, mode="reduce-overhead", fullgraph=True, dynamic=False)
 
     @torch.inference_mode()
     def generate(self, ids: torch.Tensor, max_new_tokens: int, eos_token_id: int | None = None,
@@ -138,8 +201,8 @@ class Generator:
         out = [tok]
         done = torch.zeros(batch, dtype=torch.bool, device=self.device)
         callback_s = 0.0
-        t_first = None  # after the untimed decode steps: first-use compiles (and graph recording) are not speed
-        untimed = 2 if self._decode is not self._forward else 1  # a compiled step records its CUDA graph second
+        t_first = None  # after the first decode step: its compile and graph capture are not speed
+        untimed = 1
 
         def report(tokens: torch.Tensor) -> float:
             if not on_tokens:

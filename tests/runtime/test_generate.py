@@ -50,6 +50,56 @@ def test_a_compiled_decode_step_gives_the_same_tokens_in_one_graph(arch):
     assert backend.frame_count == 1
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_a_captured_decode_step_replays_hf_tokens_and_recaptures_for_a_new_cache():
+    """On a GPU the compiled step is captured once per cache and replayed: HF's greedy tokens for two calls of one
+    batch (one capture, then replays on the reset cache) and for another batch (a new cache, a new capture)."""
+    model = build_tiny_model("llama", seed=4).half().cuda()
+    ids = torch.randint(1, 500, (2, 9), generator=torch.Generator().manual_seed(1)).cuda()
+    torch._dynamo.reset()
+    gen = Generator(model, max_context=48, compile_decode=True)
+    out, _ = gen.generate(ids, 10)
+    graph = gen._captured.graph
+    again, _ = gen.generate(ids, 10)
+    assert gen._captured.graph is graph
+    one, _ = gen.generate(ids[:1], 6)
+    torch._dynamo.reset()
+    assert torch.equal(out, _hf_greedy(model, ids, 10)) and torch.equal(again, out)
+    assert gen._captured.graph is not graph and torch.equal(one, _hf_greedy(model, ids[:1], 6))
+
+
+def test_a_refused_capture_falls_back_to_compiled_graphs_with_a_warning(monkeypatch, capsys):
+    """Where CUDA-graph capture raises before any graph exists, the step reruns as torch.compile's own graphs
+    (reduce-overhead; aot_eager stands in for it on the CPU) with a one-line warning, and the tokens stay HF's."""
+    from quantkit.runtime import generate as gen_mod
+
+    model = build_tiny_model("llama", seed=4)
+    ids = torch.randint(1, 500, (1, 7), generator=torch.Generator().manual_seed(1))
+    real_compile = torch.compile
+    modes = []
+
+    def compile_on_cpu(fn, mode=None, **kw):
+        modes.append(mode)
+        return real_compile(fn, backend="aot_eager", fullgraph=True, dynamic=False)
+
+    class Refused:
+        graph = None
+
+        def __call__(self, *args):
+            raise RuntimeError("operation not permitted when stream is capturing\nmore detail")
+
+    monkeypatch.setattr(gen_mod.torch, "compile", compile_on_cpu)
+    torch._dynamo.reset()
+    gen = Generator(model, max_context=32, compile_decode=True)
+    gen._captured = Refused()
+    out, _ = gen.generate(ids, 6)
+    torch._dynamo.reset()
+    assert gen._captured is None and modes[-1] == "reduce-overhead"
+    assert torch.equal(out, _hf_greedy(model, ids, 6))
+    err = capsys.readouterr().err
+    assert "operation not permitted when stream is capturing" in err and "more detail" not in err
+
+
 def test_the_context_bounds_generation_and_bad_sizes_are_refused():
     model = build_tiny_model("llama", seed=1)
     ids = torch.randint(1, 500, (1, 10), generator=torch.Generator().manual_seed(1))

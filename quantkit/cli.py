@@ -186,6 +186,8 @@ def ppl_rows(res: dict) -> list[tuple[str, dict]]:
     label = res["model"]
     if res.get("recipe"):
         label = res["recipe"] + (f" + plan {Path(res['plan']).name}" if res.get("plan") else "")
+    if res.get("kv"):
+        label += f" + {res['kv']} cache"
     rows.append((label, res))
     return rows
 
@@ -212,6 +214,9 @@ def eval_ppl(
                                                           "not fit one GPU")] = None,
     verify: Annotated[bool, typer.Option("--verify", help="packed checkpoint: recompute every tensor's sha256 "
                                                           "first (shard sizes and headers are always checked)")] = False,
+    kv_bits: Annotated[Optional[str], typer.Option(help="quantize the KV cache: 8, 4 (KIVI keys per channel, values "
+                                                        "per token, latest 128 tokens fp16) or fp8; default: the "
+                                                        "recipe's or checkpoint's kv, else fp16")] = None,
     json_out: Json = False,
 ):
     """Perplexity of a model, a packed checkpoint or a recipe applied in memory.
@@ -223,8 +228,7 @@ def eval_ppl(
     res = evaluate_ppl(model, dataset, seqlen, max_windows, device, dtype, recipe, plan, baseline=not no_baseline,
                        text_column=text_column,
                        calib_samples=calib_samples, calib_seqlen=calib_seqlen, calib_dataset=calib_dataset,
-                       device_map=device_map,
-                       verify=verify)
+                       device_map=device_map, verify=verify, kv_bits=kv_bits)
     console = err_console if json_out else out_console
     console.print(_ppl_table(f"perplexity — {res['model']} ({res['device']}, {res['dtype']})", ppl_rows(res)))
     if json_out:

@@ -26,10 +26,12 @@ def _ppl_of(model, ids, seqlen, max_windows, label):
 def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None, max_windows: int | None = None,
                  device: str = "auto", dtype: str | None = None, recipe: str | None = None,
                  plan: str | None = None, *, baseline: bool = True, calib_samples: int | None = None,
-                 calib_seqlen: int | None = None, calib_dataset: str | None = None, text_column: str | None = None, device_map: str | None = None,
-                 verify: bool = False) -> dict:
+                 calib_seqlen: int | None = None, calib_dataset: str | None = None, text_column: str | None = None,
+                 device_map: str | None = None, verify: bool = False, kv_bits: str | None = None) -> dict:
     """Run the eval-ppl job and return its result record (used by the CLI and the demo); ``verify`` recomputes a
-    packed checkpoint's sha256s before loading it."""
+    packed checkpoint's sha256s before loading it. ``kv_bits`` (8, 4 or fp8) quantizes the KV cache
+    (:mod:`quantkit.quant.kv`), as does a recipe's or a packed checkpoint's ``kv``; the baseline keeps the unquantized
+    cache."""
     from quantkit.checkpoint import is_checkpoint, load_packed
     from quantkit.data import check_calib_seqlen, check_sample_count, joined_text
     from quantkit.data.tokens import encode
@@ -42,6 +44,11 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
     if verify and not packed:
         raise QuantkitError(f"--verify checks a packed checkpoint's sha256s; '{model_ref}' is not one, so drop "
                             "--verify")
+    kv = None
+    if kv_bits is not None:
+        from quantkit.quant.kv import parse_kv_bits
+
+        kv = parse_kv_bits(kv_bits)
     if packed and (recipe or plan):
         raise QuantkitError(f"'{model_ref}' is a packed checkpoint (already quantized); drop --recipe/--plan")
     calib = given_options(("--calib-samples", calib_samples), ("--calib-seqlen", calib_seqlen),
@@ -65,6 +72,7 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
         from quantkit.quant.recipe import check_calibration_options, load_recipe
 
         rec = load_recipe(recipe)
+        kv = kv or rec.kv
         if check_calibration_options(rec, calib):  # warned: the recipe reads no calibration data
             calib_samples = calib_seqlen = calib_dataset = None
         if calib_dataset is not None:
@@ -90,8 +98,20 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
 
     detail(f"loaded {model_ref} on {loaded.device} in {result['dtype']}; {ids.numel():,} test tokens, windows of "
            f"{seqlen}")
+    if packed and kv is None:
+        from quantkit.checkpoint.manifest import read_manifest
+        from quantkit.quant.recipe import parse_recipe
+
+        kv = parse_recipe(read_manifest(model_ref)["recipe"]).kv
     if rec is None:
-        r = _ppl_of(loaded.model, ids, seqlen, max_windows, "packed" if packed else dtype_label(result["dtype"]))
+        label = "packed" if packed else dtype_label(result["dtype"])
+        if kv is not None and baseline:
+            r0 = _ppl_of(loaded.model, ids, seqlen, max_windows, f"{label}, unquantized cache")
+            result.update(ppl_baseline=r0.ppl, nll_baseline=r0.nll)
+        if kv is not None:
+            _use_kv(loaded.model, kv, result)
+            label = f"{label} + {kv.label}"
+        r = _ppl_of(loaded.model, ids, seqlen, max_windows, label)
         result.update(r.as_dict())
         return result
     from quantkit.quant.apply import quantize_model
@@ -107,10 +127,21 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
                           progress_factory=progress_bar, dataset=calib_dataset, samples=calib_samples,
                           seqlen=calib_seqlen,
                           text_column=text_column)
-    r = _ppl_of(loaded.model, ids, seqlen, max_windows, rec.name)
+    label = rec.name
+    if kv is not None:
+        _use_kv(loaded.model, kv, result)
+        label = f"{label} + {kv.label}"
+    r = _ppl_of(loaded.model, ids, seqlen, max_windows, label)
     result.update(r.as_dict())
     result.update(recipe=rec.name, plan=plan, avg_bits=qres.avg_bits, calibration=qres.calibration)
     return result
+
+
+def _use_kv(model, kv, result: dict) -> None:
+    from quantkit.quant.kv import attach_kv_quant
+
+    attach_kv_quant(model, kv)
+    result["kv"] = kv.label
 
 
 def given_options(*pairs: tuple[str, object]) -> list[str]:

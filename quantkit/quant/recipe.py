@@ -27,6 +27,11 @@ Schema (every field optional except ``weight.method``; unknown fields are errors
                               #   fold by output error (null: off)
       rotate: false           # QuaRot/SpinQuant R1: a random Hadamard rotation of the residual stream, folded
       online_rotate: false    # QuaRot R3/R4: o_proj and down_proj inputs rotated at run time (W·Q folded)
+    kv:                       # KV-cache quantization (quantkit.quant.kv); absent = fp16 cache
+      bits: 4                 # 8 or 4
+      fp8: false              # e4m3 instead of int8 (bits 8)
+      group_size: 32          # KV4: key tokens per block, value channels per group (KIVI)
+      residual: 128           # KV4: latest tokens kept in fp16 (a whole number of groups)
     overrides:                # per-layer, by fnmatch pattern on the linear's name; later entries win
       - {pattern: "*.down_proj", bits: 8}
       - {pattern: "model.layers.0.*", skip: true}
@@ -46,6 +51,7 @@ from pathlib import Path
 import yaml
 
 from quantkit.errors import QuantkitError
+from quantkit.quant.kv import KVSpec
 from quantkit.resources import shipped_dir
 
 METHODS = ("rtn", "gptq", "awq", "lqq")
@@ -128,6 +134,7 @@ class Recipe:
     calibration: CalibSpec = field(default_factory=CalibSpec)
     bit_specs: dict[int, BitSpec] = field(default_factory=dict)
     overrides: list[Override] = field(default_factory=list)
+    kv: KVSpec | None = None
     description: str = ""
     source: str = ""
 
@@ -177,6 +184,8 @@ class Recipe:
              "activation": asdict(self.activation), "calibration": asdict(self.calibration),
              "bit_specs": {int(k): asdict(v) for k, v in self.bit_specs.items()},
              "overrides": [asdict(o) for o in self.overrides]}
+        if self.kv is not None:
+            d["kv"] = asdict(self.kv)
         return d
 
 
@@ -237,7 +246,7 @@ def parse_recipe(data: dict, source: str = "") -> Recipe:
     """Validate a recipe mapping (from YAML) into a :class:`Recipe`; errors name the offending field."""
     if not isinstance(data, dict):
         raise QuantkitError(f"recipe {source} must be a YAML mapping at the top level")
-    allowed = {"name", "description", "weight", "activation", "calibration", "bit_specs", "overrides"}
+    allowed = {"name", "description", "weight", "activation", "calibration", "bit_specs", "overrides", "kv"}
     for key in data:
         if key not in allowed:
             raise QuantkitError(f"recipe field '{key}' is unknown; allowed: {', '.join(sorted(allowed))}")
@@ -302,9 +311,18 @@ def parse_recipe(data: dict, source: str = "") -> Recipe:
         _check_bits(ov.bits, f"overrides[{i}].bits")
         _check_group(ov.group_size, f"overrides[{i}].group_size")
         overrides.append(ov)
+    kv = None
+    if data.get("kv") is not None:
+        raw_kv = data["kv"]
+        if isinstance(raw_kv, dict) and "bits" not in raw_kv:
+            raise QuantkitError("recipe field 'kv' needs kv.bits (8 or 4); drop 'kv' for an fp16 cache")
+        try:
+            kv = _build(KVSpec, raw_kv, "kv")
+        except ValueError as e:
+            raise QuantkitError(f"recipe field 'kv': {e}") from None
     name = data.get("name") or Path(source).stem or "recipe"
     return Recipe(name=str(name), weight=weight, activation=act, calibration=calib, bit_specs=bit_specs,
-                  overrides=overrides, description=str(data.get("description", "")), source=source)
+                  overrides=overrides, kv=kv, description=str(data.get("description", "")), source=source)
 
 
 def shipped_recipes() -> list[str]:

@@ -181,8 +181,10 @@ def ppl_rows(res: dict) -> list[tuple[str, dict]]:
 
     rows = []
     if "ppl_baseline" in res:
-        rows.append((dtype_label(res["dtype"]), dict(res, ppl=res["ppl_baseline"], nll=res["nll_baseline"],
-                                                     avg_bits=DTYPE_BITS.get(res["dtype"]))))
+        packed = res.get("baseline", "").startswith("packed")  # a packed model's own weights, its cache unquantized
+        rows.append((res.get("baseline", dtype_label(res["dtype"])),
+                     dict(res, ppl=res["ppl_baseline"], nll=res["nll_baseline"],
+                          avg_bits=None if packed else DTYPE_BITS.get(res["dtype"]))))
     label = res["model"]
     if res.get("recipe"):
         label = res["recipe"] + (f" + plan {Path(res['plan']).name}" if res.get("plan") else "")

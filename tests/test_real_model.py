@@ -79,6 +79,7 @@ def test_mixllm_p10_on_the_fast_path_cuts_p0_by_a_third(scored, tmp_path_factory
     assert p10 - fp <= (2 / 3) * (p0 - fp)
 
 
-def test_per_token_a8_with_smoothing_within_one_percent(scored):
+@pytest.mark.parametrize("recipe", ["smoothquant-w8a8-g128", "quarot-w8a8"])
+def test_per_token_a8_with_smoothing_or_rotation_within_one_percent(scored, recipe):
     fp, score = scored
-    assert score("smoothquant-w8a8-g128") <= 1.01 * fp
+    assert score(recipe) <= 1.01 * fp

@@ -40,6 +40,8 @@ def summarize(folder: str | Path, manifest: dict | None = None) -> dict:
             "layouts": dict(sorted(layouts.items())),
             "layout_schemes": {f"{layout} {sch}": n for (layout, sch), n in sorted(schemes.items())},
             "activation_bits": (manifest.get("activation") or {}).get("bits"),
+            "online_rotations": sum("input_rotation" in lin for lin in manifest["linears"].values()),
+            "kv": (manifest["recipe"].get("kv") or None),
             "avg_bits": sum(b * n for b, n in elems.items()) / total,
             "avg_bits_stored": 8 * quant_bytes / total,
             "tensors": len(manifest["tensors"]),
@@ -80,6 +82,12 @@ def summary_table(s: dict, title: str | None = None) -> Table:
     t.add_row("plan sha256", s["plan_sha256"] or "none")
     t.add_row("quantized linears", str(s["linears"]))
     t.add_row("bits histogram", hist)
+    if s.get("online_rotations"):
+        t.add_row("online rotation", f"inputs of {s['online_rotations']} linears rotated at run time (QuaRot)")
+    if s.get("kv"):
+        kv = s["kv"]
+        t.add_row("KV cache", "fp8 (e4m3)" if kv.get("fp8") else f"int{kv['bits']}"
+                  + (f", groups of {kv['group_size']}, latest {kv['residual']} tokens fp16" if kv["bits"] == 4 else ""))
     if "layout_schemes" in s:
         labels = [(layout_label(*k.split(" ", 1)), n) for k, n in s["layout_schemes"].items()]
     else:

@@ -107,7 +107,7 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
         label = "packed" if packed else dtype_label(result["dtype"])
         if kv is not None and baseline:
             r0 = _ppl_of(loaded.model, ids, seqlen, max_windows, f"{label}, unquantized cache")
-            result.update(ppl_baseline=r0.ppl, nll_baseline=r0.nll)
+            result.update(ppl_baseline=r0.ppl, nll_baseline=r0.nll, baseline=f"{label}, unquantized cache")
         if kv is not None:
             _use_kv(loaded.model, kv, result)
             label = f"{label} + {kv.label}"

@@ -154,3 +154,21 @@ def test_eval_ppl_kv_bits_reports_the_cache_and_its_baseline():
     assert abs(res["ppl"] / res["ppl_baseline"] - 1) < 0.01
     bad = CliRunner().invoke(app, ["eval-ppl", "builtin:reference", "--kv-bits", "2"])
     assert bad.exit_code != 0 and "--kv-bits is 8, 4 or fp8" in bad.output and "Traceback" not in bad.output
+
+
+def test_a_packed_checkpoint_keeps_its_recipes_kv_for_eval_and_inspect(tmp_path):
+    from typer.testing import CliRunner
+
+    from quantkit.cli import app
+
+    recipe = tmp_path / "kv.yaml"
+    recipe.write_text("name: kvr\nweight: {method: rtn, bits: 4, group_size: 32}\nkv: {bits: 8}\n")
+    out = tmp_path / "packed"
+    r = CliRunner().invoke(app, ["pack", "builtin:reference", "--recipe", str(recipe), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["eval-ppl", str(out), "--seqlen", "128", "--max-windows", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["kv"] == "kv8" and res["baseline"] == "packed, unquantized cache"
+    r = CliRunner().invoke(app, ["inspect", str(out)])
+    assert "KV cache" in r.output and "int8" in r.output

@@ -8,7 +8,7 @@ from quantkit.errors import QuantkitError
 from quantkit.quant.recipe import load_recipe, parse_recipe, shipped_recipes
 
 REQUIRED = {"rtn-w4a16-g128", "gptq-w4a16-g128", "awq-w4a16-g128", "lqq-w4a8", "lqq-w4a8-rtn", "mixllm-w4a8", "w8a8",
-            "mixllm-lqq-w4a8", "smoothquant-w8a8", "smoothquant-w8a8-g128"}
+            "mixllm-lqq-w4a8", "smoothquant-w8a8", "smoothquant-w8a8-g128", "quarot-w8a8"}
 
 
 def test_shipped_recipes_parse():

@@ -8,7 +8,8 @@
   context) as a raw CUDA graph (:class:`CapturedStep`, as gpt-fast and vLLM capture theirs) and each later step is
   one replay: no dynamo guards, no CUDA-graph-tree bookkeeping, no allocation. The kernels enter the compiled graph
   as custom ops (:mod:`quantkit.runtime.kernels.ops`); the static cache's tensors keep their addresses, so the
-  replays write the cache where the capture did.
+  replays write the cache where the capture did. A compiled step attends by KV head
+  (:mod:`quantkit.runtime.decode_attention`) where the model uses transformers' SDPA.
 
 Greedy decoding gives the tokens of ``model.generate(do_sample=False, cache_implementation="static")`` (the tests
 check it), compiled or not.
@@ -116,6 +117,9 @@ class Generator:
         self._decode = self._forward
         self._captured = None
         if compile_decode:
+            from quantkit.runtime.decode_attention import use_decode_attention
+
+            use_decode_attention(model)  # grouped-query heads share their KV head's read (no repeat_kv when traced)
             self._decode = torch.compile(self._forward, backend=backend, fullgraph=True, dynamic=False)
             if self.device.type == "cuda":
                 self._captured = CapturedStep(self._decode)

@@ -72,6 +72,20 @@ def quantized_prefix(cache_len: torch.Tensor, spec: KVSpec) -> torch.Tensor:
     return ((cache_len - spec.residual).clamp(min=0) // g) * g
 
 
+def cache_bytes(spec: KVSpec | None, tokens: int, head_dim: int) -> int:
+    """Bytes that keys and values of ``tokens`` tokens take for one sequence and KV head in :func:`pack`'s form
+    (``spec`` None: fp16), scales and the fp16 residual included."""
+    if spec is None:
+        return tokens * head_dim * 2 * 2
+    if spec.bits == 8:
+        return 2 * tokens * (head_dim + 4)  # a byte per element; fp16 scale and minimum (fp8: one fp32 scale)
+    n = int(quantized_prefix(torch.tensor(tokens), spec))
+    g = spec.group_size
+    keys = n * head_dim // 2 + (n // g) * head_dim * 4  # nibbles; per block and channel fp16 scale and minimum
+    values = n * head_dim // 2 + n * (head_dim // g) * 4  # nibbles; per token and channel group the same
+    return keys + values + (tokens - n) * head_dim * 2 * 2
+
+
 def _affine(x: torch.Tensor, dim: int, bits: int) -> dict:
     """Asymmetric codes of ``x`` with one fp16 scale and minimum per slice along ``dim`` reduced (x̂ = q·s + m)."""
     qmax = 2 ** bits - 1

@@ -172,3 +172,18 @@ def test_a_packed_checkpoint_keeps_its_recipes_kv_for_eval_and_inspect(tmp_path)
     assert res["kv"] == "kv8" and res["baseline"] == "packed, unquantized cache"
     r = CliRunner().invoke(app, ["inspect", str(out)])
     assert "KV cache" in r.output and "int8" in r.output
+
+
+def test_cache_bytes_count_codes_scales_and_the_fp16_residual():
+    from quantkit.quant.kv import cache_bytes
+
+    assert cache_bytes(None, 10, 128) == 10 * 128 * 4
+    assert cache_bytes(KVSpec(8), 10, 128) == 2 * 10 * 132
+    spec = KVSpec(4, group_size=32, residual=128)
+    assert cache_bytes(spec, 100, 128) == 100 * 128 * 4  # all within the residual window
+    # 32768 tokens: 32640 quantized (whole blocks older than the latest 128), 128 in fp16
+    want = 32640 * 64 + 1020 * 128 * 4 + 32640 * 64 + 32640 * 4 * 4 + 128 * 128 * 4
+    assert cache_bytes(spec, 32768, 128) == want
+    x = _x(1, 1, 32768 // 64, 128)  # the stored tensors of pack() hold the byte count's quantized part
+    p = pack(x, KVSpec(4, group_size=32, residual=0), "v")
+    assert sum(t.numel() * t.element_size() for t in p.values()) == 512 * 64 + 512 * 4 * 4

@@ -170,6 +170,10 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
     source_dtype = _source_dtype(model_ref)
     load_dtype = _load_dtype(dtype, compute, source_dtype, rec.uses_calibration)
     loaded = load_model(model_ref, device="cpu", dtype=str(load_dtype).replace("torch.", ""))
+    if rec.kv is not None:  # the checkpoint's KV-cache scheme must fit its attention heads
+        from quantkit.quant.kv import check_fits
+
+        check_fits(loaded.model, rec.kv)
     if plan is not None:
         from quantkit.search.plan_check import check_plan_model
 

@@ -91,6 +91,15 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
     loaded = (load_packed(model_ref, device=device, dtype=dtype, verify=verify) if packed
               else load_model(model_ref, device=device, dtype=dtype, device_map=device_map))
     seqlen = choose_seqlen(seqlen, max_positions(loaded.model))
+    if kv is None and packed:
+        from quantkit.checkpoint.manifest import read_manifest
+        from quantkit.quant.recipe import parse_recipe
+
+        kv = parse_recipe(read_manifest(model_ref)["recipe"]).kv
+    if kv is not None:  # before any ppl runs
+        from quantkit.quant.kv import check_fits
+
+        check_fits(loaded.model, kv)
     ids = encode(loaded.tokenizer, text)
     result = {"model": model_ref, "dataset": dataset, "device": loaded.device,
               "dtype": str(loaded.dtype).replace("torch.", "")}
@@ -98,11 +107,6 @@ def evaluate_ppl(model_ref: str, dataset: str = "kjv", seqlen: int | None = None
 
     detail(f"loaded {model_ref} on {loaded.device} in {result['dtype']}; {ids.numel():,} test tokens, windows of "
            f"{seqlen}")
-    if packed and kv is None:
-        from quantkit.checkpoint.manifest import read_manifest
-        from quantkit.quant.recipe import parse_recipe
-
-        kv = parse_recipe(read_manifest(model_ref)["recipe"]).kv
     if rec is None:
         label = "packed" if packed else dtype_label(result["dtype"])
         if kv is not None and baseline:

@@ -199,13 +199,28 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, spec:
     return out.to(query.dtype)
 
 
+def check_fits(model: torch.nn.Module, spec: KVSpec) -> None:
+    """A QuantkitError when KV4's value groups (or its two codes a byte) do not divide the model's head_dim."""
+    from quantkit.errors import QuantkitError
+
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if spec.bits == 4 and (head_dim % 2 or head_dim % spec.group_size):
+        fits = next((g for g in (64, 32, 16, 8, 2) if head_dim % g == 0), None)
+        raise QuantkitError(f"a KV4 cache groups value channels by kv.group_size {spec.group_size} and packs two "
+                            f"codes a byte, but this model's head_dim is {head_dim}; use a group size that divides "
+                            f"{head_dim}" + (f" (e.g. {fits})" if fits else " (an even head_dim)"))
+
+
 def attach_kv_quant(model: torch.nn.Module, spec: KVSpec) -> str:
     """Make ``model`` (a transformers causal LM) attend through :func:`attention` with ``spec``: an attention
     function and its mask function registered with transformers under a name per scheme, set as the model's
-    attention implementation. Returns that name."""
+    attention implementation. Returns that name; a QuantkitError when KV4's value groups do not divide the model's
+    head_dim."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+    check_fits(model, spec)
     name = f"quantkit_{spec.label}".replace("-", "_")
 
     def attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

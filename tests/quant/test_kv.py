@@ -187,3 +187,11 @@ def test_cache_bytes_count_codes_scales_and_the_fp16_residual():
     x = _x(1, 1, 32768 // 64, 128)  # the stored tensors of pack() hold the byte count's quantized part
     p = pack(x, KVSpec(4, group_size=32, residual=0), "v")
     assert sum(t.numel() * t.element_size() for t in p.values()) == 512 * 64 + 512 * 4 * 4
+
+
+def test_a_kv4_group_that_does_not_divide_head_dim_is_refused_before_the_run():
+    from quantkit.errors import QuantkitError
+
+    model = build_tiny_model("llama", seed=3)  # head_dim 16
+    with pytest.raises(QuantkitError, match="head_dim is 16; use a group size that divides 16"):
+        attach_kv_quant(model, KVSpec(4, group_size=32, residual=128))

@@ -148,8 +148,9 @@ def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, devic
     Returns the integer records (what ``quantkit pack`` writes) and attaches A8 input hooks when the recipe
     quantizes activations; its residual rotation and SmoothQuant folds change the model's other weights too, and
     its online rotation gives o_proj / down_proj a rotating input hook (``online_rotation`` in the result).
-    ``device`` is where layer-by-layer calibration runs (default: the model's device). ``calib_ids`` [n, T] replaces the recipe's calibration windows (benchmarks, tests); ``text_column`` names the
-    text column of a record-file ``dataset``.
+    ``device`` is where layer-by-layer calibration runs (default: the model's device). ``calib_ids`` [n, T]
+    replaces the recipe's calibration windows (benchmarks, tests); ``text_column`` names the text column of a
+    record-file ``dataset``.
     """
     device = device or str(next(model.parameters()).device)
     if recipe.activation.rotate:

@@ -26,7 +26,8 @@ Schema (every field optional except ``weight.method``; unknown fields are errors
       smooth: 0.5             # SmoothQuant migration strength α folded into norms/linears; auto: searched per
                               #   fold by output error (null: off)
       rotate: false           # QuaRot/SpinQuant R1: a random Hadamard rotation of the residual stream, folded
-      online_rotate: false    # QuaRot R3/R4: o_proj and down_proj inputs rotated at run time (W·Q folded)
+      online_rotate: false    # QuaRot R3/R4: o_proj and down_proj inputs rotated at run time (W·Q folded);
+                              #   both also serve weight-only recipes, with GPTQ (RTN loses: docs/BENCHMARKS.md)
     kv:                       # KV-cache quantization (quantkit.quant.kv); absent = fp16 cache
       bits: 4                 # 8 or 4
       fp8: false              # e4m3 instead of int8 (bits 8)
@@ -282,10 +283,6 @@ def parse_recipe(data: dict, source: str = "") -> Recipe:
             raise QuantkitError("recipe field 'activation.smooth' needs quantized activations (activation.bits "
                                 "8); drop it for weight-only recipes")
         act.smooth = act.smooth if act.smooth == "auto" else float(act.smooth)
-    for field_name in ("rotate", "online_rotate"):
-        if getattr(act, field_name) and not act.enabled:
-            raise QuantkitError(f"recipe field 'activation.{field_name}' needs quantized activations (activation.bits "
-                                "8); drop it for weight-only recipes")
     calib = _build(CalibSpec, data.get("calibration"), "calibration")
     if calib.samples < 1 or calib.seqlen < 2:
         raise QuantkitError(f"recipe fields 'calibration.samples' (≥ 1) and 'calibration.seqlen' (≥ 2 tokens) are out "

@@ -32,7 +32,7 @@ def decode_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     if mask is not None and mask.shape[1] != 1:  # a per-head mask follows its heads
         mask = mask.reshape(mask.shape[0], hq // rep, rep, mask.shape[-1])
     out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
-    return out.reshape(b, hq, 1, d).transpose(1, 2).contiguous(), None
+    return out.reshape(b, hq, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
 def use_decode_attention(model: torch.nn.Module) -> bool:

@@ -53,10 +53,11 @@ class CapturedStep:
     """``step(ids [B, 1], positions [1]) -> logits [B, V]`` replayed as a CUDA graph, captured anew for each new
     ``cache`` object.
 
-    The first call for a cache runs the step twice on a side stream (first use compiles and autotunes; the second
-    rewrites the same cache entries with the same values) and returns that real step's logits; then it captures the
-    step into a :class:`torch.cuda.CUDAGraph` with static ``ids`` and ``positions`` buffers. Later calls copy the
-    tokens in, fill the position and replay: a few µs of host time where a compiled call with
+    The first call for a cache runs the step once on a side stream (first use compiles and autotunes; it is that
+    step's real forward: the cache's write position advances once) and returns its logits; then it captures the
+    step into a :class:`torch.cuda.CUDAGraph` with static ``ids`` and ``positions`` buffers (capture runs nothing,
+    so the cache is untouched; where capture raises, ``refused`` holds the error and no graph is kept). Later calls
+    copy the tokens in, fill the position and replay: a few µs of host time where a compiled call with
     ``mode="reduce-overhead"`` spends its guards and graph-tree checks (docs/BENCHMARKS.md, whole-model speed).
     Split-K scratch inside the capture belongs to the graph (:func:`quantkit.runtime.kernels.scratch
     .graph_owned_scratch`). A replay's logits live in the graph's output buffer: read them before the next step."""
@@ -64,7 +65,12 @@ class CapturedStep:
     def __init__(self, step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
         self.step = step
         self.graph = None
+        self.refused: Exception | None = None
         self._cache = None
+
+    def release(self) -> None:
+        """Drop the graph (and its memory pool) and the cache it was captured on."""
+        self.graph = self._cache = None
 
     def __call__(self, tokens: torch.Tensor, position: int, cache) -> torch.Tensor:
         if self.graph is None or self._cache is not cache:
@@ -77,7 +83,7 @@ class CapturedStep:
     def _capture(self, tokens: torch.Tensor, position: int, cache) -> torch.Tensor:
         from quantkit.runtime.kernels.scratch import graph_owned_scratch, reserve_graph_tickets
 
-        self.graph = self._cache = None  # the previous cache's graph and its memory pool go first
+        self.release()  # the previous cache's graph and its memory pool go first
         device = tokens.device
         reserve_graph_tickets(device)
         self._ids = tokens.clone()
@@ -86,11 +92,14 @@ class CapturedStep:
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side), graph_owned_scratch():
             logits = self.step(self._ids, self._positions)
-            self.step(self._ids, self._positions)
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph), graph_owned_scratch():
-            self._logits = self.step(self._ids, self._positions)
+        try:
+            with torch.cuda.graph(graph), graph_owned_scratch():
+                self._logits = self.step(self._ids, self._positions)
+        except RuntimeError as exc:
+            self.refused = exc
+            return logits
         self.graph, self._cache = graph, cache
         return logits
 
@@ -140,6 +149,9 @@ class Generator:
 
     def _reset(self, batch: int) -> None:
         if self._cache is None or self._batch != batch:
+            if self._captured is not None:
+                self._captured.release()  # the old cache and graph go before the new cache is allocated
+            self._cache = None
             self._cache = self._new_cache(batch)
             self._batch = batch
         else:
@@ -164,17 +176,15 @@ class Generator:
         """Logits [B, V] after feeding ``tokens`` [B, 1] at ``position`` (the cache holds positions below it); a
         captured step's logits are overwritten by the next step."""
         if self._captured is not None:
-            try:
-                return self._captured(tokens, position, self._cache)
-            except RuntimeError as exc:
-                if self._captured.graph is not None:
-                    raise
-                self._fall_back_from_capture(exc)
+            logits = self._captured(tokens, position, self._cache)
+            if self._captured.refused is not None:
+                self._fall_back_from_capture(self._captured.refused)
+            return logits
         return self._decode(tokens, torch.tensor([position], device=self.device))
 
     def _fall_back_from_capture(self, exc: Exception) -> None:
-        """A step that CUDA-graph capture refused runs as torch.compile's own CUDA graphs instead (slower host side;
-        the refused step is rerun at the same position, which rewrites the same cache entries)."""
+        """Later steps run as torch.compile's own CUDA graphs (slower host side) once CUDA-graph capture refused the
+        step; the refused call's step itself already ran."""
         from quantkit.ui import warn
 
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -69,8 +69,9 @@ def test_a_captured_decode_step_replays_hf_tokens_and_recaptures_for_a_new_cache
 
 
 def test_a_refused_capture_falls_back_to_compiled_graphs_with_a_warning(monkeypatch, capsys):
-    """Where CUDA-graph capture raises before any graph exists, the step reruns as torch.compile's own graphs
-    (reduce-overhead; aot_eager stands in for it on the CPU) with a one-line warning, and the tokens stay HF's."""
+    """Where CUDA-graph capture is refused, the step that was already run stands and later steps run as
+    torch.compile's own graphs (reduce-overhead; aot_eager stands in for it on the CPU) after a one-line warning;
+    the tokens stay HF's."""
     from quantkit.runtime import generate as gen_mod
 
     model = build_tiny_model("llama", seed=4)
@@ -82,11 +83,15 @@ def test_a_refused_capture_falls_back_to_compiled_graphs_with_a_warning(monkeypa
         modes.append(mode)
         return real_compile(fn, backend="aot_eager", fullgraph=True, dynamic=False)
 
-    class Refused:
-        graph = None
+    class Refused:  # runs the step, as CapturedStep's warm-up does, then reports the capture it could not make
+        graph = refused = None
 
-        def __call__(self, *args):
-            raise RuntimeError("operation not permitted when stream is capturing\nmore detail")
+        def __call__(self, tokens, position, cache):
+            self.refused = RuntimeError("operation not permitted when stream is capturing\nmore detail")
+            return gen._decode(tokens, torch.tensor([position]))
+
+        def release(self):
+            pass
 
     monkeypatch.setattr(gen_mod.torch, "compile", compile_on_cpu)
     torch._dynamo.reset()

@@ -51,7 +51,7 @@ def _refuse(export: str, recipe: Recipe, why: str) -> QuantkitError:
 
 def check_recipe_export(recipe: Recipe, export: str, plan_is_mixed: bool) -> None:
     """Refuse, from the recipe and plan alone, what a GPTQ/AWQ checkpoint cannot represent: activation
-    quantization (W4A8/W8A8), LiquidQuant two-level weights, a mixed-precision plan, per-layer overrides
+    quantization (W4A8/W8A8), an online input rotation, LiquidQuant two-level weights, a mixed-precision plan, per-layer overrides
     (config.json holds one bits/group_size/sym), bit-widths the format lacks, AWQ with GPTQ act-order whose
     groups follow the sweep order (a g_idx; static groups keep consecutive groups and need none)."""
     if export == "quantkit":
@@ -59,6 +59,9 @@ def check_recipe_export(recipe: Recipe, export: str, plan_is_mixed: bool) -> Non
     w = recipe.weight
     if recipe.activation.enabled:
         raise _refuse(export, recipe, f"it quantizes activations to {recipe.activation.bits} bits")
+    if recipe.activation.online_rotate:
+        raise _refuse(export, recipe, "o_proj / down_proj read inputs rotated at run time (activation.online_rotate), "
+                                      "which other engines do not apply")
     if w.method == "lqq" or w.grid == "lqq":
         raise _refuse(export, recipe, "LiquidQuant two-level weights")
     if plan_is_mixed:

@@ -283,6 +283,9 @@ def parse_recipe(data: dict, source: str = "") -> Recipe:
             raise QuantkitError("recipe field 'activation.smooth' needs quantized activations (activation.bits "
                                 "8); drop it for weight-only recipes")
         act.smooth = act.smooth if act.smooth == "auto" else float(act.smooth)
+    if act.online_rotate and weight.method == "awq":
+        raise QuantkitError("recipe field 'activation.online_rotate' does not combine with weight.method awq: AWQ "
+                            "scales the channels of o_proj / down_proj inputs, which the rotation mixes; use gptq")
     calib = _build(CalibSpec, data.get("calibration"), "calibration")
     if calib.samples < 1 or calib.seqlen < 2:
         raise QuantkitError(f"recipe fields 'calibration.samples' (≥ 1) and 'calibration.seqlen' (≥ 2 tokens) are out "

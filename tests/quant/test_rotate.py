@@ -173,3 +173,19 @@ def test_packed_online_rotated_model_equals_fake_quant(tiny_model_dir, tmp_path,
     assert "input_rotation" not in manifest["linears"]["model.layers.0.mlp.up_proj"]
     got = _logits(load_packed(tmp_path / "out", device="cpu", load_tokenizer=False).model, ids)
     assert torch.equal(got, want)
+
+
+def test_online_rotation_is_refused_with_awq_and_in_engine_exports(tmp_path):
+    from quantkit.checkpoint.choose import check_recipe_export
+    from quantkit.errors import QuantkitError
+    from quantkit.quant.recipe import load_recipe
+
+    r = tmp_path / "r.yaml"
+    r.write_text("name: r\nweight: {method: awq, bits: 4}\nactivation: {bits: 16, online_rotate: true}\n")
+    with pytest.raises(QuantkitError, match="does not combine with weight.method awq"):
+        load_recipe(str(r))
+    r.write_text("name: r\nweight: {method: gptq, bits: 4}\nactivation: {bits: 16, online_rotate: true}\n")
+    with pytest.raises(QuantkitError, match="rotated at run time"):
+        check_recipe_export(load_recipe(str(r)), "gptq", False)
+    r.write_text("name: r\nweight: {method: gptq, bits: 4}\nactivation: {bits: 16, rotate: true}\n")
+    check_recipe_export(load_recipe(str(r)), "gptq", False)  # the residual rotation is folded: exportable

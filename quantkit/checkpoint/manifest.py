@@ -71,8 +71,9 @@ def validate(manifest: dict, path: Path) -> dict:
                     raise _bad(path, f"linear '{name}' names tensor '{tname}', which the manifest does not list")
         rot = lin.get("input_rotation")
         if rot is not None and not (isinstance(rot, dict) and isinstance(rot.get("seed"), int)
-                                    and isinstance(rot.get("width"), int)):
-            raise _bad(path, f"linear '{name}' has an input_rotation without an integer seed and width")
+                                    and rot.get("width") == lin.get("in_features")):
+            raise _bad(path, f"linear '{name}' has an input_rotation without an integer seed and its in_features "
+                             "as width")
     shards = manifest.get("shards")  # optional: checkpoints written before it was recorded lack it
     if shards is not None and not (isinstance(shards, dict) and all(
             isinstance(r, dict) and isinstance(r.get("bytes"), int) and isinstance(r.get("header_sha256"), str)

@@ -91,7 +91,7 @@ def _affine(x: torch.Tensor, dim: int, bits: int) -> dict:
     qmax = 2 ** bits - 1
     xf = x.float()
     lo, hi = xf.amin(dim, keepdim=True), xf.amax(dim, keepdim=True)
-    s = ((hi - lo) / qmax).clamp(min=1e-8).half()
+    s = ((hi - lo) / qmax).half().clamp(min=2 ** -24)  # a constant slice: codes 0, x̂ = m
     m = lo.half()
     q = torch.round((xf - m.float()) / s.float()).clamp(0, qmax).to(torch.uint8)
     return {"codes": q, "scale": s, "min": m}

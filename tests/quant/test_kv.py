@@ -24,7 +24,7 @@ def _plain_affine(values: list[float], bits: int) -> list[float]:
     """One slice, the textbook way: fp16 scale (max − min)/(2^b − 1) and minimum, codes rounded and clamped."""
     qmax = 2 ** bits - 1
     lo, hi = min(values), max(values)
-    s = float(torch.tensor(max((hi - lo) / qmax, 1e-8)).half())
+    s = max(float(torch.tensor((hi - lo) / qmax).half()), 2 ** -24)
     m = float(torch.tensor(lo).half())
     return [min(max(round((v - m) / s), 0), qmax) * s + m for v in values]
 
@@ -68,6 +68,11 @@ def test_nibbles_round_trip_and_fp8_is_scaled_e4m3():
     scale = x.abs().amax(-1, keepdim=True) / 448
     assert torch.equal(got, (x / scale).to(torch.float8_e4m3fn).float() * scale)
     assert (got - x).abs().max() <= x.abs().amax() * 2 ** -3
+
+
+def test_a_constant_slice_dequantizes_to_itself():
+    x = torch.full((1, 1, 3, 8), 0.25)
+    assert torch.equal(fake_quant(x, KVSpec(8), "k"), x) and torch.equal(fake_quant(x, KVSpec(4, group_size=4, residual=0), "v"), x)
 
 
 def test_bad_specs_are_refused():

@@ -217,8 +217,7 @@ def attach_kv_quant(model: torch.nn.Module, spec: KVSpec) -> str:
     function and its mask function registered with transformers under a name per scheme, set as the model's
     attention implementation. Returns that name; a QuantkitError when KV4's value groups do not divide the model's
     head_dim."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    from quantkit.model.attention import use_attention
 
     check_fits(model, spec)
     name = f"quantkit_{spec.label}".replace("-", "_")
@@ -227,7 +226,5 @@ def attach_kv_quant(model: torch.nn.Module, spec: KVSpec) -> str:
         out = attention(query, key, value, spec, attention_mask, scaling)
         return out.transpose(1, 2).contiguous(), None
 
-    AttentionInterface.register(name, attend)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(name, sdpa_mask)
-    model.set_attn_implementation(name)
+    use_attention(model, name, attend)
     return name

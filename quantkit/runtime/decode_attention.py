@@ -39,12 +39,9 @@ def use_decode_attention(model: torch.nn.Module) -> bool:
     """Switch a model that attends with transformers' SDPA to :func:`decode_sdpa` (same results; registered with
     transformers' attention and mask interfaces once). Returns whether it switched: other implementations (eager,
     flash, a quantized KV cache's) are left as they are."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    from quantkit.model.attention import use_attention
 
     if getattr(model.config, "_attn_implementation", None) != "sdpa":
         return False
-    AttentionInterface.register(NAME, decode_sdpa)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
-    model.set_attn_implementation(NAME)
+    use_attention(model, NAME, decode_sdpa)
     return True

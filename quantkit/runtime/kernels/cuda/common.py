@@ -158,8 +158,10 @@ def compile_problem(device_index: int, source: str, names: tuple[str, ...], what
 
 
 @functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=64)
 def stream(device_index: int, handle: int):
-    """The torch stream ``handle`` as a CuPy stream, so kernels run in order with torch work (and graph capture)."""
+    """The torch stream ``handle`` as a CuPy stream, so kernels run in order with torch work (and graph capture);
+    one wrapper per handle (it owns nothing, and building one costs more than a decode launch)."""
     import cupy
 
     with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream for Stream.from_external; both wrap the handle
@@ -205,16 +207,25 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
 _CTYPES = {"uint64": ctypes.c_uint64, "int64": ctypes.c_int64, "int32": ctypes.c_int32, "uint32": ctypes.c_uint32}
 
 
+@functools.lru_cache(maxsize=1)
+def _ctype_of_scalar() -> dict[type, type]:
+    import numpy as np
+
+    return {np.dtype(name).type: ct for name, ct in _CTYPES.items()}
+
+
 def kernel_params(args: tuple) -> tuple[ctypes.Array, list]:
     """The ``void**`` kernel-parameter array of ``args`` (NumPy scalars as the CuPy launch takes them) and the
-    ctypes values it points to (keep them alive until the launch returns)."""
+    ctypes values it points to (keep them alive until the launch returns). On the decode hot path: one dict lookup
+    per argument (a NumPy dtype's ``.name`` costs more than the launch)."""
+    ctype_of = _ctype_of_scalar()
     values = []
     for a in args:
-        kind = getattr(getattr(a, "dtype", None), "name", None)
-        if kind not in _CTYPES:
+        ct = ctype_of.get(type(a))
+        if ct is None:
             raise TypeError(f"kernel argument {a!r} is not a NumPy uint64/int64/int32/uint32 scalar")
-        values.append(_CTYPES[kind](int(a)))
-    params = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
+        values.append(ct(int(a)))
+    params = (ctypes.c_void_p * len(values))(*map(ctypes.addressof, values))
     return params, values
 
 
@@ -318,19 +329,21 @@ def launch(fn, pdl: bool, device_index: int, stream_handle: int, grid: tuple, bl
     import cupy
 
     g, b = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
-    with cupy.cuda.Device(device_index), stream(device_index, stream_handle):
-        if pdl and pdl_supported(device_index) and min(g) > 0 and min(b) > 0:
-            cfg = _LaunchConfig((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), shared_mem, stream_handle,
-                                ctypes.pointer(_PDL_ATTR), 1)
-            params, _values = kernel_params(args)
+    if pdl and pdl_supported(device_index) and min(g) > 0 and min(b) > 0:
+        cfg = _LaunchConfig((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), shared_mem, stream_handle,
+                            ctypes.pointer(_PDL_ATTR), 1)
+        params, _values = kernel_params(args)
+        with cupy.cuda.Device(device_index):  # the stream travels in cfg
             err = _cu_launch_kernel_ex()(ctypes.byref(cfg), fn.kernel.ptr, params, None)  # CUfunction
-            if err == 0:
-                return
-            if err not in _REFUSALS:
-                raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {err}")
-            fn(grid, block, args, shared_mem=shared_mem)  # raises if the arguments, not the attribute, were the trouble
-            _turn_pdl_off(device_index, f"the driver refused the launch attribute: {_REFUSALS[err]}")
+        if err == 0:
             return
+        if err not in _REFUSALS:
+            raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {err}")
+        with cupy.cuda.Device(device_index), stream(device_index, stream_handle):
+            fn(grid, block, args, shared_mem=shared_mem)  # raises if the arguments, not the attribute, were the trouble
+        _turn_pdl_off(device_index, f"the driver refused the launch attribute: {_REFUSALS[err]}")
+        return
+    with cupy.cuda.Device(device_index), stream(device_index, stream_handle):
         # an ordinary launch runs after the previous kernel anyway: the QK_PDL form's wait returns at once, and a
         # PDL-launched kernel after it waits for it to complete, so either form may run here
         fn(grid, block, args, shared_mem=shared_mem)

@@ -2,7 +2,8 @@
 
 * The KV cache is transformers' :class:`~transformers.StaticCache`, allocated once for (batch, max context), so
   decoding allocates no cache memory per token.
-* The prompt is prefilled in chunks of at most ``prefill_chunk`` tokens (one forward each, writing the cache).
+* The prompt is prefilled in chunks of at most ``prefill_chunk`` tokens (one forward each, writing the cache;
+  the LM head runs at the last position only).
 * Each decode step is one forward of one token per sequence: eager, or with ``compile_decode`` one
   ``torch.compile(fullgraph=True)`` graph. On a GPU that compiled step is captured once per cache (batch size and
   context) as a raw CUDA graph (:class:`CapturedStep`, as gpt-fast and vLLM capture theirs) and each later step is
@@ -123,6 +124,8 @@ class Generator:
         # transformers renamed forward's past_key_values to cache; pass it under the name this version takes
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        # a prompt's logits are needed at its last position only: without this the LM head runs over every token
+        self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self._decode = self._forward
         self._captured = None
         if compile_decode:
@@ -144,7 +147,8 @@ class Generator:
         return cache
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        out = self.model(input_ids=ids, cache_position=positions, use_cache=True, **{self._cache_kw: self._cache})
+        out = self.model(input_ids=ids, cache_position=positions, use_cache=True, **self._last_only,
+                         **{self._cache_kw: self._cache})
         return out.logits[:, -1, :]
 
     def _reset(self, batch: int) -> None:

@@ -11,7 +11,8 @@ dispatch would add host time to every call and buys nothing there.
 * ``quantkit::a8_mixed_gemm(codes, scales, act_group, packed, rows, spec, out_features, out_dtype)`` —
   :func:`.gemm.mixed_int8_matmul` (MixLLM Sec. 3.4);
 * ``quantkit::w4a16_gemm(x, packed, spec)`` — :func:`.gemm.w4a16_matmul`;
-* ``quantkit::act_quant(x, bits, group_size)`` — :func:`.triton.act_quant.quantize_activation_triton`.
+* ``quantkit::act_quant(x, bits, group_size)`` — :func:`.triton.act_quant.quantize_activation_triton`;
+* ``quantkit::decode_attention(q, k, v, mask, scale)`` — :func:`.triton.decode_attention.decode_attention`.
 
 A layout's tensors travel as a list with a ``spec`` string (their names and the layout metadata as JSON, made
 once per layer by :func:`layer_spec`). On the CPU each op runs the torch reference of the same packed format
@@ -185,3 +186,26 @@ def _act_quant_fake(x, bits, group_size):
     k = x.shape[1]
     groups = 1 if group_size == -1 else -(-k // group_size)
     return x.new_empty(x.shape, dtype=torch.int8), x.new_empty(x.shape[0], groups, dtype=torch.float32)
+
+
+@custom_op("quantkit::decode_attention", mutates_args=())
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                     scale: float) -> torch.Tensor:
+    """Attention [B, Hq, D] of one query token per sequence over a KV cache [B, Hkv, L, D], split over the cache
+    with the device's SM count (:func:`.triton.decode_attention.decode_attention`)."""
+    from quantkit.runtime.kernels.registry import device_traits
+    from quantkit.runtime.kernels.triton.decode_attention import decode_attention as run
+
+    return run(q, k, v, mask, scale, sms=device_traits(q.device)[1] or 132)
+
+
+@decode_attention.register_kernel("cpu")
+def _decode_attention_cpu(q, k, v, mask, scale):
+    from quantkit.runtime.kernels.triton.decode_attention import decode_attention_reference
+
+    return decode_attention_reference(q, k, v, mask, scale)
+
+
+@decode_attention.register_fake
+def _decode_attention_fake(q, k, v, mask, scale):
+    return q.new_empty(q.shape)

@@ -1,0 +1,175 @@
+"""Decode attention: one query token per sequence against a KV cache, split over the cache (flash-decoding).
+
+At a decode step each sequence has one query token, so attention is a matrix-vector product per head, bound by
+reading the cache. Two things make it fast:
+
+* **Grouped query heads share one read of their KV head** (TurboMind Sec. 4's Q rearrangement; BitDecoding's
+  packing of the query heads of a KV head into the rows of one MMA tile): one program takes the ``rep = Hq / Hkv``
+  query heads of a KV head as the rows of a ``[BLOCK_H, D]`` tile (zero rows pad it to 16 for the tensor cores) and
+  reads each key and value block once for all of them, where SDPA over ``repeat_kv`` reads it ``rep`` times.
+* **Split-KV** (flash-decoding): at batch 1 there are only ``Hkv`` (8 for Llama-3.1-8B) such programs, too few for
+  a GPU, so the cache is cut into ``splits`` chunks of whole ``BLOCK_N`` blocks. Each program keeps the online
+  softmax of its chunk (running max ``m``, sum ``l`` of exp(s - m), and the unnormalised output, FlashAttention's
+  recurrence) and writes them; :func:`_combine_kernel` merges the chunks of each head,
+  ``o = Σ_s e^{m_s - M} o_s / Σ_s e^{m_s - M} l_s`` with ``M = max_s m_s``.
+
+Positions a boolean ``mask`` [B, L] marks False (a static cache's unwritten tail, padding) take no weight; a head
+with no visible position gets zeros. Scores and the softmax are fp32; probabilities are rounded to the cache dtype
+for the P·V product, as FlashAttention does. :func:`decode_attention_reference` is the same function in torch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from quantkit.runtime.kernels.jit import INTERPRET, check_device, kernel
+
+BLOCK_N = 64  # cache positions per inner step
+MIN_ROWS = 16  # the smallest row count of a tensor-core dot
+
+
+@kernel
+def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, m_ptr, l_ptr, L, rep, chunk, scale,
+                  sq_b, sq_h, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, sm_b, so_b, so_h, so_s, sml_b, sml_h,
+                  HAS_MASK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+                  DOT_F32: tl.constexpr):
+    b, kvh, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rows = tl.arange(0, BLOCK_H)
+    live = rows < rep
+    heads = kvh * rep + rows
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :], mask=live[:, None], other=0.0)
+    m_i = tl.full((BLOCK_H,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_H,), tl.float32)
+    acc = tl.zeros((BLOCK_H, D), tl.float32)
+    start = s * chunk
+    end = tl.minimum(start + chunk, L)
+    k_base = k_ptr + b * sk_b + kvh * sk_h
+    v_base = v_ptr + b * sv_b + kvh * sv_h
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        valid = pos < end
+        if HAS_MASK:
+            valid = valid & (tl.load(mask_ptr + b * sm_b + pos, mask=valid, other=0) != 0)
+        k = tl.load(k_base + pos[:, None] * sk_l + d[None, :], mask=valid[:, None], other=0.0)
+        if DOT_F32:  # Triton's CPU interpreter multiplies bf16 tiles wrongly; fp32 products of the same values
+            scores = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32))) * scale
+        else:
+            scores = tl.dot(q, tl.trans(k)) * scale
+        scores = tl.where(valid[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no visible position yet: keep exp() finite
+        p = tl.exp(scores - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_base + pos[:, None] * sv_l + d[None, :], mask=valid[:, None], other=0.0)
+        if DOT_F32:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32))
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    o_rows = o_ptr + b * so_b + heads[:, None] * so_h + s * so_s + d[None, :]
+    tl.store(o_rows, acc, mask=live[:, None])
+    tl.store(m_ptr + b * sml_b + heads * sml_h + s, m_i, mask=live)
+    tl.store(l_ptr + b * sml_b + heads * sml_h + s, l_i, mask=live)
+
+
+@kernel
+def _combine_kernel(o_ptr, m_ptr, l_ptr, out_ptr, splits, so_b, so_h, so_s, sml_b, sml_h, sout_b, sout_h,
+                    BLOCK_S: tl.constexpr, D: tl.constexpr):
+    b, h = tl.program_id(0), tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    live = s < splits
+    m = tl.load(m_ptr + b * sml_b + h * sml_h + s, mask=live, other=float("-inf"))
+    l = tl.load(l_ptr + b * sml_b + h * sml_h + s, mask=live, other=0.0)
+    top = tl.max(m, axis=0)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    w = tl.where(m == float("-inf"), 0.0, tl.exp(m - top))
+    d = tl.arange(0, D)
+    o = tl.load(o_ptr + b * so_b + h * so_h + s[:, None] * so_s + d[None, :], mask=live[:, None], other=0.0)
+    num = tl.sum(o * w[:, None], axis=0)
+    den = tl.sum(l * w, axis=0)
+    out = tl.where(den > 0, num / tl.where(den > 0, den, 1.0), 0.0)
+    tl.store(out_ptr + b * sout_b + h * sout_h + d, out.to(out_ptr.dtype.element_ty))
+
+
+def decode_attention_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             mask: torch.Tensor | None) -> str | None:
+    """Why :func:`decode_attention` cannot take these tensors (None: it can): q [B, Hq, D], k and v [B, Hkv, L, D]
+    of one fp16/bf16 dtype with unit stride along D, D a power of two from 16 to 256, Hq a multiple of Hkv with
+    at most 64 query heads per KV head, and ``mask`` (if any) boolean [B, L]."""
+    if q.dim() != 3 or k.dim() != 4 or v.shape != k.shape:
+        return "q must be [B, Hq, D] and k, v one shape [B, Hkv, L, D]"
+    b, hq, d = q.shape
+    if k.shape[0] != b or k.shape[3] != d:
+        return f"q {tuple(q.shape)} and the cache {tuple(k.shape)} disagree on batch or head size"
+    if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"query and cache must be one fp16/bf16 dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+    if d < 16 or d > 256 or d & (d - 1):
+        return f"head size {d} is not a power of two from 16 to 256"
+    if hq % k.shape[1] or hq // k.shape[1] > 64:
+        return f"{hq} query heads do not group evenly (at most 64 each) over {k.shape[1]} KV heads"
+    if q.stride(2) != 1 or k.stride(3) != 1 or v.stride(3) != 1:
+        return "q, k and v need unit stride along the head dimension"
+    if mask is not None and (mask.dtype != torch.bool or mask.shape != (b, k.shape[2])):
+        return f"the mask must be boolean [B, L] = [{b}, {k.shape[2]}], got {mask.dtype} {tuple(mask.shape)}"
+    return None
+
+
+def split_count(batch: int, kv_heads: int, length: int, sms: int) -> int:
+    """How many chunks each (sequence, KV head) splits the cache into: enough programs for two waves of ``sms``
+    multiprocessors, each chunk at least one ``BLOCK_N`` block (the flash-decoding rule)."""
+    blocks = max(1, -(-length // BLOCK_N))
+    want = max(1, -(-2 * sms // max(1, batch * kv_heads)))
+    return min(want, blocks)
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+                     splits: int | None = None, sms: int = 132) -> torch.Tensor:
+    """softmax(scale · q·kᵀ + mask) · v per query head [B, Hq, D] in q's dtype, for one query token per sequence
+    (module docstring). ``splits`` defaults to :func:`split_count` for ``sms`` multiprocessors."""
+    why = decode_attention_problem(q, k, v, mask)
+    if why:
+        raise ValueError(why)
+    check_device(q, k, v)
+    b, hq, d = q.shape
+    kvh, length = k.shape[1], k.shape[2]
+    rep = hq // kvh
+    splits = splits or split_count(b, kvh, length, sms)
+    blocks = -(-length // BLOCK_N)
+    chunk = -(-blocks // splits) * BLOCK_N
+    splits = -(-length // chunk)
+    part = torch.empty(b, hq, splits, d, dtype=torch.float32, device=q.device)
+    ml = torch.empty(2, b, hq, splits, dtype=torch.float32, device=q.device)
+    out = torch.empty(b, hq, d, dtype=q.dtype, device=q.device)
+    has_mask = mask is not None
+    mask_arg = mask if has_mask else q
+    _split_kernel[(b, kvh, splits)](
+        q, k, v, mask_arg, part, ml[0], ml[1], length, rep, chunk, float(scale),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+        mask.stride(0) if has_mask else 0, part.stride(0), part.stride(1), part.stride(2), ml.stride(1),
+        ml.stride(2), HAS_MASK=has_mask, BLOCK_H=max(MIN_ROWS, triton.next_power_of_2(rep)), BLOCK_N=BLOCK_N, D=d,
+        DOT_F32=INTERPRET, num_warps=4)
+    _combine_kernel[(b, hq)](part, ml[0], ml[1], out, splits, part.stride(0), part.stride(1), part.stride(2),
+                             ml.stride(1), ml.stride(2), out.stride(0), out.stride(1),
+                             BLOCK_S=max(2, triton.next_power_of_2(splits)), D=d, num_warps=4)
+    return out
+
+
+def decode_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                               scale: float) -> torch.Tensor:
+    """:func:`decode_attention` in torch, fp32 throughout: [B, Hq, D] in q's dtype; zeros for a head that sees no
+    position."""
+    b, hq, d = q.shape
+    rep = hq // k.shape[1]
+    qf = q.float().reshape(b, k.shape[1], rep, d)
+    scores = torch.einsum("bgrd,bgld->bgrl", qf, k.float()) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+    top = scores.amax(-1, keepdim=True)
+    p = torch.exp(scores - torch.where(torch.isinf(top), torch.zeros_like(top), top))
+    den = p.sum(-1, keepdim=True)
+    out = torch.einsum("bgrl,bgld->bgrd", p, v.float()) / torch.where(den > 0, den, torch.ones_like(den))
+    return out.reshape(b, hq, d).to(q.dtype)

@@ -1,0 +1,108 @@
+"""Decode attention (split-KV, grouped query heads as tile rows): the kernel equals its torch reference, and the
+reference equals SDPA over repeated KV heads, on awkward shapes — cache lengths that are no multiple of the block,
+3 query heads per KV head, one split and many, masks that hide every position of a sequence, M = 1 query token."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (quantkit.runtime.kernels.jit)
+
+import pytest  # noqa: E402
+
+from quantkit.runtime.kernels import ops  # noqa: E402
+from quantkit.runtime.kernels.triton.decode_attention import (  # noqa: E402
+    BLOCK_N, decode_attention, decode_attention_problem, decode_attention_reference, split_count)
+from tests.kernels_helpers import DEVICE  # noqa: E402
+
+
+def _inputs(b, hq, hkv, length, d, dtype, seed, mask_kind="random"):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, hq, d, generator=gen).to(dtype)
+    k = torch.randn(b, hkv, length, d, generator=gen).to(dtype)
+    v = torch.randn(b, hkv, length, d, generator=gen).to(dtype)
+    mask = None
+    if mask_kind == "random":
+        mask = torch.rand(b, length, generator=gen) > 0.3
+    elif mask_kind == "prefix":  # a static cache: positions 0..t-1 written, the tail not yet
+        mask = torch.arange(length)[None, :] < torch.tensor([[length // 2 + 1]] * b)
+    if mask is not None and b > 1:
+        mask[-1] = False  # a sequence that sees nothing gets zeros
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("b,hq,hkv,length,d,splits", [
+    (1, 8, 2, 200, 64, None), (3, 9, 3, 77, 64, 2), (2, 4, 4, 130, 32, 5), (1, 8, 1, 65, 128, None),
+    (2, 16, 2, 1, 16, None), (1, 32, 8, 3 * BLOCK_N, 128, 3)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("mask_kind", ["random", "prefix", "none"])
+def test_kernel_equals_reference(b, hq, hkv, length, d, splits, dtype, mask_kind):
+    q, k, v, mask = _inputs(b, hq, hkv, length, d, dtype, seed=b * hq + length, mask_kind=mask_kind)
+    scale = d ** -0.5
+    want = decode_attention_reference(q, k, v, mask, scale)
+    got = decode_attention(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), None if mask is None else mask.to(DEVICE),
+                           scale, splits=splits).cpu()
+    assert got.dtype == dtype and got.shape == (b, hq, d)
+    # P is rounded to the cache dtype for P·V (as FlashAttention does): a few steps of that dtype
+    tol = 4e-3 if dtype == torch.float16 else 3e-2
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+    if mask is not None and b > 1:
+        assert torch.all(got[-1] == 0)
+
+
+def test_reference_is_sdpa_over_repeated_kv_heads():
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    q, k, v, mask = _inputs(2, 12, 4, 50, 32, torch.float32, seed=1, mask_kind="prefix")
+    mask[-1] = True
+    got = decode_attention_reference(q, k, v, mask, 0.3)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q[:, :, None], repeat_kv(k, 3), repeat_kv(v, 3), attn_mask=mask[:, None, None, :], scale=0.3)[:, :, 0]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_refusals_name_the_problem():
+    q, k, v, mask = _inputs(2, 8, 2, 40, 64, torch.float16, seed=2)
+    assert decode_attention_problem(q, k, v, mask) is None
+    assert "power of two" in decode_attention_problem(q[..., :48], k[..., :48], v[..., :48], mask)
+    assert "group evenly" in decode_attention_problem(q[:, :7], k, v, mask)
+    assert "boolean" in decode_attention_problem(q, k, v, mask.float())
+    assert "fp16/bf16" in decode_attention_problem(q.float(), k.float(), v.float(), None)
+    assert "unit stride" in decode_attention_problem(q, k.transpose(2, 3).contiguous().transpose(2, 3), v, None)
+    with pytest.raises(ValueError, match="disagree"):
+        decode_attention(q[:1], k, v, None, 1.0)
+
+
+def test_split_count_fills_the_gpu_in_whole_blocks():
+    assert split_count(1, 8, 1024, 132) == 16  # 1024 / 64 blocks, fewer than the 33 two waves would want
+    assert split_count(1, 8, 32768, 132) == 33
+    assert split_count(64, 8, 32768, 132) == 1
+    assert split_count(1, 8, 1, 132) == 1
+
+
+def test_op_is_the_reference_and_passes_opcheck():
+    q, k, v, mask = _inputs(2, 6, 2, 70, 32, torch.float16, seed=3, mask_kind="prefix")
+    torch.testing.assert_close(ops.decode_attention(q, k, v, mask, 0.2), decode_attention_reference(q, k, v, mask, 0.2))
+    torch.library.opcheck(ops.decode_attention, (q, k, v, mask, 0.2))
+    torch.library.opcheck(ops.decode_attention, (q, k, v, None, 0.2))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the kernel path of decode_sdpa needs a GPU")
+def test_decode_sdpa_on_a_gpu_takes_the_kernel_and_matches_sdpa():
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    from quantkit.runtime.decode_attention import decode_sdpa
+
+    q, k, v, mask = _inputs(3, 32, 8, 1000, 128, torch.float16, seed=4, mask_kind="prefix")
+    q, k, v, mask = q.cuda()[:, :, None], k.cuda(), v.cuda(), mask.cuda()[:, None, None, :]
+    module = torch.nn.Module()
+    module.num_key_value_groups = 4
+    got, _ = decode_sdpa(module, q, k, v, mask, scaling=128 ** -0.5)
+    keep = mask.clone()
+    keep[-1] = True  # SDPA gives NaN where nothing is visible; compare the other sequences
+    want = torch.nn.functional.scaled_dot_product_attention(q, repeat_kv(k, 4), repeat_kv(v, 4), attn_mask=keep,
+                                                            scale=128 ** -0.5).transpose(1, 2)
+    torch.testing.assert_close(got[:-1], want[:-1], atol=4e-3, rtol=4e-3)

@@ -191,12 +191,20 @@ def _act_quant_fake(x, bits, group_size):
 @custom_op("quantkit::decode_attention", mutates_args=())
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                      scale: float) -> torch.Tensor:
-    """Attention [B, Hq, D] of one query token per sequence over a KV cache [B, Hkv, L, D], split over the cache
-    with the device's SM count (:func:`.triton.decode_attention.decode_attention`)."""
+    """Attention [B, Hq, D] of one query token per sequence over a KV cache [B, Hkv, L, D]: the split-KV kernel
+    (:func:`.triton.decode_attention.decode_attention`) where it is the faster
+    (:func:`.triton.decode_attention.kernel_preferred`), else SDPA with grouped KV heads."""
+    import torch.nn.functional as F
+
     from quantkit.runtime.kernels.registry import device_traits
     from quantkit.runtime.kernels.triton.decode_attention import decode_attention as run
+    from quantkit.runtime.kernels.triton.decode_attention import kernel_preferred
 
-    return run(q, k, v, mask, scale, sms=device_traits(q.device)[1] or 132)
+    sms = device_traits(q.device)[1] or 132
+    if kernel_preferred(q.shape[0], k.shape[1], sms):
+        return run(q, k, v, mask, scale, sms=sms)
+    m = None if mask is None else mask[:, None, None, :]
+    return F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=m, scale=scale, enable_gqa=True)[:, :, 0]
 
 
 @decode_attention.register_kernel("cpu")

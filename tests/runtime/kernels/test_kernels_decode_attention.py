@@ -106,3 +106,10 @@ def test_decode_sdpa_on_a_gpu_takes_the_kernel_and_matches_sdpa():
     want = torch.nn.functional.scaled_dot_product_attention(q, repeat_kv(k, 4), repeat_kv(v, 4), attn_mask=keep,
                                                             scale=128 ** -0.5).transpose(1, 2)
     torch.testing.assert_close(got[:-1], want[:-1], atol=4e-3, rtol=4e-3)
+
+
+def test_the_kernel_is_preferred_while_the_batch_cannot_fill_the_gpu():
+    from quantkit.runtime.kernels.triton.decode_attention import kernel_preferred
+
+    assert kernel_preferred(1, 8, 132) and kernel_preferred(16, 8, 132)
+    assert not kernel_preferred(32, 8, 132)

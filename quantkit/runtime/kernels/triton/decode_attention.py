@@ -126,6 +126,15 @@ def split_count(batch: int, kv_heads: int, length: int, sms: int) -> int:
     return min(want, blocks)
 
 
+def kernel_preferred(batch: int, kv_heads: int, sms: int) -> bool:
+    """Whether this kernel beats SDPA's own GQA kernels (``enable_gqa=True``) for a decode step: while the batch
+    alone cannot fill the GPU (batch × KV heads ≤ SMs), where splitting the cache is what fills it. On an H200 with
+    Llama-3.1-8B heads (32 query / 8 KV, D = 128) it took 5.6 vs 11.5 µs at batch 1 and a 1K cache, 41.8 vs 45.0
+    at 32K, 261.5 vs 251.7 at batch 8 and 32K; at batch 32 SDPA was faster from 4K on (132 vs 159 µs; 959 vs 1235
+    at 32K: docs/BENCHMARKS.md, decode attention)."""
+    return batch * kv_heads <= sms
+
+
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
                      splits: int | None = None, sms: int = 132) -> torch.Tensor:
     """softmax(scale · q·kᵀ + mask) · v per query head [B, Hq, D] in q's dtype, for one query token per sequence

@@ -8,7 +8,8 @@ For each model (a packed checkpoint and its FP source, or one FP model) and unde
   prefilled with C - steps random tokens, then ``steps`` steps are timed after two untimed ones), on a GPU each
   step a CUDA graph of the compiled step unless ``graph`` is off (``"graph"`` in the row), with the weight
   bytes each step reads per second and that rate as a share of the device's measured copy bandwidth
-  (:func:`quantkit.bench.roofline.measure_hbm_bandwidth`), the roofline of a memory-bound decode;
+  (:func:`quantkit.bench.roofline.measure_hbm_bandwidth`), the roofline of a memory-bound decode, and the peak
+  GPU memory of the point (weights, cache, compiled step and graph);
 * **HF generate**: transformers' own ``model.generate`` (greedy, its default cache, eager) from a 128-token prompt,
   new tokens per second of wall time including the prefill — what a user who does not use quantkit's loop sees.
 
@@ -27,7 +28,7 @@ import torch
 import torch.nn as nn
 
 PREFILL_TOKENS = (128, 512, 2048)
-DECODE_BATCHES = (1, 8, 32, 64)
+DECODE_BATCHES = (1, 8, 16, 32, 64)
 DECODE_CONTEXTS = (1024, 4096)
 DECODE_STEPS = 32
 HF_PROMPT, HF_NEW = 128, 64
@@ -135,6 +136,8 @@ def measure_model(label: str, model: nn.Module, plan: E2EPlan, hbm_bytes_s: floa
                 continue
 
             def decode(batch=batch, context=context) -> dict:
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
                 gen = Generator(model, context, prefill_chunk=min(context, 2048), compile_decode=graph)
                 ids = _random_ids(model, batch, context - plan.steps - 2, device, seed=batch)
                 tok = gen.prefill(ids).argmax(-1, keepdim=True)
@@ -151,6 +154,8 @@ def measure_model(label: str, model: nn.Module, plan: E2EPlan, hbm_bytes_s: floa
                        "weight_gb_s": round(wbytes / step_s / 1e9, 1)}
                 if hbm_bytes_s:
                     out["hbm_pct"] = round(100 * wbytes / step_s / hbm_bytes_s, 1)
+                if device.type == "cuda":
+                    out["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2 ** 30, 2)
                 return out
 
             add(_guarded(row, decode, device))
@@ -232,7 +237,7 @@ def e2e_table(rows: list[dict]):
     device = next((r["device"] for r in rows if r.get("device")), "")
     table = Table(title=f"whole-model speed{' on ' + device if device else ''} (quantkit decode loop; HF generate "
                         "eager)")
-    for col in ("model", "measure", "size", "result", "speedup", "weight GB/s", "% HBM"):
+    for col in ("model", "measure", "size", "result", "speedup", "weight GB/s", "% HBM", "peak GiB"):
         table.add_column(col, justify="left" if col in ("model", "measure", "size") else "right")
     for r in rows:
         if r["measure"] == "prefill":
@@ -250,7 +255,8 @@ def e2e_table(rows: list[dict]):
         table.add_row(r["model"], r["measure"], size, result,
                       f"{r['speedup']:.2f}×" if "speedup" in r else "",
                       f"{r['weight_gb_s']:.0f}" if "weight_gb_s" in r else "",
-                      f"{r['hbm_pct']:.0f}" if "hbm_pct" in r else "")
+                      f"{r['hbm_pct']:.0f}" if "hbm_pct" in r else "",
+                      f"{r['peak_gib']:.2f}" if "peak_gib" in r else "")
     return table
 
 

@@ -486,6 +486,10 @@ def bench(
     source: Annotated[Optional[str], typer.Option(help="--e2e: the FP model of PACKED (default: the one its "
                                                        "manifest names)")] = None,
     hf: Annotated[bool, typer.Option("--hf/--no-hf", help="--e2e: also time transformers' generate")] = True,
+    attention: Annotated[bool, typer.Option("--attention", help="time decode attention over an fp16 KV cache "
+                                                                "(quantkit's kernel vs SDPA) for the heads of "
+                                                                "PACKED/MODEL or an attention --preset, by --batch "
+                                                                "and --contexts")] = False,
 ):
     """Kernel speed on this GPU against torch FP16 (cuBLAS), or one decode step of a packed model.
 
@@ -499,6 +503,14 @@ def bench(
     console = err_console if json_out else out_console
     if reps is not None:
         command.check_reps(reps)
+    if attention:
+        _bench_attention(packed, preset, batch, contexts, reps, json_out, console, {
+            "--e2e": e2e or None, "--decode-step": decode_step or None, "--explain": explain or None,
+            "--shapes": shapes, "--m": m, "--methods": methods, "--plot": plot, "--context": context,
+            "--layer": layer, "--source": source, "--prefill-tokens": prefill_tokens,
+            "--assume-gpu": assume_gpu, "--steps": None if steps == 32 else steps, "--no-hf": None if hf else True,
+            "--no-graph": None if graph else True, "--device": None if device == "auto" else device})
+        return
     if e2e:
         from quantkit.bench.e2e import e2e_table, run_e2e, save_e2e_plot
 
@@ -573,6 +585,31 @@ def bench(
 
             save_speedup_plot(rows, plot)
             info(f"plot written to {written_path(plot)}", console)
+    if json_out:
+        sys.stdout.write(json.dumps(rows) + "\n")
+
+
+def _bench_attention(target, preset, batch, contexts, reps, json_out, console, others) -> None:
+    """``quantkit bench --attention`` (:mod:`quantkit.bench.attention`)."""
+    from quantkit.bench import command
+
+    a = command.attention_args(target, preset, batch, contexts, reps, others)
+    import torch
+
+    if not torch.cuda.is_available():
+        raise QuantkitError("--attention times GPU kernels and needs a CUDA GPU; run it on a GPU machine")
+    from quantkit.bench.attention import attention_table, run_attention
+    from quantkit.ui import progress_bar
+
+    total = len(a.batches) * len(a.contexts)
+    done = [0]
+    with progress_bar(f"decode attention ({a.source})", total) as update:
+        def advance(row):
+            done[0] += 1
+            update(done[0], total)
+
+        rows = run_attention(a.heads, a.batches, a.contexts, a.reps, progress=advance)
+    console.print(attention_table(rows))
     if json_out:
         sys.stdout.write(json.dumps(rows) + "\n")
 

@@ -214,3 +214,42 @@ def check_no_e2e_options(prefill: str | None, contexts: str | None, steps: int, 
     if given:
         raise QuantkitError(f"{', '.join(given)} {_verb(given, 'is', 'are')} for --e2e only; add --e2e or remove "
                             f"{_verb(given, 'it', 'them')}")
+
+
+@dataclass
+class AttentionArgs:
+    """The parsed options of ``quantkit bench --attention``."""
+
+    heads: tuple[int, int, int]  # query heads, KV heads, head size
+    source: str  # where the heads came from: a preset name or a model path
+    batches: tuple[int, ...]
+    contexts: tuple[int, ...]
+    reps: int
+
+
+def attention_args(target: str | None, preset: str | None, batch: str | None, contexts: str | None,
+                   reps: int | None, others: dict[str, object]) -> AttentionArgs:
+    """Check the options of the ``--attention`` mode: head shapes from a model (PACKED or an FP model's config)
+    or an attention ``--preset``; ``--batch`` and ``--contexts`` lists; nothing of the other modes."""
+    from quantkit.bench.attention import BATCHES, CONTEXTS, PRESET_HEADS
+
+    given = [opt for opt, v in others.items() if v is not None]
+    if given:
+        raise QuantkitError(f"{', '.join(given)} {_verb(given, 'does', 'do')} not apply to --attention; remove "
+                            f"{_verb(given, 'it', 'them')} (--attention takes MODEL or --preset, --batch, "
+                            "--contexts, --reps)")
+    if (target is None) == (preset is None):
+        raise QuantkitError("--attention needs the head shapes: give a model (PACKED or an FP model) or --preset "
+                            f"({', '.join(PRESET_HEADS)}), not both")
+    if preset is not None:
+        if preset not in PRESET_HEADS:
+            raise QuantkitError(f"unknown --preset '{preset}' for --attention; known: {', '.join(PRESET_HEADS)}")
+        heads, source = PRESET_HEADS[preset], preset
+    else:
+        from quantkit.bench.attention import heads_of
+        from quantkit.model.loader import load_config
+
+        heads, source = heads_of(load_config(target)), target
+    return AttentionArgs(heads, source, tuple(parse_ints(batch, "--batch")) if batch else BATCHES,
+                         tuple(parse_ints(contexts, "--contexts", 2)) if contexts else CONTEXTS,
+                         20 if reps is None else reps)

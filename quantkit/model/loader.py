@@ -181,6 +181,13 @@ def _config(path: str, is_local: bool):
         raise QuantkitError(f"could not read the model config of '{path}' from the {where}: {first}") from None
 
 
+def load_config(name_or_path: str):
+    """The transformers config of a model folder, hub name, ``builtin:`` model or packed checkpoint (its config.json,
+    quantization_config and all), or a one-line QuantkitError."""
+    path, is_local = resolve_model_path(name_or_path)
+    return _config(path, is_local)
+
+
 def check_not_quantized(config, name_or_path: str) -> None:
     """Refuse a model whose config.json carries a ``quantization_config`` (a quantkit, GPTQ or AWQ checkpoint):
     transformers would load its linears without their quantized weights, at random, or need another engine."""

@@ -1,0 +1,145 @@
+"""``quantkit bench --attention``: decode attention over a KV cache, quantkit's kernel against SDPA's.
+
+For each (batch B, context L) point and one model's heads (Hq query, Hkv KV heads of size D), one decode step's
+attention — one query token per sequence over an fp16 cache of L tokens — timed as CUDA-graph replays with rotating
+caches (:func:`quantkit.bench.timing.time_rotating`):
+
+* ``kernel``: :func:`quantkit.runtime.kernels.triton.decode_attention.decode_attention` (split-KV, grouped query
+  heads as tile rows), always;
+* ``chosen``: what a compiled decode step runs (``quantkit::decode_attention``: the kernel or SDPA by
+  :func:`~quantkit.runtime.kernels.triton.decode_attention.kernel_preferred`);
+* ``sdpa_flash``: SDPA restricted to its flash backend, grouped KV heads (``enable_gqa``) and no mask — FlashAttention-2's
+  decode path, which splits the cache across the GPU as flash-decoding does;
+* ``sdpa``: SDPA as PyTorch picks the backend, with the boolean cache mask a static cache needs.
+
+The bytes a step must read are the cache's keys and values (2·B·Hkv·L·D·2); GB/s and % of the device's measured
+copy bandwidth are those bytes over the ``kernel`` time; ``speedup`` is the flash time over the kernel time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+PRESET_HEADS = {  # (query heads, KV heads, head size)
+    "llama-3.1-8b": (32, 8, 128),
+    "llama-2-7b": (32, 32, 128),
+    "qwen2.5-7b": (28, 4, 128),
+    "llama-3.1-70b": (64, 8, 128),
+}
+CONTEXTS = (1024, 4096, 32768, 131072)
+BATCHES = (1, 8, 32, 64)
+
+
+def heads_of(config) -> tuple[int, int, int]:
+    """(query heads, KV heads, head size) of a transformers config."""
+    hq = int(config.num_attention_heads)
+    hkv = int(getattr(config, "num_key_value_heads", None) or hq)
+    d = int(getattr(config, "head_dim", None) or config.hidden_size // hq)
+    return hq, hkv, d
+
+
+def cache_bytes(batch: int, context: int, kv_heads: int, head_dim: int) -> int:
+    """Bytes of an fp16 KV cache's keys and values for ``batch`` sequences of ``context`` tokens (one layer)."""
+    return 2 * batch * kv_heads * context * head_dim * 2
+
+
+def _calls(q, hkv: int, scale: float) -> dict[str, Callable]:
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from quantkit.runtime.kernels import ops
+    from quantkit.runtime.kernels.triton.decode_attention import decode_attention
+
+    def flash(k, v, mask):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q[:, :, None], k, v, scale=scale, enable_gqa=True)
+
+    return {
+        "kernel": lambda k, v, mask: decode_attention(q, k, v, mask, scale),
+        "chosen": lambda k, v, mask: ops.decode_attention(q, k, v, mask, scale),
+        "sdpa_flash": flash,
+        "sdpa": lambda k, v, mask: F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=mask[:, None, None],
+                                                                  scale=scale, enable_gqa=True),
+    }
+
+
+def measure_point(heads: tuple[int, int, int], batch: int, context: int, reps: int, hbm_bytes_s: float | None,
+                  budget_bytes: int) -> dict:
+    """One row (module docstring); ``skipped`` where the rotated caches would pass ``budget_bytes``."""
+    from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
+
+    hq, hkv, d = heads
+    row = {"batch": batch, "context": context, "q_heads": hq, "kv_heads": hkv, "head_dim": d}
+    nbytes = cache_bytes(batch, context, hkv, d)
+    copies = copies_to_defeat_l2(nbytes)
+    if nbytes * copies > budget_bytes:
+        copies = 1
+    if nbytes * copies > budget_bytes:
+        return {**row, "skipped": f"a {nbytes / 2 ** 30:.1f} GiB cache is over the GPU memory budget"}
+    gen = torch.Generator(device="cuda").manual_seed(batch * 131 + context)
+    q = torch.randn(batch, hq, d, device="cuda", dtype=torch.float16, generator=gen)
+    mask = torch.ones(batch, context, dtype=torch.bool, device="cuda")
+    mask[:, context - 1:] = False  # the static cache's next slot is not yet written
+    inputs = []
+    for _ in range(copies):
+        k = torch.randn(batch, hkv, context, d, device="cuda", dtype=torch.float16, generator=gen)
+        inputs.append((k, torch.randn_like(k), mask))
+    scale = d ** -0.5
+    out = {**row, "cache_mb": round(nbytes / 1e6, 2)}
+    for name, fn in _calls(q, hkv, scale).items():
+        try:
+            out[f"{name}_us"] = round(time_rotating(fn, inputs, reps=reps)["ms"] * 1e3, 2)
+        except RuntimeError as exc:  # e.g. no flash kernel for this head size on this GPU
+            out[f"{name}_skipped"] = str(exc).strip().splitlines()[0][:120]
+    us = out.get("kernel_us")
+    if us:
+        out["gb_s"] = round(nbytes / us / 1e3, 1)
+        if hbm_bytes_s:
+            out["hbm_pct"] = round(100 * nbytes / (us * 1e-6) / hbm_bytes_s, 1)
+        if out.get("sdpa_flash_us"):
+            out["speedup"] = round(out["sdpa_flash_us"] / us, 3)
+    del inputs
+    torch.cuda.empty_cache()
+    return out
+
+
+def run_attention(heads: tuple[int, int, int], batches: Sequence[int], contexts: Sequence[int], reps: int = 20,
+                  progress: Callable[[dict], None] | None = None) -> list[dict]:
+    """The rows of every (batch, context) point on the current CUDA device (module docstring)."""
+    from quantkit.bench.roofline import measure_hbm_bandwidth
+
+    hbm = measure_hbm_bandwidth()
+    name = torch.cuda.get_device_name()
+    free, _ = torch.cuda.mem_get_info()
+    rows = []
+    for context in contexts:
+        for batch in batches:
+            row = {**measure_point(heads, batch, context, reps, hbm, int(free * 0.6)), "device": name}
+            rows.append(row)
+            if progress:
+                progress(row)
+    return rows
+
+
+def attention_table(rows: list[dict]):
+    """A rich table of :func:`run_attention`'s rows."""
+    from rich.table import Table
+
+    r0 = rows[0] if rows else {}
+    title = (f"decode attention, {r0.get('q_heads')} query / {r0.get('kv_heads')} KV heads of {r0.get('head_dim')}"
+             f"{' on ' + r0['device'] if r0.get('device') else ''} (µs per layer and step)")
+    table = Table(title=title)
+    for col in ("batch", "context", "cache MB", "kernel", "chosen", "SDPA flash", "SDPA", "speedup", "GB/s",
+                "% HBM"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        if "skipped" in r:
+            table.add_row(str(r["batch"]), str(r["context"]), f"skipped: {r['skipped']}", *[""] * 7)
+            continue
+        cell = lambda key: f"{r[key]:.1f}" if key in r else "—"  # noqa: E731
+        table.add_row(str(r["batch"]), str(r["context"]), f"{r['cache_mb']:.0f}", cell("kernel_us"),
+                      cell("chosen_us"), cell("sdpa_flash_us"), cell("sdpa_us"),
+                      f"{r['speedup']:.2f}×" if "speedup" in r else "", cell("gb_s"), cell("hbm_pct"))
+    return table

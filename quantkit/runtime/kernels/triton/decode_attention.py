@@ -35,7 +35,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, m_ptr, l_ptr, L, rep, ch
                   sq_b, sq_h, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, sm_b, so_b, so_h, so_s, sml_b, sml_h,
                   HAS_MASK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
                   DOT_F32: tl.constexpr):
-    b, kvh, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # 64-bit sequence index: batch × a long cache passes 2^31 elements (32 sequences of 128K tokens, 8 KV heads)
+    b, kvh, s = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     rows = tl.arange(0, BLOCK_H)
     live = rows < rep
     heads = kvh * rep + rows
@@ -79,7 +80,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, m_ptr, l_ptr, L, rep, ch
 @kernel
 def _combine_kernel(o_ptr, m_ptr, l_ptr, out_ptr, splits, so_b, so_h, so_s, sml_b, sml_h, sout_b, sout_h,
                     BLOCK_S: tl.constexpr, D: tl.constexpr):
-    b, h = tl.program_id(0), tl.program_id(1)
+    b, h = tl.program_id(0).to(tl.int64), tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
     live = s < splits
     m = tl.load(m_ptr + b * sml_b + h * sml_h + s, mask=live, other=float("-inf"))

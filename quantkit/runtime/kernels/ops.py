@@ -12,7 +12,9 @@ dispatch would add host time to every call and buys nothing there.
   :func:`.gemm.mixed_int8_matmul` (MixLLM Sec. 3.4);
 * ``quantkit::w4a16_gemm(x, packed, spec)`` — :func:`.gemm.w4a16_matmul`;
 * ``quantkit::act_quant(x, bits, group_size)`` — :func:`.triton.act_quant.quantize_activation_triton`;
-* ``quantkit::decode_attention(q, k, v, mask, scale)`` — :func:`.triton.decode_attention.decode_attention`.
+* ``quantkit::decode_attention(q, k, v, mask, scale)`` — :func:`.triton.decode_attention.decode_attention`;
+* ``quantkit::decode_attention_kv8(q, k codes, scale, min, v codes, scale, min, mask, scale)`` —
+  :func:`.triton.decode_attention.decode_attention_kv8`.
 
 A layout's tensors travel as a list with a ``spec`` string (their names and the layout metadata as JSON, made
 once per layer by :func:`layer_spec`). On the CPU each op runs the torch reference of the same packed format
@@ -216,4 +218,30 @@ def _decode_attention_cpu(q, k, v, mask, scale):
 
 @decode_attention.register_fake
 def _decode_attention_fake(q, k, v, mask, scale):
+    return q.new_empty(q.shape)
+
+
+@custom_op("quantkit::decode_attention_kv8", mutates_args=())
+def decode_attention_kv8(q: torch.Tensor, k_codes: torch.Tensor, k_scale: torch.Tensor, k_min: torch.Tensor,
+                         v_codes: torch.Tensor, v_scale: torch.Tensor, v_min: torch.Tensor,
+                         mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """Attention [B, Hq, D] of one query token per sequence over a KV8 cache (codes uint8 [B, Hkv, L, D], fp16
+    scale and minimum [B, Hkv, L, 1]): :func:`.triton.decode_attention.decode_attention_kv8`."""
+    from quantkit.runtime.kernels.registry import device_traits
+    from quantkit.runtime.kernels.triton.decode_attention import decode_attention_kv8 as run
+
+    return run(q, {"codes": k_codes, "scale": k_scale, "min": k_min},
+               {"codes": v_codes, "scale": v_scale, "min": v_min}, mask, scale, sms=device_traits(q.device)[1] or 132)
+
+
+@decode_attention_kv8.register_kernel("cpu")
+def _decode_attention_kv8_cpu(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, mask, scale):
+    from quantkit.runtime.kernels.triton.decode_attention import kv8_reference
+
+    return kv8_reference(q, {"codes": k_codes, "scale": k_scale, "min": k_min},
+                         {"codes": v_codes, "scale": v_scale, "min": v_min}, mask, scale)
+
+
+@decode_attention_kv8.register_fake
+def _decode_attention_kv8_fake(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, mask, scale):
     return q.new_empty(q.shape)

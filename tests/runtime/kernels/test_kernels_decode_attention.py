@@ -113,3 +113,38 @@ def test_the_kernel_is_preferred_while_the_batch_cannot_fill_the_gpu():
 
     assert kernel_preferred(1, 8, 132) and kernel_preferred(16, 8, 132)
     assert not kernel_preferred(32, 8, 132)
+
+
+@pytest.mark.parametrize("b,hq,hkv,length,d,splits", [(2, 8, 2, 100, 64, 2), (1, 9, 3, 70, 32, None),
+                                                      (3, 4, 4, 1, 16, None)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_kv8_kernel_equals_the_dequantized_cache(b, hq, hkv, length, d, splits, dtype):
+    from quantkit.quant import kv
+    from quantkit.runtime.kernels.triton.decode_attention import decode_attention_kv8, kv8_reference
+
+    q, k, v, mask = _inputs(b, hq, hkv, length, d, dtype, seed=7 * length + d, mask_kind="prefix")
+    spec = kv.KVSpec(8)
+    pk, pv = kv.pack(k, spec, "k"), kv.pack(v, spec, "v")
+    want = kv8_reference(q, pk, pv, mask, d ** -0.5)
+    # the reference reads what quant.kv.unpack returns, as eval-ppl --kv-bits 8 scores it
+    torch.testing.assert_close(want, decode_attention_reference(q, kv.unpack(pk, spec, "k", k),
+                                                                kv.unpack(pv, spec, "v", v), mask, d ** -0.5))
+    dev = {key: {n: t.to(DEVICE) for n, t in p.items()} for key, p in (("k", pk), ("v", pv))}
+    got = decode_attention_kv8(q.to(DEVICE), dev["k"], dev["v"], None if mask is None else mask.to(DEVICE),
+                               d ** -0.5, splits=splits).cpu()
+    tol = 4e-3 if dtype == torch.float16 else 3e-2
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+def test_kv8_refusals_and_op():
+    from quantkit.quant import kv
+    from quantkit.runtime.kernels.triton.decode_attention import kv8_problem
+
+    q, k, v, mask = _inputs(2, 8, 2, 40, 64, torch.float16, seed=9, mask_kind="prefix")
+    pk, pv = kv.pack(k, kv.KVSpec(8), "k"), kv.pack(v, kv.KVSpec(8), "v")
+    assert kv8_problem(q, pk, pv, mask) is None
+    assert "uint8" in kv8_problem(q, {**pk, "codes": pk["codes"].to(torch.int8)}, pv, mask)
+    assert "fp16" in kv8_problem(q, {**pk, "scale": pk["scale"].float()}, pv, mask)
+    assert "fp16/bf16" in kv8_problem(q.float(), pk, pv, mask)
+    args = (q, pk["codes"], pk["scale"], pk["min"], pv["codes"], pv["scale"], pv["min"], mask, 0.125)
+    torch.library.opcheck(ops.decode_attention_kv8, args)

@@ -16,6 +16,10 @@ reading the cache. Two things make it fast:
 Positions a boolean ``mask`` [B, L] marks False (a static cache's unwritten tail, padding) take no weight; a head
 with no visible position gets zeros. Scores and the softmax are fp32; probabilities are rounded to the cache dtype
 for the P·V product, as FlashAttention does. :func:`decode_attention_reference` is the same function in torch.
+
+:func:`decode_attention_kv8` reads a KV8 cache instead (:func:`quantkit.quant.kv.pack`: uint8 codes, an fp16 scale
+and minimum per token and head), dequantizing each block in registers before the same dots (BitDecoding: the
+low-bit cache converted in registers, tensor-core MMAs on the result); :func:`kv8_reference` is its torch form.
 """
 
 from __future__ import annotations
@@ -31,10 +35,10 @@ MIN_ROWS = 16  # the smallest row count of a tensor-core dot
 
 
 @kernel
-def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, m_ptr, l_ptr, L, rep, chunk, scale,
-                  sq_b, sq_h, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, sm_b, so_b, so_h, so_s, sml_b, sml_h,
-                  HAS_MASK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-                  DOT_F32: tl.constexpr):
+def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, m_ptr, l_ptr, ks_ptr, km_ptr, vs_ptr, vm_ptr, L, rep, chunk,
+                  scale, sq_b, sq_h, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, sm_b, so_b, so_h, so_s, sml_b, sml_h, ss_b,
+                  ss_h, HAS_MASK: tl.constexpr, KV8: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+                  D: tl.constexpr, DOT_F32: tl.constexpr):
     # 64-bit sequence index: batch × a long cache passes 2^31 elements (32 sequences of 128K tokens, 8 KV heads)
     b, kvh, s = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     rows = tl.arange(0, BLOCK_H)
@@ -54,7 +58,11 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, m_ptr, l_ptr, L, rep, ch
         valid = pos < end
         if HAS_MASK:
             valid = valid & (tl.load(mask_ptr + b * sm_b + pos, mask=valid, other=0) != 0)
-        k = tl.load(k_base + pos[:, None] * sk_l + d[None, :], mask=valid[:, None], other=0.0)
+        k = tl.load(k_base + pos[:, None] * sk_l + d[None, :], mask=valid[:, None], other=0)
+        if KV8:  # x̂ = code · scale + min per token, rounded to the query dtype as quant.kv.unpack rounds it
+            kscale = tl.load(ks_ptr + b * ss_b + kvh * ss_h + pos, mask=valid, other=0.0).to(tl.float32)
+            kmin = tl.load(km_ptr + b * ss_b + kvh * ss_h + pos, mask=valid, other=0.0).to(tl.float32)
+            k = (k.to(tl.float32) * kscale[:, None] + kmin[:, None]).to(q.dtype)
         if DOT_F32:  # Triton's CPU interpreter multiplies bf16 tiles wrongly; fp32 products of the same values
             scores = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32))) * scale
         else:
@@ -65,7 +73,11 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, m_ptr, l_ptr, L, rep, ch
         p = tl.exp(scores - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_base + pos[:, None] * sv_l + d[None, :], mask=valid[:, None], other=0.0)
+        v = tl.load(v_base + pos[:, None] * sv_l + d[None, :], mask=valid[:, None], other=0)
+        if KV8:
+            vscale = tl.load(vs_ptr + b * ss_b + kvh * ss_h + pos, mask=valid, other=0.0).to(tl.float32)
+            vmin = tl.load(vm_ptr + b * ss_b + kvh * ss_h + pos, mask=valid, other=0.0).to(tl.float32)
+            v = (v.to(tl.float32) * vscale[:, None] + vmin[:, None]).to(q.dtype)
         if DOT_F32:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32))
         else:
@@ -101,13 +113,17 @@ def decode_attention_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """Why :func:`decode_attention` cannot take these tensors (None: it can): q [B, Hq, D], k and v [B, Hkv, L, D]
     of one fp16/bf16 dtype with unit stride along D, D a power of two from 16 to 256, Hq a multiple of Hkv with
     at most 64 query heads per KV head, and ``mask`` (if any) boolean [B, L]."""
+    if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"query and cache must be one fp16/bf16 dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+    return _shape_problem(q, k, v, mask)
+
+
+def _shape_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> str | None:
     if q.dim() != 3 or k.dim() != 4 or v.shape != k.shape:
         return "q must be [B, Hq, D] and k, v one shape [B, Hkv, L, D]"
     b, hq, d = q.shape
     if k.shape[0] != b or k.shape[3] != d:
         return f"q {tuple(q.shape)} and the cache {tuple(k.shape)} disagree on batch or head size"
-    if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
-        return f"query and cache must be one fp16/bf16 dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
     if d < 16 or d > 256 or d & (d - 1):
         return f"head size {d} is not a power of two from 16 to 256"
     if hq % k.shape[1] or hq // k.shape[1] > 64:
@@ -143,6 +159,40 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     why = decode_attention_problem(q, k, v, mask)
     if why:
         raise ValueError(why)
+    return _launch(q, k, v, None, mask, scale, splits, sms)
+
+
+def decode_attention_kv8(q: torch.Tensor, k: dict, v: dict, mask: torch.Tensor | None, scale: float,
+                         splits: int | None = None, sms: int = 132) -> torch.Tensor:
+    """:func:`decode_attention` over a KV8 cache (:func:`quantkit.quant.kv.pack`'s form): ``k`` and ``v`` each
+    {"codes": uint8 [B, Hkv, L, D], "scale", "min": fp16 [B, Hkv, L, 1]}, dequantized in registers block by block
+    (BitDecoding's read of a low-bit cache), x̂ = code · scale + min rounded to q's dtype."""
+    why = kv8_problem(q, k, v, mask)
+    if why:
+        raise ValueError(why)
+    scales = tuple(t[..., 0] for t in (k["scale"], k["min"], v["scale"], v["min"]))
+    return _launch(q, k["codes"], v["codes"], scales, mask, scale, splits, sms)
+
+
+def kv8_problem(q: torch.Tensor, k: dict, v: dict, mask: torch.Tensor | None) -> str | None:
+    """Why :func:`decode_attention_kv8` cannot take this cache (None: it can): uint8 codes of the query's head
+    size, and fp16 scale and minimum [B, Hkv, L, 1] with contiguous token rows, besides
+    :func:`decode_attention_problem`'s conditions."""
+    codes_k, codes_v = k["codes"], v["codes"]
+    if codes_k.dtype != torch.uint8 or codes_v.dtype != torch.uint8:
+        return f"KV8 codes must be uint8, got {codes_k.dtype} and {codes_v.dtype}"
+    shape = (*codes_k.shape[:3], 1)
+    for t in (k["scale"], k["min"], v["scale"], v["min"]):
+        if t.shape != shape or t.dtype != torch.float16 or t.stride(2) != 1:
+            return f"KV8 scales and minima must be fp16 {shape} with unit token stride, got {t.dtype} {tuple(t.shape)}"
+    if any(t.stride()[:3] != k["scale"].stride()[:3] for t in (k["min"], v["scale"], v["min"])):
+        return "KV8 scales and minima must share one layout"
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return f"the query must be fp16/bf16, got {q.dtype}"
+    return _shape_problem(q, codes_k, codes_v, mask)
+
+
+def _launch(q, k, v, scales, mask, scale, splits, sms) -> torch.Tensor:
     check_device(q, k, v)
     b, hq, d = q.shape
     kvh, length = k.shape[1], k.shape[2]
@@ -156,12 +206,14 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     out = torch.empty(b, hq, d, dtype=q.dtype, device=q.device)
     has_mask = mask is not None
     mask_arg = mask if has_mask else q
+    kv8 = scales is not None
+    ks, km, vs, vm = scales if kv8 else (q, q, q, q)
     _split_kernel[(b, kvh, splits)](
-        q, k, v, mask_arg, part, ml[0], ml[1], length, rep, chunk, float(scale),
+        q, k, v, mask_arg, part, ml[0], ml[1], ks, km, vs, vm, length, rep, chunk, float(scale),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         mask.stride(0) if has_mask else 0, part.stride(0), part.stride(1), part.stride(2), ml.stride(1),
-        ml.stride(2), HAS_MASK=has_mask, BLOCK_H=max(MIN_ROWS, triton.next_power_of_2(rep)), BLOCK_N=BLOCK_N, D=d,
-        DOT_F32=INTERPRET, num_warps=4)
+        ml.stride(2), ks.stride(0) if kv8 else 0, ks.stride(1) if kv8 else 0, HAS_MASK=has_mask, KV8=kv8,
+        BLOCK_H=max(MIN_ROWS, triton.next_power_of_2(rep)), BLOCK_N=BLOCK_N, D=d, DOT_F32=INTERPRET, num_warps=4)
     _combine_kernel[(b, hq)](part, ml[0], ml[1], out, splits, part.stride(0), part.stride(1), part.stride(2),
                              ml.stride(1), ml.stride(2), out.stride(0), out.stride(1),
                              BLOCK_S=max(2, triton.next_power_of_2(splits)), D=d, num_warps=4)
@@ -183,3 +235,12 @@ def decode_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     den = p.sum(-1, keepdim=True)
     out = torch.einsum("bgrl,bgld->bgrd", p, v.float()) / torch.where(den > 0, den, torch.ones_like(den))
     return out.reshape(b, hq, d).to(q.dtype)
+
+
+def kv8_reference(q: torch.Tensor, k: dict, v: dict, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """:func:`decode_attention_kv8` in torch: the cache dequantized as :func:`quantkit.quant.kv.unpack` does, then
+    :func:`decode_attention_reference`."""
+    def dequant(p: dict) -> torch.Tensor:
+        return (p["codes"].float() * p["scale"].float() + p["min"].float()).to(q.dtype)
+
+    return decode_attention_reference(q, dequant(k), dequant(v), mask, scale)

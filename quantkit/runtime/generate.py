@@ -11,6 +11,8 @@
   as custom ops (:mod:`quantkit.runtime.kernels.ops`); the static cache's tensors keep their addresses, so the
   replays write the cache where the capture did. A compiled step attends by KV head
   (:mod:`quantkit.runtime.decode_attention`) where the model uses transformers' SDPA.
+* With ``kv`` (a KV8 :class:`~quantkit.quant.kv.KVSpec`) the cache is :class:`quantkit.runtime.kv_cache.PackedKVCache`
+  instead: prefill and decode write quantized keys and values, and decode attends over the packed bytes.
 
 Greedy decoding gives the tokens of ``model.generate(do_sample=False, cache_implementation="static")`` (the tests
 check it), compiled or not.
@@ -108,10 +110,10 @@ class CapturedStep:
 class Generator:
     """Greedy generation for ``model`` (a HF causal LM in eval mode) on its device with a static cache of
     ``max_context`` tokens per sequence; ``compile_decode`` compiles the decode step with torch.compile's
-    ``backend`` (module docstring)."""
+    ``backend``; ``kv`` (a KV8 :class:`~quantkit.quant.kv.KVSpec`) packs the cache (module docstring)."""
 
     def __init__(self, model: nn.Module, max_context: int, prefill_chunk: int = 512, compile_decode: bool = False,
-                 backend: str | Callable = "inductor"):
+                 backend: str | Callable = "inductor", kv=None):
         if max_context < 2:
             raise ValueError(f"max_context must be at least 2 tokens, got {max_context}")
         self.model = model
@@ -128,16 +130,30 @@ class Generator:
         self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self._decode = self._forward
         self._captured = None
+        self.kv = kv
+        self._in_forward = False
+        if kv is not None:
+            from quantkit.model.attention import use_attention
+            from quantkit.runtime.kv_cache import NAME, check_packable
+
+            check_packable(model, kv)
+            use_attention(model, NAME, self._packed_attention)
         if compile_decode:
             from quantkit.runtime.decode_attention import use_decode_attention
 
-            use_decode_attention(model)  # grouped-query heads share their KV head's read (no repeat_kv when traced)
+            if kv is None:
+                use_decode_attention(model)  # grouped-query heads share their KV head's read (no repeat_kv when traced)
             self._decode = torch.compile(self._forward, backend=backend, fullgraph=True, dynamic=False)
             if self.device.type == "cuda":
                 self._captured = CapturedStep(self._decode)
 
     def _new_cache(self, batch: int):
         from transformers import StaticCache
+
+        if self.kv is not None:
+            from quantkit.runtime.kv_cache import PackedKVCache
+
+            return PackedKVCache(self.model, batch, self.max_context, self.kv, self.device)
 
         cache = StaticCache(config=self.model.config, max_cache_len=self.max_context)
         cfg = self.model.config
@@ -147,9 +163,29 @@ class Generator:
         return cache
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        out = self.model(input_ids=ids, cache_position=positions, use_cache=True, **self._last_only,
-                         **{self._cache_kw: self._cache})
+        if self.kv is None:
+            out = self.model(input_ids=ids, cache_position=positions, use_cache=True, **self._last_only,
+                             **{self._cache_kw: self._cache})
+            return out.logits[:, -1, :]
+        self._in_forward = True  # the packed cache is written by the attention function, not by transformers
+        try:
+            out = self.model(input_ids=ids, cache_position=positions, position_ids=positions[None], use_cache=False,
+                             **self._last_only)
+        finally:
+            self._in_forward = False
         return out.logits[:, -1, :]
+
+    def _packed_attention(self, module, query, key, value, attention_mask, dropout: float = 0.0,
+                          scaling: float | None = None, **kwargs):
+        """transformers' attention-function signature over this generator's packed cache; outside its forwards
+        (the model called some other way) transformers' SDPA attention."""
+        positions = kwargs.get("cache_position")
+        if not self._in_forward or positions is None or self._cache is None:
+            from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                          scaling=scaling, **kwargs)
+        return self._cache.attend(module, query, key, value, positions, scaling), None
 
     def _reset(self, batch: int) -> None:
         if self._cache is None or self._batch != batch:
@@ -158,8 +194,8 @@ class Generator:
             self._cache = None
             self._cache = self._new_cache(batch)
             self._batch = batch
-        else:
-            self._cache.reset()
+        elif self.kv is None:
+            self._cache.reset()  # a packed cache needs none: positions are rewritten and attention masks by position
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:

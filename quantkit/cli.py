@@ -486,6 +486,8 @@ def bench(
     source: Annotated[Optional[str], typer.Option(help="--e2e: the FP model of PACKED (default: the one its "
                                                        "manifest names)")] = None,
     hf: Annotated[bool, typer.Option("--hf/--no-hf", help="--e2e: also time transformers' generate")] = True,
+    kv_bits: Annotated[Optional[str], typer.Option(help="--e2e: the packed model decodes with a packed KV cache: 8 "
+                                                        "(its FP source keeps fp16)")] = None,
     attention: Annotated[bool, typer.Option("--attention", help="time decode attention over an fp16 KV cache "
                                                                 "(quantkit's kernel vs SDPA) for the heads of "
                                                                 "PACKED/MODEL or an attention --preset, by --batch "
@@ -509,7 +511,8 @@ def bench(
             "--shapes": shapes, "--m": m, "--methods": methods, "--plot": plot, "--context": context,
             "--layer": layer, "--source": source, "--prefill-tokens": prefill_tokens,
             "--assume-gpu": assume_gpu, "--steps": None if steps == 32 else steps, "--no-hf": None if hf else True,
-            "--no-graph": None if graph else True, "--device": None if device == "auto" else device})
+            "--no-graph": None if graph else True, "--device": None if device == "auto" else device,
+            "--kv-bits": kv_bits})
         return
     if e2e:
         from quantkit.bench.e2e import e2e_table, run_e2e, save_e2e_plot
@@ -517,7 +520,7 @@ def bench(
         if explain or decode_step:
             raise QuantkitError("--e2e times the whole model; drop --explain/--decode-step")
         a = command.e2e_args(packed, source, shapes, preset, m, methods, batch, context, layer, prefill_tokens,
-                             contexts, steps, reps, device, hf, graph)
+                             contexts, steps, reps, device, hf, graph, kv_bits)
         if plot is not None:
             from quantkit.plotting import require_matplotlib
 
@@ -544,7 +547,7 @@ def bench(
         if json_out:
             sys.stdout.write(json.dumps(rows) + "\n")
         return
-    command.check_no_e2e_options(prefill_tokens, contexts, steps, source, hf)
+    command.check_no_e2e_options(prefill_tokens, contexts, steps, source, hf, kv_bits)
     reps = 50 if reps is None else reps
     if assume_gpu is not None and not explain:
         raise QuantkitError("--assume-gpu goes with --explain (timings need the GPU itself)")
@@ -642,6 +645,8 @@ def generate(
     compile_decode: Annotated[bool, typer.Option("--compile", help="compile the decode step with torch.compile "
                                                                   "(a CUDA graph a step on a GPU; the first steps "
                                                                   "compile)")] = False,
+    kv_bits: Annotated[Optional[str], typer.Option(help="decode with a packed KV cache: 8 (int8 per token and head; "
+                                                        "default: a packed checkpoint's recipe kv when it is 8)")] = None,
     json_out: Json = False,
 ):
     """Continue a prompt with a packed or FP model through quantkit's static-cache decode loop, streaming the text;
@@ -649,9 +654,9 @@ def generate(
     from quantkit.generate_job import run_generate
 
     rec = run_generate(model, prompt, max_new_tokens, context, device, dtype, stream=None if json_out else out_console,
-                       compile_decode=compile_decode)
+                       compile_decode=compile_decode, kv_bits=kv_bits)
     line = (f"prefill {rec['prefill_ms']:.1f} ms ({rec['prompt_tokens']} tokens), decode {rec['decode_tok_s']:.1f} "
-            f"tok/s ({rec['new_tokens']} tokens)"
+            f"tok/s ({rec['new_tokens']} tokens{', ' + rec['kv'] + ' cache' if rec['kv'] != 'fp' else ''})"
             + (f", peak {rec['peak_memory_bytes'] / 2**30:.2f} GiB" if rec["peak_memory_bytes"] else ""))
     info(line, err_console if json_out else out_console)
     if json_out:

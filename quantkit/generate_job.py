@@ -8,10 +8,11 @@ from quantkit.errors import QuantkitError
 
 
 def run_generate(model_ref: str, prompt: str, max_new_tokens: int, context: int | None, device: str,
-                 dtype: str | None, stream=None, compile_decode: bool = False) -> dict:
+                 dtype: str | None, stream=None, compile_decode: bool = False, kv_bits: str | None = None) -> dict:
     """Greedy continuation of ``prompt`` by ``max_new_tokens`` tokens; the text is printed to ``stream`` (a rich
-    console) as it is generated; ``compile_decode`` compiles the decode step (:class:`Generator`). Returns the
-    text, the token counts and the :class:`GenerationStats` fields."""
+    console) as it is generated; ``compile_decode`` compiles the decode step (:class:`Generator`); ``kv_bits`` "8"
+    decodes with a packed KV8 cache (:mod:`quantkit.runtime.kv_cache`), as does a packed checkpoint whose recipe
+    names KV8. Returns the text, the token counts, the cache scheme and the :class:`GenerationStats` fields."""
     from quantkit.checkpoint import is_checkpoint, load_packed
     from quantkit.model import load_model
     from quantkit.model.loader import max_positions
@@ -23,6 +24,7 @@ def run_generate(model_ref: str, prompt: str, max_new_tokens: int, context: int 
         raise QuantkitError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     if context is not None and context < 2:
         raise QuantkitError(f"--context is the KV-cache length in tokens (at least 2), got {context}")
+    kv = _kv_spec(model_ref, kv_bits)
     loaded = (load_packed(model_ref, device=device, dtype=dtype) if is_checkpoint(model_ref)
               else load_model(model_ref, device=device, dtype=dtype))
     tok = loaded.tokenizer
@@ -32,7 +34,7 @@ def run_generate(model_ref: str, prompt: str, max_new_tokens: int, context: int 
     if ids.shape[1] + 1 > ctx:
         raise QuantkitError(f"the prompt is {ids.shape[1]} tokens, which leaves no room to generate in a {ctx}-token "
                             f"context (the model's positions: {limit}); shorten it or raise --context")
-    gen = Generator(loaded.model, ctx, compile_decode=compile_decode)
+    gen = Generator(loaded.model, ctx, compile_decode=compile_decode, kv=kv)
     new: list[int] = []
     shown = ""
     if stream is not None:
@@ -50,4 +52,27 @@ def run_generate(model_ref: str, prompt: str, max_new_tokens: int, context: int 
     if stream is not None:
         stream.print()
     text = tok.decode(out[0].tolist(), skip_special_tokens=True)
-    return {"model": model_ref, "device": str(loaded.device), "text": text, **stats.as_dict()}
+    return {"model": model_ref, "device": str(loaded.device), "text": text, "kv": kv.label if kv else "fp",
+            **stats.as_dict()}
+
+
+def _kv_spec(model_ref: str, kv_bits: str | None):
+    """The packed cache scheme: ``--kv-bits`` (KV8 only), else a packed checkpoint's recipe ``kv`` when it is KV8
+    (another scheme decodes with an fp16 cache, with a warning), else None."""
+    from quantkit.checkpoint import is_checkpoint
+    from quantkit.runtime.kv_cache import packed_kv_spec
+
+    if kv_bits is not None:
+        return packed_kv_spec(kv_bits)
+    if not is_checkpoint(model_ref):
+        return None
+    from quantkit.checkpoint.manifest import read_manifest
+    from quantkit.quant.recipe import parse_recipe
+
+    kv = parse_recipe(read_manifest(model_ref)["recipe"]).kv
+    if kv is not None and (kv.bits != 8 or kv.fp8):
+        from quantkit.ui import warn
+
+        warn(f"the recipe's {kv.label} KV cache has no packed decode path yet; generating with an fp16 cache")
+        return None
+    return kv

@@ -164,7 +164,7 @@ class E2EArgs:
 def e2e_args(target: str | None, source: str | None, shapes: str | None, preset: str | None, m: str | None,
              methods: str | None, batch: str | None, context: int | None, layer: int | None, prefill: str | None,
              contexts: str | None, steps: int, reps: int | None, device: str | None, hf: bool,
-             graph: bool = True) -> E2EArgs:
+             graph: bool = True, kv_bits: str | None = None) -> E2EArgs:
     """Check the options of the ``--e2e`` mode and fill in the defaults: the kernel sweep's and ``--decode-step``'s
     options do not apply; a packed target is timed beside its FP source (``--source``, else the manifest's)."""
     from quantkit.bench.e2e import DECODE_BATCHES, DECODE_CONTEXTS, PREFILL_TOKENS, E2EPlan
@@ -193,7 +193,7 @@ def e2e_args(target: str | None, source: str | None, shapes: str | None, preset:
     plan = E2EPlan(prefill=tuple(parse_ints(prefill, "--prefill-tokens", 2)) if prefill else PREFILL_TOKENS,
                    batches=tuple(parse_ints(batch, "--batch")) if batch else DECODE_BATCHES,
                    contexts=tuple(parse_ints(contexts, "--contexts", 2)) if contexts else DECODE_CONTEXTS,
-                   steps=steps, reps=reps or 5, hf_batches=(1,) if hf else (), graph=graph)
+                   steps=steps, reps=reps or 5, hf_batches=(1,) if hf else (), graph=graph, kv=_packed_kv(kv_bits))
     from quantkit.model.loader import resolve_device
 
     resolved = resolve_device(device or "auto")
@@ -205,12 +205,21 @@ def e2e_args(target: str | None, source: str | None, shapes: str | None, preset:
     return E2EArgs(target, source if packed else None, plan, resolved)
 
 
+def _packed_kv(kv_bits: str | None):
+    """The ``--kv-bits`` of ``--e2e``: a KV8 spec (the packed decode cache), or None."""
+    if kv_bits is None:
+        return None
+    from quantkit.runtime.kv_cache import packed_kv_spec
+
+    return packed_kv_spec(kv_bits)
+
+
 def check_no_e2e_options(prefill: str | None, contexts: str | None, steps: int, source: str | None,
-                         hf: bool) -> None:
+                         hf: bool, kv_bits: str | None = None) -> None:
     """Refuse the ``--e2e`` options in the other modes."""
     given = [opt for opt, v in (("--prefill-tokens", prefill), ("--contexts", contexts),
                                 ("--steps", None if steps == 32 else steps), ("--source", source),
-                                ("--no-hf", None if hf else True)) if v is not None]
+                                ("--no-hf", None if hf else True), ("--kv-bits", kv_bits)) if v is not None]
     if given:
         raise QuantkitError(f"{', '.join(given)} {_verb(given, 'is', 'are')} for --e2e only; add --e2e or remove "
                             f"{_verb(given, 'it', 'them')}")

@@ -10,6 +10,8 @@ For each model (a packed checkpoint and its FP source, or one FP model) and unde
   bytes each step reads per second and that rate as a share of the device's measured copy bandwidth
   (:func:`quantkit.bench.roofline.measure_hbm_bandwidth`), the roofline of a memory-bound decode, and the peak
   GPU memory of the point (weights, cache, compiled step and graph);
+* with ``kv`` (``--kv-bits 8``) the packed model prefills and decodes with a packed KV8 cache
+  (:mod:`quantkit.runtime.kv_cache`) while its FP source keeps an fp16 cache;
 * **HF generate**: transformers' own ``model.generate`` (greedy, its default cache, eager) from a 128-token prompt,
   new tokens per second of wall time including the prefill — what a user who does not use quantkit's loop sees.
 
@@ -19,6 +21,7 @@ A packed model's rows carry ``speedup`` over the FP rows of the same measure and
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -47,6 +50,7 @@ class E2EPlan:
     hf_prompt: int = HF_PROMPT
     hf_new: int = HF_NEW
     graph: bool = True  # decode steps compiled into CUDA graphs on a GPU (Generator's compile_decode)
+    kv: object = None  # a KV8 quantkit.quant.kv.KVSpec: prefill and decode with the packed cache (runtime.kv_cache)
 
 
 def weight_bytes(model: nn.Module) -> int:
@@ -123,12 +127,13 @@ def measure_model(label: str, model: nn.Module, plan: E2EPlan, hbm_bytes_s: floa
         if why:
             add({**row, "skipped": why})
             continue
-        gen = Generator(model, t + 1, prefill_chunk=t)
+        gen = Generator(model, t + 1, prefill_chunk=t, kv=plan.kv)
         ids = _random_ids(model, 1, t, device, seed=t)
         add(_guarded(row, lambda: {"ms": round(_median_ms(lambda: gen.prefill(ids), device, plan.reps), 3)}, device))
     for context in plan.contexts:
         for batch in plan.batches:
-            row = {"model": label, "measure": "decode", "batch": batch, "context": context, "graph": graph}
+            row = {"model": label, "measure": "decode", "batch": batch, "context": context, "graph": graph,
+                   "kv": plan.kv.label if plan.kv is not None else "fp"}
             why = _fits(model, context) or (None if context > plan.steps + 2 else
                                             f"a {context}-token context holds no {plan.steps}-step decode")
             if why:
@@ -138,7 +143,7 @@ def measure_model(label: str, model: nn.Module, plan: E2EPlan, hbm_bytes_s: floa
             def decode(batch=batch, context=context) -> dict:
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
-                gen = Generator(model, context, prefill_chunk=min(context, 2048), compile_decode=graph)
+                gen = Generator(model, context, prefill_chunk=min(context, 2048), compile_decode=graph, kv=plan.kv)
                 ids = _random_ids(model, batch, context - plan.steps - 2, device, seed=batch)
                 tok = gen.prefill(ids).argmax(-1, keepdim=True)
                 pos = ids.shape[1]
@@ -219,8 +224,11 @@ def run_e2e(models: Sequence[tuple[str, Callable[[], nn.Module]]], plan: E2EPlan
             hbm = measure_hbm_bandwidth()
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         # one compiled decode step per (batch, context) point, all on Generator's one forward
+        # with a packed KV cache the baseline (the first of two models) keeps its fp16 cache: the speedup is the
+        # user's, weights and cache together
+        model_plan = dataclasses.replace(plan, kv=None) if len(models) > 1 and label == models[0][0] else plan
         with torch._dynamo.config.patch(recompile_limit=max(8, len(plan.batches) * len(plan.contexts) + 2)):
-            measured = measure_model(label, model, plan, hbm, progress)
+            measured = measure_model(label, model, model_plan, hbm, progress)
         rows += [{**r, "device": name} for r in measured]
         del model
         if device.type == "cuda":

@@ -78,3 +78,26 @@ def test_e2e_option_errors(args, message):
     r = runner.invoke(app, ["bench", *args])
     assert r.exit_code == 2 and message in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_kv_bits_takes_kv8_for_the_packed_model_only():
+    from quantkit.bench.command import check_no_e2e_options, e2e_args
+    from quantkit.errors import QuantkitError
+
+    a = e2e_args("builtin:reference", None, None, None, None, None, None, None, None, None, None, 32, None, "cpu",
+                 True, kv_bits="8")
+    assert a.plan.kv.label == "kv8"
+    with pytest.raises(QuantkitError, match="KV8 caches only"):
+        e2e_args("builtin:reference", None, None, None, None, None, None, None, None, None, None, 32, None, "cpu",
+                 True, kv_bits="4")
+    with pytest.raises(QuantkitError, match="--kv-bits is for --e2e only"):
+        check_no_e2e_options(None, None, 32, None, True, "8")
+
+
+def test_with_kv_bits_the_packed_model_decodes_with_kv8_and_its_source_with_fp16(packed_ref):
+    r = runner.invoke(app, ["bench", str(packed_ref), "--e2e", "--prefill-tokens", "8", "--batch", "2", "--contexts",
+                            "24", "--steps", "3", "--reps", "1", "--no-hf", "--kv-bits", "8", "--json"])
+    assert r.exit_code == 0, r.stderr
+    rows = json.loads(r.stdout)
+    decode = {row["model"].split(" ")[0]: row for row in rows if row["measure"] == "decode"}
+    assert decode["FP"]["kv"] == "fp" and decode["packed"]["kv"] == "kv8" and decode["packed"]["tok_s"] > 0

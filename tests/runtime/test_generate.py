@@ -138,3 +138,19 @@ def test_cli_generate_streams_text_and_reports_speed(tmp_path):
     assert rec["new_tokens"] == 8 and rec["text"].startswith("In the beginning") and rec["prefill_ms"] > 0
     bad = CliRunner().invoke(app, ["generate", "builtin:reference", "--prompt", "", "--max-new-tokens", "8"])
     assert bad.exit_code == 2 and "--prompt" in bad.output
+
+
+def test_cli_generate_with_a_packed_kv8_cache():
+    from typer.testing import CliRunner
+
+    from quantkit.cli import app
+
+    args = ["generate", "builtin:reference", "--prompt", "In the beginning", "--max-new-tokens", "8", "--json"]
+    plain = json.loads(CliRunner().invoke(app, args).stdout.strip().splitlines()[-1])
+    r = CliRunner().invoke(app, args + ["--kv-bits", "8"])
+    assert r.exit_code == 0, r.output
+    rec = json.loads(r.stdout.strip().splitlines()[-1])
+    assert rec["kv"] == "kv8" and plain["kv"] == "fp" and rec["new_tokens"] == 8
+    assert rec["text"] == plain["text"]  # KV8 costs +0.002 % ppl on this model: the same greedy words
+    bad = CliRunner().invoke(app, args + ["--kv-bits", "4"])
+    assert bad.exit_code == 2 and "KV8 caches only" in bad.output and "Traceback" not in bad.output

@@ -148,3 +148,66 @@ def test_kv8_refusals_and_op():
     assert "fp16/bf16" in kv8_problem(q.float(), pk, pv, mask)
     args = (q, pk["codes"], pk["scale"], pk["min"], pv["codes"], pv["scale"], pv["min"], mask, 0.125)
     torch.library.opcheck(ops.decode_attention_kv8, args)
+
+
+def _kv4_cache(k, v, spec, tokens, length, ring):
+    """The KV4 layout decode_attention_kv4 reads, filled from quant.kv.pack's codes of the first ``tokens`` tokens of
+    k, v [B, H, ≥tokens, D] in a cache of ``length`` slots, the window's tokens in a ring of ``ring`` slots."""
+    from quantkit.quant import kv
+
+    b, h, _, d = k.shape
+    g = spec.group_size
+    prefix = int(kv.quantized_prefix(torch.tensor(tokens), spec))
+    cache = {"k_codes": torch.zeros(b, h, length, d // 2, dtype=torch.uint8),
+             "v_codes": torch.zeros(b, h, length, d // 2, dtype=torch.uint8),
+             "k_scale": torch.zeros(b, h, length // g, d, dtype=torch.float16),
+             "k_min": torch.zeros(b, h, length // g, d, dtype=torch.float16),
+             "v_scale": torch.zeros(b, h, length, d // g, dtype=torch.float16),
+             "v_min": torch.zeros(b, h, length, d // g, dtype=torch.float16),
+             "k_ring": torch.zeros(b, h, ring, d, dtype=k.dtype), "v_ring": torch.zeros(b, h, ring, d, dtype=k.dtype)}
+    if prefix:
+        pk, pv = kv.pack(k[:, :, :prefix], spec, "k"), kv.pack(v[:, :, :prefix], spec, "v")
+        cache["k_codes"][:, :, :prefix] = pk["codes"]
+        cache["k_scale"][:, :, :prefix // g] = pk["scale"][:, :, :, 0]
+        cache["k_min"][:, :, :prefix // g] = pk["min"][:, :, :, 0]
+        cache["v_codes"][:, :, :prefix] = pv["codes"]
+        cache["v_scale"][:, :, :prefix] = pv["scale"][..., 0]
+        cache["v_min"][:, :, :prefix] = pv["min"][..., 0]
+    for pos in range(max(0, tokens - ring), tokens):
+        cache["k_ring"][:, :, pos % ring] = k[:, :, pos]
+        cache["v_ring"][:, :, pos % ring] = v[:, :, pos]
+    return cache
+
+
+@pytest.mark.parametrize("tokens,residual,group,length", [(300, 128, 32, 320), (129, 128, 32, 192), (40, 128, 32, 64),
+                                                            (200, 32, 16, 256), (1, 0, 32, 64)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_kv4_kernel_reads_what_eval_ppl_scores(tokens, residual, group, length, dtype):
+    from quantkit.quant import kv
+    from quantkit.runtime.kernels.triton.decode_attention import decode_attention_kv4, kv4_reference
+
+    spec = kv.KVSpec(4, group_size=group, residual=residual)
+    b, hq, hkv, d = 2, 8, 2, 64
+    q, k, v, _ = _inputs(b, hq, hkv, length, d, dtype, seed=tokens + group, mask_kind="none")
+    cache = _kv4_cache(k, v, spec, tokens, length, residual + group)
+    # quant.kv.attention: the decode step at position tokens - 1 reading the quantized prefix (eval-ppl --kv-bits 4)
+    want = kv.attention(q[:, :, None], k[:, :, :tokens], v[:, :, :tokens], spec, None, d ** -0.5)[:, :, 0]
+    ref = kv4_reference(q, cache, tokens, group, residual, d ** -0.5)
+    torch.testing.assert_close(ref.float(), want.float(), atol=2e-3 if dtype == torch.float16 else 2e-2, rtol=1e-2)
+    got = decode_attention_kv4(q.to(DEVICE), {n: t.to(DEVICE) for n, t in cache.items()},
+                               torch.tensor([tokens], device=DEVICE), group, residual, d ** -0.5, splits=3).cpu()
+    tol = 4e-3 if dtype == torch.float16 else 3e-2
+    torch.testing.assert_close(got.float(), ref.float(), atol=tol, rtol=tol)
+
+
+def test_kv4_refusals():
+    from quantkit.quant import kv
+    from quantkit.runtime.kernels.triton.decode_attention import kv4_problem
+
+    spec = kv.KVSpec(4)
+    q, k, v, _ = _inputs(1, 4, 2, 64, 64, torch.float16, seed=1, mask_kind="none")
+    cache = _kv4_cache(k, v, spec, 64, 64, 160)
+    assert kv4_problem(q, cache, 32, 128) is None
+    assert "lacks k_ring" in kv4_problem(q, {n: t for n, t in cache.items() if n != "k_ring"}, 32, 128)
+    assert "needs residual + group" in kv4_problem(q, cache, 32, 160)
+    assert "k_scale must be contiguous" in kv4_problem(q, {**cache, "k_scale": cache["k_scale"].float()}, 32, 128)

@@ -35,6 +35,37 @@ MIN_ROWS = 16  # the smallest row count of a tensor-core dot
 
 
 @kernel
+def _attend_block(q, k, v, valid, m_i, l_i, acc, scale, DOT_F32: tl.constexpr):
+    """One block of FlashAttention's online softmax: scores of the query rows against keys [BLOCK_N, D] (positions
+    not ``valid`` take no weight), the running max ``m_i`` and sum ``l_i`` rescaled, P·V added to ``acc``."""
+    if DOT_F32:  # Triton's CPU interpreter multiplies bf16 tiles wrongly; fp32 products of the same values
+        scores = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32))) * scale
+    else:
+        scores = tl.dot(q, tl.trans(k)) * scale
+    scores = tl.where(valid[None, :], scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no visible position yet: keep exp() finite
+    p = tl.exp(scores - m_safe[:, None])
+    alpha = tl.exp(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if DOT_F32:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32))
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@kernel
+def _store_partial(o_ptr, m_ptr, l_ptr, acc, m_i, l_i, b, heads, live, s, so_b, so_h, so_s, sml_b, sml_h,
+                   D: tl.constexpr):
+    """A split's unnormalised output rows and softmax state (max, sum) for :func:`_combine_kernel`."""
+    d = tl.arange(0, D)
+    tl.store(o_ptr + b * so_b + heads[:, None] * so_h + s * so_s + d[None, :], acc, mask=live[:, None])
+    tl.store(m_ptr + b * sml_b + heads * sml_h + s, m_i, mask=live)
+    tl.store(l_ptr + b * sml_b + heads * sml_h + s, l_i, mask=live)
+
+
+@kernel
 def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, m_ptr, l_ptr, ks_ptr, km_ptr, vs_ptr, vm_ptr, L, rep, chunk,
                   scale, sq_b, sq_h, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, sm_b, so_b, so_h, so_s, sml_b, sml_h, ss_b,
                   ss_h, HAS_MASK: tl.constexpr, KV8: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -63,30 +94,66 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, m_ptr, l_ptr, ks_ptr, km
             kscale = tl.load(ks_ptr + b * ss_b + kvh * ss_h + pos, mask=valid, other=0.0).to(tl.float32)
             kmin = tl.load(km_ptr + b * ss_b + kvh * ss_h + pos, mask=valid, other=0.0).to(tl.float32)
             k = (k.to(tl.float32) * kscale[:, None] + kmin[:, None]).to(q.dtype)
-        if DOT_F32:  # Triton's CPU interpreter multiplies bf16 tiles wrongly; fp32 products of the same values
-            scores = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32))) * scale
-        else:
-            scores = tl.dot(q, tl.trans(k)) * scale
-        scores = tl.where(valid[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no visible position yet: keep exp() finite
-        p = tl.exp(scores - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_base + pos[:, None] * sv_l + d[None, :], mask=valid[:, None], other=0)
         if KV8:
             vscale = tl.load(vs_ptr + b * ss_b + kvh * ss_h + pos, mask=valid, other=0.0).to(tl.float32)
             vmin = tl.load(vm_ptr + b * ss_b + kvh * ss_h + pos, mask=valid, other=0.0).to(tl.float32)
             v = (v.to(tl.float32) * vscale[:, None] + vmin[:, None]).to(q.dtype)
-        if DOT_F32:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32))
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
-    o_rows = o_ptr + b * so_b + heads[:, None] * so_h + s * so_s + d[None, :]
-    tl.store(o_rows, acc, mask=live[:, None])
-    tl.store(m_ptr + b * sml_b + heads * sml_h + s, m_i, mask=live)
-    tl.store(l_ptr + b * sml_b + heads * sml_h + s, l_i, mask=live)
+        m_i, l_i, acc = _attend_block(q, k, v, valid, m_i, l_i, acc, scale, DOT_F32)
+    _store_partial(o_ptr, m_ptr, l_ptr, acc, m_i, l_i, b, heads, live, s, so_b, so_h, so_s, sml_b, sml_h, D)
+
+
+@kernel
+def _nibbles(codes):
+    """[N, D/2] bytes → [N, D] 4-bit codes, low nibble first (quantkit.quant.kv.pack_nibbles)."""
+    return tl.reshape(tl.join(codes & 0xF, codes >> 4), (codes.shape[0], codes.shape[1] * 2))
+
+
+@kernel
+def _split_kv4_kernel(q_ptr, kc_ptr, ks_ptr, km_ptr, vc_ptr, vs_ptr, vm_ptr, kr_ptr, vr_ptr, n_ptr, o_ptr, m_ptr,
+                      l_ptr, rep, chunk, scale, R, W, sq_b, sq_h, sc_b, sc_h, sks_b, sks_h, svs_b, svs_h, sr_b, sr_h,
+                      so_b, so_h, so_s, sml_b, sml_h, G: tl.constexpr, BLOCK_H: tl.constexpr,
+                      BLOCK_N: tl.constexpr, D: tl.constexpr, DOT_F32: tl.constexpr):
+    b, kvh, s = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    rows = tl.arange(0, BLOCK_H)
+    live = rows < rep
+    heads = kvh * rep + rows
+    d = tl.arange(0, D)
+    half = tl.arange(0, D // 2)
+    q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :], mask=live[:, None], other=0.0)
+    m_i = tl.full((BLOCK_H,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_H,), tl.float32)
+    acc = tl.zeros((BLOCK_H, D), tl.float32)
+    n = tl.load(n_ptr)  # tokens in the cache, read on the GPU: one captured graph serves every step
+    prefix = tl.maximum(((n - R) // G) * G, 0)  # quant.kv.quantized_prefix
+    if s < tl.num_programs(2) - 1:  # a chunk of the quantized prefix
+        start = s * chunk
+        end = tl.minimum(start + chunk, prefix)
+        for n0 in range(start, end, BLOCK_N):
+            pos = n0 + tl.arange(0, BLOCK_N)
+            valid = pos < end
+            kc = tl.load(kc_ptr + b * sc_b + kvh * sc_h + pos[:, None] * (D // 2) + half[None, :],
+                         mask=valid[:, None], other=0)
+            kblock = b * sks_b + kvh * sks_h + (pos // G)[:, None] * D + d[None, :]  # per block and channel
+            ksc = tl.load(ks_ptr + kblock, mask=valid[:, None], other=0.0).to(tl.float32)
+            kmn = tl.load(km_ptr + kblock, mask=valid[:, None], other=0.0).to(tl.float32)
+            k = (_nibbles(kc).to(tl.float32) * ksc + kmn).to(q.dtype)
+            vc = tl.load(vc_ptr + b * sc_b + kvh * sc_h + pos[:, None] * (D // 2) + half[None, :],
+                         mask=valid[:, None], other=0)
+            vgroup = b * svs_b + kvh * svs_h + pos[:, None] * (D // G) + (d // G)[None, :]  # per token and group
+            vsc = tl.load(vs_ptr + vgroup, mask=valid[:, None], other=0.0).to(tl.float32)
+            vmn = tl.load(vm_ptr + vgroup, mask=valid[:, None], other=0.0).to(tl.float32)
+            v = (_nibbles(vc).to(tl.float32) * vsc + vmn).to(q.dtype)
+            m_i, l_i, acc = _attend_block(q, k, v, valid, m_i, l_i, acc, scale, DOT_F32)
+    else:  # the fp16 window [prefix, n), held in a ring of W slots
+        for n0 in range(prefix, n, BLOCK_N):
+            pos = n0 + tl.arange(0, BLOCK_N)
+            valid = pos < n
+            ring = b * sr_b + kvh * sr_h + (pos % W)[:, None] * D + d[None, :]
+            k = tl.load(kr_ptr + ring, mask=valid[:, None], other=0.0)
+            v = tl.load(vr_ptr + ring, mask=valid[:, None], other=0.0)
+            m_i, l_i, acc = _attend_block(q, k, v, valid, m_i, l_i, acc, scale, DOT_F32)
+    _store_partial(o_ptr, m_ptr, l_ptr, acc, m_i, l_i, b, heads, live, s, so_b, so_h, so_s, sml_b, sml_h, D)
 
 
 @kernel
@@ -192,18 +259,124 @@ def kv8_problem(q: torch.Tensor, k: dict, v: dict, mask: torch.Tensor | None) ->
     return _shape_problem(q, codes_k, codes_v, mask)
 
 
+KV4_PARTS = ("k_codes", "k_scale", "k_min", "v_codes", "v_scale", "v_min", "k_ring", "v_ring")
+
+
+def kv4_problem(q: torch.Tensor, cache: dict, group: int, residual: int) -> str | None:
+    """Why :func:`decode_attention_kv4` cannot read ``cache`` (None: it can). The cache (one layer, contiguous):
+    ``k_codes`` / ``v_codes`` uint8 [B, Hkv, L, D/2] (two codes a byte, low nibble first); ``k_scale`` / ``k_min``
+    fp16 [B, Hkv, L/G, D] (keys per channel over blocks of G tokens); ``v_scale`` / ``v_min`` fp16
+    [B, Hkv, L, D/G] (values per token over G channels); ``k_ring`` / ``v_ring`` [B, Hkv, W, D] in q's dtype with
+    W ≥ residual + G, token p in slot p mod W (the fp16 window)."""
+    missing = [name for name in KV4_PARTS if name not in cache]
+    if missing:
+        return f"the KV4 cache lacks {', '.join(missing)}"
+    if q.dim() != 3 or q.dtype not in (torch.float16, torch.bfloat16) or q.stride(2) != 1:
+        return f"the query must be fp16/bf16 [B, Hq, D] with unit stride along D, got {q.dtype} {tuple(q.shape)}"
+    b, hq, d = q.shape
+    kc = cache["k_codes"]
+    if kc.dim() != 4 or kc.shape[0] != b or kc.shape[3] * 2 != d:
+        return f"k_codes must be [B, Hkv, L, D/2] = [{b}, Hkv, L, {d // 2}], got {tuple(kc.shape)}"
+    bh, length = kc.shape[:2], kc.shape[2]
+    if d < 16 or d > 256 or d & (d - 1) or d % group or length % group:
+        return f"head size {d} (a power of two from 16 to 256) and cache length {length} must be multiples of {group}"
+    if hq % bh[1] or hq // bh[1] > 64:
+        return f"{hq} query heads do not group evenly (at most 64 each) over {bh[1]} KV heads"
+    ring = cache["k_ring"].shape[2]
+    want = {"k_codes": ((*bh, length, d // 2), torch.uint8), "v_codes": ((*bh, length, d // 2), torch.uint8),
+            "k_scale": ((*bh, length // group, d), torch.float16), "k_min": ((*bh, length // group, d), torch.float16),
+            "v_scale": ((*bh, length, d // group), torch.float16), "v_min": ((*bh, length, d // group), torch.float16),
+            "k_ring": ((*bh, ring, d), q.dtype), "v_ring": ((*bh, ring, d), q.dtype)}
+    for name, (shape, dtype) in want.items():
+        t = cache[name]
+        if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
+            return f"{name} must be contiguous {dtype} {shape}, got {t.dtype} {tuple(t.shape)}"
+    if ring < residual + group:
+        return f"the fp16 window ring holds {ring} tokens; it needs residual + group = {residual + group}"
+    return None
+
+
+def decode_attention_kv4(q: torch.Tensor, cache: dict, tokens: torch.Tensor, group: int, residual: int,
+                         scale: float, splits: int | None = None, sms: int = 132) -> torch.Tensor:
+    """Attention [B, Hq, D] of one query token per sequence over the ``tokens`` ([1], on the device) tokens of a KV4
+    cache (:func:`kv4_problem` gives the layout; KIVI: keys per channel over blocks of ``group`` tokens, values per
+    token over ``group`` channels; BitDecoding's fp16 window): the whole blocks older than the latest ``residual``
+    tokens (:func:`quantkit.quant.kv.quantized_prefix`) read as 4-bit codes dequantized in registers, split across
+    the GPU, and the window's tokens from the ring by one more program. The token count is read on the GPU, so one
+    captured launch serves every decode step."""
+    why = kv4_problem(q, cache, group, residual)
+    if why:
+        raise ValueError(why)
+    check_device(q, *(cache[name] for name in KV4_PARTS), tokens)
+    b, hq, d = q.shape
+    kvh, length = cache["k_codes"].shape[1], cache["k_codes"].shape[2]
+    rep = hq // kvh
+    chunk, splits = _chunks(b, kvh, length, splits, sms)
+    splits += 1  # the prefix's chunks and the window's program
+    part, ml, out = _partials(q, splits)
+    kc, ks, ring = cache["k_codes"], cache["k_scale"], cache["k_ring"]
+    vs = cache["v_scale"]
+    _split_kv4_kernel[(b, kvh, splits)](
+        q, kc, ks, cache["k_min"], cache["v_codes"], vs, cache["v_min"], ring, cache["v_ring"], tokens, part, ml[0],
+        ml[1], rep, chunk, float(scale), residual, ring.shape[2], q.stride(0), q.stride(1), kc.stride(0),
+        kc.stride(1), ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1), ring.stride(0), ring.stride(1),
+        part.stride(0), part.stride(1), part.stride(2), ml.stride(1), ml.stride(2), G=group,
+        BLOCK_H=max(MIN_ROWS, triton.next_power_of_2(rep)), BLOCK_N=BLOCK_N, D=d, DOT_F32=INTERPRET, num_warps=4)
+    return _combine(part, ml, out)
+
+
+def kv4_reference(q: torch.Tensor, cache: dict, tokens: int, group: int, residual: int,
+                  scale: float) -> torch.Tensor:
+    """:func:`decode_attention_kv4` in torch: the first ``tokens`` positions dequantized (the quantized prefix) or
+    read from the ring (the window), then :func:`decode_attention_reference`."""
+    from quantkit.quant.kv import unpack_nibbles
+
+    b, hq, d = q.shape
+    prefix = max(((tokens - residual) // group) * group, 0)
+    kc = unpack_nibbles(cache["k_codes"][:, :, :prefix]).float()
+    ks = cache["k_scale"].float().repeat_interleave(group, dim=2)[:, :, :prefix]
+    km = cache["k_min"].float().repeat_interleave(group, dim=2)[:, :, :prefix]
+    vc = unpack_nibbles(cache["v_codes"][:, :, :prefix]).float()
+    vs = cache["v_scale"].float().repeat_interleave(group, dim=3)[:, :, :prefix]
+    vm = cache["v_min"].float().repeat_interleave(group, dim=3)[:, :, :prefix]
+    slots = torch.arange(prefix, tokens, device=q.device) % cache["k_ring"].shape[2]
+    k = torch.cat([(kc * ks + km).to(q.dtype), cache["k_ring"][:, :, slots]], dim=2)
+    v = torch.cat([(vc * vs + vm).to(q.dtype), cache["v_ring"][:, :, slots]], dim=2)
+    return decode_attention_reference(q, k, v, None, scale)
+
+
+def _chunks(batch: int, kv_heads: int, length: int, splits: int | None, sms: int) -> tuple[int, int]:
+    """(tokens per chunk, whole BLOCK_N blocks; chunks) of a cache of ``length`` tokens split ``splits`` ways, by
+    default :func:`split_count`'s."""
+    splits = splits or split_count(batch, kv_heads, length, sms)
+    blocks = -(-length // BLOCK_N)
+    chunk = -(-blocks // splits) * BLOCK_N
+    return chunk, -(-length // chunk)
+
+
+def _partials(q: torch.Tensor, splits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The splits' outputs [B, Hq, S, D] and softmax states [2, B, Hq, S] (fp32), and the result [B, Hq, D]."""
+    b, hq, d = q.shape
+    return (torch.empty(b, hq, splits, d, dtype=torch.float32, device=q.device),
+            torch.empty(2, b, hq, splits, dtype=torch.float32, device=q.device),
+            torch.empty(b, hq, d, dtype=q.dtype, device=q.device))
+
+
+def _combine(part: torch.Tensor, ml: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    b, hq, splits, d = part.shape
+    _combine_kernel[(b, hq)](part, ml[0], ml[1], out, splits, part.stride(0), part.stride(1), part.stride(2),
+                             ml.stride(1), ml.stride(2), out.stride(0), out.stride(1),
+                             BLOCK_S=max(2, triton.next_power_of_2(splits)), D=d, num_warps=4)
+    return out
+
+
 def _launch(q, k, v, scales, mask, scale, splits, sms) -> torch.Tensor:
     check_device(q, k, v)
     b, hq, d = q.shape
     kvh, length = k.shape[1], k.shape[2]
     rep = hq // kvh
-    splits = splits or split_count(b, kvh, length, sms)
-    blocks = -(-length // BLOCK_N)
-    chunk = -(-blocks // splits) * BLOCK_N
-    splits = -(-length // chunk)
-    part = torch.empty(b, hq, splits, d, dtype=torch.float32, device=q.device)
-    ml = torch.empty(2, b, hq, splits, dtype=torch.float32, device=q.device)
-    out = torch.empty(b, hq, d, dtype=q.dtype, device=q.device)
+    chunk, splits = _chunks(b, kvh, length, splits, sms)
+    part, ml, out = _partials(q, splits)
     has_mask = mask is not None
     mask_arg = mask if has_mask else q
     kv8 = scales is not None
@@ -214,10 +387,7 @@ def _launch(q, k, v, scales, mask, scale, splits, sms) -> torch.Tensor:
         mask.stride(0) if has_mask else 0, part.stride(0), part.stride(1), part.stride(2), ml.stride(1),
         ml.stride(2), ks.stride(0) if kv8 else 0, ks.stride(1) if kv8 else 0, HAS_MASK=has_mask, KV8=kv8,
         BLOCK_H=max(MIN_ROWS, triton.next_power_of_2(rep)), BLOCK_N=BLOCK_N, D=d, DOT_F32=INTERPRET, num_warps=4)
-    _combine_kernel[(b, hq)](part, ml[0], ml[1], out, splits, part.stride(0), part.stride(1), part.stride(2),
-                             ml.stride(1), ml.stride(2), out.stride(0), out.stride(1),
-                             BLOCK_S=max(2, triton.next_power_of_2(splits)), D=d, num_warps=4)
-    return out
+    return _combine(part, ml, out)
 
 
 def decode_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,

@@ -11,7 +11,8 @@
   as custom ops (:mod:`quantkit.runtime.kernels.ops`); the static cache's tensors keep their addresses, so the
   replays write the cache where the capture did. A compiled step attends by KV head
   (:mod:`quantkit.runtime.decode_attention`) where the model uses transformers' SDPA.
-* With ``kv`` (a KV8 :class:`~quantkit.quant.kv.KVSpec`) the cache is :class:`quantkit.runtime.kv_cache.PackedKVCache`
+* With ``kv`` (a KV8 or KV4 :class:`~quantkit.quant.kv.KVSpec`) the cache is
+  :class:`quantkit.runtime.kv_cache.PackedKVCache`
   instead: prefill and decode write quantized keys and values, and decode attends over the packed bytes.
 
 Greedy decoding gives the tokens of ``model.generate(do_sample=False, cache_implementation="static")`` (the tests
@@ -110,7 +111,7 @@ class CapturedStep:
 class Generator:
     """Greedy generation for ``model`` (a HF causal LM in eval mode) on its device with a static cache of
     ``max_context`` tokens per sequence; ``compile_decode`` compiles the decode step with torch.compile's
-    ``backend``; ``kv`` (a KV8 :class:`~quantkit.quant.kv.KVSpec`) packs the cache (module docstring)."""
+    ``backend``; ``kv`` (a KV8 or KV4 :class:`~quantkit.quant.kv.KVSpec`) packs the cache (module docstring)."""
 
     def __init__(self, model: nn.Module, max_context: int, prefill_chunk: int = 512, compile_decode: bool = False,
                  backend: str | Callable = "inductor", kv=None):
@@ -153,7 +154,7 @@ class Generator:
         if self.kv is not None:
             from quantkit.runtime.kv_cache import PackedKVCache
 
-            return PackedKVCache(self.model, batch, self.max_context, self.kv, self.device)
+            return PackedKVCache(self.model, batch, self.max_context, self.kv, self.device, self.dtype)
 
         cache = StaticCache(config=self.model.config, max_cache_len=self.max_context)
         cfg = self.model.config

@@ -40,7 +40,8 @@ def test_the_cache_holds_the_counted_bytes():
     assert cache.nbytes() == 3 * cfg.num_key_value_heads * cfg.num_hidden_layers * per_head
 
 
-@pytest.mark.parametrize("spec,message", [(kv.KVSpec(4), "KV8 only"), (kv.KVSpec(8, fp8=True), "KV8 only")])
+@pytest.mark.parametrize("spec,message", [(kv.KVSpec(8, fp8=True), "KV8 or KV4"),
+                                          (kv.KVSpec(4, group_size=64, residual=128), "head_dim is 16")])
 def test_schemes_without_a_packed_path_are_refused(spec, message):
     with pytest.raises(QuantkitError, match=message):
         Generator(build_tiny_model("llama"), max_context=16, kv=spec)
@@ -73,16 +74,47 @@ def test_a_compiled_decode_step_writes_and_reads_the_packed_cache(backend):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the decode kernel over the packed cache needs a GPU")
-def test_on_a_gpu_decode_runs_the_kv8_kernel_compiled_and_eager_alike():
+@pytest.mark.parametrize("spec", [KV8, kv.KVSpec(4, group_size=8, residual=8)])
+def test_on_a_gpu_decode_runs_the_kernels_compiled_and_eager_alike(spec):
     ids = torch.randint(1, 500, (3, 9), generator=torch.Generator().manual_seed(9)).cuda()
     fake = build_tiny_model("llama", seed=3).half().cuda()
-    kv.attach_kv_quant(fake, KV8)
+    kv.attach_kv_quant(fake, spec)
     with torch.inference_mode():
         want = fake.generate(ids, max_new_tokens=10, min_new_tokens=10, do_sample=False, pad_token_id=0,
                              attention_mask=torch.ones_like(ids))
-    eager, _ = Generator(build_tiny_model("llama", seed=3).half().cuda(), max_context=32, kv=KV8).generate(ids, 10)
+    eager, _ = Generator(build_tiny_model("llama", seed=3).half().cuda(), max_context=32, kv=spec).generate(ids, 10)
     torch._dynamo.reset()
-    graphed = Generator(build_tiny_model("llama", seed=3).half().cuda(), max_context=32, kv=KV8, compile_decode=True)
+    graphed = Generator(build_tiny_model("llama", seed=3).half().cuda(), max_context=32, kv=spec, compile_decode=True)
     got, _ = graphed.generate(ids, 10)
     assert torch.equal(got, eager)
     assert (eager == want).float().mean() > 0.9  # fp16 sums in another order may flip a near-tie
+
+
+@pytest.mark.parametrize("chunk", [5, 30])  # prompt chunks shorter and longer than the fp16 window's ring
+def test_kv4_decoding_equals_the_fake_quantized_cache(chunk):
+    spec = kv.KVSpec(4, group_size=8, residual=8)  # small blocks and window: the tiny run quantizes many blocks
+    ids = torch.randint(1, 500, (2, 37), generator=torch.Generator().manual_seed(11))
+    fake = build_tiny_model("llama", seed=12)
+    kv.attach_kv_quant(fake, spec)
+    with torch.inference_mode():
+        want_logits = fake(ids).logits[:, -1]
+        want = fake.generate(ids, max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0,
+                             attention_mask=torch.ones_like(ids))
+    packed = Generator(build_tiny_model("llama", seed=12), max_context=60, prefill_chunk=chunk, kv=spec)
+    torch.testing.assert_close(packed.prefill(ids), want_logits, rtol=1e-4, atol=1e-4)
+    got, _ = packed.generate(ids, 20)
+    assert torch.equal(got, want)
+    torch._dynamo.reset()
+    graphed = Generator(build_tiny_model("llama", seed=12), max_context=60, prefill_chunk=chunk, kv=spec,
+                        compile_decode=True, backend="eager")
+    assert torch.equal(graphed.generate(ids, 20)[0], want)
+
+
+def test_kv4_cache_bytes():
+    model = build_tiny_model("llama", seed=1)
+    spec = kv.KVSpec(4, group_size=8, residual=16)
+    cache = PackedKVCache(model, batch=2, max_context=64, spec=spec, device=torch.device("cpu"))
+    cfg = model.config
+    d = cfg.hidden_size // cfg.num_attention_heads
+    per_head = 64 * d // 2 * 2 + 64 // 8 * d * 4 + 64 * (d // 8) * 4 + (16 + 16) * d * 2 * 2
+    assert cache.nbytes() == 2 * cfg.num_key_value_heads * cfg.num_hidden_layers * per_head

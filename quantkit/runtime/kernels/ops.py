@@ -14,7 +14,9 @@ dispatch would add host time to every call and buys nothing there.
 * ``quantkit::act_quant(x, bits, group_size)`` — :func:`.triton.act_quant.quantize_activation_triton`;
 * ``quantkit::decode_attention(q, k, v, mask, scale)`` — :func:`.triton.decode_attention.decode_attention`;
 * ``quantkit::decode_attention_kv8(q, k codes, scale, min, v codes, scale, min, mask, scale)`` —
-  :func:`.triton.decode_attention.decode_attention_kv8`.
+  :func:`.triton.decode_attention.decode_attention_kv8`;
+* ``quantkit::decode_attention_kv4(q, the cache's eight tensors, tokens, group, residual, scale)`` —
+  :func:`.triton.decode_attention.decode_attention_kv4`.
 
 A layout's tensors travel as a list with a ``spec`` string (their names and the layout metadata as JSON, made
 once per layer by :func:`layer_spec`). On the CPU each op runs the torch reference of the same packed format
@@ -244,4 +246,36 @@ def _decode_attention_kv8_cpu(q, k_codes, k_scale, k_min, v_codes, v_scale, v_mi
 
 @decode_attention_kv8.register_fake
 def _decode_attention_kv8_fake(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, mask, scale):
+    return q.new_empty(q.shape)
+
+
+_KV4 = ("k_codes", "k_scale", "k_min", "v_codes", "v_scale", "v_min", "k_ring", "v_ring")
+
+
+@custom_op("quantkit::decode_attention_kv4", mutates_args=())
+def decode_attention_kv4(q: torch.Tensor, k_codes: torch.Tensor, k_scale: torch.Tensor, k_min: torch.Tensor,
+                         v_codes: torch.Tensor, v_scale: torch.Tensor, v_min: torch.Tensor, k_ring: torch.Tensor,
+                         v_ring: torch.Tensor, tokens: torch.Tensor, group: int, residual: int,
+                         scale: float) -> torch.Tensor:
+    """Attention [B, Hq, D] of one query token per sequence over the ``tokens`` ([1]) tokens of a KV4 cache with its
+    fp16 window (:func:`.triton.decode_attention.decode_attention_kv4`, which documents the layout)."""
+    from quantkit.runtime.kernels.registry import device_traits
+    from quantkit.runtime.kernels.triton.decode_attention import decode_attention_kv4 as run
+
+    cache = dict(zip(_KV4, (k_codes, k_scale, k_min, v_codes, v_scale, v_min, k_ring, v_ring)))
+    return run(q, cache, tokens, group, residual, scale, sms=device_traits(q.device)[1] or 132)
+
+
+@decode_attention_kv4.register_kernel("cpu")
+def _decode_attention_kv4_cpu(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, k_ring, v_ring, tokens, group,
+                              residual, scale):
+    from quantkit.runtime.kernels.triton.decode_attention import kv4_reference
+
+    cache = dict(zip(_KV4, (k_codes, k_scale, k_min, v_codes, v_scale, v_min, k_ring, v_ring)))
+    return kv4_reference(q, cache, int(tokens[0]), group, residual, scale)
+
+
+@decode_attention_kv4.register_fake
+def _decode_attention_kv4_fake(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, k_ring, v_ring, tokens, group,
+                               residual, scale):
     return q.new_empty(q.shape)

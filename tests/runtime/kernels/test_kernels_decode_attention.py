@@ -211,3 +211,14 @@ def test_kv4_refusals():
     assert "lacks k_ring" in kv4_problem(q, {n: t for n, t in cache.items() if n != "k_ring"}, 32, 128)
     assert "needs residual + group" in kv4_problem(q, cache, 32, 160)
     assert "k_scale must be contiguous" in kv4_problem(q, {**cache, "k_scale": cache["k_scale"].float()}, 32, 128)
+
+
+def test_kv4_op_is_the_reference_and_passes_opcheck():
+    from quantkit.quant import kv
+    from quantkit.runtime.kernels.triton.decode_attention import KV4_PARTS, kv4_reference
+
+    q, k, v, _ = _inputs(2, 4, 2, 96, 32, torch.float16, seed=5, mask_kind="none")
+    cache = _kv4_cache(k, v, kv.KVSpec(4, group_size=16, residual=32), 90, 96, 64)
+    args = (q, *(cache[n] for n in KV4_PARTS), torch.tensor([90]), 16, 32, 0.2)
+    torch.testing.assert_close(ops.decode_attention_kv4(*args), kv4_reference(q, cache, 90, 16, 32, 0.2))
+    torch.library.opcheck(ops.decode_attention_kv4, args)

@@ -486,8 +486,8 @@ def bench(
     source: Annotated[Optional[str], typer.Option(help="--e2e: the FP model of PACKED (default: the one its "
                                                        "manifest names)")] = None,
     hf: Annotated[bool, typer.Option("--hf/--no-hf", help="--e2e: also time transformers' generate")] = True,
-    kv_bits: Annotated[Optional[str], typer.Option(help="--e2e: the packed model decodes with a packed KV cache: 8 "
-                                                        "(its FP source keeps fp16)")] = None,
+    kv_bits: Annotated[Optional[str], typer.Option(help="--e2e: the packed model decodes with a packed KV cache, 8 "
+                                                        "or 4 (its FP source keeps fp16)")] = None,
     attention: Annotated[bool, typer.Option("--attention", help="time decode attention over an fp16 KV cache "
                                                                 "(quantkit's kernel vs SDPA) for the heads of "
                                                                 "PACKED/MODEL or an attention --preset, by --batch "
@@ -645,8 +645,9 @@ def generate(
     compile_decode: Annotated[bool, typer.Option("--compile", help="compile the decode step with torch.compile "
                                                                   "(a CUDA graph a step on a GPU; the first steps "
                                                                   "compile)")] = False,
-    kv_bits: Annotated[Optional[str], typer.Option(help="decode with a packed KV cache: 8 (int8 per token and head; "
-                                                        "default: a packed checkpoint's recipe kv when it is 8)")] = None,
+    kv_bits: Annotated[Optional[str], typer.Option(help="decode with a packed KV cache: 8 (int8 per token and head) or "
+                                                        "4 (KIVI, fp16 window of 128 tokens); default: a packed "
+                                                        "checkpoint's recipe kv")] = None,
     json_out: Json = False,
 ):
     """Continue a prompt with a packed or FP model through quantkit's static-cache decode loop, streaming the text;

@@ -11,8 +11,9 @@ def run_generate(model_ref: str, prompt: str, max_new_tokens: int, context: int 
                  dtype: str | None, stream=None, compile_decode: bool = False, kv_bits: str | None = None) -> dict:
     """Greedy continuation of ``prompt`` by ``max_new_tokens`` tokens; the text is printed to ``stream`` (a rich
     console) as it is generated; ``compile_decode`` compiles the decode step (:class:`Generator`); ``kv_bits`` "8"
-    decodes with a packed KV8 cache (:mod:`quantkit.runtime.kv_cache`), as does a packed checkpoint whose recipe
-    names KV8. Returns the text, the token counts, the cache scheme and the :class:`GenerationStats` fields."""
+    or "4" decodes with a packed KV cache (:mod:`quantkit.runtime.kv_cache`), as does a packed checkpoint whose
+    recipe names one. Returns the text, the token counts, the cache scheme and the :class:`GenerationStats`
+    fields."""
     from quantkit.checkpoint import is_checkpoint, load_packed
     from quantkit.model import load_model
     from quantkit.model.loader import max_positions
@@ -57,8 +58,8 @@ def run_generate(model_ref: str, prompt: str, max_new_tokens: int, context: int 
 
 
 def _kv_spec(model_ref: str, kv_bits: str | None):
-    """The packed cache scheme: ``--kv-bits`` (KV8 only), else a packed checkpoint's recipe ``kv`` when it is KV8
-    (another scheme decodes with an fp16 cache, with a warning), else None."""
+    """The packed cache scheme: ``--kv-bits`` (8 or 4), else a packed checkpoint's recipe ``kv`` (KV-FP8 decodes
+    with an fp16 cache, with a warning), else None."""
     from quantkit.checkpoint import is_checkpoint
     from quantkit.runtime.kv_cache import packed_kv_spec
 
@@ -70,7 +71,7 @@ def _kv_spec(model_ref: str, kv_bits: str | None):
     from quantkit.quant.recipe import parse_recipe
 
     kv = parse_recipe(read_manifest(model_ref)["recipe"]).kv
-    if kv is not None and (kv.bits != 8 or kv.fp8):
+    if kv is not None and kv.fp8:
         from quantkit.ui import warn
 
         warn(f"the recipe's {kv.label} KV cache has no packed decode path yet; generating with an fp16 cache")

@@ -206,7 +206,7 @@ def e2e_args(target: str | None, source: str | None, shapes: str | None, preset:
 
 
 def _packed_kv(kv_bits: str | None):
-    """The ``--kv-bits`` of ``--e2e``: a KV8 spec (the packed decode cache), or None."""
+    """The ``--kv-bits`` of ``--e2e``: a KV8 or KV4 spec (the packed decode cache), or None."""
     if kv_bits is None:
         return None
     from quantkit.runtime.kv_cache import packed_kv_spec

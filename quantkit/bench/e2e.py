@@ -10,7 +10,7 @@ For each model (a packed checkpoint and its FP source, or one FP model) and unde
   bytes each step reads per second and that rate as a share of the device's measured copy bandwidth
   (:func:`quantkit.bench.roofline.measure_hbm_bandwidth`), the roofline of a memory-bound decode, and the peak
   GPU memory of the point (weights, cache, compiled step and graph);
-* with ``kv`` (``--kv-bits 8``) the packed model prefills and decodes with a packed KV8 cache
+* with ``kv`` (``--kv-bits 8`` or ``4``) the packed model prefills and decodes with a packed KV cache
   (:mod:`quantkit.runtime.kv_cache`) while its FP source keeps an fp16 cache;
 * **HF generate**: transformers' own ``model.generate`` (greedy, its default cache, eager) from a 128-token prompt,
   new tokens per second of wall time including the prefill — what a user who does not use quantkit's loop sees.
@@ -50,7 +50,7 @@ class E2EPlan:
     hf_prompt: int = HF_PROMPT
     hf_new: int = HF_NEW
     graph: bool = True  # decode steps compiled into CUDA graphs on a GPU (Generator's compile_decode)
-    kv: object = None  # a KV8 quantkit.quant.kv.KVSpec: prefill and decode with the packed cache (runtime.kv_cache)
+    kv: object = None  # a quantkit.quant.kv.KVSpec: prefill and decode with the packed cache (runtime.kv_cache)
 
 
 def weight_bytes(model: nn.Module) -> int:

@@ -80,16 +80,16 @@ def test_e2e_option_errors(args, message):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-def test_kv_bits_takes_kv8_for_the_packed_model_only():
+def test_kv_bits_takes_kv8_and_kv4():
     from quantkit.bench.command import check_no_e2e_options, e2e_args
     from quantkit.errors import QuantkitError
 
     a = e2e_args("builtin:reference", None, None, None, None, None, None, None, None, None, None, 32, None, "cpu",
                  True, kv_bits="8")
     assert a.plan.kv.label == "kv8"
-    with pytest.raises(QuantkitError, match="KV8 caches only"):
+    with pytest.raises(QuantkitError, match="KV8 and KV4"):
         e2e_args("builtin:reference", None, None, None, None, None, None, None, None, None, None, 32, None, "cpu",
-                 True, kv_bits="4")
+                 True, kv_bits="fp8")
     with pytest.raises(QuantkitError, match="--kv-bits is for --e2e only"):
         check_no_e2e_options(None, None, 32, None, True, "8")
 

@@ -152,5 +152,7 @@ def test_cli_generate_with_a_packed_kv8_cache():
     rec = json.loads(r.stdout.strip().splitlines()[-1])
     assert rec["kv"] == "kv8" and plain["kv"] == "fp" and rec["new_tokens"] == 8
     assert rec["text"] == plain["text"]  # KV8 costs +0.002 % ppl on this model: the same greedy words
-    bad = CliRunner().invoke(app, args + ["--kv-bits", "4"])
-    assert bad.exit_code == 2 and "KV8 caches only" in bad.output and "Traceback" not in bad.output
+    four = json.loads(CliRunner().invoke(app, args + ["--kv-bits", "4"]).stdout.strip().splitlines()[-1])
+    assert four["kv"] == "kv4-g32-r128" and four["new_tokens"] == 8
+    bad = CliRunner().invoke(app, args + ["--kv-bits", "fp8"])
+    assert bad.exit_code == 2 and "KV8 and KV4" in bad.output and "Traceback" not in bad.output

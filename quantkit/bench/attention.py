@@ -12,8 +12,12 @@ caches (:func:`quantkit.bench.timing.time_rotating`):
   decode path, which splits the cache across the GPU as flash-decoding does;
 * ``sdpa``: SDPA as PyTorch picks the backend, with the boolean cache mask a static cache needs.
 
-The bytes a step must read are the cache's keys and values (2·B·Hkv·L·D·2); GB/s and % of the device's measured
-copy bandwidth are those bytes over the ``kernel`` time; ``speedup`` is the flash time over the kernel time.
+* ``kv8`` / ``kv4``: the kernel over a packed KV8 cache and a KV4 cache (KIVI groups of 32 with a 128-token fp16
+  window; :mod:`quantkit.runtime.kv_cache`'s layouts), random codes (the time does not depend on the values).
+
+The bytes a step must read are the cache's keys and values (2·B·Hkv·L·D·2 in fp16; :func:`quantkit.quant.kv.cache_bytes`
+packed); GB/s and % of the device's measured copy bandwidth are those bytes over the ``kernel`` time; ``speedup``,
+``kv8_x`` and ``kv4_x`` are the flash time over the kernel's.
 """
 
 from __future__ import annotations
@@ -93,15 +97,70 @@ def measure_point(heads: tuple[int, int, int], batch: int, context: int, reps: i
             out[f"{name}_us"] = round(time_rotating(fn, inputs, reps=reps)["ms"] * 1e3, 2)
         except RuntimeError as exc:  # e.g. no flash kernel for this head size on this GPU
             out[f"{name}_skipped"] = str(exc).strip().splitlines()[0][:120]
+    del inputs
+    torch.cuda.empty_cache()
+    out.update(_packed_times(q, batch, context, hkv, d, scale, reps))
     us = out.get("kernel_us")
+    flash = out.get("sdpa_flash_us")
+    for name in ("kv8", "kv4"):
+        if flash and out.get(f"{name}_us"):
+            out[f"{name}_x"] = round(flash / out[f"{name}_us"], 3)
     if us:
         out["gb_s"] = round(nbytes / us / 1e3, 1)
         if hbm_bytes_s:
             out["hbm_pct"] = round(100 * nbytes / (us * 1e-6) / hbm_bytes_s, 1)
         if out.get("sdpa_flash_us"):
             out["speedup"] = round(out["sdpa_flash_us"] / us, 3)
-    del inputs
     torch.cuda.empty_cache()
+    return out
+
+
+def _packed_times(q: torch.Tensor, batch: int, context: int, hkv: int, d: int, scale: float, reps: int) -> dict:
+    """µs of the KV8 and KV4 kernels at this point, each over rotating random caches of its own layout."""
+    from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
+    from quantkit.quant import kv
+    from quantkit.runtime.kernels.triton.decode_attention import (
+        KV4_PARTS, decode_attention_kv4, decode_attention_kv8)
+
+    gen = torch.Generator(device="cuda").manual_seed(context + batch)
+
+    def codes(*shape):
+        return torch.randint(0, 256, shape, dtype=torch.uint8, device="cuda", generator=gen)
+
+    def small(*shape):
+        return (torch.rand(*shape, device="cuda", generator=gen) * 0.01).half()
+
+    out: dict = {}
+    kv8 = kv.KVSpec(8)
+    mask = torch.ones(batch, context, dtype=torch.bool, device="cuda")
+    n8 = batch * hkv * kv.cache_bytes(kv8, context, d)
+    caches = [({"codes": codes(batch, hkv, context, d), "scale": small(batch, hkv, context, 1),
+                "min": small(batch, hkv, context, 1)},
+               {"codes": codes(batch, hkv, context, d), "scale": small(batch, hkv, context, 1),
+                "min": small(batch, hkv, context, 1)}, mask) for _ in range(copies_to_defeat_l2(n8))]
+    out["kv8_us"] = round(time_rotating(lambda k, v, m: decode_attention_kv8(q, k, v, m, scale), caches,
+                                        reps=reps)["ms"] * 1e3, 2)
+    out["kv8_mb"] = round(n8 / 1e6, 2)
+    del caches
+    kv4 = kv.KVSpec(4)
+    g, r = kv4.group_size, kv4.residual
+    if context % g == 0 and d % g == 0:
+        n4 = batch * hkv * kv.cache_bytes(kv4, context, d)
+        ring = r + 2 * g
+        tokens = torch.tensor([context], device="cuda")
+
+        def cache() -> tuple:
+            parts = {"k_codes": codes(batch, hkv, context, d // 2), "k_scale": small(batch, hkv, context // g, d),
+                     "k_min": small(batch, hkv, context // g, d), "v_codes": codes(batch, hkv, context, d // 2),
+                     "v_scale": small(batch, hkv, context, d // g), "v_min": small(batch, hkv, context, d // g),
+                     "k_ring": small(batch, hkv, ring, d), "v_ring": small(batch, hkv, ring, d)}
+            return tuple(parts[n] for n in KV4_PARTS)
+
+        caches = [cache() for _ in range(copies_to_defeat_l2(n4))]
+        out["kv4_us"] = round(time_rotating(
+            lambda *t: decode_attention_kv4(q, dict(zip(KV4_PARTS, t)), tokens, g, r, scale), caches,
+            reps=reps)["ms"] * 1e3, 2)
+        out["kv4_mb"] = round(n4 / 1e6, 2)
     return out
 
 
@@ -129,17 +188,19 @@ def attention_table(rows: list[dict]):
 
     r0 = rows[0] if rows else {}
     title = (f"decode attention, {r0.get('q_heads')} query / {r0.get('kv_heads')} KV heads of {r0.get('head_dim')}"
-             f"{' on ' + r0['device'] if r0.get('device') else ''} (µs per layer and step)")
+             f"{' on ' + r0['device'] if r0.get('device') else ''} (µs per layer and step; × over SDPA flash)")
     table = Table(title=title)
-    for col in ("batch", "context", "cache MB", "kernel", "chosen", "SDPA flash", "SDPA", "speedup", "GB/s",
-                "% HBM"):
+    cols = ("batch", "context", "cache MB", "kernel", "chosen", "SDPA flash", "SDPA", "speedup", "GB/s", "% HBM",
+            "KV8", "KV8 ×", "KV4", "KV4 ×")
+    for col in cols:
         table.add_column(col, justify="right")
     for r in rows:
         if "skipped" in r:
-            table.add_row(str(r["batch"]), str(r["context"]), f"skipped: {r['skipped']}", *[""] * 7)
+            table.add_row(str(r["batch"]), str(r["context"]), f"skipped: {r['skipped']}", *[""] * (len(cols) - 3))
             continue
         cell = lambda key: f"{r[key]:.1f}" if key in r else "—"  # noqa: E731
+        times = lambda key: f"{r[key]:.2f}×" if key in r else ""  # noqa: E731
         table.add_row(str(r["batch"]), str(r["context"]), f"{r['cache_mb']:.0f}", cell("kernel_us"),
-                      cell("chosen_us"), cell("sdpa_flash_us"), cell("sdpa_us"),
-                      f"{r['speedup']:.2f}×" if "speedup" in r else "", cell("gb_s"), cell("hbm_pct"))
+                      cell("chosen_us"), cell("sdpa_flash_us"), cell("sdpa_us"), times("speedup"), cell("gb_s"),
+                      cell("hbm_pct"), cell("kv8_us"), times("kv8_x"), cell("kv4_us"), times("kv4_x"))
     return table

@@ -53,3 +53,4 @@ def test_a_gpu_point_times_the_kernel_and_sdpa():
     rows = run_attention((8, 2, 64), [2], [512], reps=3)
     r = rows[0]
     assert r["kernel_us"] > 0 and r["sdpa_us"] > 0 and r["chosen_us"] > 0 and r["gb_s"] > 0
+    assert r["kv8_us"] > 0 and r["kv4_us"] > 0 and r["kv4_mb"] < r["kv8_mb"] < r["cache_mb"]

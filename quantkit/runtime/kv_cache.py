@@ -134,12 +134,11 @@ class PackedKVCache:
             out = ops.decode_attention_kv8(query[:, :, 0], k["codes"], k["scale"], k["min"], v["codes"],
                                            v["scale"], v["min"], mask, scale)
             return out[:, None]
-        like = torch.empty(b, k["codes"].shape[1], self.max_context, d, dtype=query.dtype, device=query.device)
-        kh, vh = kv.unpack(k, self.spec, "k", like), kv.unpack(v, self.spec, "v", like)
-        visible = cols[None, :] <= positions[:, None]  # [T, L]: causal by position
-        out = F.scaled_dot_product_attention(query, kh, vh, attn_mask=visible, scale=scale,
-                                             enable_gqa=hq != kh.shape[1])
-        return out.transpose(1, 2)
+        end = int(positions[-1]) + 1 if t > 1 else self.max_context  # decode: no host sync (captured step)
+        like = torch.empty(b, k["codes"].shape[1], end, d, dtype=query.dtype, device=query.device)
+        kh = kv.unpack({n: t[:, :, :end] for n, t in k.items()}, self.spec, "k", like)
+        vh = kv.unpack({n: t[:, :, :end] for n, t in v.items()}, self.spec, "v", like)
+        return _attend_gqa(query, kh, vh, cols[None, :end] <= positions[:, None], scale)  # causal by position
 
     def _attend4(self, layer, query, key, value, positions, scale) -> torch.Tensor:
         c, spec, g = self.layers[layer], self.spec, self.spec.group_size
@@ -161,11 +160,9 @@ class PackedKVCache:
                 out = ops.decode_attention_kv4(query[:, :, 0], *(c[n] for n in _KV4_PARTS), positions + 1, g,
                                                spec.residual, scale)
                 return out[:, None]
-            cols = torch.arange(self.length, device=query.device)
-            fresh = cols >= positions + 1 - self.ring  # cols the ring still holds
-            fp_k = c["k_ring"][:, :, cols % self.ring] * fresh[:, None]
-            fp_v = c["v_ring"][:, :, cols % self.ring] * fresh[:, None]
-            return self._mixed(query, c, fp_k, fp_v, positions, self.length, scale)
+            cols = torch.arange(self.length, device=query.device)  # the ring read at every position: _mixed's
+            return self._mixed(query, c, c["k_ring"][:, :, cols % self.ring],  # mask keeps the window's
+                               c["v_ring"][:, :, cols % self.ring], 0, positions, self.length, scale)
         # a prompt chunk (eager): its own fp16 keys and values, and the window's from before it
         start, end = int(positions[0]), int(positions[-1]) + 1
         low = max(0, start - self.ring)
@@ -179,8 +176,7 @@ class PackedKVCache:
         slots = positions[t - keep:] % self.ring
         c["k_ring"].index_copy_(2, slots, key[:, :, t - keep:])
         c["v_ring"].index_copy_(2, slots, value[:, :, t - keep:])
-        pad = key.new_zeros(key.shape[0], key.shape[1], low, key.shape[3])
-        return self._mixed(query, c, torch.cat([pad, fp_k], 2), torch.cat([pad, fp_v], 2), positions, end, scale)
+        return self._mixed(query, c, fp_k, fp_v, low, positions, end, scale)
 
     def _quantize_keys(self, c: dict, keys: torch.Tensor, start: torch.Tensor) -> None:
         """KIVI's per-channel quantization of whole blocks of ``keys`` [B, Hkv, n·G, D] starting at token ``start``
@@ -193,9 +189,11 @@ class PackedKVCache:
         c["k_scale"].index_copy_(2, blocks, packed["scale"][:, :, :, 0])
         c["k_min"].index_copy_(2, blocks, packed["min"][:, :, :, 0])
 
-    def _mixed(self, query, c, fp_k, fp_v, positions, end: int, scale: float) -> torch.Tensor:
+    def _mixed(self, query, c, fp_k, fp_v, low: int, positions, end: int, scale: float) -> torch.Tensor:
         """Attention [B, T, Hq, D] over tokens [0, end): each query reads the tokens below its quantized prefix from
-        the codes and the rest from ``fp_k`` / ``fp_v`` [B, Hkv, end, D] (quantkit.quant.kv.attention's rule)."""
+        the codes and the rest from ``fp_k`` / ``fp_v`` [B, Hkv, end − low, D], positions [low, end)
+        (quantkit.quant.kv.attention's rule). One SDPA over both key sets, each query's mask choosing a token's
+        quantized or fp16 form, so no [T, L] score matrix is built in torch."""
         spec, g = self.spec, self.spec.group_size
         kq = (kv.unpack_nibbles(c["k_codes"][:, :, :end]).float()
               * c["k_scale"].float().repeat_interleave(g, dim=2)[:, :, :end]
@@ -203,19 +201,26 @@ class PackedKVCache:
         vq = (kv.unpack_nibbles(c["v_codes"][:, :, :end]).float()
               * c["v_scale"].float().repeat_interleave(g, dim=3)[:, :, :end]
               + c["v_min"].float().repeat_interleave(g, dim=3)[:, :, :end]).to(query.dtype)
-        rep = query.shape[1] // kq.shape[1]
-        cols = torch.arange(end, device=query.device)
-        quant = cols[None, :] < kv.quantized_prefix(positions + 1, spec)[:, None]  # [T, end]
-        qf = query.float()
+        prefix = kv.quantized_prefix(positions + 1, spec)[:, None]  # [T, 1]
+        cols = torch.arange(end, device=query.device)[None, :]
+        fp_cols = torch.arange(low, end, device=query.device)[None, :]
+        visible = torch.cat([cols < prefix, (fp_cols >= prefix) & (fp_cols <= positions[:, None])], dim=1)
+        return _attend_gqa(query, torch.cat([kq, fp_k.to(query.dtype)], 2), torch.cat([vq, fp_v.to(query.dtype)], 2),
+                           visible, scale)
 
-        def heads(x):
-            return x.float().repeat_interleave(rep, dim=1)
 
-        scores = torch.where(quant, qf @ heads(kq).transpose(-1, -2), qf @ heads(fp_k).transpose(-1, -2)) * scale
-        scores = scores.masked_fill(cols[None, :] > positions[:, None], float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        out = (probs * quant) @ heads(vq) + (probs * ~quant) @ heads(fp_v)
-        return out.to(query.dtype).transpose(1, 2)
+def _attend_gqa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor,
+                scale: float) -> torch.Tensor:
+    """SDPA [B, T, Hq, D] of ``query`` [B, Hq, T, D] over ``key`` / ``value`` [B, Hkv, S, D] with a boolean
+    ``visible`` [T, S]. The query heads of a KV head are folded into the token axis, so the masked kernels (which
+    take no ``enable_gqa``) read each KV head once instead of a repeated copy."""
+    b, hq, t, d = query.shape
+    hkv = key.shape[1]
+    rep = hq // hkv
+    q = query.reshape(b, hkv, rep * t, d)
+    mask = visible.expand(rep, *visible.shape).reshape(rep * t, visible.shape[1]) if rep > 1 else visible
+    out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scale)
+    return out.reshape(b, hq, t, d).transpose(1, 2)
 
 
 _KV4_PARTS = ("k_codes", "k_scale", "k_min", "v_codes", "v_scale", "v_min", "k_ring", "v_ring")  # the kernel's order

@@ -30,29 +30,48 @@ import triton.language as tl
 
 from quantkit.runtime.kernels.jit import INTERPRET, check_device, kernel
 
-BLOCK_N = 64  # cache positions per inner step
 MIN_ROWS = 16  # the smallest row count of a tensor-core dot
+# (cache positions per inner step, warps, pipeline stages) of each cache form
+LAUNCH = {"fp16": (64, 4, 3), "kv8": (128, 4, 3), "kv4": (128, 4, 3)}
 
 
 @kernel
-def _attend_block(q, k, v, valid, m_i, l_i, acc, scale, DOT_F32: tl.constexpr):
-    """One block of FlashAttention's online softmax: scores of the query rows against keys [BLOCK_N, D] (positions
-    not ``valid`` take no weight), the running max ``m_i`` and sum ``l_i`` rescaled, P·V added to ``acc``."""
-    if DOT_F32:  # Triton's CPU interpreter multiplies bf16 tiles wrongly; fp32 products of the same values
-        scores = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32))) * scale
-    else:
-        scores = tl.dot(q, tl.trans(k)) * scale
+def _dot(a, b, DOT_F32: tl.constexpr):
+    """``tl.dot(a, b)`` in fp32 accumulation; under Triton's CPU interpreter (which multiplies bf16 tiles wrongly)
+    the same values as fp32 tiles."""
+    if DOT_F32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+    return tl.dot(a, b)
+
+
+@kernel
+def _codes_as(codes, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
+    """Integer codes as exact ``dtype`` values (via fp32 under the CPU interpreter, whose direct uint8 → bf16
+    conversion is wrong)."""
+    if INTERPRETED:
+        return codes.to(tl.float32).to(dtype)
+    return codes.to(dtype)
+
+
+@kernel
+def _softmax_step(scores, valid, m_i, l_i):
+    """One block of FlashAttention's online softmax: positions not ``valid`` take no weight; returns the block's
+    probabilities (relative to the new running max), the factor ``alpha`` that rescales the old output, and the
+    new running max and sum."""
     scores = tl.where(valid[None, :], scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no visible position yet: keep exp() finite
     p = tl.exp(scores - m_safe[:, None])
     alpha = tl.exp(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    if DOT_F32:
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32))
-    else:
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return m_new, l_i, acc
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
+@kernel
+def _attend_block(q, k, v, valid, m_i, l_i, acc, scale, DOT_F32: tl.constexpr):
+    """Scores of the query rows against keys [BLOCK_N, D], the online softmax, and P·V added to ``acc``;
+    probabilities are rounded to the cache dtype for the P·V product, as FlashAttention does."""
+    p, alpha, m_i, l_i = _softmax_step(_dot(q, tl.trans(k), DOT_F32) * scale, valid, m_i, l_i)
+    return m_i, l_i, acc * alpha[:, None] + _dot(p.to(v.dtype), v, DOT_F32)
 
 
 @kernel
@@ -66,10 +85,9 @@ def _store_partial(o_ptr, m_ptr, l_ptr, acc, m_i, l_i, b, heads, live, s, so_b, 
 
 
 @kernel
-def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, m_ptr, l_ptr, ks_ptr, km_ptr, vs_ptr, vm_ptr, L, rep, chunk,
-                  scale, sq_b, sq_h, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, sm_b, so_b, so_h, so_s, sml_b, sml_h, ss_b,
-                  ss_h, HAS_MASK: tl.constexpr, KV8: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-                  D: tl.constexpr, DOT_F32: tl.constexpr):
+def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, m_ptr, l_ptr, L, rep, chunk, scale, sq_b, sq_h, sk_b, sk_h,
+                  sk_l, sv_b, sv_h, sv_l, sm_b, so_b, so_h, so_s, sml_b, sml_h, HAS_MASK: tl.constexpr,
+                  BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, DOT_F32: tl.constexpr):
     # 64-bit sequence index: batch × a long cache passes 2^31 elements (32 sequences of 128K tokens, 8 KV heads)
     b, kvh, s = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     rows = tl.arange(0, BLOCK_H)
@@ -89,71 +107,138 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, m_ptr, l_ptr, ks_ptr, km
         valid = pos < end
         if HAS_MASK:
             valid = valid & (tl.load(mask_ptr + b * sm_b + pos, mask=valid, other=0) != 0)
-        k = tl.load(k_base + pos[:, None] * sk_l + d[None, :], mask=valid[:, None], other=0)
-        if KV8:  # x̂ = code · scale + min per token, rounded to the query dtype as quant.kv.unpack rounds it
-            kscale = tl.load(ks_ptr + b * ss_b + kvh * ss_h + pos, mask=valid, other=0.0).to(tl.float32)
-            kmin = tl.load(km_ptr + b * ss_b + kvh * ss_h + pos, mask=valid, other=0.0).to(tl.float32)
-            k = (k.to(tl.float32) * kscale[:, None] + kmin[:, None]).to(q.dtype)
-        v = tl.load(v_base + pos[:, None] * sv_l + d[None, :], mask=valid[:, None], other=0)
-        if KV8:
-            vscale = tl.load(vs_ptr + b * ss_b + kvh * ss_h + pos, mask=valid, other=0.0).to(tl.float32)
-            vmin = tl.load(vm_ptr + b * ss_b + kvh * ss_h + pos, mask=valid, other=0.0).to(tl.float32)
-            v = (v.to(tl.float32) * vscale[:, None] + vmin[:, None]).to(q.dtype)
+        k = tl.load(k_base + pos[:, None] * sk_l + d[None, :], mask=valid[:, None], other=0.0)
+        v = tl.load(v_base + pos[:, None] * sv_l + d[None, :], mask=valid[:, None], other=0.0)
         m_i, l_i, acc = _attend_block(q, k, v, valid, m_i, l_i, acc, scale, DOT_F32)
     _store_partial(o_ptr, m_ptr, l_ptr, acc, m_i, l_i, b, heads, live, s, so_b, so_h, so_s, sml_b, sml_h, D)
 
 
 @kernel
-def _nibbles(codes):
-    """[N, D/2] bytes → [N, D] 4-bit codes, low nibble first (quantkit.quant.kv.pack_nibbles)."""
-    return tl.reshape(tl.join(codes & 0xF, codes >> 4), (codes.shape[0], codes.shape[1] * 2))
+def _split_kv8_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, m_ptr, l_ptr, ks_ptr, km_ptr, vs_ptr, vm_ptr, L, rep,
+                      chunk, scale, sq_b, sq_h, sc_b, sc_h, sm_b, so_b, so_h, so_s, sml_b, sml_h, ss_b, ss_h,
+                      HAS_MASK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+                      DOT_F32: tl.constexpr):
+    # With x̂ = c·s + m per token, the affine map moves out of the dots onto [rows, BLOCK_N] tiles:
+    #   q·k̂_t = s_t (q·c_t) + m_t Σ_d q_d        Σ_t p_t v̂_t = Σ_t (p_t s_t) c_t + Σ_t p_t m_t
+    # so the codes enter the tensor cores as exact fp16/bf16 integers and nothing is dequantized per element.
+    b, kvh, s = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    rows = tl.arange(0, BLOCK_H)
+    live = rows < rep
+    heads = kvh * rep + rows
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :], mask=live[:, None], other=0.0)
+    q_sum = tl.sum(q.to(tl.float32), axis=1)
+    m_i = tl.full((BLOCK_H,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_H,), tl.float32)
+    acc = tl.zeros((BLOCK_H, D), tl.float32)
+    start = s * chunk
+    end = tl.minimum(start + chunk, L)
+    codes = b * sc_b + kvh * sc_h
+    scales = b * ss_b + kvh * ss_h
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        valid = pos < end
+        if HAS_MASK:
+            valid = valid & (tl.load(mask_ptr + b * sm_b + pos, mask=valid, other=0) != 0)
+        kc = tl.load(k_ptr + codes + pos[:, None] * D + d[None, :], mask=valid[:, None], other=0)
+        kc = _codes_as(kc, q.dtype, DOT_F32)
+        k_s = tl.load(ks_ptr + scales + pos, mask=valid, other=0.0).to(tl.float32)
+        k_m = tl.load(km_ptr + scales + pos, mask=valid, other=0.0).to(tl.float32)
+        qc = _dot(q, tl.trans(kc), DOT_F32)
+        p, alpha, m_i, l_i = _softmax_step((qc * k_s[None, :] + q_sum[:, None] * k_m[None, :]) * scale, valid,
+                                           m_i, l_i)
+        vc = tl.load(v_ptr + codes + pos[:, None] * D + d[None, :], mask=valid[:, None], other=0)
+        vc = _codes_as(vc, q.dtype, DOT_F32)
+        v_s = tl.load(vs_ptr + scales + pos, mask=valid, other=0.0).to(tl.float32)
+        v_m = tl.load(vm_ptr + scales + pos, mask=valid, other=0.0).to(tl.float32)
+        pv = _dot((p * v_s[None, :]).to(q.dtype), vc, DOT_F32) + tl.sum(p * v_m[None, :], axis=1)[:, None]
+        acc = acc * alpha[:, None] + pv
+    _store_partial(o_ptr, m_ptr, l_ptr, acc, m_i, l_i, b, heads, live, s, so_b, so_h, so_s, sml_b, sml_h, D)
 
 
 @kernel
 def _split_kv4_kernel(q_ptr, kc_ptr, ks_ptr, km_ptr, vc_ptr, vs_ptr, vm_ptr, kr_ptr, vr_ptr, n_ptr, o_ptr, m_ptr,
                       l_ptr, rep, chunk, scale, R, W, sq_b, sq_h, sc_b, sc_h, sks_b, sks_h, svs_b, svs_h, sr_b, sr_h,
                       so_b, so_h, so_s, sml_b, sml_h, G: tl.constexpr, BLOCK_H: tl.constexpr,
-                      BLOCK_N: tl.constexpr, D: tl.constexpr, DOT_F32: tl.constexpr):
+                      BLOCK_N: tl.constexpr, D: tl.constexpr, F16: tl.constexpr, DOT_F32: tl.constexpr):
+    # A byte holds channels 2j (low nibble) and 2j + 1 (high), so the kernel works on the even and odd channels as
+    # two halves of D/2: q·k = q_even·k_even + q_odd·k_odd, and the output halves are stored interleaved. The
+    # scales broadcast over 3-D views: keys [blocks, G tokens, D/2] under a [blocks, 1, D/2] row of channel scales,
+    # values [BLOCK_N, D/G groups, G/2] under [BLOCK_N, D/G, 1] token scales. fp16 queries dequantize in fp16
+    # (one rounding of c·s + m, as the fp32 reference rounds it); bf16 queries in fp32.
+    H2: tl.constexpr = D // 2
+    NB: tl.constexpr = BLOCK_N // G
+    NG: tl.constexpr = D // G
     b, kvh, s = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     rows = tl.arange(0, BLOCK_H)
     live = rows < rep
     heads = kvh * rep + rows
-    d = tl.arange(0, D)
-    half = tl.arange(0, D // 2)
-    q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :], mask=live[:, None], other=0.0)
+    j = tl.arange(0, H2)
+    q_at = q_ptr + b * sq_b + heads[:, None] * sq_h + 2 * j[None, :]
+    q_lo = tl.load(q_at, mask=live[:, None], other=0.0)
+    q_hi = tl.load(q_at + 1, mask=live[:, None], other=0.0)
+    cd = tl.float16 if F16 else tl.float32
     m_i = tl.full((BLOCK_H,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_H,), tl.float32)
-    acc = tl.zeros((BLOCK_H, D), tl.float32)
+    acc_lo = tl.zeros((BLOCK_H, H2), tl.float32)
+    acc_hi = tl.zeros((BLOCK_H, H2), tl.float32)
     n = tl.load(n_ptr)  # tokens in the cache, read on the GPU: one captured graph serves every step
     prefix = tl.maximum(((n - R) // G) * G, 0)  # quant.kv.quantized_prefix
     if s < tl.num_programs(2) - 1:  # a chunk of the quantized prefix
         start = s * chunk
         end = tl.minimum(start + chunk, prefix)
+        codes = b * sc_b + kvh * sc_h
+        k_scales = b * sks_b + kvh * sks_h
+        v_scales = b * svs_b + kvh * svs_h
+        blk = tl.arange(0, NB)
+        t = tl.arange(0, G)
+        grp = tl.arange(0, NG)
+        within = tl.arange(0, G // 2)
         for n0 in range(start, end, BLOCK_N):
+            tok = n0 + blk[:, None] * G + t[None, :]  # [NB, G]
+            kc = tl.load(kc_ptr + codes + tok[:, :, None] * H2 + j[None, None, :],
+                         mask=(tok < end)[:, :, None], other=0)
+            row = k_scales + (n0 // G + blk)[:, None, None] * D + 2 * j[None, None, :]  # [NB, 1, D/2]
+            ok = (n0 + blk * G < end)[:, None, None]
+            k_lo = (kc & 0xF).to(cd) * tl.load(ks_ptr + row, mask=ok, other=0.0).to(cd) \
+                + tl.load(km_ptr + row, mask=ok, other=0.0).to(cd)
+            k_hi = (kc >> 4).to(cd) * tl.load(ks_ptr + row + 1, mask=ok, other=0.0).to(cd) \
+                + tl.load(km_ptr + row + 1, mask=ok, other=0.0).to(cd)
+            k_lo = tl.reshape(k_lo, (BLOCK_N, H2)).to(q_lo.dtype)
+            k_hi = tl.reshape(k_hi, (BLOCK_N, H2)).to(q_lo.dtype)
             pos = n0 + tl.arange(0, BLOCK_N)
             valid = pos < end
-            kc = tl.load(kc_ptr + b * sc_b + kvh * sc_h + pos[:, None] * (D // 2) + half[None, :],
-                         mask=valid[:, None], other=0)
-            kblock = b * sks_b + kvh * sks_h + (pos // G)[:, None] * D + d[None, :]  # per block and channel
-            ksc = tl.load(ks_ptr + kblock, mask=valid[:, None], other=0.0).to(tl.float32)
-            kmn = tl.load(km_ptr + kblock, mask=valid[:, None], other=0.0).to(tl.float32)
-            k = (_nibbles(kc).to(tl.float32) * ksc + kmn).to(q.dtype)
-            vc = tl.load(vc_ptr + b * sc_b + kvh * sc_h + pos[:, None] * (D // 2) + half[None, :],
-                         mask=valid[:, None], other=0)
-            vgroup = b * svs_b + kvh * svs_h + pos[:, None] * (D // G) + (d // G)[None, :]  # per token and group
-            vsc = tl.load(vs_ptr + vgroup, mask=valid[:, None], other=0.0).to(tl.float32)
-            vmn = tl.load(vm_ptr + vgroup, mask=valid[:, None], other=0.0).to(tl.float32)
-            v = (_nibbles(vc).to(tl.float32) * vsc + vmn).to(q.dtype)
-            m_i, l_i, acc = _attend_block(q, k, v, valid, m_i, l_i, acc, scale, DOT_F32)
+            scores = _dot(q_lo, tl.trans(k_lo), DOT_F32) + _dot(q_hi, tl.trans(k_hi), DOT_F32)
+            p, alpha, m_i, l_i = _softmax_step(scores * scale, valid, m_i, l_i)
+            vc = tl.load(vc_ptr + codes + pos[:, None, None] * H2 + grp[None, :, None] * (G // 2)
+                         + within[None, None, :], mask=valid[:, None, None], other=0)  # [BLOCK_N, D/G, G/2]
+            at = v_scales + pos[:, None, None] * NG + grp[None, :, None]  # [BLOCK_N, D/G, 1]
+            v_s = tl.load(vs_ptr + at, mask=valid[:, None, None], other=0.0).to(cd)
+            v_m = tl.load(vm_ptr + at, mask=valid[:, None, None], other=0.0).to(cd)
+            v_lo = tl.reshape((vc & 0xF).to(cd) * v_s + v_m, (BLOCK_N, H2)).to(q_lo.dtype)
+            v_hi = tl.reshape((vc >> 4).to(cd) * v_s + v_m, (BLOCK_N, H2)).to(q_lo.dtype)
+            pq = p.to(q_lo.dtype)
+            acc_lo = acc_lo * alpha[:, None] + _dot(pq, v_lo, DOT_F32)
+            acc_hi = acc_hi * alpha[:, None] + _dot(pq, v_hi, DOT_F32)
     else:  # the fp16 window [prefix, n), held in a ring of W slots
         for n0 in range(prefix, n, BLOCK_N):
             pos = n0 + tl.arange(0, BLOCK_N)
             valid = pos < n
-            ring = b * sr_b + kvh * sr_h + (pos % W)[:, None] * D + d[None, :]
-            k = tl.load(kr_ptr + ring, mask=valid[:, None], other=0.0)
-            v = tl.load(vr_ptr + ring, mask=valid[:, None], other=0.0)
-            m_i, l_i, acc = _attend_block(q, k, v, valid, m_i, l_i, acc, scale, DOT_F32)
-    _store_partial(o_ptr, m_ptr, l_ptr, acc, m_i, l_i, b, heads, live, s, so_b, so_h, so_s, sml_b, sml_h, D)
+            ring = b * sr_b + kvh * sr_h + (pos % W)[:, None] * D + 2 * j[None, :]
+            k_lo = tl.load(kr_ptr + ring, mask=valid[:, None], other=0.0)
+            k_hi = tl.load(kr_ptr + ring + 1, mask=valid[:, None], other=0.0)
+            scores = _dot(q_lo, tl.trans(k_lo), DOT_F32) + _dot(q_hi, tl.trans(k_hi), DOT_F32)
+            p, alpha, m_i, l_i = _softmax_step(scores * scale, valid, m_i, l_i)
+            pq = p.to(q_lo.dtype)
+            acc_lo = acc_lo * alpha[:, None] + _dot(pq, tl.load(vr_ptr + ring, mask=valid[:, None], other=0.0),
+                                                    DOT_F32)
+            acc_hi = acc_hi * alpha[:, None] + _dot(pq, tl.load(vr_ptr + ring + 1, mask=valid[:, None], other=0.0),
+                                                    DOT_F32)
+    out = o_ptr + b * so_b + heads[:, None] * so_h + s * so_s + 2 * j[None, :]
+    tl.store(out, acc_lo, mask=live[:, None])
+    tl.store(out + 1, acc_hi, mask=live[:, None])
+    tl.store(m_ptr + b * sml_b + heads * sml_h + s, m_i, mask=live)
+    tl.store(l_ptr + b * sml_b + heads * sml_h + s, l_i, mask=live)
 
 
 @kernel
@@ -202,10 +287,10 @@ def _shape_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     return None
 
 
-def split_count(batch: int, kv_heads: int, length: int, sms: int) -> int:
+def split_count(batch: int, kv_heads: int, length: int, sms: int, block_n: int = 64) -> int:
     """How many chunks each (sequence, KV head) splits the cache into: enough programs for two waves of ``sms``
-    multiprocessors, each chunk at least one ``BLOCK_N`` block (the flash-decoding rule)."""
-    blocks = max(1, -(-length // BLOCK_N))
+    multiprocessors, each chunk at least one ``block_n`` block (the flash-decoding rule)."""
+    blocks = max(1, -(-length // block_n))
     want = max(1, -(-2 * sms // max(1, batch * kv_heads)))
     return min(want, blocks)
 
@@ -220,25 +305,51 @@ def kernel_preferred(batch: int, kv_heads: int, sms: int) -> bool:
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
-                     splits: int | None = None, sms: int = 132) -> torch.Tensor:
+                     splits: int | None = None, sms: int = 132, launch: tuple | None = None) -> torch.Tensor:
     """softmax(scale · q·kᵀ + mask) · v per query head [B, Hq, D] in q's dtype, for one query token per sequence
-    (module docstring). ``splits`` defaults to :func:`split_count` for ``sms`` multiprocessors."""
+    (module docstring). ``splits`` defaults to :func:`split_count` for ``sms`` multiprocessors; ``launch``
+    (BLOCK_N, warps, stages) to :data:`LAUNCH`'s."""
     why = decode_attention_problem(q, k, v, mask)
     if why:
         raise ValueError(why)
-    return _launch(q, k, v, None, mask, scale, splits, sms)
+    check_device(q, k, v)
+    b, hq, d = q.shape
+    kvh, length = k.shape[1], k.shape[2]
+    block_n, warps, stages = launch or LAUNCH["fp16"]
+    chunk, splits = _chunks(b, kvh, length, splits, sms, block_n)
+    part, ml, out = _partials(q, splits)
+    _split_kernel[(b, kvh, splits)](
+        q, k, v, q if mask is None else mask, part, ml[0], ml[1], length, hq // kvh, chunk, float(scale),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+        0 if mask is None else mask.stride(0), part.stride(0), part.stride(1), part.stride(2), ml.stride(1),
+        ml.stride(2), HAS_MASK=mask is not None, BLOCK_H=_rows(hq // kvh), BLOCK_N=block_n, D=d, DOT_F32=INTERPRET,
+        num_warps=warps, num_stages=stages)
+    return _combine(part, ml, out)
 
 
 def decode_attention_kv8(q: torch.Tensor, k: dict, v: dict, mask: torch.Tensor | None, scale: float,
-                         splits: int | None = None, sms: int = 132) -> torch.Tensor:
+                         splits: int | None = None, sms: int = 132, launch: tuple | None = None) -> torch.Tensor:
     """:func:`decode_attention` over a KV8 cache (:func:`quantkit.quant.kv.pack`'s form): ``k`` and ``v`` each
     {"codes": uint8 [B, Hkv, L, D], "scale", "min": fp16 [B, Hkv, L, 1]}, dequantized in registers block by block
     (BitDecoding's read of a low-bit cache), x̂ = code · scale + min rounded to q's dtype."""
     why = kv8_problem(q, k, v, mask)
     if why:
         raise ValueError(why)
-    scales = tuple(t[..., 0] for t in (k["scale"], k["min"], v["scale"], v["min"]))
-    return _launch(q, k["codes"], v["codes"], scales, mask, scale, splits, sms)
+    check_device(q, k["codes"], v["codes"])
+    ks, km, vs, vm = (t[..., 0] for t in (k["scale"], k["min"], v["scale"], v["min"]))
+    kc, vc = k["codes"], v["codes"]
+    b, hq, d = q.shape
+    kvh, length = kc.shape[1], kc.shape[2]
+    block_n, warps, stages = launch or LAUNCH["kv8"]
+    chunk, splits = _chunks(b, kvh, length, splits, sms, block_n)
+    part, ml, out = _partials(q, splits)
+    _split_kv8_kernel[(b, kvh, splits)](
+        q, kc, vc, q if mask is None else mask, part, ml[0], ml[1], ks, km, vs, vm, length, hq // kvh, chunk,
+        float(scale), q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), 0 if mask is None else mask.stride(0),
+        part.stride(0), part.stride(1), part.stride(2), ml.stride(1), ml.stride(2), ks.stride(0), ks.stride(1),
+        HAS_MASK=mask is not None, BLOCK_H=_rows(hq // kvh), BLOCK_N=block_n, D=d, DOT_F32=INTERPRET,
+        num_warps=warps, num_stages=stages)
+    return _combine(part, ml, out)
 
 
 def kv8_problem(q: torch.Tensor, k: dict, v: dict, mask: torch.Tensor | None) -> str | None:
@@ -278,8 +389,9 @@ def kv4_problem(q: torch.Tensor, cache: dict, group: int, residual: int) -> str 
     if kc.dim() != 4 or kc.shape[0] != b or kc.shape[3] * 2 != d:
         return f"k_codes must be [B, Hkv, L, D/2] = [{b}, Hkv, L, {d // 2}], got {tuple(kc.shape)}"
     bh, length = kc.shape[:2], kc.shape[2]
-    if d < 16 or d > 256 or d & (d - 1) or d % group or length % group:
-        return f"head size {d} (a power of two from 16 to 256) and cache length {length} must be multiples of {group}"
+    if d < 32 or d > 256 or d & (d - 1) or d % group or length % group or group < 2:
+        return (f"head size {d} (a power of two from 32 to 256) and cache length {length} must be multiples of the "
+                f"group size {group} (at least 2)")
     if hq % bh[1] or hq // bh[1] > 64:
         return f"{hq} query heads do not group evenly (at most 64 each) over {bh[1]} KV heads"
     ring = cache["k_ring"].shape[2]
@@ -297,7 +409,8 @@ def kv4_problem(q: torch.Tensor, cache: dict, group: int, residual: int) -> str 
 
 
 def decode_attention_kv4(q: torch.Tensor, cache: dict, tokens: torch.Tensor, group: int, residual: int,
-                         scale: float, splits: int | None = None, sms: int = 132) -> torch.Tensor:
+                         scale: float, splits: int | None = None, sms: int = 132,
+                         launch: tuple | None = None) -> torch.Tensor:
     """Attention [B, Hq, D] of one query token per sequence over the ``tokens`` ([1], on the device) tokens of a KV4
     cache (:func:`kv4_problem` gives the layout; KIVI: keys per channel over blocks of ``group`` tokens, values per
     token over ``group`` channels; BitDecoding's fp16 window): the whole blocks older than the latest ``residual``
@@ -310,18 +423,19 @@ def decode_attention_kv4(q: torch.Tensor, cache: dict, tokens: torch.Tensor, gro
     check_device(q, *(cache[name] for name in KV4_PARTS), tokens)
     b, hq, d = q.shape
     kvh, length = cache["k_codes"].shape[1], cache["k_codes"].shape[2]
-    rep = hq // kvh
-    chunk, splits = _chunks(b, kvh, length, splits, sms)
+    block_n, warps, stages = launch or LAUNCH["kv4"]
+    block_n = max(block_n, group)
+    chunk, splits = _chunks(b, kvh, length, splits, sms, block_n)
     splits += 1  # the prefix's chunks and the window's program
     part, ml, out = _partials(q, splits)
     kc, ks, ring = cache["k_codes"], cache["k_scale"], cache["k_ring"]
     vs = cache["v_scale"]
     _split_kv4_kernel[(b, kvh, splits)](
         q, kc, ks, cache["k_min"], cache["v_codes"], vs, cache["v_min"], ring, cache["v_ring"], tokens, part, ml[0],
-        ml[1], rep, chunk, float(scale), residual, ring.shape[2], q.stride(0), q.stride(1), kc.stride(0),
+        ml[1], hq // kvh, chunk, float(scale), residual, ring.shape[2], q.stride(0), q.stride(1), kc.stride(0),
         kc.stride(1), ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1), ring.stride(0), ring.stride(1),
-        part.stride(0), part.stride(1), part.stride(2), ml.stride(1), ml.stride(2), G=group,
-        BLOCK_H=max(MIN_ROWS, triton.next_power_of_2(rep)), BLOCK_N=BLOCK_N, D=d, DOT_F32=INTERPRET, num_warps=4)
+        part.stride(0), part.stride(1), part.stride(2), ml.stride(1), ml.stride(2), G=group, BLOCK_H=_rows(hq // kvh),
+        BLOCK_N=block_n, D=d, F16=q.dtype == torch.float16, DOT_F32=INTERPRET, num_warps=warps, num_stages=stages)
     return _combine(part, ml, out)
 
 
@@ -345,13 +459,19 @@ def kv4_reference(q: torch.Tensor, cache: dict, tokens: int, group: int, residua
     return decode_attention_reference(q, k, v, None, scale)
 
 
-def _chunks(batch: int, kv_heads: int, length: int, splits: int | None, sms: int) -> tuple[int, int]:
-    """(tokens per chunk, whole BLOCK_N blocks; chunks) of a cache of ``length`` tokens split ``splits`` ways, by
+def _chunks(batch: int, kv_heads: int, length: int, splits: int | None, sms: int,
+            block_n: int) -> tuple[int, int]:
+    """(tokens per chunk, whole ``block_n`` blocks; chunks) of a cache of ``length`` tokens split ``splits`` ways, by
     default :func:`split_count`'s."""
-    splits = splits or split_count(batch, kv_heads, length, sms)
-    blocks = -(-length // BLOCK_N)
-    chunk = -(-blocks // splits) * BLOCK_N
+    splits = splits or split_count(batch, kv_heads, length, sms, block_n)
+    blocks = -(-length // block_n)
+    chunk = -(-blocks // splits) * block_n
     return chunk, -(-length // chunk)
+
+
+def _rows(rep: int) -> int:
+    """The tile rows for ``rep`` query heads: a power of two, at least a tensor-core dot's 16."""
+    return max(MIN_ROWS, triton.next_power_of_2(rep))
 
 
 def _partials(q: torch.Tensor, splits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -368,26 +488,6 @@ def _combine(part: torch.Tensor, ml: torch.Tensor, out: torch.Tensor) -> torch.T
                              ml.stride(1), ml.stride(2), out.stride(0), out.stride(1),
                              BLOCK_S=max(2, triton.next_power_of_2(splits)), D=d, num_warps=4)
     return out
-
-
-def _launch(q, k, v, scales, mask, scale, splits, sms) -> torch.Tensor:
-    check_device(q, k, v)
-    b, hq, d = q.shape
-    kvh, length = k.shape[1], k.shape[2]
-    rep = hq // kvh
-    chunk, splits = _chunks(b, kvh, length, splits, sms)
-    part, ml, out = _partials(q, splits)
-    has_mask = mask is not None
-    mask_arg = mask if has_mask else q
-    kv8 = scales is not None
-    ks, km, vs, vm = scales if kv8 else (q, q, q, q)
-    _split_kernel[(b, kvh, splits)](
-        q, k, v, mask_arg, part, ml[0], ml[1], ks, km, vs, vm, length, rep, chunk, float(scale),
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        mask.stride(0) if has_mask else 0, part.stride(0), part.stride(1), part.stride(2), ml.stride(1),
-        ml.stride(2), ks.stride(0) if kv8 else 0, ks.stride(1) if kv8 else 0, HAS_MASK=has_mask, KV8=kv8,
-        BLOCK_H=max(MIN_ROWS, triton.next_power_of_2(rep)), BLOCK_N=BLOCK_N, D=d, DOT_F32=INTERPRET, num_warps=4)
-    return _combine(part, ml, out)
 
 
 def decode_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,

@@ -179,15 +179,16 @@ def _kv4_cache(k, v, spec, tokens, length, ring):
     return cache
 
 
-@pytest.mark.parametrize("tokens,residual,group,length", [(300, 128, 32, 320), (129, 128, 32, 192), (40, 128, 32, 64),
-                                                            (200, 32, 16, 256), (1, 0, 32, 64)])
+@pytest.mark.parametrize("tokens,residual,group,length,d", [(300, 128, 32, 320, 64), (129, 128, 32, 192, 64),
+                                                              (40, 128, 32, 64, 64), (200, 32, 16, 256, 64),
+                                                              (1, 0, 32, 64, 64), (300, 128, 32, 320, 128)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_kv4_kernel_reads_what_eval_ppl_scores(tokens, residual, group, length, dtype):
+def test_kv4_kernel_reads_what_eval_ppl_scores(tokens, residual, group, length, d, dtype):
     from quantkit.quant import kv
     from quantkit.runtime.kernels.triton.decode_attention import decode_attention_kv4, kv4_reference
 
     spec = kv.KVSpec(4, group_size=group, residual=residual)
-    b, hq, hkv, d = 2, 8, 2, 64
+    b, hq, hkv = 2, 8, 2
     q, k, v, _ = _inputs(b, hq, hkv, length, d, dtype, seed=tokens + group, mask_kind="none")
     cache = _kv4_cache(k, v, spec, tokens, length, residual + group)
     # quant.kv.attention: the decode step at position tokens - 1 reading the quantized prefix (eval-ppl --kv-bits 4)

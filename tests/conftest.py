@@ -20,12 +20,21 @@ TINY = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_atte
 
 def tiny_config(arch: str = "llama", **over):
     """A tiny config for one of the supported families (GQA: 4 query heads, 2 KV heads)."""
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import (LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config, Qwen2MoeConfig, Qwen3Config,
+                              Qwen3MoeConfig)
 
-    cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[arch]
+    cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
+           "mixtral": MixtralConfig, "qwen2_moe": Qwen2MoeConfig, "qwen3_moe": Qwen3MoeConfig}[arch]
     kw = dict(TINY)
-    if arch == "qwen3":
+    if arch in ("qwen3", "qwen3_moe"):
         kw["head_dim"] = 16
+    if arch == "mixtral":  # 4 experts, 2 per token
+        kw.update(num_local_experts=4, num_experts_per_tok=2)
+    if arch in ("qwen2_moe", "qwen3_moe"):  # 4 experts of 96, 2 per token (Qwen2-MoE: a shared expert of 128)
+        kw.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=96, decoder_sparse_step=1,
+                  mlp_only_layers=[])
+        if arch == "qwen2_moe":
+            kw["shared_expert_intermediate_size"] = 128
     kw.update(over)
     return cls(**kw)
 

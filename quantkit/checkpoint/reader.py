@@ -125,8 +125,12 @@ def _empty_model(folder: Path, dtype: torch.dtype) -> nn.Module:
             from None
     check_supported(config)
     # parameters on the meta device (no memory, no init); buffers such as rotary inv_freq are real
+    from quantkit.model.moe import unfuse_experts
+
     with init_empty_weights():
-        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    unfuse_experts(model)  # the packed names are per expert (quantkit.model.moe)
+    return model
 
 
 def build_model(folder: Path, manifest: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype,

@@ -240,6 +240,9 @@ def load_model(name_or_path: str, device: str = "auto", dtype: str | None = None
             msg = "its weights' shapes do not match its config.json (a config from another model size?)"
         raise QuantkitError(f"could not load the weights of '{name_or_path}': {msg}; fix config.json or the "
                             "weight files") from None
+    from quantkit.model.moe import unfuse_experts
+
+    unfuse_experts(model)  # MoE: one Linear per expert projection, on the devices its fused weights had
     if device_map is None:
         model.to(dev)
     model.eval()

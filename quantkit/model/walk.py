@@ -12,8 +12,10 @@ import torch.nn as nn
 
 from quantkit.errors import QuantkitError
 
-# Families the test suite builds and checks (tiny random models of each in tests/).
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# Families the test suite builds and checks (tiny random models of each in tests/). The MoE families load with
+# their experts as one Linear per projection (quantkit.model.moe).
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
+MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
 
 
 def check_supported(config) -> None:
@@ -27,15 +29,20 @@ def check_supported(config) -> None:
 
 
 def find_decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
-    """Return (path, ModuleList) of the decoder layers: the longest ModuleList of same-type blocks with Linears."""
+    """Return (path, ModuleList) of the decoder layers: the longest ModuleList of same-type blocks with Linears that
+    is not inside another such list (a MoE layer's expert list is inside the decoder layers)."""
     best: tuple[str, nn.ModuleList] | None = None
-    for name, mod in model.named_modules():
+    found: list[str] = []
+    for name, mod in model.named_modules():  # parents come before their children
         if not isinstance(mod, nn.ModuleList) or len(mod) == 0:
             continue
         if len({type(m) for m in mod}) != 1:
             continue
         if not any(isinstance(s, nn.Linear) for s in mod[0].modules()):
             continue
+        if any(name.startswith(f"{outer}.") for outer in found):
+            continue
+        found.append(name)
         if best is None or len(mod) > len(best[1]):
             best = (name, mod)
     if best is None:
@@ -45,10 +52,13 @@ def find_decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
 
 
 def layer_linears(layer: nn.Module, prefix: str = "") -> dict[str, nn.Linear]:
-    """Every nn.Linear inside one decoder layer, keyed by full name (prefix + relative path), in module order."""
+    """Every nn.Linear inside one decoder layer, keyed by full name (prefix + relative path), in module order; MoE
+    routing linears (:data:`quantkit.model.moe.FULL_PRECISION_LEAVES`) stay out."""
+    from quantkit.model.moe import FULL_PRECISION_LEAVES
+
     out = {}
     for rel, mod in layer.named_modules():
-        if isinstance(mod, nn.Linear):
+        if isinstance(mod, nn.Linear) and rel.rsplit(".", 1)[-1] not in FULL_PRECISION_LEAVES:
             out[f"{prefix}.{rel}" if prefix else rel] = mod
     return out
 

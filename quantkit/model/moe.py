@@ -1,0 +1,149 @@
+"""Mixture-of-experts layers as one nn.Linear per expert projection, so every quantizer sees each expert.
+
+transformers 5 stores the routed experts of Mixtral, Qwen2-MoE and Qwen3-MoE as two 3-D parameters per layer
+(``gate_up_proj`` [E, 2I, H] and ``down_proj`` [E, H, I]) in one module whose forward loops over the experts
+that received tokens. quantkit's pipeline quantizes nn.Linear modules, so :func:`unfuse_experts` replaces each
+such module by an :class:`ExpertList`: ``experts.{e}.gate_proj`` / ``up_proj`` / ``down_proj`` Linears (the
+per-expert names of transformers 4, GPTQModel and vLLM's GPTQ/AWQ MoE loaders) with the same routing forward. Each
+expert's Linears then see only the tokens routed to it, so its GPTQ Hessian and its MixLLM salience are its own
+(issue 40). The routers (``mlp.gate``) are not Linears and stay in full precision, as do the shared expert's
+one-output gate (:data:`FULL_PRECISION_LEAVES`).
+
+:class:`ExpertList` also counts the tokens each expert receives while :func:`count_tokens` is active: the
+calibration's per-expert coverage, which the GPTQ path uses to decide which experts it can calibrate
+(:data:`MIN_TOKENS_RULE`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.nn as nn
+
+# Linear leaves that route rather than transform (a router in transformers 4, Qwen2-MoE's sigmoid gate of the
+# shared expert, out_features 1): quantizing them changes which experts run; peers keep them in full precision.
+FULL_PRECISION_LEAVES = ("gate", "router", "shared_expert_gate")
+
+# An expert whose Linears saw fewer calibration tokens than this multiple of their input features gets round-to-
+# nearest (with the recipe's clipping) instead of GPTQ: its Hessian X·Xᵀ would be rank-deficient, and GPTQ's
+# reference rule zeroes the weight columns of inputs it never saw. GPTQModel and llm-compressor use the same kind
+# of fallback for uncalibrated experts.
+MIN_TOKENS_PER_FEATURE = 0.5
+MIN_TOKENS_RULE = (f"experts that saw fewer than {MIN_TOKENS_PER_FEATURE} × in_features calibration tokens are "
+                   "rounded to nearest (RTN, with the recipe's clipping) instead of GPTQ")
+
+
+class ExpertMLP(nn.Module):
+    """One routed expert: down_proj(act(gate_proj(x)) · up_proj(x))."""
+
+    def __init__(self, gate_proj: nn.Linear, up_proj: nn.Linear, down_proj: nn.Linear, act_fn: nn.Module):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
+        self.act_fn = act_fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class ExpertList(nn.ModuleList):
+    """The routed experts of one MoE block as :class:`ExpertMLP` modules, called like transformers' fused experts
+    module: ``forward(hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k])`` → [T, H], the sum over each
+    token's chosen experts of weight · expert(token)."""
+
+    def __init__(self, experts: list[ExpertMLP]):
+        super().__init__(experts)
+        self.num_experts = len(experts)
+        self.token_counts: torch.Tensor | None = None  # set by count_tokens
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(hidden_states)
+        hits = torch.bincount(top_k_index.reshape(-1), minlength=self.num_experts)[:self.num_experts]
+        if self.token_counts is not None:
+            self.token_counts += hits.to(self.token_counts.device)
+        for e in hits.nonzero().flatten().tolist():
+            token, slot = torch.where(top_k_index == e)
+            y = self[e](hidden_states[token]) * top_k_weights[token, slot, None]
+            out.index_add_(0, token, y.to(out.dtype))
+        return out
+
+
+def _is_fused_experts(module: nn.Module) -> bool:
+    gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    return (isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor) and gate_up.dim() == 3
+            and down.dim() == 3 and not isinstance(module, ExpertList))
+
+
+def _linear(weight: torch.Tensor) -> nn.Linear:
+    lin = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta", dtype=weight.dtype)
+    lin.weight = nn.Parameter(weight.detach().clone() if not weight.is_meta else weight.detach(), requires_grad=False)
+    return lin
+
+
+def unfuse(module: nn.Module) -> ExpertList:
+    """The :class:`ExpertList` of a fused experts module (``gate_up_proj`` [E, 2I, H], gate rows first, and
+    ``down_proj`` [E, H, I]), with copies of its weights (meta weights stay meta)."""
+    gate_up, down = module.gate_up_proj, module.down_proj
+    inter = gate_up.shape[1] // 2
+    experts = [ExpertMLP(_linear(gate_up[e, :inter]), _linear(gate_up[e, inter:]), _linear(down[e]), module.act_fn)
+               for e in range(gate_up.shape[0])]
+    return ExpertList(experts)
+
+
+def unfuse_experts(model: nn.Module) -> int:
+    """Replace every fused experts module of ``model`` by its :class:`ExpertList` (in place); returns how many.
+    The model computes the same function (the experts' products are the same rows of the same weights)."""
+    from quantkit.model.walk import set_module
+
+    fused = [name for name, mod in model.named_modules() if _is_fused_experts(mod)]
+    for name in fused:
+        if hasattr(model.get_submodule(name), "_hf_hook"):
+            from quantkit.errors import QuantkitError
+
+            raise QuantkitError("this MoE model's experts were placed by --device-map (accelerate hooks), which "
+                                "quantkit cannot split per expert yet; load it on one device (--device cpu or "
+                                "cuda) instead")
+        set_module(model, name, unfuse(model.get_submodule(name)))
+    return len(fused)
+
+
+def expert_lists(model: nn.Module) -> Iterator[tuple[str, ExpertList]]:
+    """(path, ExpertList) of every unfused MoE block."""
+    for name, mod in model.named_modules():
+        if isinstance(mod, ExpertList):
+            yield name, mod
+
+
+def is_expert_linear(name: str) -> bool:
+    """Whether a linear's path lies inside an expert list (``...mlp.experts.3.down_proj``)."""
+    parts = name.split(".")
+    return any(p == "experts" and i + 1 < len(parts) and parts[i + 1].isdigit() for i, p in enumerate(parts))
+
+
+@contextlib.contextmanager
+def count_tokens(model: nn.Module) -> Iterator[dict[str, torch.Tensor]]:
+    """Count the tokens routed to each expert while active: yields {expert list path: counts [E]} (filled as the
+    model runs; int64 on the CPU)."""
+    lists = dict(expert_lists(model))
+    counts = {name: torch.zeros(lst.num_experts, dtype=torch.int64) for name, lst in lists.items()}
+    for name, lst in lists.items():
+        lst.token_counts = counts[name]
+    try:
+        yield counts
+    finally:
+        for lst in lists.values():
+            lst.token_counts = None
+
+
+def coverage_rows(counts: dict[str, torch.Tensor], in_features: int) -> list[dict]:
+    """One row per expert list: tokens per expert (min, median, max) and the experts below
+    :data:`MIN_TOKENS_PER_FEATURE` × ``in_features`` tokens."""
+    need = MIN_TOKENS_PER_FEATURE * in_features
+    rows = []
+    for name, c in counts.items():
+        low = [e for e, n in enumerate(c.tolist()) if n < need]
+        rows.append({"experts": name, "min_tokens": int(c.min()), "median_tokens": int(c.median()),
+                     "max_tokens": int(c.max()), "under_covered": low})
+    return rows

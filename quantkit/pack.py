@@ -26,6 +26,18 @@ def _warn_line(msg: str) -> None:
     err_console.print(f"[bold yellow]warning:[/] {msg}", highlight=False, soft_wrap=True)
 
 
+def _warn_expert_coverage(calibration: dict | None, warn: Callable[[str], None]) -> None:
+    """One warning naming the MoE experts that calibration reached with too few tokens, and the rule applied."""
+    rows = [r for r in (calibration or {}).get("experts", []) if r["under_covered"]]
+    if not rows:
+        return
+    named = "; ".join(f"{r['experts']}: {', '.join(map(str, r['under_covered']))}" for r in rows[:4])
+    more = f" (and {len(rows) - 4} more layers)" if len(rows) > 4 else ""
+    n = sum(len(r["under_covered"]) for r in rows)
+    warn(f"{n} MoE expert(s) saw too few calibration tokens ({named}{more}); {calibration['experts_rule']}. More "
+         "calibration samples (--calib-samples) reach more experts")
+
+
 def _plan_bytes(plan: str | None) -> bytes | None:
     if plan is None:
         return None
@@ -196,6 +208,7 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
                             dataset=calib_dataset,
                             text_column=text_column)
     _release_weights(loaded.model, result.weights)
+    _warn_expert_coverage(result.calibration, warn_all)
     layouts = choose_layouts(result.weights, target, export, warn_all)
     act = None
     if rec.activation.enabled:
@@ -218,5 +231,7 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
     else:
         write_checkpoint(out, packed, max_bytes, force, loaded.tokenizer)
     summary = summarize(out, packed.manifest)
+    if result.calibration and result.calibration.get("experts"):
+        summary["expert_coverage"] = result.calibration["experts"]
     summary["warnings"] = warnings
     return summary

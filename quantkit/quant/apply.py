@@ -198,7 +198,16 @@ def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, devic
         else:
             ids, calib = calibration_inputs(tokenizer, recipe, max_positions(model), dataset, samples, seqlen,
                                             text_column)
-        records = _quantize_layerwise(model, recipe, plan, targets, ids, device, method, progress_factory)
+        records, coverage = _quantize_layerwise(model, recipe, plan, targets, ids, device, method, progress_factory)
+        if coverage:
+            from quantkit.model.moe import coverage_rows
+
+            from quantkit.model.moe import MIN_TOKENS_RULE
+
+            calib["experts"] = coverage_rows(coverage, _expert_in_features(targets))
+            calib["experts_rule"] = (MIN_TOKENS_RULE if method == "gptq" else
+                                     "experts no calibration token reached search their clipping on the weight "
+                                     "error instead of the output error")
     handles = []
     if recipe.activation.enabled:
         from quantkit.quant.act import attach_act_quant
@@ -213,8 +222,10 @@ def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, devic
 def _quantize_layerwise(model, recipe, plan, targets, ids, device, method, progress_factory):
     records: dict[str, WeightRecord] = {}
     config = _layer_config(recipe, method) if method in ("gptq", "awq") else None
+    coverage: dict[str, torch.Tensor] = {}
 
     def on_layer(i, prefix, layer, batches):
+        _count_expert_tokens(layer, prefix, batches, coverage)
         if recipe.activation.smooth is not None:
             from quantkit.quant.smooth import smooth_layer
 
@@ -269,4 +280,25 @@ def _quantize_layerwise(model, recipe, plan, targets, ids, device, method, progr
     finally:
         if ctx:
             ctx.__exit__(None, None, None)
-    return records
+    return records, coverage
+
+
+def _expert_in_features(targets: dict[str, nn.Linear]) -> int:
+    """The input features of the experts' first projections (the hidden size)."""
+    from quantkit.model.moe import is_expert_linear
+
+    return next(lin.in_features for n, lin in targets.items() if is_expert_linear(n) and n.endswith("gate_proj"))
+
+
+def _count_expert_tokens(layer: nn.Module, prefix: str, batches, coverage: dict[str, torch.Tensor]) -> None:
+    """Tokens the layer's FP router sends to each expert over the calibration batches (MoE layers only), into
+    ``coverage`` by expert-list path."""
+    from quantkit.model.layerwise import layer_output
+    from quantkit.model.moe import count_tokens, expert_lists
+
+    if next(expert_lists(layer), None) is None:
+        return
+    with torch.no_grad(), count_tokens(layer) as counts:
+        for b in batches:
+            layer_output(layer, b)
+    coverage.update({f"{prefix}.{name}": c for name, c in counts.items()})

@@ -23,7 +23,7 @@ import torch.nn as nn
 from quantkit.errors import QuantkitError
 from quantkit.model.layerwise import LayerBatch, layer_output
 from quantkit.quant import grid
-from quantkit.quant.clip import search_clip
+from quantkit.quant.clip import search_clip, seen_inputs
 from quantkit.quant.layerquant import (LayerQuantConfig, RowGrids, check_row_bits, fake_quantize_rows, linear_input,
                                        pre_hooks, write_weight)
 from quantkit.quant.partition import WeightRecord, dequantize_record
@@ -279,7 +279,8 @@ def _round_linear(name: str, weight: torch.Tensor, grids: RowGrids, inputs: list
                   config: AWQConfig, scaled: tuple[str | None, float | None]) -> WeightRecord:
     """Clip search (unless skipped) and RTN of one linear's (scaled) weight, per row partition."""
     clip = config.clip and name.rsplit(".", 1)[-1] not in config.clip_skip
-    meta = {"method": "awq", "scaled_by": scaled[0], "alpha": scaled[1], "clip": "output" if clip else None}
+    objective = "output" if seen_inputs(inputs) is not None else "weight"  # a MoE expert no token reached: weight
+    meta = {"method": "awq", "scaled_by": scaled[0], "alpha": scaled[1], "clip": objective if clip else None}
     parts = []
     for rows, spec in grids:
         w = weight if rows is None else weight[rows.to(weight.device)]

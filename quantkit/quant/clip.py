@@ -66,6 +66,16 @@ def _fake_quant_rows(rows: torch.Tensor, bits: int, sym: bool, ratio: float) -> 
     return (q - z.unsqueeze(-1)) * s.unsqueeze(-1)
 
 
+def seen_inputs(inputs: torch.Tensor | list[torch.Tensor] | None):
+    """``inputs`` if they hold at least one token, else None (a MoE expert that calibration never routed to: its
+    clip search falls back to the weight MSE)."""
+    if inputs is None:
+        return None
+    if isinstance(inputs, torch.Tensor):
+        return inputs if inputs.numel() else None
+    return inputs if any(t.numel() for t in inputs) else None
+
+
 def search_clip(weight: torch.Tensor, bits: int, group_size: int = 128, sym: bool = False,
                 inputs: torch.Tensor | list[torch.Tensor] | None = None, grid: int = 20, max_shrink: float = 0.5,
                 n_tokens: int | None = 512, chunk: int | None = None) -> torch.Tensor:
@@ -85,6 +95,7 @@ def search_clip(weight: torch.Tensor, bits: int, group_size: int = 128, sym: boo
     if chunk is None:
         chunk = max(1, _CHUNK_ELEMENTS // (ng * gs))
     error = weight_error
+    inputs = seen_inputs(inputs)
     if inputs is not None:
         x = grouped(sample_tokens(inputs, k, n_tokens, weight.device), gs, ng)  # [T, G, gs]
         error = output_error(x)

@@ -29,6 +29,7 @@ import torch.nn as nn
 from quantkit.errors import QuantkitError
 from quantkit.model.layerwise import LayerBatch, layer_output
 from quantkit.model.memory import fits
+from quantkit.model.moe import MIN_TOKENS_PER_FEATURE, is_expert_linear
 from quantkit.model.replay import BlockReplay, record_bytes
 from quantkit.quant import grid
 from quantkit.quant import lqq
@@ -332,7 +333,8 @@ class _StageDone(Exception):
 
 def sequential_stages(layer: nn.Module, batch: LayerBatch, linears: dict[str, nn.Linear]) -> list[list[str]]:
     """The linears grouped in call order by shared input tensor: [[q, k, v], [o], [gate, up], [down]] for
-    Llama-like layers — GPTQ's "true sequential" order, found by running the layer once, not by names."""
+    Llama-like layers — GPTQ's "true sequential" order, found by running the layer once, not by names. MoE experts
+    the batch routes no token to come last, gate and up of each expert sharing a group and down alone."""
     calls: list[tuple[str, torch.Tensor]] = []
     seen: set[str] = set()
 
@@ -348,6 +350,8 @@ def sequential_stages(layer: nn.Module, batch: LayerBatch, linears: dict[str, nn
         except _StageDone:
             pass
     missing = [n for n in linears if n not in seen]
+    unrouted = [n for n in missing if is_expert_linear(n)]  # MoE experts this batch routed no token to
+    missing = [n for n in missing if not is_expert_linear(n)]
     if missing:
         raise QuantkitError(f"linear(s) {', '.join(missing)} are not called by their layer's forward; "
                             "leave them out of the linears to quantize")
@@ -363,7 +367,11 @@ def sequential_stages(layer: nn.Module, batch: LayerBatch, linears: dict[str, nn
             stages.append([name])
         placed.add(name)
         last = x
-    return stages
+    by_expert: dict[str, list[str]] = {}
+    for name in unrouted:  # after the routed ones, as their own stages: gate and up, then down, of each expert
+        expert, leaf = name.rsplit(".", 1)
+        by_expert.setdefault(f"{expert}.{'down' if leaf == 'down_proj' else 'in'}", []).append(name)
+    return stages + [group for key, group in sorted(by_expert.items(), key=lambda kv: kv[0].endswith(".down"))]
 
 
 def _collect(layer: nn.Module, batches: list[LayerBatch], groups: list[list[str]], linears: dict[str, nn.Linear],
@@ -414,6 +422,14 @@ def _collect(layer: nn.Module, batches: list[LayerBatch], groups: list[list[str]
     return gptqs, samples
 
 
+def _identity(linear: nn.Linear) -> HessianAccumulator:
+    """An accumulator holding H = I: GPTQ on it rounds to nearest."""
+    acc = HessianAccumulator(linear.in_features, linear.weight.device)
+    acc.hessian.fill_diagonal_(1.0)
+    acc.count = 1
+    return acc
+
+
 def _row_specs(name: str, linear: nn.Linear, bits_of_rows: torch.Tensor | None, config: GPTQConfig,
                samples: list[torch.Tensor]) -> list[RowSpec]:
     """The RowSpecs of one linear (one per bit-width of a plan's row assignment), with clip ratios searched on
@@ -458,6 +474,7 @@ def gptq_quantize_layer(layer: nn.Module, batches: list[LayerBatch], linear_name
     if config.true_sequential and config.replay and fits(record_bytes(batches, linear_names), batches[0].hidden.device):
         replay = BlockReplay(layer, linear_names, batches[0])
     out: dict[str, QuantizedWeight | PartitionedWeight] = {}
+    under_covered: list[str] = []
     for stage in stages:
         if replay is not None:
             replay.stage(stage)
@@ -466,10 +483,19 @@ def gptq_quantize_layer(layer: nn.Module, batches: list[LayerBatch], linear_name
         for name in stage:
             linear = linear_names[name]
             specs = _row_specs(name, linear, row_bits.get(name), config, samples[name])
-            result = gptqs.pop(name).solve(specs, config.blocksize, config.percdamp, config.act_order,
-                                           config.static_groups)
+            gptq = gptqs.pop(name)
+            if is_expert_linear(name) and gptq.nsamples < MIN_TOKENS_PER_FEATURE * linear.in_features:
+                # quantkit.model.moe.MIN_TOKENS_RULE: an identity Hessian propagates no error, so GPTQ is RTN on
+                # the same grids (and the recipe's clipping, searched above on what inputs there were)
+                gptq = GPTQ(linear, name, _identity(linear))
+                under_covered.append(name)
+            result = gptq.solve(specs, config.blocksize, config.percdamp, config.act_order, config.static_groups)
             write_weight(linear, result.weight)
             out[name] = result.parts[0] if specs[0].rows is None else _partitioned(linear, specs, result)
+            if name in under_covered:
+                rec = out[name]
+                for qw in [p.weight for p in rec.partitions] if isinstance(rec, PartitionedWeight) else [rec]:
+                    qw.meta = {**qw.meta, "method": "rtn", "reason": "under-covered expert"}
         if replay is not None:
             replay.finish(stage)
     if outputs is not None:

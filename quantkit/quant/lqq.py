@@ -163,7 +163,7 @@ def lqq_search(weight: torch.Tensor, group_size: int = 128, inputs: torch.Tensor
     (per channel, the best kept) every second-level candidate of :func:`lqq_search_groups`, scored by the output
     error ||(W - W^) X^T||² on sampled ``inputs`` [..., K] (AWQ auto_clip's objective, :mod:`quantkit.quant.clip`)
     or the weight MSE without inputs. The record dequantizes through the kernels' Eq. 12 unchanged."""
-    from quantkit.quant.clip import grouped, output_error, weight_error, sample_tokens
+    from quantkit.quant.clip import grouped, output_error, sample_tokens, seen_inputs, weight_error
 
     if weight.dim() != 2:
         raise ValueError(f"expected a 2-D weight, got shape {tuple(weight.shape)}")
@@ -172,6 +172,7 @@ def lqq_search(weight: torch.Tensor, group_size: int = 128, inputs: torch.Tensor
     gs = k if group_size == -1 else int(group_size)
     ng = grid.num_groups(k, group_size)
     error = weight_error
+    inputs = seen_inputs(inputs)
     if inputs is not None:
         error = output_error(grouped(sample_tokens(inputs, k, n_tokens, w.device), gs, ng))
     wg = grouped(w, gs, ng)

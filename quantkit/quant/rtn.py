@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from quantkit.quant import grid
-from quantkit.quant.clip import search_clip
+from quantkit.quant.clip import search_clip, seen_inputs
 from quantkit.quant.records import QuantizedWeight
 
 
@@ -21,6 +21,7 @@ def rtn_quantize(weight: torch.Tensor, bits: int, group_size: int = 128, sym: bo
     error on ``inputs`` [..., K] when given, weight MSE otherwise; ``clip_options`` go to the search: grid,
     max_shrink, n_tokens, chunk). ``meta`` = {"method": "rtn", "clip": None | "weight" | "output"}.
     """
+    inputs = seen_inputs(inputs)
     if not clip and (inputs is not None or clip_options):
         raise ValueError("inputs/clip options only drive the clipping search; pass clip=True to use them")
     ratios = search_clip(weight, bits, group_size, sym, inputs=inputs, **clip_options) if clip else 1.0

@@ -59,6 +59,8 @@ class ExpertList(nn.ModuleList):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling() or (hidden_states.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return self.forward_dense(hidden_states, top_k_index, top_k_weights)
         out = torch.zeros_like(hidden_states)
         hits = torch.bincount(top_k_index.reshape(-1), minlength=self.num_experts)[:self.num_experts]
         if self.token_counts is not None:
@@ -67,6 +69,19 @@ class ExpertList(nn.ModuleList):
             token, slot = torch.where(top_k_index == e)
             y = self[e](hidden_states[token]) * top_k_weights[token, slot, None]
             out.index_add_(0, token, y.to(out.dtype))
+        return out
+
+
+    def forward_dense(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                      top_k_weights: torch.Tensor) -> torch.Tensor:
+        """The same sum with every expert run on every token and weighted by its routing weight (zero where not
+        chosen): no shape depends on the routing, so a compiled graph or a captured decode step holds it. It reads
+        each expert's weights once, as a decode step over a batch reaches most experts anyway."""
+        weights = torch.zeros(hidden_states.shape[0], self.num_experts, dtype=top_k_weights.dtype,
+                              device=hidden_states.device).scatter_add(1, top_k_index, top_k_weights)
+        out = torch.zeros_like(hidden_states)
+        for e, expert in enumerate(self):
+            out = out + (expert(hidden_states) * weights[:, e, None]).to(out.dtype)
         return out
 
 

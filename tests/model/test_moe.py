@@ -127,3 +127,30 @@ def test_mixed_plan_packs_and_packed_equals_fake_quant(arch, tiny_model_dir, tmp
     assert a.exit_code == 0 and b.exit_code == 0, a.output + b.output
     ra, rb = (json.loads(r.stdout.strip().splitlines()[-1]) for r in (a, b))
     assert ra["ppl"] == rb["ppl"] and ra["windows"] == 2
+
+
+def test_the_dense_form_is_the_routed_sum_and_compiled_decoding_gives_hf_tokens():
+    """Compiled (and, on a GPU, captured) steps take the routing-independent dense form: it equals the routed
+    loop, and quantkit's compiled decode loop gives transformers' greedy tokens on a MoE model."""
+    import torch._dynamo.testing
+
+    from quantkit.runtime.generate import Generator
+
+    model = build_tiny_model("qwen2_moe", seed=5)
+    unfuse_experts(model)
+    experts = model.model.layers[0].mlp.experts
+    x = torch.randn(7, 64)
+    index = torch.randint(0, 4, (7, 2))
+    index[:, 1] = (index[:, 0] + 1) % 4
+    weights = torch.rand(7, 2)
+    with torch.no_grad():
+        torch.testing.assert_close(experts.forward_dense(x, index, weights), experts(x, index, weights))
+    ids = torch.randint(1, 500, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+                              cache_implementation="static", pad_token_id=0)
+    torch._dynamo.reset()
+    backend = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    out, _ = Generator(model, max_context=32, compile_decode=True, backend=backend).generate(ids, 8)
+    torch._dynamo.reset()
+    assert torch.equal(out, want) and backend.frame_count == 1

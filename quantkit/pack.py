@@ -38,6 +38,23 @@ def _warn_expert_coverage(calibration: dict | None, warn: Callable[[str], None])
          "calibration samples (--calib-samples) reach more experts")
 
 
+def _memory_plan(model_ref: str, rec, plan, load_dtype: torch.dtype, compute: str, samples: int | None,
+                 seqlen: int | None):
+    """pack's :class:`~quantkit.model.memory_plan.MemoryPlan`, refused before the model loads when it does not fit."""
+    from quantkit.model.memory_plan import check_plan, model_shape, pack_plan
+
+    calib = rec.calibration
+    bits = plan.achieved_bits if plan is not None else rec.weight.bits
+    memory = pack_plan(model_shape(model_ref), load_dtype, compute, rec.uses_calibration,
+                       samples or calib.samples, seqlen or calib.seqlen, bits)
+    half = ("load it in half precision (--dtype bf16)" if load_dtype == torch.float32 else
+            "use a machine with more memory")
+    check_plan(memory, compute, {"cpu": f"the weights stay in CPU memory while packing: {half}",
+                                 "gpu": "use fewer or shorter calibration windows (--calib-samples, --calib-seqlen) "
+                                        "or --device cpu"})
+    return memory
+
+
 def _plan_bytes(plan: str | None) -> bytes | None:
     if plan is None:
         return None
@@ -181,6 +198,8 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
     # weights stay in CPU memory; run_layerwise moves one decoder layer at a time to the compute device
     source_dtype = _source_dtype(model_ref)
     load_dtype = _load_dtype(dtype, compute, source_dtype, rec.uses_calibration)
+    memory = _memory_plan(model_ref, rec, plan_obj, load_dtype, compute, calib_samples, calib_seqlen)
+    check_free_space(out.absolute(), memory.disk_bytes, at_least=True)
     loaded = load_model(model_ref, device="cpu", dtype=str(load_dtype).replace("torch.", ""))
     if rec.kv is not None:  # the checkpoint's KV-cache scheme must fit its attention heads
         from quantkit.quant.kv import check_fits
@@ -231,6 +250,7 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
     else:
         write_checkpoint(out, packed, max_bytes, force, loaded.tokenizer)
     summary = summarize(out, packed.manifest)
+    summary["memory_plan"] = memory.to_dict()
     if result.calibration and result.calibration.get("experts"):
         summary["expert_coverage"] = result.calibration["experts"]
     summary["warnings"] = warnings

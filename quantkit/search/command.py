@@ -6,6 +6,8 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import torch
+
 from quantkit.errors import QuantkitError
 from quantkit.search.allocate import BitBudget
 from quantkit.search.run import SearchOptions, search
@@ -87,6 +89,21 @@ def check_plan_output(output: str, plot: str | None = None, force: bool = False)
             raise QuantkitError(f"plan '{output}' already exists; pass --force to replace it or choose another -o")
 
 
+def _check_memory(model_ref: str, device: str, dtype: str | None, device_map: str | None) -> None:
+    """Refuse before loading when the whole model cannot fit where the search keeps it
+    (:func:`quantkit.model.memory_plan.search_plan`)."""
+    from quantkit.model.loader import load_config, resolve_device, resolve_dtype
+    from quantkit.model.memory_plan import check_plan, model_shape, search_plan
+
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev, getattr(load_config(model_ref), "dtype", None))
+    half = "--dtype bf16 halves it" if torch_dtype == torch.float32 else "use a machine with more memory"
+    check_plan(search_plan(model_shape(model_ref), torch_dtype, dev, device_map), dev,
+               {"cpu": f"the search keeps the whole model in CPU memory: {half}",
+                "gpu": "the search keeps the whole model on the GPU: --device-map auto spreads it over the GPUs and "
+                       "CPU memory, or --device cpu"})
+
+
 def run_search(model_ref: str, output: str, recipe: str = "mixllm-w4a8", *, bits: str = "4,8",
                target_bits: float | None = None, fractions: str | None = None, strategy: str = "global",
                samples: int | None = None, seqlen: int | None = None, seed: int | None = None,
@@ -118,6 +135,7 @@ def run_search(model_ref: str, output: str, recipe: str = "mixllm-w4a8", *, bits
     rec = load_recipe(recipe)
     if uses_salience(strategy):
         check_text_column(text_column, [dataset or rec.calibration.dataset])
+    _check_memory(model_ref, device, dtype, device_map)
     loaded = load_model(model_ref, device=device, dtype=dtype, device_map=device_map,
                         load_tokenizer=uses_salience(strategy))
     opts = SearchOptions(budget=budget, strategy=strategy, dataset=dataset, samples=samples, seqlen=seqlen,

@@ -7,7 +7,7 @@ such module by an :class:`ExpertList`: ``experts.{e}.gate_proj`` / ``up_proj`` /
 per-expert names of transformers 4, GPTQModel and vLLM's GPTQ/AWQ MoE loaders) with the same routing forward. Each
 expert's Linears then see only the tokens routed to it, so its GPTQ Hessian and its MixLLM salience are its own
 (issue 40). The routers (``mlp.gate``) are not Linears and stay in full precision, as do the shared expert's
-one-output gate (:data:`FULL_PRECISION_LEAVES`).
+one-output gate (:data:`quantkit.model.walk.FULL_PRECISION_LEAVES`).
 
 :class:`ExpertList` also counts the tokens each expert receives while :func:`count_tokens` is active: the
 calibration's per-expert coverage, which the GPTQ path uses to decide which experts it can calibrate
@@ -21,10 +21,6 @@ from collections.abc import Iterator
 
 import torch
 import torch.nn as nn
-
-# Linear leaves that route rather than transform (a router in transformers 4, Qwen2-MoE's sigmoid gate of the
-# shared expert, out_features 1): quantizing them changes which experts run; peers keep them in full precision.
-FULL_PRECISION_LEAVES = ("gate", "router", "shared_expert_gate")
 
 # An expert whose Linears saw fewer calibration tokens than this multiple of their input features gets round-to-
 # nearest (with the recipe's clipping) instead of GPTQ: its Hessian X·Xᵀ would be rank-deficient, and GPTQ's

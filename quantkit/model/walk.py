@@ -15,7 +15,9 @@ from quantkit.errors import QuantkitError
 # Families the test suite builds and checks (tiny random models of each in tests/). The MoE families load with
 # their experts as one Linear per projection (quantkit.model.moe).
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
-MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+# Linear leaves that route rather than transform (a router in transformers 4, Qwen2-MoE's sigmoid gate of the
+# shared expert, out_features 1): quantizing them changes which experts run; peers keep them in full precision.
+FULL_PRECISION_LEAVES = ("gate", "router", "shared_expert_gate")
 
 
 def check_supported(config) -> None:
@@ -53,9 +55,7 @@ def find_decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
 
 def layer_linears(layer: nn.Module, prefix: str = "") -> dict[str, nn.Linear]:
     """Every nn.Linear inside one decoder layer, keyed by full name (prefix + relative path), in module order; MoE
-    routing linears (:data:`quantkit.model.moe.FULL_PRECISION_LEAVES`) stay out."""
-    from quantkit.model.moe import FULL_PRECISION_LEAVES
-
+    routing linears (:data:`FULL_PRECISION_LEAVES`) stay out."""
     out = {}
     for rel, mod in layer.named_modules():
         if isinstance(mod, nn.Linear) and rel.rsplit(".", 1)[-1] not in FULL_PRECISION_LEAVES:

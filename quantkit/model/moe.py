@@ -148,13 +148,18 @@ def count_tokens(model: nn.Module) -> Iterator[dict[str, torch.Tensor]]:
             lst.token_counts = None
 
 
-def coverage_rows(counts: dict[str, torch.Tensor], in_features: int) -> list[dict]:
-    """One row per expert list: tokens per expert (min, median, max) and the experts below
-    :data:`MIN_TOKENS_PER_FEATURE` × ``in_features`` tokens."""
-    need = MIN_TOKENS_PER_FEATURE * in_features
+def min_tokens(expert: nn.Module) -> float:
+    """The calibration tokens ``expert`` needs for GPTQ: :data:`MIN_TOKENS_PER_FEATURE` × the widest input of its
+    Linears (down_proj reads the intermediate size)."""
+    return MIN_TOKENS_PER_FEATURE * max(m.in_features for m in expert.modules() if isinstance(m, nn.Linear))
+
+
+def coverage_rows(counts: dict[str, torch.Tensor], needs: dict[str, list[float]]) -> list[dict]:
+    """One row per expert list: tokens per expert (min, median, max) and the experts that got fewer than
+    ``needs[list][expert]`` tokens."""
     rows = []
     for name, c in counts.items():
-        low = [e for e, n in enumerate(c.tolist()) if n < need]
+        low = [e for e, (n, need) in enumerate(zip(c.tolist(), needs[name])) if n < need]
         rows.append({"experts": name, "min_tokens": int(c.min()), "median_tokens": int(c.median()),
                      "max_tokens": int(c.max()), "under_covered": low})
     return rows

@@ -200,12 +200,15 @@ def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, devic
                                             text_column)
         records, coverage = _quantize_layerwise(model, recipe, plan, targets, ids, device, method, progress_factory)
         if coverage:
-            from quantkit.model.moe import coverage_rows
+            from quantkit.model.moe import MIN_TOKENS_RULE, coverage_rows
 
-            from quantkit.model.moe import MIN_TOKENS_RULE
-
-            calib["experts"] = coverage_rows(coverage, _expert_in_features(targets))
-            calib["experts_rule"] = (MIN_TOKENS_RULE if method == "gptq" else
+            counts = {name: c for name, (c, _) in coverage.items()}
+            gptq = method == "gptq"
+            # GPTQ rounds the experts below min_tokens to nearest; the clip searches only lose their output error
+            # where an expert got no token at all
+            needs = {name: (need if gptq else [1] * len(need)) for name, (_, need) in coverage.items()}
+            calib["experts"] = coverage_rows(counts, needs)
+            calib["experts_rule"] = (MIN_TOKENS_RULE + " (by the FP router's counts)" if gptq else
                                      "experts no calibration token reached search their clipping on the weight "
                                      "error instead of the output error")
     handles = []
@@ -222,7 +225,7 @@ def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, devic
 def _quantize_layerwise(model, recipe, plan, targets, ids, device, method, progress_factory):
     records: dict[str, WeightRecord] = {}
     config = _layer_config(recipe, method) if method in ("gptq", "awq") else None
-    coverage: dict[str, torch.Tensor] = {}
+    coverage: dict[str, tuple[torch.Tensor, list[float]]] = {}
 
     def on_layer(i, prefix, layer, batches):
         _count_expert_tokens(layer, prefix, batches, coverage)
@@ -283,22 +286,17 @@ def _quantize_layerwise(model, recipe, plan, targets, ids, device, method, progr
     return records, coverage
 
 
-def _expert_in_features(targets: dict[str, nn.Linear]) -> int:
-    """The input features of the experts' first projections (the hidden size)."""
-    from quantkit.model.moe import is_expert_linear
-
-    return next(lin.in_features for n, lin in targets.items() if is_expert_linear(n) and n.endswith("gate_proj"))
-
-
-def _count_expert_tokens(layer: nn.Module, prefix: str, batches, coverage: dict[str, torch.Tensor]) -> None:
-    """Tokens the layer's FP router sends to each expert over the calibration batches (MoE layers only), into
-    ``coverage`` by expert-list path."""
+def _count_expert_tokens(layer: nn.Module, prefix: str, batches,
+                         coverage: dict[str, tuple[torch.Tensor, list[float]]]) -> None:
+    """Tokens the layer's FP router sends to each expert over the calibration batches (MoE layers only), and the
+    tokens each expert needs (:func:`quantkit.model.moe.min_tokens`), into ``coverage`` by expert-list path."""
     from quantkit.model.layerwise import layer_output
-    from quantkit.model.moe import count_tokens, expert_lists
+    from quantkit.model.moe import count_tokens, expert_lists, min_tokens
 
-    if next(expert_lists(layer), None) is None:
+    lists = dict(expert_lists(layer))
+    if not lists:
         return
     with torch.no_grad(), count_tokens(layer) as counts:
         for b in batches:
             layer_output(layer, b)
-    coverage.update({f"{prefix}.{name}": c for name, c in counts.items()})
+    coverage.update({f"{prefix}.{name}": (c, [min_tokens(e) for e in lists[name]]) for name, c in counts.items()})

@@ -422,6 +422,12 @@ def _collect(layer: nn.Module, batches: list[LayerBatch], groups: list[list[str]
     return gptqs, samples
 
 
+def _expert_need(name: str, linears: dict[str, nn.Linear]) -> float:
+    """The tokens the expert of linear ``name`` needs (quantkit.model.moe.min_tokens over its linears here)."""
+    expert = name.rsplit(".", 1)[0]
+    return MIN_TOKENS_PER_FEATURE * max(lin.in_features for n, lin in linears.items() if n.rsplit(".", 1)[0] == expert)
+
+
 def _identity(linear: nn.Linear) -> HessianAccumulator:
     """An accumulator holding H = I: GPTQ on it rounds to nearest."""
     acc = HessianAccumulator(linear.in_features, linear.weight.device)
@@ -484,7 +490,7 @@ def gptq_quantize_layer(layer: nn.Module, batches: list[LayerBatch], linear_name
             linear = linear_names[name]
             specs = _row_specs(name, linear, row_bits.get(name), config, samples[name])
             gptq = gptqs.pop(name)
-            if is_expert_linear(name) and gptq.nsamples < MIN_TOKENS_PER_FEATURE * linear.in_features:
+            if is_expert_linear(name) and gptq.nsamples < _expert_need(name, linear_names):
                 # quantkit.model.moe.MIN_TOKENS_RULE: an identity Hessian propagates no error, so GPTQ is RTN on
                 # the same grids (and the recipe's clipping, searched above on what inputs there were)
                 gptq = GPTQ(linear, name, _identity(linear))

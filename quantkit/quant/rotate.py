@@ -205,10 +205,13 @@ def rotate_model(model: nn.Module, seed: int = 0) -> torch.Tensor:
     for layer in layers:
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
         names = ("input_layernorm", "post_attention_layernorm")
-        if attn is None or mlp is None or any(getattr(getattr(layer, n, None), "bias", None) is not None
-                                              for n in names):
-            raise QuantkitError(f"the residual rotation needs Llama-like layers with bias-free RMSNorms; "
-                                f"{type(layer).__name__} is not — drop activation.rotate for this model")
+        dense_mlp = mlp is not None and all(isinstance(getattr(mlp, n, None), nn.Linear)
+                                            for n in ("gate_proj", "up_proj", "down_proj"))  # not a MoE block
+        if attn is None or not dense_mlp or any(getattr(getattr(layer, n, None), "bias", None) is not None
+                                                for n in names):
+            raise QuantkitError(f"the residual rotation needs Llama-like layers (bias-free RMSNorms, one gate/up/down "
+                                f"MLP); {type(layer).__name__} is not — drop activation.rotate for this model "
+                                "(a recipe without 'rotated' or quarot)")
     hidden = embed.weight.shape[1]
     q = rotation_matrix(hidden, seed)
     if head.weight is embed.weight:  # tied: lm_head gets its own copy before the two diverge

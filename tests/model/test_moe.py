@@ -154,3 +154,30 @@ def test_the_dense_form_is_the_routed_sum_and_compiled_decoding_gives_hf_tokens(
     out, _ = Generator(model, max_context=32, compile_decode=True, backend=backend).generate(ids, 8)
     torch._dynamo.reset()
     assert torch.equal(out, want) and backend.frame_count == 1
+
+
+def test_recipes_a_moe_block_cannot_take_are_refused_and_skipped_experts_pack(tiny_model_dir, tmp_path):
+    src = str(tiny_model_dir("mixtral"))
+    runner = CliRunner()
+    res = runner.invoke(app, ["pack", src, "--recipe", "quarot-w8a8", "-o", str(tmp_path / "r"), "--device", "cpu"])
+    assert res.exit_code == 2 and "one gate/up/down MLP" in res.output and "Traceback" not in res.output
+    recipe = tmp_path / "skip.yaml"
+    recipe.write_text("name: skip-experts\nweight: {method: gptq, bits: 4, group_size: 32, sym: false}\n"
+                      "overrides:\n  - {pattern: \"*.experts.*\", skip: true}\n"
+                      "calibration: {dataset: kjv, samples: 2, seqlen: 32, seed: 0}\n")
+    res = runner.invoke(app, ["pack", src, "--recipe", str(recipe), "-o", str(tmp_path / "s"), "--device", "cpu",
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout.strip().splitlines()[-1])["linears"] == 2 * 4  # attention only
+
+
+def test_an_expert_needs_tokens_for_its_widest_input():
+    from quantkit.model.moe import MIN_TOKENS_PER_FEATURE, coverage_rows, min_tokens
+
+    model = build_tiny_model("mixtral", seed=0)
+    unfuse_experts(model)
+    expert = model.model.layers[0].mlp.experts[0]
+    assert min_tokens(expert) == MIN_TOKENS_PER_FEATURE * 160  # down_proj reads the intermediate size
+    rows = coverage_rows({"e": torch.tensor([0, 79, 80, 500])}, {"e": [80.0] * 4})
+    assert rows == [{"experts": "e", "min_tokens": 0, "median_tokens": 79, "max_tokens": 500,
+                     "under_covered": [0, 1]}]

@@ -81,6 +81,18 @@ class ExpertList(nn.ModuleList):
         return out
 
 
+@torch.no_grad()
+def warm_experts(model: nn.Module) -> None:
+    """Call every expert of ``model`` once on one zero token, eagerly: packed linears build their caches and kernel
+    choices on a first call, which must not fall inside a compiled step (:meth:`ExpertList.forward_dense` runs
+    experts the prompt never reached)."""
+    weight = model.get_input_embeddings().weight
+    for _, experts in expert_lists(model):
+        x = torch.zeros(1, experts[0].gate_proj.in_features, dtype=weight.dtype, device=weight.device)
+        for expert in experts:
+            expert(x)
+
+
 def _is_fused_experts(module: nn.Module) -> bool:
     gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
     return (isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor) and gate_up.dim() == 3

@@ -142,8 +142,11 @@ class Generator:
         if compile_decode:
             from quantkit.runtime.decode_attention import use_decode_attention
 
+            from quantkit.model.moe import warm_experts
+
             if kv is None:
                 use_decode_attention(model)  # grouped-query heads share their KV head's read (no repeat_kv when traced)
+            warm_experts(model)  # the compiled step runs every expert: their lazy first-call work happens here
             self._decode = torch.compile(self._forward, backend=backend, fullgraph=True, dynamic=False)
             if self.device.type == "cuda":
                 self._captured = CapturedStep(self._decode)

@@ -181,3 +181,24 @@ def test_an_expert_needs_tokens_for_its_widest_input():
     rows = coverage_rows({"e": torch.tensor([0, 79, 80, 500])}, {"e": [80.0] * 4})
     assert rows == [{"experts": "e", "min_tokens": 0, "median_tokens": 79, "max_tokens": 500,
                      "under_covered": [0, 1]}]
+
+
+def test_a_packed_moe_decodes_compiled_when_the_prompt_misses_experts(tiny_model_dir, tmp_path):
+    """The compiled step runs every expert; ones the prompt never reached are warmed up first."""
+    import torch._dynamo.testing
+
+    from quantkit.checkpoint import load_packed
+    from quantkit.runtime.generate import Generator
+
+    out = tmp_path / "p"
+    res = CliRunner().invoke(app, ["pack", str(tiny_model_dir("qwen2_moe")), "--recipe", "rtn-w4a16-g128", "-o",
+                                   str(out), "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    ids = torch.tensor([[5, 9]])
+    eager, _ = Generator(load_packed(out, device="cpu").model, max_context=16).generate(ids, 6)
+    torch._dynamo.reset()
+    backend = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    model = load_packed(out, device="cpu").model
+    compiled, _ = Generator(model, max_context=16, compile_decode=True, backend=backend).generate(ids, 6)
+    torch._dynamo.reset()
+    assert torch.equal(compiled, eager) and backend.frame_count == 1

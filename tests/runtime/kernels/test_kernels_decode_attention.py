@@ -136,6 +136,22 @@ def test_kv8_kernel_equals_the_dequantized_cache(b, hq, hkv, length, d, splits, 
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
+def test_kv8_kernel_reads_codes_through_their_strides():
+    """Codes viewed out of a [B, L, H, D] buffer (token stride H·D), keys and values laid out differently."""
+    from quantkit.quant import kv
+    from quantkit.runtime.kernels.triton.decode_attention import decode_attention_kv8, kv8_reference
+
+    q, k, v, mask = _inputs(2, 8, 2, 40, 32, torch.float16, seed=11, mask_kind="prefix")
+    spec = kv.KVSpec(8)
+    pk, pv = kv.pack(k, spec, "k"), kv.pack(v, spec, "v")
+    want = kv8_reference(q, pk, pv, mask, 32 ** -0.5)
+    pk = {**pk, "codes": pk["codes"].transpose(1, 2).contiguous().transpose(1, 2)}  # [B, H, L, D] view of BLHD
+    assert pk["codes"].stride(2) == 2 * 32
+    got = decode_attention_kv8(q.to(DEVICE), {n: t.to(DEVICE) for n, t in pk.items()},
+                               {n: t.to(DEVICE) for n, t in pv.items()}, mask.to(DEVICE), 32 ** -0.5).cpu()
+    torch.testing.assert_close(got.float(), want.float(), atol=4e-3, rtol=4e-3)
+
+
 def test_kv8_refusals_and_op():
     from quantkit.quant import kv
     from quantkit.runtime.kernels.triton.decode_attention import kv8_problem

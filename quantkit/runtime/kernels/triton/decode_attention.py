@@ -115,7 +115,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, m_ptr, l_ptr, L, rep, ch
 
 @kernel
 def _split_kv8_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, m_ptr, l_ptr, ks_ptr, km_ptr, vs_ptr, vm_ptr, L, rep,
-                      chunk, scale, sq_b, sq_h, sc_b, sc_h, sm_b, so_b, so_h, so_s, sml_b, sml_h, ss_b, ss_h,
+                      chunk, scale, sq_b, sq_h, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, sm_b, so_b, so_h, so_s, sml_b,
+                      sml_h, ss_b, ss_h,
                       HAS_MASK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
                       DOT_F32: tl.constexpr):
     # With x̂ = c·s + m per token, the affine map moves out of the dots onto [rows, BLOCK_N] tiles:
@@ -133,21 +134,22 @@ def _split_kv8_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, m_ptr, l_ptr, ks_ptr
     acc = tl.zeros((BLOCK_H, D), tl.float32)
     start = s * chunk
     end = tl.minimum(start + chunk, L)
-    codes = b * sc_b + kvh * sc_h
+    k_base = k_ptr + b * sk_b + kvh * sk_h
+    v_base = v_ptr + b * sv_b + kvh * sv_h
     scales = b * ss_b + kvh * ss_h
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         valid = pos < end
         if HAS_MASK:
             valid = valid & (tl.load(mask_ptr + b * sm_b + pos, mask=valid, other=0) != 0)
-        kc = tl.load(k_ptr + codes + pos[:, None] * D + d[None, :], mask=valid[:, None], other=0)
+        kc = tl.load(k_base + pos[:, None] * sk_l + d[None, :], mask=valid[:, None], other=0)
         kc = _codes_as(kc, q.dtype, DOT_F32)
         k_s = tl.load(ks_ptr + scales + pos, mask=valid, other=0.0).to(tl.float32)
         k_m = tl.load(km_ptr + scales + pos, mask=valid, other=0.0).to(tl.float32)
         qc = _dot(q, tl.trans(kc), DOT_F32)
         p, alpha, m_i, l_i = _softmax_step((qc * k_s[None, :] + q_sum[:, None] * k_m[None, :]) * scale, valid,
                                            m_i, l_i)
-        vc = tl.load(v_ptr + codes + pos[:, None] * D + d[None, :], mask=valid[:, None], other=0)
+        vc = tl.load(v_base + pos[:, None] * sv_l + d[None, :], mask=valid[:, None], other=0)
         vc = _codes_as(vc, q.dtype, DOT_F32)
         v_s = tl.load(vs_ptr + scales + pos, mask=valid, other=0.0).to(tl.float32)
         v_m = tl.load(vm_ptr + scales + pos, mask=valid, other=0.0).to(tl.float32)
@@ -345,7 +347,8 @@ def decode_attention_kv8(q: torch.Tensor, k: dict, v: dict, mask: torch.Tensor |
     part, ml, out = _partials(q, splits)
     _split_kv8_kernel[(b, kvh, splits)](
         q, kc, vc, q if mask is None else mask, part, ml[0], ml[1], ks, km, vs, vm, length, hq // kvh, chunk,
-        float(scale), q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), 0 if mask is None else mask.stride(0),
+        float(scale), q.stride(0), q.stride(1), *kc.stride()[:3], *vc.stride()[:3],
+        0 if mask is None else mask.stride(0),
         part.stride(0), part.stride(1), part.stride(2), ml.stride(1), ml.stride(2), ks.stride(0), ks.stride(1),
         HAS_MASK=mask is not None, BLOCK_H=_rows(hq // kvh), BLOCK_N=block_n, D=d, DOT_F32=INTERPRET,
         num_warps=warps, num_stages=stages)

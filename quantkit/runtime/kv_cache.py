@@ -94,6 +94,9 @@ class PackedKVCache:
         g = spec.group_size
         self.length = -(-self.max_context // g) * g  # whole key blocks
         self.ring = spec.residual + 2 * g  # the window, and the newest block due for quantization
+        # the decode kernel's head sizes (quantkit.runtime.kernels.triton.decode_attention.kv4_problem); others
+        # decode through the torch form on any device
+        self.kernel = 32 <= d <= 256 and d & (d - 1) == 0 and g >= 2
 
         def layer() -> dict:
             n = self.length
@@ -154,7 +157,7 @@ class PackedKVCache:
             due = (kv.quantized_prefix(positions + 1, spec) - g).clamp(min=0)  # the newest quantized block
             self._quantize_keys(c, c["k_ring"].index_select(2, (due + torch.arange(g, device=due.device)) %
                                                                self.ring), due)
-            if query.is_cuda:
+            if query.is_cuda and self.kernel:
                 from quantkit.runtime.kernels import ops
 
                 out = ops.decode_attention_kv4(query[:, :, 0], *(c[n] for n in _KV4_PARTS), positions + 1, g,

@@ -74,17 +74,22 @@ def test_a_compiled_decode_step_writes_and_reads_the_packed_cache(backend):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the decode kernel over the packed cache needs a GPU")
-@pytest.mark.parametrize("spec", [KV8, kv.KVSpec(4, group_size=8, residual=8)])
-def test_on_a_gpu_decode_runs_the_kernels_compiled_and_eager_alike(spec):
+@pytest.mark.parametrize("spec,over", [(KV8, {}), (kv.KVSpec(4, group_size=8, residual=8), {}),
+                                       (kv.KVSpec(4, group_size=8, residual=8),
+                                        {"num_attention_heads": 2, "num_key_value_heads": 1})])
+def test_on_a_gpu_decode_runs_the_kernels_compiled_and_eager_alike(spec, over):
+    """Head size 32 takes the KV4 kernel; 16 (below the kernel's smallest) the torch form."""
     ids = torch.randint(1, 500, (3, 9), generator=torch.Generator().manual_seed(9)).cuda()
-    fake = build_tiny_model("llama", seed=3).half().cuda()
+    fake = build_tiny_model("llama", seed=3, **over).half().cuda()
     kv.attach_kv_quant(fake, spec)
     with torch.inference_mode():
         want = fake.generate(ids, max_new_tokens=10, min_new_tokens=10, do_sample=False, pad_token_id=0,
                              attention_mask=torch.ones_like(ids))
-    eager, _ = Generator(build_tiny_model("llama", seed=3).half().cuda(), max_context=32, kv=spec).generate(ids, 10)
+    eager, _ = Generator(build_tiny_model("llama", seed=3, **over).half().cuda(), max_context=32,
+                         kv=spec).generate(ids, 10)
     torch._dynamo.reset()
-    graphed = Generator(build_tiny_model("llama", seed=3).half().cuda(), max_context=32, kv=spec, compile_decode=True)
+    graphed = Generator(build_tiny_model("llama", seed=3, **over).half().cuda(), max_context=32, kv=spec,
+                        compile_decode=True)
     got, _ = graphed.generate(ids, 10)
     assert torch.equal(got, eager)
     assert (eager == want).float().mean() > 0.9  # fp16 sums in another order may flip a near-tie
@@ -118,3 +123,11 @@ def test_kv4_cache_bytes():
     d = cfg.hidden_size // cfg.num_attention_heads
     per_head = 64 * d // 2 * 2 + 64 // 8 * d * 4 + 64 * (d // 8) * 4 + (16 + 16) * d * 2 * 2
     assert cache.nbytes() == 2 * cfg.num_key_value_heads * cfg.num_hidden_layers * per_head
+
+
+def test_kv4_takes_the_kernel_only_for_head_sizes_it_serves():
+    spec = kv.KVSpec(4, group_size=8, residual=8)
+    small = PackedKVCache(build_tiny_model("llama"), 1, 32, spec, torch.device("cpu"))  # head size 16
+    wide = PackedKVCache(build_tiny_model("llama", num_attention_heads=2, num_key_value_heads=1), 1, 32, spec,
+                         torch.device("cpu"))  # head size 32
+    assert not small.kernel and wide.kernel

@@ -29,12 +29,13 @@ GIB = 2 ** 30
 @dataclass(frozen=True)
 class ModelShape:
     """What the plan needs of a model: parameter counts (all, in quantizable linears, in the largest decoder layer),
-    the hidden size and the vocabulary size."""
+    the hidden size and the longest sequence its positions allow (None: unbounded)."""
 
     parameters: int
     linear_parameters: int
     layer_parameters: int
     hidden: int
+    positions: int | None = None
 
 
 def model_shape(model_ref: str) -> ModelShape:
@@ -55,7 +56,7 @@ def model_shape(model_ref: str) -> ModelShape:
     linears = sum(lin.weight.numel() for _, lin in iter_linears(model))
     layer = max(sum(p.numel() for p in block.parameters()) for block in find_decoder_layers(model)[1])
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return ModelShape(params, linears, layer, int(text.hidden_size))
+    return ModelShape(params, linears, layer, int(text.hidden_size), getattr(text, "max_position_embeddings", None))
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ def pack_plan(shape: ModelShape, load_dtype: torch.dtype, compute: str, calibrat
               seqlen: int, code_bits: float) -> MemoryPlan:
     """The lower bounds of ``quantkit pack`` (module docstring); ``code_bits`` the recipe's average weight bits."""
     b = _size(load_dtype)
+    seqlen = min(seqlen, shape.positions or seqlen)  # calibration windows are cut to the model's positions
     cpu = shape.parameters * b + shape.linear_parameters
     gpu = 0
     hidden = 2 * samples * seqlen * shape.hidden * b  # a layer's inputs and outputs for every window

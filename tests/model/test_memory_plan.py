@@ -35,6 +35,9 @@ def test_pack_and_search_bounds_count_what_must_be_held_at_once(tiny_model_dir):
     assert search_plan(shape, torch.float16, "cuda", None) == MemoryPlan("search", 0, shape.parameters * 2, 0)
     assert search_plan(shape, torch.float32, "cpu", None).cpu_bytes == shape.parameters * 4
     assert "needs at least" in gptq.describe() and "GPU memory" in gptq.describe()
+    assert shape.positions == 256  # the tiny models' max_position_embeddings: longer windows are cut to it
+    assert pack_plan(shape, torch.float16, "cuda", True, 8, 4096, 4).gpu_bytes == \
+        pack_plan(shape, torch.float16, "cuda", True, 8, 256, 4).gpu_bytes
 
 
 def test_runs_that_cannot_fit_are_refused_before_loading(tiny_model_dir, tmp_path, monkeypatch):

@@ -202,3 +202,14 @@ def test_a_packed_moe_decodes_compiled_when_the_prompt_misses_experts(tiny_model
     compiled, _ = Generator(model, max_context=16, compile_decode=True, backend=backend).generate(ids, 6)
     torch._dynamo.reset()
     assert torch.equal(compiled, eager) and backend.frame_count == 1
+
+
+def test_true_sequential_gptq_quantizes_all_experts_in_two_stages():
+    from quantkit.quant.gptq import expert_stages
+
+    e = "model.layers.0.mlp.experts"
+    groups = [["q", "k", "v"], ["o"]] + [g for i in range(3) for g in ([f"{e}.{i}.gate_proj", f"{e}.{i}.up_proj"],
+                                                                        [f"{e}.{i}.down_proj"])]
+    assert expert_stages(groups) == [["q", "k", "v"], ["o"],
+                                     [f"{e}.{i}.{p}" for i in range(3) for p in ("gate_proj", "up_proj")],
+                                     [f"{e}.{i}.down_proj" for i in range(3)]]

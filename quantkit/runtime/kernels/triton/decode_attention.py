@@ -85,9 +85,9 @@ def _store_partial(o_ptr, m_ptr, l_ptr, acc, m_i, l_i, b, heads, live, s, so_b, 
 
 
 @kernel
-def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, m_ptr, l_ptr, L, rep, chunk, scale, sq_b, sq_h, sk_b, sk_h,
-                  sk_l, sv_b, sv_h, sv_l, sm_b, so_b, so_h, so_s, sml_b, sml_h, HAS_MASK: tl.constexpr,
-                  BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, DOT_F32: tl.constexpr):
+def _program_start(q_ptr, sq_b, sq_h, rep, BLOCK_H: tl.constexpr, D: tl.constexpr):
+    """A split program's indices (sequence, KV head, split), its live query rows and their heads, the query tile
+    [BLOCK_H, D], and an empty online-softmax state (running max, sum, output)."""
     # 64-bit sequence index: batch × a long cache passes 2^31 elements (32 sequences of 128K tokens, 8 KV heads)
     b, kvh, s = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     rows = tl.arange(0, BLOCK_H)
@@ -95,9 +95,16 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, m_ptr, l_ptr, L, rep, ch
     heads = kvh * rep + rows
     d = tl.arange(0, D)
     q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :], mask=live[:, None], other=0.0)
-    m_i = tl.full((BLOCK_H,), float("-inf"), tl.float32)
-    l_i = tl.zeros((BLOCK_H,), tl.float32)
-    acc = tl.zeros((BLOCK_H, D), tl.float32)
+    return (b, kvh, s, live, heads, q, tl.full((BLOCK_H,), float("-inf"), tl.float32), tl.zeros((BLOCK_H,), tl.float32),
+            tl.zeros((BLOCK_H, D), tl.float32))
+
+
+@kernel
+def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, m_ptr, l_ptr, L, rep, chunk, scale, sq_b, sq_h, sk_b, sk_h,
+                  sk_l, sv_b, sv_h, sv_l, sm_b, so_b, so_h, so_s, sml_b, sml_h, HAS_MASK: tl.constexpr,
+                  BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, DOT_F32: tl.constexpr):
+    b, kvh, s, live, heads, q, m_i, l_i, acc = _program_start(q_ptr, sq_b, sq_h, rep, BLOCK_H, D)
+    d = tl.arange(0, D)
     start = s * chunk
     end = tl.minimum(start + chunk, L)
     k_base = k_ptr + b * sk_b + kvh * sk_h
@@ -122,16 +129,9 @@ def _split_kv8_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, m_ptr, l_ptr, ks_ptr
     # With x̂ = c·s + m per token, the affine map moves out of the dots onto [rows, BLOCK_N] tiles:
     #   q·k̂_t = s_t (q·c_t) + m_t Σ_d q_d        Σ_t p_t v̂_t = Σ_t (p_t s_t) c_t + Σ_t p_t m_t
     # so the codes enter the tensor cores as exact fp16/bf16 integers and nothing is dequantized per element.
-    b, kvh, s = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
-    rows = tl.arange(0, BLOCK_H)
-    live = rows < rep
-    heads = kvh * rep + rows
+    b, kvh, s, live, heads, q, m_i, l_i, acc = _program_start(q_ptr, sq_b, sq_h, rep, BLOCK_H, D)
     d = tl.arange(0, D)
-    q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :], mask=live[:, None], other=0.0)
     q_sum = tl.sum(q.to(tl.float32), axis=1)
-    m_i = tl.full((BLOCK_H,), float("-inf"), tl.float32)
-    l_i = tl.zeros((BLOCK_H,), tl.float32)
-    acc = tl.zeros((BLOCK_H, D), tl.float32)
     start = s * chunk
     end = tl.minimum(start + chunk, L)
     k_base = k_ptr + b * sk_b + kvh * sk_h

@@ -100,6 +100,17 @@ def _program_start(q_ptr, sq_b, sq_h, rep, BLOCK_H: tl.constexpr, D: tl.constexp
 
 
 @kernel
+def _block_positions(n0, end, mask_ptr, mask_row, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The cache positions of the block at ``n0`` and which of them count: before ``end`` and, with a mask, marked
+    True in the sequence's mask row."""
+    pos = n0 + tl.arange(0, BLOCK_N)
+    valid = pos < end
+    if HAS_MASK:
+        valid = valid & (tl.load(mask_ptr + mask_row + pos, mask=valid, other=0) != 0)
+    return pos, valid
+
+
+@kernel
 def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, m_ptr, l_ptr, L, rep, chunk, scale, sq_b, sq_h, sk_b, sk_h,
                   sk_l, sv_b, sv_h, sv_l, sm_b, so_b, so_h, so_s, sml_b, sml_h, HAS_MASK: tl.constexpr,
                   BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, DOT_F32: tl.constexpr):
@@ -110,10 +121,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, m_ptr, l_ptr, L, rep, ch
     k_base = k_ptr + b * sk_b + kvh * sk_h
     v_base = v_ptr + b * sv_b + kvh * sv_h
     for n0 in range(start, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        valid = pos < end
-        if HAS_MASK:
-            valid = valid & (tl.load(mask_ptr + b * sm_b + pos, mask=valid, other=0) != 0)
+        pos, valid = _block_positions(n0, end, mask_ptr, b * sm_b, HAS_MASK, BLOCK_N)
         k = tl.load(k_base + pos[:, None] * sk_l + d[None, :], mask=valid[:, None], other=0.0)
         v = tl.load(v_base + pos[:, None] * sv_l + d[None, :], mask=valid[:, None], other=0.0)
         m_i, l_i, acc = _attend_block(q, k, v, valid, m_i, l_i, acc, scale, DOT_F32)
@@ -138,10 +146,7 @@ def _split_kv8_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, m_ptr, l_ptr, ks_ptr
     v_base = v_ptr + b * sv_b + kvh * sv_h
     scales = b * ss_b + kvh * ss_h
     for n0 in range(start, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        valid = pos < end
-        if HAS_MASK:
-            valid = valid & (tl.load(mask_ptr + b * sm_b + pos, mask=valid, other=0) != 0)
+        pos, valid = _block_positions(n0, end, mask_ptr, b * sm_b, HAS_MASK, BLOCK_N)
         kc = tl.load(k_base + pos[:, None] * sk_l + d[None, :], mask=valid[:, None], other=0)
         kc = _codes_as(kc, q.dtype, DOT_F32)
         k_s = tl.load(ks_ptr + scales + pos, mask=valid, other=0.0).to(tl.float32)

@@ -121,6 +121,8 @@ class Kernel:
     devices: tuple[str, ...]
     quantizes_activations: bool
     shared_activation: bool = False
+    bind: Callable | None = None  # bind(x, tensors, meta, act, shared) -> f(x, shared) -> y | None, or None
+    selection: Callable[[], object] | None = None  # what the choice bind made depends on besides the call
 
 
 MixedFn = Callable[..., torch.Tensor]
@@ -144,11 +146,19 @@ _LOADED: bool | None = None  # None: the kernel package was not imported yet
 
 
 def register(layout: str, fn: KernelFn, *, quantizes_activations: bool = False, shared_activation: bool = False,
-             devices: tuple[str, ...] = ("cuda",)) -> Kernel:
+             devices: tuple[str, ...] = ("cuda",), bind: Callable | None = None,
+             selection: Callable[[], object] | None = None) -> Kernel:
     """Make ``fn`` the kernel of ``layout`` on each device type in ``devices`` (a later registration replaces an
     earlier one, so a faster kernel can take over a layout). ``shared_activation``: ``fn`` accepts the keyword
-    ``shared`` (a :class:`SharedActivation`) and takes its quantized activations from there."""
-    kernel = Kernel(layout, fn, tuple(devices), bool(quantizes_activations), bool(shared_activation))
+    ``shared`` (a :class:`SharedActivation`) and takes its quantized activations from there.
+
+    ``bind(x, tensors, meta, act, shared)``, where given, makes the choice ``fn`` would make for this layer and
+    token count once: it returns ``f(x, shared) -> y`` that a QuantLinear calls for its later inputs of the same
+    token count and dtype instead of ``fn`` (None from ``f``: ``fn`` serves that call), or None where ``fn``
+    should always serve. ``selection()`` returns what that choice depends on besides the call (overrides, tuned
+    tables); a layer binds again when it changes."""
+    kernel = Kernel(layout, fn, tuple(devices), bool(quantizes_activations), bool(shared_activation), bind,
+                    selection)
     for dev in kernel.devices:
         _KERNELS[(layout, dev)] = kernel
     return kernel

@@ -20,7 +20,9 @@ Paths, first that applies (:mod:`quantkit.runtime.dispatch` on the input's devic
   (MixLLM Sec. 3.4: one activation quantization, each partition's epilogue scattering into its output columns),
   bias added once after;
 * a kernel registered for some partition's layout → every partition runs as its own sub-GEMM (kernel, or torch
-  for a partition without one) and its outputs are scattered to its rows;
+  for a partition without one) and its outputs are scattered to its rows; a single-partition layer keeps, per
+  token count and dtype, the launch its kernel prepared (``bind`` of :func:`quantkit.runtime.dispatch.register`),
+  so a repeated call is a lookup and a launch;
 * no kernel → the torch reference: one ``F.linear(x, Ŵ, bias)`` with the dense Ŵ (layouts' unpack →
   dequantize, partition rows scattered into it) — the product fake-quant evaluation computes, so packed and
   fake-quant logits are bit-identical, mixed precision too.
@@ -38,6 +40,10 @@ import torch.nn.functional as F
 from quantkit.quant.records import QuantizedWeight
 from quantkit.runtime.dispatch import ActQuant, Kernel, SharedActivation, kernel_for, mixed_kernel_for
 from quantkit.runtime.norm_codes import adopt_norm_codes
+
+
+_UNBOUND = object()  # QuantLinear._launches: no launch prepared for this key yet
+MAX_LAUNCHES = 32  # prepared launches a QuantLinear keeps (token counts × dtypes) before it starts again
 
 
 @dataclass
@@ -80,6 +86,7 @@ class QuantLinear(nn.Module):
         self.row_blocks: tuple[int, ...] | None = None
         self._parts: list[tuple[str, str, dict, int]] = []  # (holder name, layout, meta, bits)
         self._dense: dict[str, torch.Tensor] = {}
+        self._launches: dict[tuple, object] = {}  # (kernel, M, dtype, device, selection) -> prepared launch or None
         mixed = len(parts) > 1 or parts[0].rows is not None
         covered = 0
         for p in parts:
@@ -158,7 +165,33 @@ class QuantLinear(nn.Module):
 
     def _apply(self, fn, recurse=True):
         self._dense.clear()  # .to()/.half() move the packed buffers; a cached Ŵ would be stale
+        self._launches.clear()  # ... and a prepared launch holds their addresses
         return super()._apply(fn, recurse)
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        if isinstance(value, torch.Tensor) and "_launches" in self.__dict__:
+            self._launches.clear()  # a replaced buffer: the prepared launches read the old one
+
+    def register_buffer(self, name: str, tensor: torch.Tensor | None, persistent: bool = True) -> None:
+        super().register_buffer(name, tensor, persistent)
+        if "_launches" in self.__dict__:
+            self._launches.clear()
+
+    def _bound_forward(self, kernel: Kernel, shared: SharedActivation) -> torch.Tensor | None:
+        """The single-partition product through the launch the kernel prepared for this token count and dtype
+        (``bind`` of :func:`quantkit.runtime.dispatch.register`), made on the first call and kept; None where the
+        kernel prepares none or this call does not fit it (the kernel's entry then runs it)."""
+        if torch.compiler.is_compiling():
+            return None
+        x = shared.x
+        key = (kernel, x.shape[0], x.dtype, x.device, None if kernel.selection is None else kernel.selection())
+        run = self._launches.get(key, _UNBOUND)
+        if run is _UNBOUND:
+            if len(self._launches) >= MAX_LAUNCHES:  # many prompt lengths: keep the cache small
+                self._launches.clear()
+            run = self._launches[key] = kernel.bind(x, self._tensors(""), self._parts[0][2], self.act, shared)
+        return None if run is None else run(x, shared)
 
     def _kernel_forward(self, kernel: Kernel, shared: SharedActivation, holder_name: str,
                         meta: dict) -> torch.Tensor:
@@ -242,7 +275,9 @@ class QuantLinear(nn.Module):
                                           bias)
             return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         if not mixed:
-            y = self._kernel_forward(kernels[0], shared, "", self._parts[0][2])
+            y = None if kernels[0].bind is None else self._bound_forward(kernels[0], shared)
+            if y is None:
+                y = self._kernel_forward(kernels[0], shared, "", self._parts[0][2])
             y = y if bias is None else y + bias
             return y.reshape(*lead, self.out_features)
         # MixLLM Sec. 3.4: each partition is its own sub-GEMM on the shared activation; outputs land on its rows.

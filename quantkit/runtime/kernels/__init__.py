@@ -11,9 +11,12 @@ interpreter (before triton itself is imported) on machines without a CUDA device
 from quantkit.runtime.kernels import jit  # noqa: F401  (must precede every triton import)
 
 from quantkit.runtime import dispatch  # noqa: E402
-from quantkit.runtime.kernels.entry import layout_kernel, mixed_kernel, mixed_supported, rms_norm_entry  # noqa: E402
+from quantkit.runtime.kernels.entry import (layout_binder, layout_kernel, mixed_kernel, mixed_supported,  # noqa: E402
+                                            rms_norm_entry)
+from quantkit.runtime.kernels.registry import selection_state  # noqa: E402
 
 for _layout in ("w4a16", "w4a8-lqq", "w8"):
-    dispatch.register(_layout, layout_kernel(_layout), quantizes_activations=True, shared_activation=True)
+    dispatch.register(_layout, layout_kernel(_layout), quantizes_activations=True, shared_activation=True,
+                      bind=layout_binder(_layout), selection=selection_state)
 dispatch.register_mixed(mixed_kernel, mixed_supported)
 dispatch.register_norm(rms_norm_entry)

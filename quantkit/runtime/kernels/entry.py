@@ -33,7 +33,8 @@ from quantkit.quant.act import quantize_activation_int
 from quantkit.runtime.dispatch import A8_FORM, FAKE_FORM, ActQuant, SharedActivation
 from quantkit.runtime.kernels import ops
 from quantkit.runtime.kernels.triton.act_quant import quantize_activation_triton
-from quantkit.runtime.kernels.gemm import int8_matmul, mixed_int8_matmul, w4a16_matmul
+from quantkit.runtime.kernels.gemm import (bind_int8, bind_w4a16, int8_matmul, mixed_int8_matmul,
+                                           w4a16_matmul)
 from quantkit.runtime.kernels.triton.int8_gemm import MODES
 from quantkit.runtime.kernels.triton.rms_norm import rms_norm_triton
 
@@ -118,6 +119,31 @@ def layout_kernel(layout: str) -> Callable:
 
     run.__name__ = f"triton_{layout.replace('-', '_')}"
     return run
+
+
+def layout_binder(layout: str) -> Callable:
+    """The dispatch ``bind`` of a kernel layout: ``bind(x, tensors, meta, act, shared)`` returns ``f(x, shared) ->
+    y | None`` that runs the kernel the registry chooses for this layer at x's token count with its launch prepared
+    once (:func:`.gemm.bind_w4a16`, :func:`.gemm.bind_int8`), or None where that kernel has no prepared form (the
+    layout's entry, :func:`layout_kernel`, then serves every call). Never under torch.compile (the custom ops
+    serve there)."""
+    if layout not in MODES:
+        raise ValueError(f"no Triton kernels for layout '{layout}'")
+
+    def bind(x: torch.Tensor, tensors: Mapping[str, torch.Tensor], meta: dict, act, shared: SharedActivation):
+        if torch.compiler.is_compiling():
+            return None
+        if int8_path_ok(act):
+            codes, scales = a8_activation(shared)
+            run = bind_int8(codes, scales, act.group_size, [(layout, dict(tensors), meta, None)],
+                            int(meta["out_features"]), _out_dtype(x))
+            return None if run is None else (lambda x, shared: run(*a8_activation(shared)))
+        if act is None and layout == "w4a16" and x.dtype in HALF_DTYPES:
+            run = bind_w4a16(x.contiguous(), dict(tensors), meta)
+            return None if run is None else (lambda x, shared: run(x))
+        return None
+
+    return bind
 
 
 def mixed_supported(layouts: tuple[str, ...], act: ActQuant | None) -> bool:

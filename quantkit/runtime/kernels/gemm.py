@@ -36,8 +36,8 @@ from quantkit.runtime.kernels.cuda import lqq_cluster as cuda_cluster
 from quantkit.runtime.kernels.cuda.common import cupy_available
 from quantkit.runtime.kernels.gluon_sm90 import common as gluon
 from quantkit.runtime.kernels.gluon_sm90 import lqq_wgmma, lqq_ws, w4a16_wgmma, w4a16_ws, w8a8_wgmma
-from quantkit.runtime.kernels.registry import (GemmKernel, GemmProblem, device_traits, forced_kernel, register, run,
-                                               run_config)
+from quantkit.runtime.kernels.registry import (GemmKernel, GemmProblem, bind, device_traits, forced_kernel, register,
+                                               run, run_config)
 from quantkit.runtime.kernels.triton import int8_gemm as triton_int8
 from quantkit.runtime.kernels.triton import w4a16 as triton_w4a16
 from quantkit.runtime.kernels.triton.int8_operand import mixed_w8_operand, w8_operand
@@ -192,6 +192,12 @@ class CudaA8Gemv(GemmKernel):
     def launch(self, p, c, cfg):
         return cuda_gemv_a8.a8_gemv_cuda(c.a_codes, c.a_scales, c.act_group, list(c.parts), c.out_features,
                                          c.out_dtype, c.out)
+
+    def bind(self, p, c, cfg):
+        if c.out is not None:
+            return None
+        return cuda_gemv_a8.BoundA8Gemv.create(c.a_codes, c.a_scales, c.act_group, list(c.parts), c.out_features,
+                                               c.out_dtype)
 
 
 # --- a8: Gluon (Hopper) -----------------------------------------------------------------------------------------
@@ -510,6 +516,9 @@ class CudaW4a16Gemv(GemmKernel):
     def launch(self, p, c, cfg):
         return cuda_gemv.w4a16_gemv_cuda(c.x, c.tensors, c.meta, out=c.out)
 
+    def bind(self, p, c, cfg):
+        return None if c.out is not None else cuda_gemv.BoundW4a16Gemv.create(c.x, c.tensors, c.meta)
+
 
 class GluonW4a16(RuleKernel):
     """What the two Gluon W4A16 kernels share: Hopper with Gluon, and the launch of
@@ -702,3 +711,28 @@ def w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config=None, out: t
     if launch_config is not None:
         return run_config(p, call, kernel, launch_config)
     return run(p, call, forced_kernel("a16", kernel))
+
+
+def bind_w4a16(x: torch.Tensor, tensors: dict, meta: dict):
+    """:func:`w4a16_matmul` of this weight for activations like ``x`` prepared once (:func:`.registry.bind`):
+    ``f(x) -> Y | None``, or None where the chosen kernel has no prepared form."""
+    triton_w4a16.check_input(x, tensors, meta)
+    p = problem_for("a16", ("w4a16",), x.shape[0], int(meta["out_features"]), int(meta["in_features"]), 0, x.dtype,
+                    x.device)
+    return bind(p, A16Call(x, tensors, meta), forced_kernel("a16", None))
+
+
+def bind_int8(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, parts: list, out_features: int,
+              out_dtype: torch.dtype):
+    """:func:`int8_matmul` (one partition: ``parts`` [(layout, tensors, meta, None)]) or :func:`mixed_int8_matmul`
+    (two, with their rows) prepared once for codes and scales like these (:func:`.registry.bind`):
+    ``f(codes, scales) -> Y | None``, or None where the chosen kernel has no prepared form."""
+    k = int(parts[0][2]["in_features"])
+    triton_int8.check_act(a_codes, a_scales, act_group_size, k)
+    for layout, *_ in parts:
+        triton_int8.check_layout(layout)
+    op = "a8" if len(parts) == 1 else "a8_mixed"
+    call = A8Call(a_codes, a_scales, act_group_size, list(parts), out_features, out_dtype)
+    p = problem_for(op, tuple(pt[0] for pt in parts), a_codes.shape[0], out_features, k, act_group_size, out_dtype,
+                    a_codes.device)
+    return bind(p, call, forced_kernel(op, None))

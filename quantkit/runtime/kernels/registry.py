@@ -11,7 +11,8 @@ the kernels; the first one that can implement the problem and accepts the call r
 the best kernel here changes with the token count M.
 
 The problem-level part of the choice (which kernels and configs, in order) is cached per problem, so a call costs a
-lookup plus the chosen kernel's tensor checks. :func:`explain` lists, for a problem, every kernel in priority order
+lookup plus the chosen kernel's tensor checks; :func:`bind` goes one step further for a layer that repeats a call
+(eager decoding): the chosen kernel's launch prepared once, where the kernel has such a form. :func:`explain` lists, for a problem, every kernel in priority order
 with its config or the reason it declined (``quantkit bench --explain``).
 
 An override names one kernel: the ``kernel=`` argument of the entry points in :mod:`.gemm`, or the environment
@@ -114,6 +115,13 @@ class GemmKernel:
     def launch(self, p: GemmProblem, call, config) -> torch.Tensor | None:
         """Y for the call, or None when the launch declined (the config did not build on this device)."""
         raise NotImplementedError
+
+    def bind(self, p: GemmProblem, call, config) -> Callable | None:
+        """A launch of ``config`` prepared for repeated calls like ``call`` that differ only in their activations
+        (a layer's decode step), or None where this kernel has no such form. Called as ``f(x)`` for ``a16`` and
+        ``f(codes, scales)`` for the int8 operations; it returns Y, or None for a call it cannot take (then
+        :func:`run` serves that call)."""
+        return None
 
 
 class KernelChoiceError(QuantkitError, ValueError):
@@ -261,6 +269,24 @@ def run(p: GemmProblem, call, forced: str | None = None, on_decline: Callable[[C
     if forced is not None:
         raise KernelChoiceError(f"kernel '{forced}' declined {p.describe()}: {last}")
     raise RuntimeError(f"no kernel ran {p.describe()}: {last}")
+
+
+def selection_state() -> tuple:
+    """What a choice depends on besides the problem: the ``QUANTKIT_KERNEL`` override, ``QUANTKIT_TUNED_TABLES``
+    and the tuned tables' generation (a prepared launch, :func:`bind`, is made again when it changes)."""
+    from quantkit.runtime.kernels.tables import generation
+
+    return os.environ.get(ENV_KERNEL), os.environ.get(ENV_TABLES) != "0", generation()
+
+
+def bind(p: GemmProblem, call, forced: str | None = None) -> Callable | None:
+    """The prepared launch (:meth:`GemmKernel.bind`) of the (kernel, config) :func:`run` would choose for
+    ``call``, or None when that kernel has no prepared form or none accepts the call: the choice made once for a
+    (layer, token count), so that a repeated call costs the launch alone."""
+    for c in plan(p, forced):
+        if c.ok and c.kernel.accepts(p, call, c.config) is None:
+            return c.kernel.bind(p, call, c.config)
+    return None
 
 
 def explain(p: GemmProblem) -> list[tuple[str, bool, str]]:

@@ -347,3 +347,52 @@ def launch(fn, pdl: bool, device_index: int, stream_handle: int, grid: tuple, bl
         # an ordinary launch runs after the previous kernel anyway: the QK_PDL form's wait returns at once, and a
         # PDL-launched kernel after it waits for it to complete, so either form may run here
         fn(grid, block, args, shared_mem=shared_mem)
+
+
+class BoundLaunch:
+    """One kernel launch prepared for repeated calls that change only some pointer arguments (a layer's decode GEMV
+    at one token count: new activation and output pointers each step, everything else fixed): the grid, the block,
+    the ``void**`` parameter array and the launch config are built once, so a call writes the new pointers in place
+    and makes one ``cuLaunchKernelEx`` call on the current torch stream. Programmatic dependent launch as
+    :func:`launch` decides it. :meth:`create` returns None where the driver has no ``cuLaunchKernelEx``
+    (:func:`launch` then serves)."""
+
+    def __init__(self, fn, pdl: bool, device_index: int, grid: tuple, block: tuple, args: tuple,
+                 pointer_args: tuple[int, ...], shared_mem: int = 0):
+        g, b = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
+        self.device_index = device_index
+        self.params, values = kernel_params(args)
+        self.values = values
+        self.pointers = [values[i] for i in pointer_args]
+        use_pdl = pdl and pdl_supported(device_index)
+        self.config = _LaunchConfig((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), shared_mem, None,
+                                    ctypes.pointer(_PDL_ATTR) if use_pdl else None, 1 if use_pdl else 0)
+        self.config_ref = ctypes.byref(self.config)
+        self.function = ctypes.c_void_p(int(fn.kernel.ptr))
+        self.launch_ex = _cu_launch_kernel_ex()
+
+    @classmethod
+    def create(cls, fn, pdl: bool, device_index: int, grid: tuple, block: tuple, args: tuple,
+               pointer_args: tuple[int, ...], shared_mem: int = 0) -> BoundLaunch | None:
+        """A :class:`BoundLaunch` whose arguments at positions ``pointer_args`` change per call, or None where it
+        cannot be made (no ``cuLaunchKernelEx``, an empty grid)."""
+        if min(grid) <= 0:
+            return None
+        try:
+            return cls(fn, pdl, device_index, grid, block, args, pointer_args, shared_mem)
+        except (OSError, AttributeError):
+            return None
+
+    def __call__(self, *pointers: int) -> bool:
+        """Launch with these values of the pointer arguments; True when the driver took it. False (another current
+        device, or the driver refused): the caller launches through :func:`launch`, which handles a refused
+        attribute."""
+        import torch
+
+        dev = self.device_index
+        if torch.cuda.current_device() != dev:
+            return False
+        for value, ptr in zip(self.pointers, pointers):
+            value.value = ptr
+        self.config.stream = torch._C._cuda_getCurrentRawStream(dev)
+        return self.launch_ex(self.config_ref, self.function, self.params, None) == 0

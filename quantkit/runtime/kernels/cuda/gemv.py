@@ -42,7 +42,7 @@ import dataclasses
 
 import torch
 
-from quantkit.runtime.kernels.cuda.common import (cuda_source, compile_problem, cxx_bool, device_index, device_problem,
+from quantkit.runtime.kernels.cuda.common import (BoundLaunch, cuda_source, compile_problem, cxx_bool, device_index, device_problem,
                                                     group_shift, launch, launch_form)
 from quantkit.runtime.kernels.triton.launch import groups_in_halves
 
@@ -147,14 +147,9 @@ def default_variant(n: int, k: int, m: int = 1) -> GemvVariant:
     return GemvVariant(cuda_gemv_warps(n, k), 128, 1, wait_after_two(n, k))
 
 
-def w4a16_gemv_cuda(x: torch.Tensor, tensors: dict, meta: dict, variant: GemvVariant | None = None,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
-    """Y = X·Ŵᵀ [M, N] in x's dtype for a ``w4a16`` weight (module docstring), on x's current CUDA stream (so it
-    can be captured in a CUDA graph once it has run outside capture: the first call compiles); 8 or 16 tokens
-    per launch column. Ŵ is not rounded to the activation dtype (module docstring), so results differ from the
-    Triton kernels and :func:`quantkit.runtime.kernels.reference.w4a16_reference` by that rounding (≈ 3e-4
-    relative in fp16). The caller checks :func:`cuda_gemv_supported`; ``variant`` defaults to
-    :func:`default_variant`."""
+def _launch_args(x: torch.Tensor, tensors: dict, meta: dict, variant: GemvVariant | None,
+                 out: torch.Tensor) -> tuple:
+    """(function, pdl, device index, grid, block, arguments) of :func:`w4a16_gemv_cuda`'s launch."""
     import numpy as np
 
     m, k = x.shape
@@ -164,17 +159,58 @@ def w4a16_gemv_cuda(x: torch.Tensor, tensors: dict, meta: dict, variant: GemvVar
     qweight, qparams = tensors["qweight"], tensors["qparams"]
     n_tiles, n_groups = qweight.shape[1] // 32, qparams.shape[0]
     dev = device_index(x)
-    bf16 = x.dtype == torch.bfloat16
     variant = variant or default_variant(n, k, m)
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
-    fn, pdl = launch_form(dev, SOURCE, variant.kernel_name(bf16))
-    hpg = groups_in_halves(meta, n_tiles)
-    shift = group_shift(int(meta["group_size"]), hpg)
     if variant.token_sets not in (1, 2):
         raise ValueError(f"token_sets must be 1 or 2, got {variant.token_sets}")
+    fn, pdl = launch_form(dev, SOURCE, variant.kernel_name(x.dtype == torch.bfloat16))
+    hpg = groups_in_halves(meta, n_tiles)
+    shift = group_shift(int(meta["group_size"]), hpg)
     grid = (-(-n // 16), -(-m // (TOKENS_PER_COLUMN * variant.token_sets)))
     args = (np.uint64(x.data_ptr()), np.uint64(qweight.data_ptr()), np.uint64(qparams.data_ptr()),
             np.uint64(out.data_ptr()), np.int32(m), np.int32(n), np.int64(x.stride(0)), np.int64(out.stride(0)),
             np.int32(qweight.shape[1] // 4), np.int32(n_tiles), np.int32(hpg), np.int32(shift), np.int32(n_groups))
-    launch(fn, pdl, dev, torch.cuda.current_stream(x.device).cuda_stream, grid, (32 * variant.warps,), args)
+    return fn, pdl, dev, grid, (32 * variant.warps,), args
+
+
+def w4a16_gemv_cuda(x: torch.Tensor, tensors: dict, meta: dict, variant: GemvVariant | None = None,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """Y = X·Ŵᵀ [M, N] in x's dtype for a ``w4a16`` weight (module docstring), on x's current CUDA stream (so it
+    can be captured in a CUDA graph once it has run outside capture: the first call compiles); 8 or 16 tokens
+    per launch column. Ŵ is not rounded to the activation dtype (module docstring), so results differ from the
+    Triton kernels and :func:`quantkit.runtime.kernels.reference.w4a16_reference` by that rounding (≈ 3e-4
+    relative in fp16). The caller checks :func:`cuda_gemv_supported`; ``variant`` defaults to
+    :func:`default_variant`."""
+    out = torch.empty(x.shape[0], int(meta["out_features"]), dtype=x.dtype, device=x.device) if out is None else out
+    fn, pdl, dev, grid, block, args = _launch_args(x, tensors, meta, variant, out)
+    launch(fn, pdl, dev, torch.cuda.current_stream(x.device).cuda_stream, grid, block, args)
     return out
+
+
+class BoundW4a16Gemv:
+    """:func:`w4a16_gemv_cuda` of one layer at one token count and dtype, prepared once
+    (:class:`~quantkit.runtime.kernels.cuda.common.BoundLaunch`): a call allocates the output, sets the two
+    pointers and launches. ``x`` must have the row stride of the activations it was bound with, unit column stride
+    and 8-byte alignment, and be on the current device; otherwise, or if the driver refuses the launch, the call
+    returns None and the caller runs :func:`w4a16_gemv_cuda`."""
+
+    POINTER_ARGS = (0, 3)  # positions of the activation and output pointers in the GEMV's arguments
+
+    def __init__(self, bound: BoundLaunch, x: torch.Tensor, n: int):
+        self.bound, self.n = bound, n
+        self.m, self.dtype, self.device, self.x_stride = x.shape[0], x.dtype, x.device, x.stride(0)
+
+    @classmethod
+    def create(cls, x: torch.Tensor, tensors: dict, meta: dict) -> BoundW4a16Gemv | None:
+        """The bound GEMV for activations shaped, strided and typed like ``x`` (which the caller checked with
+        :func:`cuda_gemv_problem`), or None where a launch cannot be bound on this driver."""
+        n = int(meta["out_features"])
+        out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+        bound = BoundLaunch.create(*_launch_args(x, tensors, meta, None, out), cls.POINTER_ARGS)
+        return None if bound is None else cls(bound, x, n)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
+        ptr = x.data_ptr()
+        if x.stride(0) != self.x_stride or x.stride(1) != 1 or ptr % 8:
+            return None
+        out = torch.empty(self.m, self.n, dtype=self.dtype, device=self.device)
+        return out if self.bound(ptr, out.data_ptr()) else None

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from quantkit.runtime.kernels.cuda.common import (cuda_source, compile_problem, cxx_bool, device_index,
+from quantkit.runtime.kernels.cuda.common import (BoundLaunch, cuda_source, compile_problem, cxx_bool, device_index,
                                                     device_problem, group_shift, launch, launch_form)
 from quantkit.runtime.kernels.cuda.gemv import TOKENS_PER_COLUMN
 from quantkit.runtime.kernels.triton.launch import act_groups_in_halves, groups_in_halves
@@ -198,6 +198,17 @@ def a8_gemv_cuda(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: 
     sets per launch column sharing every weight fragment, 1 or 2 (default :func:`a8_token_sets`), ``wait_after_two``
     (default :func:`a8_wait_after_two`). ValueError when :func:`a8_gemv_problem` finds a problem other than the
     device ones, which the caller checks."""
+    out = torch.empty(a_codes.shape[0], out_features, dtype=out_dtype, device=a_codes.device) if out is None else out
+    fn, pdl, dev, grid, block, args = _launch_args(a_codes, a_scales, act_group_size, parts, out_dtype, out, warps,
+                                                   token_sets, wait_after_two)
+    launch(fn, pdl, dev, torch.cuda.current_stream(a_codes.device).cuda_stream, grid, block, args)
+    return out
+
+
+def _launch_args(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, parts: list,
+                 out_dtype: torch.dtype, out: torch.Tensor, warps: int | None = None, token_sets: int | None = None,
+                 wait_after_two: bool | None = None) -> tuple:
+    """(function, pdl, device index, grid, block, arguments) of :func:`a8_gemv_cuda`'s launch."""
     import numpy as np
 
     m, k = a_codes.shape
@@ -218,7 +229,6 @@ def a8_gemv_cuda(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: 
     args_parts = [_part_args(lay, t, meta, r, n_tiles) for lay, t, meta, r in parts]
     if len(parts) == 1:
         args_parts.append(args_parts[0])
-    out = torch.empty(m, out_features, dtype=out_dtype, device=a_codes.device) if out is None else out
     nb = [-(-int(meta["out_features"]) // 16) for _, _, meta, _ in parts]
     a_hpg = act_groups_in_halves(act_group_size, k)
     a_shift = group_shift(act_group_size, a_hpg)
@@ -229,5 +239,37 @@ def a8_gemv_cuda(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: 
             np.int64(a_codes.stride(0)), np.int64(a_scales.stride(0)), np.int32(a_hpg), np.int32(a_shift),
             np.int32(a_scales.shape[1]), np.uint64(out.data_ptr()), np.int64(out.stride(0)), np.int32(n_tiles),
             np.int32(nb[0]), *args_parts[0], *args_parts[1])
-    launch(fn, pdl, dev, torch.cuda.current_stream(a_codes.device).cuda_stream, grid, (32 * warps,), args)
-    return out
+    return fn, pdl, dev, grid, (32 * warps,), args
+
+
+class BoundA8Gemv:
+    """:func:`a8_gemv_cuda` of one layer at one token count and output dtype, prepared once
+    (:class:`~quantkit.runtime.kernels.cuda.common.BoundLaunch`): a call allocates the output, sets three pointers
+    and launches. The codes and scales must have the row strides they were bound with and 16-byte aligned codes,
+    and be on the current device; otherwise, or if the driver refuses the launch, the call returns None and the
+    caller runs :func:`a8_gemv_cuda`."""
+
+    POINTER_ARGS = (0, 1, 8)  # positions of the codes, scales and output pointers in the GEMV's arguments
+
+    def __init__(self, bound: BoundLaunch, a_codes: torch.Tensor, a_scales: torch.Tensor, out_features: int,
+                 out_dtype: torch.dtype):
+        self.bound, self.n, self.dtype = bound, out_features, out_dtype
+        self.m, self.device = a_codes.shape[0], a_codes.device
+        self.strides = (a_codes.stride(0), a_scales.stride(0), a_scales.shape[1])
+
+    @classmethod
+    def create(cls, a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, parts: list,
+               out_features: int, out_dtype: torch.dtype) -> BoundA8Gemv | None:
+        """The bound GEMV for codes and scales shaped and strided like these (which the caller checked with
+        :func:`a8_gemv_problem`), or None where a launch cannot be bound on this driver."""
+        out = torch.empty(a_codes.shape[0], out_features, dtype=out_dtype, device=a_codes.device)
+        bound = BoundLaunch.create(*_launch_args(a_codes, a_scales, act_group_size, parts, out_dtype, out),
+                                   cls.POINTER_ARGS)
+        return None if bound is None else cls(bound, a_codes, a_scales, out_features, out_dtype)
+
+    def __call__(self, a_codes: torch.Tensor, a_scales: torch.Tensor) -> torch.Tensor | None:
+        ptr = a_codes.data_ptr()
+        if (a_codes.stride(0), a_scales.stride(0), a_scales.shape[1]) != self.strides or ptr % 16:
+            return None
+        out = torch.empty(self.m, self.n, dtype=self.dtype, device=self.device)
+        return out if self.bound(ptr, a_scales.data_ptr(), out.data_ptr()) else None

@@ -415,7 +415,8 @@ def recipe_rows() -> list[dict]:
         r = load_recipe(name)
         a = r.activation.bits if r.activation.enabled else 16
         group = "per-channel" if r.weight.group_size == -1 else f"g{r.weight.group_size}"
-        rows.append({"name": name, "scheme": f"W{r.weight.bits}A{a} {group}", "method": r.weight.method,
+        fp8 = "FP8 " if r.weight.grid == "fp8" else ""
+        rows.append({"name": name, "scheme": f"{fp8}W{r.weight.bits}A{a} {group}", "method": r.weight.method,
                      "calibration": r.uses_calibration, "description": first_sentence(r.description)})
     return rows
 

@@ -232,6 +232,8 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
     act = None
     if rec.activation.enabled:
         act = {"bits": rec.activation.bits, "group_size": rec.activation.group_size, "sym": rec.activation.sym}
+        if rec.activation.fp8:
+            act["fp8"] = True
     info = {"quantkit_version": __version__,
             "source": {"model": model_ref, "model_type": loaded.model.config.model_type,
                        "dtype": str(source_dtype).replace("torch.", ""), "parameters": n_params},

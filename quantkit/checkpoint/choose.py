@@ -64,6 +64,8 @@ def check_recipe_export(recipe: Recipe, export: str, plan_is_mixed: bool) -> Non
                                       "which other engines do not apply")
     if w.method == "lqq" or w.grid == "lqq":
         raise _refuse(export, recipe, "LiquidQuant two-level weights")
+    if w.grid == "fp8":
+        raise _refuse(export, recipe, "FP8 E4M3 weights (the formats store integer codes)")
     if plan_is_mixed:
         raise _refuse(export, recipe, "the plan mixes bit-widths across output channels")
     if recipe.overrides:
@@ -79,6 +81,8 @@ def check_recipe_export(recipe: Recipe, export: str, plan_is_mixed: bool) -> Non
 
 def kernel_layout(qw: QuantizedWeight) -> str | None:
     """The GPU kernel layout for a weight of this kind, or None when no kernel covers it."""
+    if qw.fp8:
+        return None
     if qw.channel_scales is not None:
         return "w4a8-lqq"
     if qw.bits == 4 and not qw.sym:
@@ -102,6 +106,8 @@ def _get(name: str):
 
 
 def _kind(qw: QuantizedWeight) -> str:
+    if qw.fp8:
+        return "FP8 E4M3"
     if qw.channel_scales is not None:
         return "LiquidQuant 4-bit"
     return f"{qw.bits}-bit {'sym' if qw.sym else 'asym'}"

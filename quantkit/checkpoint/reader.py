@@ -85,7 +85,8 @@ def _act_spec(manifest: dict):
     from quantkit.runtime.dispatch import ActQuant
 
     a = manifest.get("activation")
-    return None if not a else ActQuant(int(a["bits"]), int(a["group_size"]), bool(a.get("sym", True)))
+    return None if not a else ActQuant(int(a["bits"]), int(a["group_size"]), bool(a.get("sym", True)),
+                                       bool(a.get("fp8", False)))
 
 
 def build_quant_linear(entry: dict, tensors: dict[str, torch.Tensor], act, dtype: torch.dtype,

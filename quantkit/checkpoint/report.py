@@ -26,7 +26,8 @@ def summarize(folder: str | Path, manifest: dict | None = None) -> dict:
         for p in lin["partitions"]:
             elems[int(p["bits"])] += int(p["n_rows"]) * int(lin["in_features"])
             layouts[p["layout"]] += 1
-            schemes[(p["layout"], scheme(int(p["bits"]), act_bits))] += 1
+            fp8 = bool((p.get("meta") or {}).get("fp8"))
+            schemes[(p["layout"], ("FP8 " if fp8 else "") + scheme(int(p["bits"]), act_bits))] += 1
     total = sum(elems.values()) or 1
     quant_bytes = sum(e["nbytes"] for e in manifest["tensors"].values() if "linear" in e)
     disk = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
@@ -40,6 +41,7 @@ def summarize(folder: str | Path, manifest: dict | None = None) -> dict:
             "layouts": dict(sorted(layouts.items())),
             "layout_schemes": {f"{layout} {sch}": n for (layout, sch), n in sorted(schemes.items())},
             "activation_bits": (manifest.get("activation") or {}).get("bits"),
+            "activation_fp8": bool((manifest.get("activation") or {}).get("fp8")),
             "online_rotations": sum("input_rotation" in lin for lin in manifest["linears"].values()),
             "kv": (manifest["recipe"].get("kv") or None),
             "avg_bits": sum(b * n for b, n in elems.items()) / total,
@@ -74,7 +76,8 @@ def summary_table(s: dict, title: str | None = None) -> Table:
     t.add_column("value")
     hist = ", ".join(f"{b}-bit {share:.1%}" for b, share in s["bits_histogram"].items())
     t.add_row("source", str(s["source"]))
-    t.add_row("recipe", s["recipe"] + (f" (activations A{s['activation_bits']})" if s["activation_bits"] else ""))
+    act = f" (activations {'FP8 ' if s.get('activation_fp8') else ''}A{s['activation_bits']})"
+    t.add_row("recipe", s["recipe"] + (act if s["activation_bits"] else ""))
     if s.get("target") is None:  # an engine format (gptq, awq): its own layout, no quantkit kernel target
         t.add_row("format", s["export"])
     else:

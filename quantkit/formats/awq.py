@@ -68,6 +68,8 @@ def supports(qw: QuantizedWeight) -> str | None:
     if qw.channel_scales is not None:
         return ("LiquidQuant two-level weights (per-channel INT8 scale + UINT4 groups) have no AWQ form; "
                 "use 'reference' or the w4a8 kernel layout")
+    if qw.fp8:
+        return "FP8 E4M3 weights have no AWQ form (AWQ stores integer codes); use 'reference'"
     problem = record_problem(qw)
     if problem is not None:
         return problem

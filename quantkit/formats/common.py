@@ -30,6 +30,11 @@ def record_problem(qw: QuantizedWeight) -> str | None:
             return f"g_idx values must lie in [0, {g - 1}]"
     if qw.channel_scales is not None and tuple(qw.channel_scales.shape) != (n,):
         return f"channel_scales has shape {tuple(qw.channel_scales.shape)}, expected ({n},)"
+    if qw.fp8:
+        if qw.bits != 8 or qw.channel_scales is not None:
+            return f"FP8 E4M3 weights are 8-bit and one-level, this one has {qw.bits} bits"
+        if qw.codes.numel() and bool(((qw.codes & 0x7F) == 0x7F).any()):
+            return "FP8 codes include NaN bit patterns (0x7F / 0xFF); quantize with quantkit.quant.grid.quantize_fp8"
     zero_bits = 8 if qw.channel_scales is not None else qw.bits  # LiquidQuant offsets a are full bytes
     for name, t, b in (("codes", qw.codes, qw.bits), ("zeros", qw.zeros, zero_bits)):
         if t.numel() and (int(t.min()) < 0 or int(t.max()) > 2 ** b - 1):

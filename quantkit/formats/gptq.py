@@ -70,6 +70,8 @@ def supports(qw: QuantizedWeight, checkpoint_format: str = V1) -> str | None:
     if qw.channel_scales is not None:
         return ("LiquidQuant two-level weights (per-channel INT8 scale + UINT4 groups) have no GPTQ form; "
                 "use 'reference' or the w4a8 kernel layout")
+    if qw.fp8:
+        return "FP8 E4M3 weights have no GPTQ form (GPTQ stores integer codes); use 'reference'"
     problem = record_problem(qw)
     if problem is not None:
         return problem

@@ -1,5 +1,5 @@
 """``reference`` layout: quantkit's own plain, row-major packing of any QuantizedWeight (2-8 bits, sym/asym,
-act-order g_idx, LiquidQuant two-level). It is what the torch reference kernels read and the layout of choice
+act-order g_idx, LiquidQuant two-level, FP8 E4M3). It is what the torch reference kernels read and the layout of choice
 when no engine-specific layout fits (e.g. MixLLM's 5-7-bit partitions). docs/formats.md draws it.
 
 Tensors (N = out_features, K = in_features, G = groups, b = bits, zb = zero-point bits):
@@ -13,6 +13,8 @@ Tensors (N = out_features, K = in_features, G = groups, b = bits, zb = zero-poin
   are the integer s_u8 in [1, 16] (exact in fp16).
 * ``g_idx`` int32 [K]: only when the record carries one (GPTQ act-order); absent = consecutive groups.
 * ``channel_scales`` fp16 [N]: only for LiquidQuant two-level weights (first-level s_c, LiquidGEMM Eq. 1).
+
+FP8 E4M3 weights (meta ``fp8``: true) store their codes, the e4m3 bit patterns, as 8-bit codes and zeros of 0.
 
 Symmetric weights keep their (constant 2^(b-1)) zeros: one code path, and the row is self-describing.
 """
@@ -54,7 +56,8 @@ def layout_meta(qw: QuantizedWeight) -> dict:
     return {"layout": NAME, "format_version": FORMAT_VERSION, "bits": int(qw.bits),
             "group_size": int(qw.group_size), "sym": bool(qw.sym), "in_features": int(k), "out_features": int(n),
             "num_groups": int(qw.scales.shape[1]), "zero_bits": _zero_bits(qw),
-            "two_level": qw.channel_scales is not None, "has_g_idx": qw.g_idx is not None}
+            "two_level": qw.channel_scales is not None, "has_g_idx": qw.g_idx is not None,
+            **({"fp8": True} if qw.fp8 else {})}
 
 
 def pack(qw: QuantizedWeight) -> dict[str, torch.Tensor]:
@@ -91,4 +94,4 @@ def unpack(tensors: dict[str, torch.Tensor], meta: dict) -> QuantizedWeight:
         zeros=bitpack.unpack_bits(qzeros, zb, g).to(torch.uint8),
         bits=bits, group_size=gs, sym=bool(meta_field(meta, "sym", NAME)),
         g_idx=None if g_idx is None else g_idx.clone(),
-        channel_scales=None if cs is None else cs.float())
+        channel_scales=None if cs is None else cs.float(), fp8=bool(meta.get("fp8", False)))

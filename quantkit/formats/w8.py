@@ -39,6 +39,8 @@ def supports(qw: QuantizedWeight) -> str | None:
         return f"w8 holds 8-bit codes, this weight has {qw.bits} bits (4-bit: 'w4a16')"
     if qw.channel_scales is not None:
         return "LiquidQuant two-level weights go to the 'w4a8-lqq' layout"
+    if qw.fp8:
+        return "FP8 E4M3 weights are not int8 codes; they have no kernel layout yet and go to 'reference'"
     problem = record_problem(qw) or group_problem(qw, NAME)
     if problem is not None:
         return problem

@@ -26,10 +26,14 @@ def _check(bits: int, group_size: int) -> None:
         raise QuantkitError(f"activation group size must be -1 (per token) or >= 1, got {group_size}; e.g. 128")
 
 
-def quantize_activation(x: torch.Tensor, bits: int = 8, group_size: int = 128, sym: bool = True) -> torch.Tensor:
+def quantize_activation(x: torch.Tensor, bits: int = 8, group_size: int = 128, sym: bool = True,
+                        fp8: bool = False) -> torch.Tensor:
     """Fake-quantized activations (quantize → dequantize), same shape and dtype as ``x`` [..., K], grouped along
-    the last dim (MixLLM Sec. 3.1.2: A8 symmetric g128; group_size -1 = per token)."""
+    the last dim (MixLLM Sec. 3.1.2: A8 symmetric g128; group_size -1 = per token); ``fp8``: the e4m3 grid of
+    :func:`quantize_activation_fp8` instead of the integer one."""
     _check(bits, group_size)
+    if fp8:
+        return quantize_activation_fp8(x, group_size)
     k = x.shape[-1]
     rows = x.reshape(-1, k)
     return grid.dequantize(grid.quantize(rows, bits, group_size, sym), x.dtype).reshape(x.shape)
@@ -47,13 +51,30 @@ def quantize_activation_int(x: torch.Tensor, bits: int = 8,
     return codes.reshape(x.shape), qw.scales.reshape(*x.shape[:-1], qw.num_groups)
 
 
-def _fake_quant_input(module: nn.Module, args: tuple, bits: int, group_size: int, sym: bool) -> tuple:
-    return (quantize_activation(args[0], bits, group_size, sym),) + tuple(args[1:])
+def quantize_activation_fp8(x: torch.Tensor, group_size: int = -1) -> torch.Tensor:
+    """Dynamic FP8 E4M3 activations, fake-quantized (the per-token scheme of vLLM's FP8 W8A8 with group_size -1):
+    per group (token) the fp32 scale absmax / 448 (1 for an all-zero group), values e4m3(x / scale) · scale, in
+    x's dtype. The scale is not rounded to fp16: the GEMM takes it as an fp32 row scale."""
+    k = x.shape[-1]
+    rows = x.reshape(-1, k).float()
+    gs = k if group_size == -1 else group_size
+    out = torch.empty_like(rows)
+    for start in range(0, k, gs):
+        part = rows[:, start:start + gs]
+        absmax = part.abs().amax(dim=1, keepdim=True)
+        scale = torch.where(absmax > 0, absmax / grid.device_scalar(grid.FP8_MAX, part), torch.ones_like(absmax))
+        out[:, start:start + gs] = grid.e4m3_round(part / scale).float() * scale
+    return out.to(x.dtype).reshape(x.shape)
+
+
+def _fake_quant_input(module: nn.Module, args: tuple, bits: int, group_size: int, sym: bool, fp8: bool) -> tuple:
+    return (quantize_activation(args[0], bits, group_size, sym, fp8),) + tuple(args[1:])
 
 
 def attach_act_quant(target: nn.Module | dict[str, nn.Module], bits: int = 8, group_size: int = 128,
-                     sym: bool = True) -> list[RemovableHandle]:
-    """Register forward pre-hooks that fake-quantize the input of each linear (MixLLM A8 simulation).
+                     sym: bool = True, fp8: bool = False) -> list[RemovableHandle]:
+    """Register forward pre-hooks that fake-quantize the input of each linear (MixLLM A8 simulation; ``fp8``:
+    dynamic e4m3, :func:`quantize_activation_fp8`).
 
     ``target``: a dict name → nn.Linear, a single nn.Linear, or a causal LM (all decoder-layer linears,
     :func:`quantkit.model.walk.iter_linears`). Returns the handles; :func:`remove_hooks` undoes it.
@@ -69,7 +90,7 @@ def attach_act_quant(target: nn.Module | dict[str, nn.Module], bits: int = 8, gr
         modules = [m for _, m in iter_linears(target)]
     if not modules:
         raise QuantkitError("no linear layers to quantize activations of; pass a model or a dict of nn.Linear")
-    hook = functools.partial(_fake_quant_input, bits=bits, group_size=group_size, sym=sym)
+    hook = functools.partial(_fake_quant_input, bits=bits, group_size=group_size, sym=sym, fp8=fp8)
     return [m.register_forward_pre_hook(hook) for m in modules]
 
 

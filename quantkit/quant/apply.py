@@ -57,6 +57,7 @@ def _row_bits_for(plan, name: str, linear: nn.Linear, default_bits: int) -> torc
 
 def _rows_quantizer(recipe: Recipe, name: str, inputs=None):
     """quantize_rows(sub_weight, bits) for RTN / LiquidQuant partitions of linear ``name``."""
+    from quantkit.quant.grid import quantize_fp8
     from quantkit.quant.lqq import lqq_quantize, lqq_search
     from quantkit.quant.rtn import rtn_quantize
 
@@ -64,6 +65,8 @@ def _rows_quantizer(recipe: Recipe, name: str, inputs=None):
         spec = recipe.spec_for(name, bits)
         if spec.method == "lqq":
             return lqq_search(w, spec.group_size, inputs=inputs) if spec.clip else lqq_quantize(w, spec.group_size)
+        if spec.grid == "fp8":
+            return quantize_fp8(w, spec.group_size)
         if spec.clip:
             return rtn_quantize(w, spec.bits, spec.group_size, spec.sym, clip=True, inputs=inputs)
         return rtn_quantize(w, spec.bits, spec.group_size, spec.sym)
@@ -76,6 +79,7 @@ def _smoothing_quantizers(recipe: Recipe, targets: dict[str, nn.Linear]):
     recipe grid by round-to-nearest (the proxy for GPTQ/AWQ/clipping, which run after the fold), and the
     recipe's activation grid."""
     from quantkit.quant.act import quantize_activation
+    from quantkit.quant.grid import quantize_fp8
     from quantkit.quant.lqq import lqq_quantize
     from quantkit.quant.rtn import rtn_quantize
 
@@ -87,11 +91,13 @@ def _smoothing_quantizers(recipe: Recipe, targets: dict[str, nn.Linear]):
         spec = recipe.spec_for(name) if name is not None else None
         if spec is None or spec.skip:
             return w
+        if spec.grid == "fp8":
+            return dequantize_record(quantize_fp8(w, spec.group_size))
         lqq = spec.grid == "lqq"
         rec = lqq_quantize(w, spec.group_size) if lqq else rtn_quantize(w, spec.bits, spec.group_size, spec.sym)
         return dequantize_record(rec)
 
-    return fake_weight, lambda x: quantize_activation(x, act.bits, act.group_size, act.sym)
+    return fake_weight, lambda x: quantize_activation(x, act.bits, act.group_size, act.sym, act.fp8)
 
 
 def _layer_config(recipe: Recipe, method: str):
@@ -216,7 +222,7 @@ def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, devic
         from quantkit.quant.act import attach_act_quant
 
         handles = attach_act_quant(targets, recipe.activation.bits, recipe.activation.group_size,
-                                   recipe.activation.sym)
+                                   recipe.activation.sym, recipe.activation.fp8)
     total = sum(record_bits(r)[0] for r in records.values())
     elems = sum(record_bits(r)[1] for r in records.values())
     return QuantizeResult(records, recipe, total / elems, calib, handles, online)

@@ -116,10 +116,12 @@ def quantize(w: torch.Tensor, bits: int, group_size: int = 128, sym: bool = Fals
 def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """W^ = (codes - zeros[g_idx]) · scales[g_idx] (LiquidGEMM Eq. 2), shape [N, K].
 
-    Two-level LiquidQuant weights go through :func:`dequantize_lqq`.
+    Two-level LiquidQuant weights go through :func:`dequantize_lqq`, FP8 weights through :func:`dequantize_fp8`.
     """
     if qw.channel_scales is not None:
         return dequantize_lqq(qw, dtype)
+    if qw.fp8:
+        return dequantize_fp8(qw, dtype)
     g = qw.group_index()
     s = qw.scales.float()[:, g]
     z = qw.zeros.float()[:, g]
@@ -146,3 +148,40 @@ def lqq_int8_codes(qw: QuantizedWeight) -> torch.Tensor:
 def dequantize_lqq(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """W^ = Q^_i8 · s_c (LiquidGEMM Eq. 12, then the first-level Eq. 2 in the GEMM epilogue), shape [N, K]."""
     return (lqq_int8_codes(qw).float() * qw.channel_scales.float().unsqueeze(1)).to(dtype)
+
+
+FP8_MAX = 448.0  # the largest finite float8_e4m3fn
+
+
+def e4m3_round(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (already divided by its scale, so |x| <= 448 up to rounding) rounded to the nearest float8_e4m3fn
+    value, ties to even; clamped to ±448 first, since the cast turns anything beyond the largest finite value into
+    NaN."""
+    return x.float().clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
+def quantize_fp8(w: torch.Tensor, group_size: int = -1) -> QuantizedWeight:
+    """FP8 E4M3 weights (records.py conventions): per group of ``group_size`` input columns (-1: per output channel,
+    the FP8 scheme of vLLM / llm-compressor), scale = absmax / 448 rounded up to fp16 (the same scale rule as the
+    integer grids, so the largest weight of a group stays within the e4m3 range) and codes = the bits of
+    e4m3(w / scale). An all-zero group gets a scale of 1."""
+    w = w.float()
+    n, k = w.shape
+    gs = k if group_size == -1 else group_size
+    g = num_groups(k, group_size)
+    scales = torch.empty(n, g, dtype=torch.float32, device=w.device)
+    codes = torch.empty(n, k, dtype=torch.uint8, device=w.device)
+    for j in range(g):
+        cols = slice(j * gs, min((j + 1) * gs, k))
+        absmax = w[:, cols].abs().amax(dim=1)
+        s = round_scale_up(torch.where(absmax > 0, absmax / device_scalar(FP8_MAX, w), torch.ones_like(absmax)))
+        scales[:, j] = s
+        codes[:, cols] = e4m3_round(w[:, cols] / s.unsqueeze(1)).view(torch.uint8)
+    zeros = torch.zeros(n, g, dtype=torch.uint8, device=w.device)
+    return QuantizedWeight(codes=codes, scales=scales, zeros=zeros, bits=8, group_size=group_size, sym=True, fp8=True)
+
+
+def dequantize_fp8(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """W^ = e4m3(codes) · scales[g_idx], shape [N, K] (exact in fp32: an e4m3 value times an fp16 scale)."""
+    values = qw.codes.contiguous().view(torch.float8_e4m3fn).float()
+    return (values * qw.scales.float()[:, qw.group_index()]).to(dtype)

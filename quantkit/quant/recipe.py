@@ -6,7 +6,8 @@ Schema (every field optional except ``weight.method``; unknown fields are errors
     description: free text
     weight:
       method: gptq            # rtn | gptq | awq | lqq (RTN on the LiquidQuant grid)
-      grid: affine            # affine | lqq: LiquidQuant's two-level 4-bit grid (with method gptq or lqq)
+      grid: affine            # affine | lqq: LiquidQuant's two-level 4-bit grid (with method gptq or lqq) |
+                              #   fp8: E4M3 values with an fp16 scale per group (method rtn, bits 8)
       bits: 4                 # default bit-width (2..8)
       group_size: 128         # 32 | 64 | 128 | ... | -1 (per-channel)
       sym: false
@@ -23,6 +24,7 @@ Schema (every field optional except ``weight.method``; unknown fields are errors
       bits: 8                 # 16 (or null) = no activation quantization
       group_size: 128         # -1 = per-token
       sym: true
+      fp8: false              # dynamic E4M3 instead of int8 (bits 8, symmetric)
       smooth: 0.5             # SmoothQuant migration strength α folded into norms/linears; auto: searched per
                               #   fold by output error (null: off)
       rotate: false           # QuaRot/SpinQuant R1: a random Hadamard rotation of the residual stream, folded
@@ -56,7 +58,7 @@ from quantkit.quant.kv import KVSpec
 from quantkit.resources import shipped_dir
 
 METHODS = ("rtn", "gptq", "awq", "lqq")
-GRIDS = ("affine", "lqq")  # one-level group-wise affine, or LiquidQuant's two-level 4-bit grid
+GRIDS = ("affine", "lqq", "fp8")  # one-level group-wise affine, LiquidQuant's two-level 4-bit grid, FP8 E4M3
 
 
 @dataclass
@@ -80,6 +82,7 @@ class ActSpec:
     bits: int | None = None
     group_size: int = 128
     sym: bool = True
+    fp8: bool = False  # dynamic E4M3 activations (quantkit.quant.act.quantize_activation_fp8) instead of int8
     smooth: float | str | None = None  # SmoothQuant migration strength α, "auto" = searched per fold; None = off
     rotate: bool = False  # fold a random Hadamard rotation into the residual stream (quantkit.quant.rotate)
     online_rotate: bool = False  # rotate o_proj / down_proj inputs at run time (quantkit.quant.rotate.InputRotation)
@@ -177,6 +180,8 @@ class Recipe:
             spec.grid = "affine"
             if spec.method == "lqq":
                 spec.method = "rtn"
+        if spec.grid == "fp8" and spec.bits != 8:  # an override to another bit-width leaves the FP8 grid
+            spec.grid = "affine"
         return spec
 
     def to_dict(self) -> dict:
@@ -268,12 +273,18 @@ def parse_recipe(data: dict, source: str = "") -> Recipe:
     if weight.grid == "lqq" and weight.method not in ("gptq", "lqq"):
         raise QuantkitError(f"recipe field 'weight.grid: lqq' works with method gptq (or method lqq, which implies "
                             f"it), not {weight.method}")
+    if weight.grid == "fp8" and (weight.method != "rtn" or weight.bits != 8 or weight.clip):
+        raise QuantkitError("recipe field 'weight.grid: fp8' takes method rtn, bits 8 and no clip (FP8 E4M3 with a "
+                            f"per-group scale), got method {weight.method}, bits {weight.bits}, clip {weight.clip}")
     if (weight.method == "lqq" or weight.grid == "lqq") and (weight.bits != 4 or weight.sym):
         raise QuantkitError("recipe fields 'weight.bits' must be 4 and 'weight.sym' false for the LiquidQuant grid "
                             "(LiquidQuant is UINT4 over INT8)")
     act = _build(ActSpec, data.get("activation"), "activation")
     _check_bits(act.bits, "activation.bits", allow_16=True)
     _check_group(act.group_size, "activation.group_size")
+    if act.fp8 and (act.bits != 8 or not act.sym):
+        raise QuantkitError(f"recipe field 'activation.fp8' needs activation.bits 8 and sym true (E4M3 is a signed "
+                            f"8-bit float), got bits {act.bits}, sym {act.sym}")
     if act.smooth is not None:
         if act.smooth != "auto" and (isinstance(act.smooth, bool) or not isinstance(act.smooth, (int, float))
                                      or not 0 <= act.smooth <= 1):

@@ -10,6 +10,9 @@ Conventions (one source of truth):
   (codes then lie in [1, 2**bits - 1], as in MixLLM's sym-8 weights).
 * ``scales`` are rounded to the storage dtype (fp16 by default) *before* codes are computed, so fake-quant and
   a packed checkpoint reload give bit-identical weights.
+* FP8 weights (``fp8``): ``codes`` are the bit patterns of float8_e4m3fn values and dequantization is
+  ``e4m3(codes) * scales[g]`` (zeros unused, all 0): the OCP FP8 E4M3 grid with a per-group (per-channel) scale
+  absmax / 448, the FP8 W8A8 that vLLM and llm-compressor users deploy on Hopper.
 * groups cover consecutive input columns (``g_idx = k // group_size``; the last group may be shorter when K is
   not a multiple of the group size) unless GPTQ act-order without static groups supplies its own ``g_idx``.
 """
@@ -37,6 +40,7 @@ class QuantizedWeight:
     # per-channel INT8 scale. None for ordinary one-level weights.
     channel_scales: torch.Tensor | None = None  # float [N]
     meta: dict = field(default_factory=dict)
+    fp8: bool = False  # codes are float8_e4m3fn bit patterns (module docstring)
 
     @property
     def shape(self) -> tuple[int, int]:

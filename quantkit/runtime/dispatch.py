@@ -51,10 +51,14 @@ class ActQuant:
     bits: int
     group_size: int
     sym: bool = True
+    fp8: bool = False  # dynamic E4M3 (quantkit.quant.act.quantize_activation_fp8) instead of int8
 
     def to_dict(self) -> dict:
         """The manifest's ``activation`` entry."""
-        return {"bits": self.bits, "group_size": self.group_size, "sym": self.sym}
+        d = {"bits": self.bits, "group_size": self.group_size, "sym": self.sym}
+        if self.fp8:
+            d["fp8"] = True
+        return d
 
 
 FAKE_FORM = "fake"  # SharedActivation's name of the fake-quantized input
@@ -104,7 +108,7 @@ class SharedActivation:
         Sec. 3.1.2), x itself without activation quantization."""
         if self.act is None:
             return self.x
-        return self.form(FAKE_FORM, lambda x, a: quantize_activation(x, a.bits, a.group_size, a.sym))
+        return self.form(FAKE_FORM, lambda x, a: quantize_activation(x, a.bits, a.group_size, a.sym, a.fp8))
 
     def computed(self) -> list[str]:
         """Names of the forms obtained so far, in order (which quantizations this forward has run)."""

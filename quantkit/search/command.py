@@ -133,6 +133,9 @@ def run_search(model_ref: str, output: str, recipe: str = "mixllm-w4a8", *, bits
     if plot is not None:
         check_plot_path(plot)  # fail before the search, not after it
     rec = load_recipe(recipe)
+    if rec.weight.grid == "fp8":
+        raise QuantkitError(f"recipe '{recipe}' quantizes every channel to FP8 E4M3 (one precision): there is no "
+                            "plan to search; pack it directly with `quantkit pack --recipe`")
     if uses_salience(strategy):
         check_text_column(text_column, [dataset or rec.calibration.dataset])
     _check_memory(model_ref, device, dtype, device_map)

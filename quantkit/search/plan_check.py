@@ -162,7 +162,11 @@ def check_plan_recipe(plan: Plan, recipe, where: str) -> None:
     its channels were ranked (MixLLM Eq. 4's c_q) and its bits counted with that quantizer, so another group size
     or symmetry — or an 8-bit recipe that would put most weights at the plan's 4 bits — is not the plan's model.
     Compares ``search.recipe.weights`` (plans that record it) and ``search.salience_quantizer`` (plans of the
-    salience strategies) with the recipe's spec of the plan's first layer at each width."""
+    salience strategies) with the recipe's spec of the plan's first layer at each width. An FP8 recipe takes no
+    plan: it has one precision."""
+    if recipe.weight.grid == "fp8":
+        raise QuantkitError(f"recipe '{recipe.name}' quantizes every channel to FP8 E4M3, so there are no bit-widths "
+                            f"for {where} to assign; drop --plan")
     recorded = {}
     sq = plan.search.get("salience_quantizer")
     if isinstance(sq, dict) and _is_int(sq.get("bits")):

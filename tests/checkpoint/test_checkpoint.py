@@ -93,7 +93,7 @@ def _packed_logits(out, ids, verify=True):
 
 
 @pytest.mark.parametrize("recipe,exports", [("rtn-w4a16-g128", ["quantkit", "awq"]), ("lqq-w4a8", ["quantkit"]),
-                                            ("gptq", ["quantkit", "gptq", "gptq_v2"])])
+                                            ("fp8-w8a8", ["quantkit"]), ("gptq", ["quantkit", "gptq", "gptq_v2"])])
 def test_packed_logits_equal_fake_quant_exactly(model_dir, gptq_recipe, tmp_path, recipe, exports):
     recipe = gptq_recipe if recipe == "gptq" else recipe
     ids = _ids(len(shipped_tokenizer()))

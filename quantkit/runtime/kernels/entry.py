@@ -44,7 +44,7 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 def int8_path_ok(act) -> bool:
     """True when the int8 kernels can apply the activation quantization ``act`` (8-bit symmetric, groups of a
     multiple of 128 or per token)."""
-    return (act is not None and act.bits == 8 and act.sym
+    return (act is not None and act.bits == 8 and act.sym and not act.fp8
             and (act.group_size == -1 or (act.group_size > 0 and act.group_size % 128 == 0)))
 
 

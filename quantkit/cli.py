@@ -339,6 +339,11 @@ def pack(
     calib_dataset: CalibDataset = None,
     text_column: TextColumn = None,
     force: Annotated[bool, typer.Option("--force", help="replace an existing checkpoint at -o")] = False,
+    stream: Annotated[bool, typer.Option("--stream", help="read, quantize and write one decoder layer at a time "
+                                                          "(models larger than CPU memory; data-free recipes)")
+                      ] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="continue an interrupted --stream pack to -o from its "
+                                                          "last finished layer (implies --stream)")] = False,
     device: Device = "auto",
     dtype: Dtype = None,
     json_out: Json = False,
@@ -352,7 +357,8 @@ def pack(
 
     res = run_pack(model, recipe, output, plan=plan, target=target, export=export_format,
                    max_shard_size=max_shard_size, device=device, dtype=dtype, calib_samples=calib_samples,
-                   calib_seqlen=calib_seqlen, calib_dataset=calib_dataset, text_column=text_column, force=force)
+                   calib_seqlen=calib_seqlen, calib_dataset=calib_dataset, text_column=text_column, force=force,
+                   stream=stream, resume=resume)
     console = err_console if json_out else out_console
     console.print(summary_table(res, f"packed — {output}"))
     if json_out:

@@ -49,10 +49,59 @@ def _memory_plan(model_ref: str, rec, plan, load_dtype: torch.dtype, compute: st
                        samples or calib.samples, seqlen or calib.seqlen, bits)
     half = ("load it in half precision (--dtype bf16)" if load_dtype == torch.float32 else
             "use a machine with more memory")
+    if not rec.uses_calibration and not (rec.activation.rotate or rec.activation.online_rotate):
+        half = "pack one decoder layer at a time (--stream)"
     check_plan(memory, compute, {"cpu": f"the weights stay in CPU memory while packing: {half}",
                                  "gpu": "use fewer or shorter calibration windows (--calib-samples, --calib-seqlen) "
                                         "or --device cpu"})
     return memory
+
+
+def _activation_entry(rec) -> dict | None:
+    """The manifest's ``activation`` entry of a recipe (None: weights only)."""
+    if not rec.activation.enabled:
+        return None
+    act = {"bits": rec.activation.bits, "group_size": rec.activation.group_size, "sym": rec.activation.sym}
+    if rec.activation.fp8:
+        act["fp8"] = True
+    return act
+
+
+def _stream(model_ref: str, rec, plan: str | None, plan_obj, plan_raw: bytes | None, out: Path, target: str,
+            max_bytes: int, force: bool, resume: bool, load_dtype: torch.dtype, source_dtype: torch.dtype,
+            progress: bool, warn: Callable[[str], None], warnings: list[str]) -> dict:
+    """``run_pack`` one layer at a time (:func:`quantkit.checkpoint.stream.stream_pack`)."""
+    from quantkit import __version__
+    from quantkit.checkpoint.atomic import check_free_space
+    from quantkit.checkpoint.report import summarize
+    from quantkit.checkpoint.stream import stream_pack
+    from quantkit.model.memory_plan import check_plan, meta_model, model_shape, stream_plan
+
+    bits = plan_obj.achieved_bits if plan_obj is not None else rec.weight.bits
+    memory = stream_plan(model_shape(model_ref), load_dtype, bits)
+    check_plan(memory, "cpu", {"cpu": "use a machine with more memory"})
+    check_free_space(out.absolute(), memory.disk_bytes, at_least=True)
+    meta = meta_model(model_ref)
+    act = _activation_entry(rec)
+    info = {"quantkit_version": __version__,
+            "source": {"model": model_ref, "model_type": meta.config.model_type,
+                       "dtype": str(source_dtype).replace("torch.", ""), "parameters": _parameters(meta)},
+            "recipe": rec.to_dict(), "plan_sha256": hashlib.sha256(plan_raw).hexdigest() if plan_raw else None,
+            "plan_file": Path(plan).name if plan else None, "target": target, "export": "quantkit",
+            "activation": act, "calibration": None}
+    progress_factory = None
+    if progress:
+        from quantkit.ui import progress_bar
+
+        progress_factory = progress_bar
+    manifest = stream_pack(model_ref, rec, plan_obj, out, target=target, max_bytes=max_bytes, force=force,
+                           resume=resume, load_dtype=load_dtype, source_dtype=source_dtype, info=info, warn=warn,
+                           progress_factory=progress_factory)
+    summary = summarize(out, manifest)
+    summary["memory_plan"] = memory.to_dict()
+    summary["streamed"] = True
+    summary["warnings"] = warnings
+    return summary
 
 
 def _plan_bytes(plan: str | None) -> bytes | None:
@@ -138,10 +187,12 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
              dtype: str | None = None, calib_samples: int | None = None, calib_seqlen: int | None = None,
              calib_dataset: str | None = None,
              text_column: str | None = None, force: bool = False, progress: bool = True,
-             warn: Callable[[str], None] | None = None) -> dict:
+             warn: Callable[[str], None] | None = None, stream: bool = False, resume: bool = False) -> dict:
     """Quantize ``model_ref`` with ``recipe`` (and ``plan``) and write a packed checkpoint to ``output``
     (docs/checkpoint-format.md); returns :func:`quantkit.checkpoint.summarize` of what was written plus any
-    warnings. ``text_column`` names the text column of a record-file calibration dataset (default ``text``)."""
+    warnings. ``text_column`` names the text column of a record-file calibration dataset (default ``text``).
+    ``stream``: one decoder layer at a time (:mod:`quantkit.checkpoint.stream`, data-free recipes); ``resume``
+    (implies ``stream``) continues an interrupted streamed pack."""
     from quantkit import __version__
     from quantkit.checkpoint.atomic import check_free_space, check_output, remove_stale_temps
     from quantkit.checkpoint.choose import check_recipe_export, check_target_export, choose_layouts
@@ -162,6 +213,11 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
 
     rec = load_recipe(recipe)  # the command's main choice: its errors come first
     target = check_target_export(target, export)
+    stream = stream or resume
+    if stream:
+        from quantkit.checkpoint.stream import check_streamable
+
+        check_streamable(rec, export)
     max_bytes = parse_size(max_shard_size)
     check_sample_count(calib_samples)
     check_calib_seqlen(calib_seqlen)
@@ -198,6 +254,9 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
     # weights stay in CPU memory; run_layerwise moves one decoder layer at a time to the compute device
     source_dtype = _source_dtype(model_ref)
     load_dtype = _load_dtype(dtype, compute, source_dtype, rec.uses_calibration)
+    if stream:
+        return _stream(model_ref, rec, plan, plan_obj, plan_raw, out, target, max_bytes, force, resume, load_dtype,
+                       source_dtype, progress, warn_all, warnings)
     memory = _memory_plan(model_ref, rec, plan_obj, load_dtype, compute, calib_samples, calib_seqlen)
     check_free_space(out.absolute(), memory.disk_bytes, at_least=True)
     loaded = load_model(model_ref, device="cpu", dtype=str(load_dtype).replace("torch.", ""))
@@ -229,11 +288,7 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
     _release_weights(loaded.model, result.weights)
     _warn_expert_coverage(result.calibration, warn_all)
     layouts = choose_layouts(result.weights, target, export, warn_all)
-    act = None
-    if rec.activation.enabled:
-        act = {"bits": rec.activation.bits, "group_size": rec.activation.group_size, "sym": rec.activation.sym}
-        if rec.activation.fp8:
-            act["fp8"] = True
+    act = _activation_entry(rec)
     info = {"quantkit_version": __version__,
             "source": {"model": model_ref, "model_type": loaded.model.config.model_type,
                        "dtype": str(source_dtype).replace("torch.", ""), "parameters": n_params},

@@ -117,6 +117,24 @@ def pack_model(model: nn.Module, records: dict[str, WeightRecord], layouts: dict
     return tensors, linears, aliases
 
 
+def tensor_entries(tensors: dict[str, torch.Tensor], linears: dict[str, dict]) -> dict[str, dict]:
+    """The manifest's entry of each tensor (shard still None): dtype, shape, bytes, sha256, the layout it belongs
+    to (``dense`` for the model's other tensors) and the linear that owns it."""
+    owner = {}
+    for lin, entry in linears.items():
+        for p in entry["partitions"]:
+            for tname in list(p["tensors"].values()) + ([p["rows"]] if p["rows"] else []):
+                owner[tname] = (lin, p["layout"])
+    entries = {}
+    for name, t in tensors.items():
+        lin, layout = owner.get(name, (None, DENSE))
+        entries[name] = {"shard": None, "dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape),
+                         "nbytes": nbytes(t), "sha256": tensor_sha256(t), "layout": layout}
+        if lin is not None:
+            entries[name]["linear"] = lin
+    return entries
+
+
 def quantization_config(export: str, linears: dict[str, dict], info: dict, version: int = 1) -> dict:
     """config.json ``quantization_config``: the GPTQ/AWQ layout's own (what transformers/vLLM read) or quantkit's."""
     if export != "quantkit":
@@ -138,18 +156,7 @@ def build_checkpoint(model: nn.Module, records: dict[str, WeightRecord], layouts
     avg_bits, and optionally online_rotation ({"seed", "linears"}: each of those linears' entry gets its
     ``input_rotation``, and the manifest format version 2)."""
     tensors, linears, aliases = pack_model(model, records, layouts, source_dtype)
-    owner = {}
-    for lin, entry in linears.items():
-        for p in entry["partitions"]:
-            for tname in list(p["tensors"].values()) + ([p["rows"]] if p["rows"] else []):
-                owner[tname] = (lin, p["layout"])
-    entries = {}
-    for name, t in tensors.items():
-        lin, layout = owner.get(name, (None, DENSE))
-        entries[name] = {"shard": None, "dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape),
-                         "nbytes": nbytes(t), "sha256": tensor_sha256(t), "layout": layout}
-        if lin is not None:
-            entries[name]["linear"] = lin
+    entries = tensor_entries(tensors, linears)
     info = dict(info)
     online = info.pop("online_rotation", None)
     version = 1

@@ -38,20 +38,29 @@ class ModelShape:
     positions: int | None = None
 
 
-def model_shape(model_ref: str) -> ModelShape:
-    """:class:`ModelShape` of a model from its config (built on the meta device: no weights read)."""
+def meta_model(model_ref: str):
+    """The causal LM of ``model_ref`` built from its config on the meta device (no weights read), its LM head tied
+    where the config ties it and MoE experts unfused as :func:`quantkit.model.loader.load_model` leaves them."""
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
 
     from quantkit.model.loader import load_config
     from quantkit.model.moe import unfuse_experts
-    from quantkit.model.walk import find_decoder_layers, iter_linears
 
     config = load_config(model_ref)
     with init_empty_weights():
         model = AutoModelForCausalLM.from_config(config)
-    model.tie_weights()  # a tied LM head shares the embedding's parameter, counted once
+    model.tie_weights()  # a tied LM head shares the embedding's parameter
     unfuse_experts(model)
+    return model
+
+
+def model_shape(model_ref: str) -> ModelShape:
+    """:class:`ModelShape` of a model from its config (built on the meta device: no weights read)."""
+    from quantkit.model.walk import find_decoder_layers, iter_linears
+
+    model = meta_model(model_ref)
+    config = model.config
     params = sum(p.numel() for p in model.parameters())
     linears = sum(lin.weight.numel() for _, lin in iter_linears(model))
     layer = max(sum(p.numel() for p in block.parameters()) for block in find_decoder_layers(model)[1])
@@ -98,6 +107,13 @@ def pack_plan(shape: ModelShape, load_dtype: torch.dtype, compute: str, calibrat
     elif calibrated:
         cpu += hidden
     return MemoryPlan("pack", cpu, gpu, int(shape.linear_parameters * code_bits / 8))
+
+
+def stream_plan(shape: ModelShape, load_dtype: torch.dtype, code_bits: float) -> MemoryPlan:
+    """The lower bounds of ``quantkit pack --stream``: the largest decoder layer in the load dtype and its float32
+    working copy in CPU memory; the packed weights once on disk (the final files are links to the partial ones)."""
+    cpu = shape.layer_parameters * (_size(load_dtype) + 4)
+    return MemoryPlan("pack", cpu, 0, int(shape.linear_parameters * code_bits / 8))
 
 
 def search_plan(shape: ModelShape, dtype: torch.dtype, device: str, device_map: str | None) -> MemoryPlan:

@@ -1,0 +1,84 @@
+"""``quantkit pack --stream``: one decoder layer at a time, the same tensors as an ordinary pack, and an interrupted
+run that resumes to the same bytes as an uninterrupted one; what it cannot do is refused in one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantkit.checkpoint import load_packed, read_manifest
+from quantkit.checkpoint import stream as stream_mod
+from quantkit.errors import QuantkitError
+from quantkit.pack import run_pack
+
+FAST = dict(device="cpu", progress=False)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_dir):
+    return tiny_model_dir("llama", intermediate_size=200, num_hidden_layers=3)
+
+
+def _logits(path, vocab: int = 512) -> torch.Tensor:
+    ids = torch.randint(0, vocab, (2, 19), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        return load_packed(str(path), device="cpu", verify=True, load_tokenizer=False).model(ids).logits
+
+
+def _files(folder) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize("recipe,arch", [("rtn-w4a16-g128", {}), ("fp8-w8a8", {}),
+                                         ("lqq-w4a8-rtn", {"tie_word_embeddings": True})])
+def test_a_streamed_pack_holds_the_ordinary_packs_tensors(tiny_model_dir, tmp_path, recipe, arch):
+    src = tiny_model_dir("llama", intermediate_size=256, num_hidden_layers=3, **arch)
+    run_pack(str(src), recipe, str(tmp_path / "whole"), **FAST)
+    res = run_pack(str(src), recipe, str(tmp_path / "streamed"), stream=True, max_shard_size="40KB", **FAST)
+    assert res["streamed"] and res["shards"] > 4  # several files per layer at this shard size
+    whole, streamed = read_manifest(tmp_path / "whole"), read_manifest(tmp_path / "streamed")
+    assert {n: e["sha256"] for n, e in whole["tensors"].items()} == \
+        {n: e["sha256"] for n, e in streamed["tensors"].items()}
+    assert whole["linears"] == streamed["linears"] and whole["aliases"] == streamed["aliases"]
+    assert whole["avg_bits"] == streamed["avg_bits"]
+    assert torch.equal(_logits(tmp_path / "whole"), _logits(tmp_path / "streamed"))
+    assert not stream_mod.partial_dir(tmp_path / "streamed").exists()
+
+
+def test_an_interrupted_streamed_pack_resumes_to_the_same_bytes(model_dir, tmp_path, monkeypatch):
+    run_pack(str(model_dir), "rtn-w4a16-g128", str(tmp_path / "full"), stream=True, max_shard_size="40KB", **FAST)
+    real = stream_mod._write_group
+    written = []
+
+    def dies_at_layer_1(partial, group, tensors, max_bytes):
+        if group == "1":
+            raise KeyboardInterrupt
+        written.append(group)
+        return real(partial, group, tensors, max_bytes)
+
+    monkeypatch.setattr(stream_mod, "_write_group", dies_at_layer_1)
+    cut = tmp_path / "cut"
+    with pytest.raises(KeyboardInterrupt):
+        run_pack(str(model_dir), "rtn-w4a16-g128", str(cut), stream=True, max_shard_size="40KB", **FAST)
+    assert written == ["rest", "0"] and not cut.exists() and stream_mod.partial_dir(cut).is_dir()
+    with pytest.raises(QuantkitError, match="pass --resume to continue it"):
+        run_pack(str(model_dir), "rtn-w4a16-g128", str(cut), stream=True, max_shard_size="40KB", **FAST)
+    with pytest.raises(QuantkitError, match="started with another source, recipe"):
+        run_pack(str(model_dir), "rtn-w4a16-g128", str(cut), resume=True, max_shard_size="80KB", **FAST)
+    written.clear()
+    monkeypatch.setattr(stream_mod, "_write_group", lambda *a: written.append(a[1]) or real(*a))
+    run_pack(str(model_dir), "rtn-w4a16-g128", str(cut), resume=True, max_shard_size="40KB", **FAST)
+    assert written == ["1", "2"]  # the finished groups are not redone
+    assert _files(cut) == _files(tmp_path / "full")
+    assert not stream_mod.partial_dir(cut).exists()
+
+
+@pytest.mark.parametrize("recipe,kw,match", [
+    ("gptq-w4a16-g128", {}, "--stream packs data-free recipes"),
+    ("quarot-w8a8", {}, "--stream packs data-free recipes"),
+    ("rtn-w4a16-g128", {"export": "gptq"}, "drop --stream to export --format gptq"),
+])
+def test_what_streaming_cannot_do_is_refused_before_any_work(model_dir, tmp_path, recipe, kw, match):
+    with pytest.raises(QuantkitError, match=match):
+        run_pack(str(model_dir), recipe, str(tmp_path / "out"), stream=True, **kw, **FAST)
+    assert not (tmp_path / "out").exists() and not stream_mod.partial_dir(tmp_path / "out").exists()

@@ -340,8 +340,7 @@ def pack(
     text_column: TextColumn = None,
     force: Annotated[bool, typer.Option("--force", help="replace an existing checkpoint at -o")] = False,
     stream: Annotated[bool, typer.Option("--stream", help="read, quantize and write one decoder layer at a time "
-                                                          "(models larger than CPU memory; data-free recipes)")
-                      ] = False,
+                                                          "(models larger than CPU memory)")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="continue an interrupted --stream pack to -o from its "
                                                           "last finished layer (implies --stream)")] = False,
     device: Device = "auto",

@@ -49,8 +49,8 @@ def _memory_plan(model_ref: str, rec, plan, load_dtype: torch.dtype, compute: st
                        samples or calib.samples, seqlen or calib.seqlen, bits)
     half = ("load it in half precision (--dtype bf16)" if load_dtype == torch.float32 else
             "use a machine with more memory")
-    if not rec.uses_calibration and not (rec.activation.rotate or rec.activation.online_rotate):
-        half = "pack one decoder layer at a time (--stream)"
+    if not (rec.activation.rotate or rec.activation.online_rotate):
+        half = f"{half}, or pack one decoder layer at a time (--stream)"
     check_plan(memory, compute, {"cpu": f"the weights stay in CPU memory while packing: {half}",
                                  "gpu": "use fewer or shorter calibration windows (--calib-samples, --calib-seqlen) "
                                         "or --device cpu"})
@@ -69,7 +69,8 @@ def _activation_entry(rec) -> dict | None:
 
 def _stream(model_ref: str, rec, plan: str | None, plan_obj, plan_raw: bytes | None, out: Path, target: str,
             max_bytes: int, force: bool, resume: bool, load_dtype: torch.dtype, source_dtype: torch.dtype,
-            progress: bool, warn: Callable[[str], None], warnings: list[str]) -> dict:
+            progress: bool, warn: Callable[[str], None], warnings: list[str], compute: str,
+            calib_options: dict) -> dict:
     """``run_pack`` one layer at a time (:func:`quantkit.checkpoint.stream.stream_pack`)."""
     from quantkit import __version__
     from quantkit.checkpoint.atomic import check_free_space
@@ -78,8 +79,12 @@ def _stream(model_ref: str, rec, plan: str | None, plan_obj, plan_raw: bytes | N
     from quantkit.model.memory_plan import check_plan, meta_model, model_shape, stream_plan
 
     bits = plan_obj.achieved_bits if plan_obj is not None else rec.weight.bits
-    memory = stream_plan(model_shape(model_ref), load_dtype, bits)
-    check_plan(memory, "cpu", {"cpu": "use a machine with more memory"})
+    calib = rec.calibration
+    memory = stream_plan(model_shape(model_ref), load_dtype, bits, compute, rec.uses_calibration,
+                         calib_options["samples"] or calib.samples, calib_options["seqlen"] or calib.seqlen)
+    check_plan(memory, compute, {"cpu": "use a machine with more memory",
+                                 "gpu": "use fewer or shorter calibration windows (--calib-samples, --calib-seqlen) "
+                                        "or --device cpu"})
     check_free_space(out.absolute(), memory.disk_bytes, at_least=True)
     meta = meta_model(model_ref)
     act = _activation_entry(rec)
@@ -96,7 +101,7 @@ def _stream(model_ref: str, rec, plan: str | None, plan_obj, plan_raw: bytes | N
         progress_factory = progress_bar
     manifest = stream_pack(model_ref, rec, plan_obj, out, target=target, max_bytes=max_bytes, force=force,
                            resume=resume, load_dtype=load_dtype, source_dtype=source_dtype, info=info, warn=warn,
-                           progress_factory=progress_factory)
+                           progress_factory=progress_factory, device=compute, calibration=calib_options)
     summary = summarize(out, manifest)
     summary["memory_plan"] = memory.to_dict()
     summary["streamed"] = True
@@ -255,8 +260,10 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
     source_dtype = _source_dtype(model_ref)
     load_dtype = _load_dtype(dtype, compute, source_dtype, rec.uses_calibration)
     if stream:
+        calib_options = {"dataset": calib_dataset, "samples": calib_samples, "seqlen": calib_seqlen,
+                         "text_column": text_column}
         return _stream(model_ref, rec, plan, plan_obj, plan_raw, out, target, max_bytes, force, resume, load_dtype,
-                       source_dtype, progress, warn_all, warnings)
+                       source_dtype, progress, warn_all, warnings, compute, calib_options)
     memory = _memory_plan(model_ref, rec, plan_obj, load_dtype, compute, calib_samples, calib_seqlen)
     check_free_space(out.absolute(), memory.disk_bytes, at_least=True)
     loaded = load_model(model_ref, device="cpu", dtype=str(load_dtype).replace("torch.", ""))

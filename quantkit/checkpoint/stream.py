@@ -15,8 +15,12 @@ tokenizer files, which then replaces ``OUT`` atomically (:mod:`.atomic`) before 
 group's files depend only on the source, the recipe, the plan and the shard size, so a resumed run writes the same
 bytes as an uninterrupted one; a partial directory started with other settings is refused, never mixed in.
 
-Recipes that calibrate (GPTQ, AWQ, clipping searches, SmoothQuant) or fold a rotation into the whole model, and
-engine exports, are refused with ``--stream``: they need more than one layer at a time.
+Calibrated recipes (GPTQ, AWQ, clipping searches, SmoothQuant) stream too: the calibration windows run up to the
+first decoder layer with only the tensors outside the layers read, then each layer is read, quantized by the same
+per-layer step as an ordinary pack (:class:`quantkit.quant.apply.LayerQuantizer`) on the compute device, and its
+outputs — the next layer's inputs — are saved in ``OUT.partial`` (``inputs-NNNNN.pt``) before the layer is marked
+done, so a resumed run starts from them. Recipes that fold a rotation into the whole model, and engine exports, are
+refused with ``--stream``.
 """
 
 from __future__ import annotations
@@ -44,12 +48,7 @@ def partial_dir(out: Path) -> Path:
 
 
 def check_streamable(rec, export: str) -> None:
-    """Refuse, in one line, what a layer-at-a-time pack cannot do: calibrated recipes, whole-model rotations and
-    engine exports."""
-    if rec.uses_calibration:
-        raise QuantkitError(f"--stream packs data-free recipes (rtn-w4a16-g128, lqq-w4a8-rtn, fp8-w8a8, ...); recipe "
-                            f"'{rec.name}' calibrates (GPTQ, AWQ, a clipping search or SmoothQuant), which needs "
-                            "activations across layers: drop --stream")
+    """Refuse, in one line, what a layer-at-a-time pack cannot do: whole-model rotations and engine exports."""
     if rec.activation.rotate or rec.activation.online_rotate:
         raise QuantkitError(f"--stream cannot fold recipe '{rec.name}''s rotations (they change every layer and the "
                             "embeddings together): drop --stream")
@@ -119,12 +118,14 @@ def _groups(model) -> tuple[dict[str, list[str]], dict[str, str]]:
     return groups, aliases
 
 
-def _fingerprint(src: SourceTensors, model_ref: str, info: dict, max_bytes: int, load_dtype: torch.dtype) -> str:
+def _fingerprint(src: SourceTensors, model_ref: str, info: dict, max_bytes: int, load_dtype: torch.dtype,
+                 calibration: dict | None, device: str) -> str:
     """What a group's bytes depend on: the source files, the recipe, plan and target, the shard size, the load
-    dtype and the quantkit version."""
+    dtype, the quantkit version and, for a calibrated recipe, the calibration windows and the compute device."""
     what = {"source": src.fingerprint, "model": model_ref, "recipe": info["recipe"], "plan": info["plan_sha256"],
             "target": info["target"], "max_shard_bytes": max_bytes, "load_dtype": str(load_dtype),
-            "quantkit": info["quantkit_version"], "version": STATE_VERSION}
+            "quantkit": info["quantkit_version"], "version": STATE_VERSION, "calibration": calibration,
+            "device": torch.device(device).type if calibration else None}
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -150,9 +151,9 @@ def _open_partial(partial: Path, fingerprint: str, resume: bool) -> dict:
             raise QuantkitError(f"'{partial}' has no readable {PROGRESS_NAME}; remove that folder to start "
                                 "over") from None
         if state.get("fingerprint") != fingerprint:
-            raise QuantkitError(f"'{partial}' was started with another source, recipe, plan, target, shard size or "
-                                "quantkit version; remove that folder to start over, or pack with the first "
-                                "run's settings")
+            raise QuantkitError(f"'{partial}' was started with another source, recipe, plan, target, shard size, "
+                                "calibration, device or quantkit version; remove that folder to start over, or pack "
+                                "with the first run's settings")
         return state
     partial.mkdir(parents=True)
     state = {"fingerprint": fingerprint, "groups": {}}
@@ -160,16 +161,15 @@ def _open_partial(partial: Path, fingerprint: str, resume: bool) -> dict:
     return state
 
 
-def _pack_group(keys: list[str], src: SourceTensors, records_for: Callable, target: str,
-                warn: Callable[[str], None], load_dtype: torch.dtype, source_dtype: torch.dtype,
-                linear_names: set[str]) -> tuple[dict[str, torch.Tensor], dict[str, dict], list[int]]:
-    """(tensors to write, linear entries, [Σ bits × elements, elements]) of one group, in state-dict order."""
+def _pack_group(keys: list[str], read: Callable[[str], torch.Tensor], records: dict, target: str,
+                warn: Callable[[str], None], source_dtype: torch.dtype
+                ) -> tuple[dict[str, torch.Tensor], dict[str, dict], list[int]]:
+    """(tensors to write, linear entries, [Σ bits × elements, elements]) of one group, in state-dict order: the
+    linears of ``records`` packed by their layouts, every other key ``read(key)`` in the source dtype."""
     from quantkit.checkpoint.choose import choose_layouts
     from quantkit.checkpoint.writer import _pack_linear, keep_dtype
     from quantkit.quant.partition import record_bits
 
-    weights = [k[:-len(".weight")] for k in keys if k.endswith(".weight") and k[:-len(".weight")] in linear_names]
-    records = {name: records_for(name, src.read(f"{name}.weight").to(load_dtype)) for name in weights}
     layouts = choose_layouts(records, target, "quantkit", warn)
     tensors: dict[str, torch.Tensor] = {}
     linears: dict[str, dict] = {}
@@ -182,11 +182,7 @@ def _pack_group(keys: list[str], src: SourceTensors, records_for: Callable, targ
             total, elems = record_bits(records[name])
             bits = [bits[0] + total, bits[1] + elems]
             continue
-        if key not in src.file_of:
-            raise QuantkitError(f"the source checkpoint has no tensor '{key}' (its names differ from the model's "
-                                "modules, e.g. fused MoE experts); --stream reads checkpoints whose tensor names "
-                                "are the model's: drop --stream")
-        tensors[key] = keep_dtype(src.read(key).to(load_dtype), source_dtype)
+        tensors[key] = keep_dtype(read(key), source_dtype)
     return tensors, linears, bits
 
 
@@ -210,20 +206,62 @@ def _write_group(partial: Path, group: str, tensors: dict[str, torch.Tensor], ma
     return where
 
 
+def _materialize(model, keys: list[str], src: SourceTensors, dtype: torch.dtype) -> None:
+    """Give the meta-device parameters and buffers ``keys`` of ``model`` their source values (CPU, ``dtype``)."""
+    from accelerate.utils import set_module_tensor_to_device
+
+    for key in keys:
+        set_module_tensor_to_device(model, key, "cpu", value=src.read(key).to(dtype))
+
+
+def _release(model, keys: list[str]) -> None:
+    """Send ``keys`` back to the meta device (their memory is freed)."""
+    from accelerate.utils import set_module_tensor_to_device
+
+    for key in keys:
+        set_module_tensor_to_device(model, key, "meta")
+
+
+def _check_names(groups: dict[str, list[str]], src: SourceTensors) -> None:
+    missing = next((k for keys in groups.values() for k in keys if k not in src.file_of), None)
+    if missing is not None:
+        raise QuantkitError(f"the source checkpoint has no tensor '{missing}' (its names differ from the model's "
+                            "modules, e.g. fused MoE experts); --stream reads checkpoints whose tensor names are "
+                            "the model's: drop --stream")
+
+
+def _effective_calibration(rec, options: dict, model) -> dict:
+    """The calibration options as they take effect (the recipe's where an option is None, the window length capped
+    at the model's positions): what the fingerprint records, so ``--calib-samples 128`` and the recipe's 128 agree."""
+    from quantkit.model.loader import max_positions
+
+    c = rec.calibration
+    positions = max_positions(model)
+    seqlen = options.get("seqlen") if options.get("seqlen") is not None else c.seqlen
+    return {"dataset": options.get("dataset") or c.dataset,
+            "samples": options.get("samples") if options.get("samples") is not None else c.samples,
+            "seqlen": min(seqlen, positions) if positions else seqlen, "text_column": options.get("text_column")}
+
+
+def _save_atomic(obj, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def stream_pack(model_ref: str, rec, plan_obj, out: Path, *, target: str, max_bytes: int, force: bool, resume: bool,
                 load_dtype: torch.dtype, source_dtype: torch.dtype, info: dict, warn: Callable[[str], None],
-                progress_factory=None) -> dict:
-    """Pack ``model_ref`` with the data-free recipe ``rec`` (and ``plan_obj``) one layer at a time into ``out``
-    (module docstring); returns the manifest written. ``info`` holds the manifest's descriptive fields as
-    :func:`quantkit.checkpoint.writer.build_checkpoint` takes them (avg_bits is filled in here)."""
-    from quantkit.checkpoint.atomic import MANIFEST_NAME, atomic_directory, check_output
-    from quantkit.checkpoint.manifest import FORMAT
-    from quantkit.checkpoint.shards import INDEX_NAME, shard_names, shard_record, write_json
-    from quantkit.checkpoint.writer import quantization_config, tensor_entries, tokenizer_files
+                progress_factory=None, device: str = "cpu", calibration: dict | None = None) -> dict:
+    """Pack ``model_ref`` with ``rec`` (and ``plan_obj``) one layer at a time into ``out`` (module docstring);
+    returns the manifest written. ``info`` holds the manifest's descriptive fields as
+    :func:`quantkit.checkpoint.writer.build_checkpoint` takes them (avg_bits and calibration are filled in here).
+    A calibrated recipe runs its layers on ``device`` over the windows ``calibration`` asks for (dataset,
+    samples, seqlen, text_column: :func:`quantkit.quant.apply.calibration_inputs`' options)."""
+    from quantkit.checkpoint.atomic import check_output
     from quantkit.model.memory_plan import meta_model
     from quantkit.model.walk import iter_linears
-    from quantkit.quant.apply import _row_bits_for, _rows_quantizer
-    from quantkit.quant.partition import quantize_partitioned
 
     out = out.absolute()
     check_output(out, force)
@@ -241,39 +279,135 @@ def stream_pack(model_ref: str, rec, plan_obj, out: Path, *, target: str, max_by
     linears = {n: lin for n, lin in iter_linears(model) if not rec.spec_for(n).skip}
     for pattern in rec.unmatched_overrides(name for name, _ in iter_linears(model)):
         warn(f"recipe override '{pattern}' matches no linear layer of '{model_ref}' and changes nothing")
-
-    def records_for(name: str, weight: torch.Tensor):
-        rb = _row_bits_for(plan_obj, name, linears[name], rec.spec_for(name).bits)
-        return quantize_partitioned(weight.float(), rb, _rows_quantizer(rec, name))
-
     groups, aliases = _groups(model)
+    _check_names(groups, src)
+    calibrated = rec.uses_calibration
+    calib_options = _effective_calibration(rec, calibration or {}, model) if calibrated else None
     partial = partial_dir(out)
-    state = _open_partial(partial, _fingerprint(src, model_ref, info, max_bytes, load_dtype), resume)
-    seen_warnings: set[str] = set(w for g in state["groups"].values() for w in g.get("warnings", []))
-    todo = [g for g in groups if g not in state["groups"]]
+    state = _open_partial(partial, _fingerprint(src, model_ref, info, max_bytes, load_dtype, calib_options, device),
+                          resume)
     ctx = progress_factory("quantize and write layers", len(groups)) if progress_factory else None
     update = ctx.__enter__() if ctx else None
+
+    def finish(group: str, tensors: dict, lin_entries: dict, bits: list, said: list, extra: dict | None = None):
+        from quantkit.checkpoint.writer import tensor_entries
+
+        files = _write_group(partial, group, tensors, max_bytes)
+        state["groups"][group] = {"tensors": tensor_entries(tensors, lin_entries), "files": files,
+                                  "linears": lin_entries, "bits": bits, "warnings": said, **(extra or {})}
+        _write_json_atomic(partial / PROGRESS_NAME, state)
+        if update:
+            update(len(state["groups"]), len(groups))
+
     try:
-        for g in todo:
+        if REST not in state["groups"]:
             said: list[str] = []
-            tensors, lin_entries, bits = _pack_group(groups[g], src, records_for, target, said.append, load_dtype,
-                                                     source_dtype, set(linears))
-            files = _write_group(partial, g, tensors, max_bytes)
-            state["groups"][g] = {"tensors": tensor_entries(tensors, lin_entries), "files": files,
-                                  "linears": lin_entries, "bits": bits, "warnings": said}
-            _write_json_atomic(partial / PROGRESS_NAME, state)
-            del tensors
-            if update:
-                update(len(state["groups"]), len(groups))
+            finish(REST, *_pack_group(groups[REST], lambda k: src.read(k).to(load_dtype), {}, target, said.append,
+                                      source_dtype), said)
+        if calibrated:
+            calib_info = _stream_calibrated(model, rec, plan_obj, linears, groups, src, partial, state, finish,
+                                            target, load_dtype, source_dtype, device, calib_options, folder)
+        else:
+            calib_info = None
+            _stream_data_free(rec, plan_obj, linears, groups, src, state, finish, target, load_dtype, source_dtype)
     finally:
         if ctx:
             ctx.__exit__(None, None, None)
+    return _finalize(out, force, partial, state, groups, aliases, model, info, calib_info, source_dtype, folder,
+                     warn)
+
+
+def _stream_data_free(rec, plan_obj, linears, groups, src, state, finish, target, load_dtype, source_dtype) -> None:
+    """The decoder layers of a data-free recipe: each weight quantized as it is read."""
+    from quantkit.quant.apply import _row_bits_for, _rows_quantizer
+    from quantkit.quant.partition import quantize_partitioned
+
+    for g, keys in groups.items():
+        if g == REST or g in state["groups"]:
+            continue
+        records = {}
+        for key in keys:
+            name = key[:-len(".weight")]
+            if key.endswith(".weight") and name in linears:
+                rb = _row_bits_for(plan_obj, name, linears[name], rec.spec_for(name).bits)
+                weight = src.read(key).to(load_dtype).float()
+                records[name] = quantize_partitioned(weight, rb, _rows_quantizer(rec, name))
+        said: list[str] = []
+        finish(g, *_pack_group(keys, lambda k: src.read(k).to(load_dtype), records, target, said.append,
+                               source_dtype), said)
+
+
+@torch.no_grad()
+def _stream_calibrated(model, rec, plan_obj, linears, groups, src, partial, state, finish, target, load_dtype,
+                       source_dtype, device, calib_options, folder) -> dict:
+    """The decoder layers of a calibrated recipe (module docstring); returns the manifest's calibration record."""
+    from quantkit.model.layerwise import LayerBatch, capture_layer_inputs, layer_output
+    from quantkit.model.loader import load_tokenizer_of, max_positions
+    from quantkit.model.walk import find_decoder_layers
+    from quantkit.quant.apply import LayerQuantizer, calibration_batch_size, calibration_inputs, expert_calibration
+
+    path, layers = find_decoder_layers(model)
+    tokenizer = load_tokenizer_of(str(folder), "calibration")
+    ids, calib_info = calibration_inputs(tokenizer, rec, max_positions(model), **calib_options)
+    step = LayerQuantizer(rec, plan_obj, linears, rec.weight.method)
+    todo = [i for i in range(len(layers)) if str(i) not in state["groups"]]
+    if todo:
+        first = todo[0]
+        saved = partial / f"inputs-{first:05d}.pt"
+        if first == 0:
+            _materialize(model, groups[REST], src, load_dtype)
+            try:
+                batches = capture_layer_inputs(model, ids, device, calibration_batch_size(ids.shape[1]))
+            finally:
+                _release(model, groups[REST])
+        elif saved.is_file():
+            batches = torch.load(saved, map_location=device, weights_only=False)
+        else:
+            raise QuantkitError(f"'{partial}' lacks the inputs of layer {first} ({saved.name}); remove that folder to "
+                                "start over")
+        for i in todo:
+            g, prefix = str(i), f"{path}.{i}"
+            _materialize(model, groups[g], src, load_dtype)
+            layer = layers[i]
+            layer.to(device)
+            given = step(i, prefix, layer, batches)
+            batches = given if isinstance(given, list) else [LayerBatch(layer_output(layer, b), b.kwargs)
+                                                             for b in batches]
+            layer.to("cpu")
+            records = {n: step.records.pop(n) for n in list(step.records) if n.startswith(prefix + ".")}
+            coverage = {n: [c.tolist(), need] for n, (c, need) in step.coverage.items() if n.startswith(prefix + ".")}
+            current = dict(model.state_dict())
+            said: list[str] = []
+            packed = _pack_group(groups[g], lambda k: current[k].detach().to("cpu"), records, target, said.append,
+                                 source_dtype)
+            if i + 1 < len(layers):
+                _save_atomic(batches, partial / f"inputs-{i + 1:05d}.pt")
+            finish(g, *packed, said, {"coverage": coverage})
+            (partial / f"inputs-{i:05d}.pt").unlink(missing_ok=True)
+            del current, packed
+            _release(model, groups[g])
+    coverage = {n: (torch.tensor(c), need) for g in groups if g != REST
+                for n, (c, need) in state["groups"][g].get("coverage", {}).items()}
+    if coverage:
+        calib_info.update(expert_calibration(coverage, rec.weight.method))
+    return calib_info
+
+
+def _finalize(out: Path, force: bool, partial: Path, state: dict, groups: dict, aliases: dict, model, info: dict,
+              calib_info: dict | None, source_dtype: torch.dtype, folder: Path, warn: Callable[[str], None]) -> dict:
+    """Link the finished groups' files into the checkpoint under their final names, write the index, config,
+    manifest and tokenizer, replace ``out`` atomically and remove the partial folder; returns the manifest."""
+    from quantkit.checkpoint.atomic import MANIFEST_NAME, atomic_directory
+    from quantkit.checkpoint.manifest import FORMAT
+    from quantkit.checkpoint.shards import INDEX_NAME, shard_names, shard_record, write_json
+    from quantkit.checkpoint.writer import quantization_config, tokenizer_files
+
+    said: set[str] = set()
     for g in groups:  # a layout fallback is said once, not once per layer
         for w in state["groups"][g].get("warnings", []):
-            if w not in seen_warnings:
-                seen_warnings.add(w)
+            if w not in said:
+                said.add(w)
                 warn(w)
-
     order = [(g, f) for g in groups for f in sorted(set(state["groups"][g]["files"].values()))]
     final = dict(zip(order, shard_names(len(order))))
     entries: dict[str, dict] = {}
@@ -285,20 +419,19 @@ def stream_pack(model_ref: str, rec, plan_obj, out: Path, *, target: str, max_by
             entries[name] = {**entry, "shard": final[(g, done["files"][name])]}
         all_linears.update(done["linears"])
         total, elems = total + done["bits"][0], elems + done["bits"][1]
-    info = {**info, "avg_bits": total / max(elems, 1)}
+    info = {**info, "calibration": calib_info, "avg_bits": total / max(elems, 1)}
     manifest = {"format": FORMAT, "format_version": 1, **info, "linears": all_linears, "tensors": entries,
-                "aliases": {k: v for k, v in aliases.items()}}
+                "aliases": dict(aliases)}
     config = model.config
     config.dtype = source_dtype
     config.quantization_config = quantization_config("quantkit", all_linears, info, 1)
-    needed = sum(e["nbytes"] for e in entries.values())
     with atomic_directory(out, force) as tmp:  # the shards are links: little new space
         for (g, fname), final_name in final.items():
             try:
                 os.link(partial / fname, tmp / final_name)  # the partial copy stays until the checkpoint is in place
             except OSError:
                 shutil.copyfile(partial / fname, tmp / final_name)
-        write_json(tmp / INDEX_NAME, {"metadata": {"total_size": needed},
+        write_json(tmp / INDEX_NAME, {"metadata": {"total_size": sum(e["nbytes"] for e in entries.values())},
                                       "weight_map": {n: e["shard"] for n, e in entries.items()}})
         manifest["shards"] = {f: shard_record(tmp / f) for f in sorted(final.values())}
         config.save_pretrained(tmp)

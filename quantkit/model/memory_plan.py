@@ -109,11 +109,22 @@ def pack_plan(shape: ModelShape, load_dtype: torch.dtype, compute: str, calibrat
     return MemoryPlan("pack", cpu, gpu, int(shape.linear_parameters * code_bits / 8))
 
 
-def stream_plan(shape: ModelShape, load_dtype: torch.dtype, code_bits: float) -> MemoryPlan:
+def stream_plan(shape: ModelShape, load_dtype: torch.dtype, code_bits: float, compute: str = "cpu",
+                calibrated: bool = False, samples: int = 0, seqlen: int = 0) -> MemoryPlan:
     """The lower bounds of ``quantkit pack --stream``: the largest decoder layer in the load dtype and its float32
-    working copy in CPU memory; the packed weights once on disk (the final files are links to the partial ones)."""
-    cpu = shape.layer_parameters * (_size(load_dtype) + 4)
-    return MemoryPlan("pack", cpu, 0, int(shape.linear_parameters * code_bits / 8))
+    working copy in CPU memory, with a calibrated recipe the layer and its inputs and outputs for every window on
+    the compute device; the packed weights once on disk (the final files are links to the partial ones)."""
+    b = _size(load_dtype)
+    cpu = shape.layer_parameters * (b + 4)
+    gpu = 0
+    if calibrated:
+        seqlen = min(seqlen, shape.positions or seqlen)
+        hidden = 2 * samples * seqlen * shape.hidden * b
+        if compute != "cpu":
+            gpu = shape.layer_parameters * b + hidden
+        else:
+            cpu += hidden
+    return MemoryPlan("pack", cpu, gpu, int(shape.linear_parameters * code_bits / 8))
 
 
 def search_plan(shape: ModelShape, dtype: torch.dtype, device: str, device_map: str | None) -> MemoryPlan:

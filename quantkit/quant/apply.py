@@ -206,17 +206,7 @@ def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, devic
                                             text_column)
         records, coverage = _quantize_layerwise(model, recipe, plan, targets, ids, device, method, progress_factory)
         if coverage:
-            from quantkit.model.moe import MIN_TOKENS_RULE, coverage_rows
-
-            counts = {name: c for name, (c, _) in coverage.items()}
-            gptq = method == "gptq"
-            # GPTQ rounds the experts below min_tokens to nearest; the clip searches only lose their output error
-            # where an expert got no token at all
-            needs = {name: (need if gptq else [1] * len(need)) for name, (_, need) in coverage.items()}
-            calib["experts"] = coverage_rows(counts, needs)
-            calib["experts_rule"] = (MIN_TOKENS_RULE + " (by the FP router's counts)" if gptq else
-                                     "experts no calibration token reached search their clipping on the weight "
-                                     "error instead of the output error")
+            calib.update(expert_calibration(coverage, method))
     handles = []
     if recipe.activation.enabled:
         from quantkit.quant.act import attach_act_quant
@@ -228,37 +218,48 @@ def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, devic
     return QuantizeResult(records, recipe, total / elems, calib, handles, online)
 
 
-def _quantize_layerwise(model, recipe, plan, targets, ids, device, method, progress_factory):
-    records: dict[str, WeightRecord] = {}
-    config = _layer_config(recipe, method) if method in ("gptq", "awq") else None
-    coverage: dict[str, tuple[torch.Tensor, list[float]]] = {}
+class LayerQuantizer:
+    """The per-layer step of calibrated quantization (GPTQ Sec. 4 "Step 3", AWQ Sec. 3), as
+    :func:`quantkit.model.layerwise.run_layerwise` calls it: for one decoder layer and its calibration inputs, count
+    MoE expert tokens, fold SmoothQuant into the layer, quantize its linears in ``targets`` (their weights become
+    the fake-quant ones) and return the outputs when the quantizer computed them. Records (on the CPU) and expert
+    coverage accumulate in :attr:`records` and :attr:`coverage`."""
 
-    def on_layer(i, prefix, layer, batches):
-        _count_expert_tokens(layer, prefix, batches, coverage)
-        if recipe.activation.smooth is not None:
+    def __init__(self, recipe: Recipe, plan, targets: dict[str, nn.Linear], method: str):
+        self.recipe, self.plan, self.targets, self.method = recipe, plan, targets, method
+        self.config = _layer_config(recipe, method) if method in ("gptq", "awq") else None
+        self.records: dict[str, WeightRecord] = {}
+        self.coverage: dict[str, tuple[torch.Tensor, list[float]]] = {}
+
+    def __call__(self, i: int, prefix: str, layer: nn.Module, batches):
+        _count_expert_tokens(layer, prefix, batches, self.coverage)
+        if self.recipe.activation.smooth is not None:
             from quantkit.quant.smooth import smooth_layer
 
-            smooth_layer(layer, batches, recipe.activation.smooth, *_smoothing_quantizers(recipe, targets))
-        names = {n: lin for n, lin in targets.items() if n.startswith(prefix + ".")}
+            smooth_layer(layer, batches, self.recipe.activation.smooth,
+                         *_smoothing_quantizers(self.recipe, self.targets))
+        names = {n: lin for n, lin in self.targets.items() if n.startswith(prefix + ".")}
         layer_records: dict[str, WeightRecord] = {}
-        outputs = _quantize_one_layer(layer, batches, names, layer_records)
-        records.update({n: record_to(r, "cpu") for n, r in layer_records.items()})
+        outputs = self._quantize_one_layer(layer, batches, names, layer_records)
+        self.records.update({n: record_to(r, "cpu") for n, r in layer_records.items()})
         return outputs
 
-    def _quantize_one_layer(layer, batches, names, records):
+    def _quantize_one_layer(self, layer, batches, names, records):
         """Quantize one layer's linears into ``records``; returns the layer's outputs when the quantizer
         computed them (GPTQ replays its sub-blocks), else None."""
+        recipe, plan, method = self.recipe, self.plan, self.method
         row_bits = {n: plan.row_bits(n) for n in names} if plan is not None else None
         if method == "gptq":
             from quantkit.quant.gptq import gptq_quantize_layer
 
             outputs: list = []
-            records.update(gptq_quantize_layer(layer, batches, names, config, row_bits=row_bits, outputs=outputs))
+            records.update(gptq_quantize_layer(layer, batches, names, self.config, row_bits=row_bits,
+                                               outputs=outputs))
             return outputs
         elif method == "awq":
             from quantkit.quant.awq import awq_quantize_layer
 
-            records.update(awq_quantize_layer(layer, batches, names, config, row_bits=row_bits))
+            records.update(awq_quantize_layer(layer, batches, names, self.config, row_bits=row_bits))
         else:  # rtn / lqq with clipping: the clip search needs each linear's inputs
             from quantkit.model.layerwise import layer_output
             from quantkit.quant.clip import sample_tokens
@@ -280,16 +281,40 @@ def _quantize_layerwise(model, recipe, plan, targets, ids, device, method, progr
                 rec = quantize_partitioned(lin.weight.data.float(), rb, _rows_quantizer(recipe, n, seen[n]))
                 write_weight(lin, dequantize_record(rec))
                 records[n] = rec
+        return None
 
+
+def calibration_batch_size(seqlen: int) -> int:
+    """Calibration windows per forward chunk: about :data:`CALIB_BATCH_TOKENS` tokens."""
+    return max(1, CALIB_BATCH_TOKENS // seqlen)
+
+
+def expert_calibration(coverage: dict, method: str) -> dict:
+    """The calibration record's ``experts`` rows and ``experts_rule`` from a :class:`LayerQuantizer`'s coverage."""
+    from quantkit.model.moe import MIN_TOKENS_RULE, coverage_rows
+
+    counts = {name: c for name, (c, _) in coverage.items()}
+    gptq = method == "gptq"
+    # GPTQ rounds the experts below min_tokens to nearest; the clip searches only lose their output error where an
+    # expert got no token at all
+    needs = {name: (need if gptq else [1] * len(need)) for name, (_, need) in coverage.items()}
+    return {"experts": coverage_rows(counts, needs),
+            "experts_rule": (MIN_TOKENS_RULE + " (by the FP router's counts)" if gptq else
+                             "experts no calibration token reached search their clipping on the weight error "
+                             "instead of the output error")}
+
+
+def _quantize_layerwise(model, recipe, plan, targets, ids, device, method, progress_factory):
+    step = LayerQuantizer(recipe, plan, targets, method)
     ctx = progress_factory(f"{method} layers", None) if progress_factory else None
     update = ctx.__enter__() if ctx else None
     try:
-        run_layerwise(model, ids, device, on_layer=on_layer, progress=update,
-                      batch_size=max(1, CALIB_BATCH_TOKENS // ids.shape[1]))
+        run_layerwise(model, ids, device, on_layer=step, progress=update,
+                      batch_size=calibration_batch_size(ids.shape[1]))
     finally:
         if ctx:
             ctx.__exit__(None, None, None)
-    return records, coverage
+    return step.records, step.coverage
 
 
 def _count_expert_tokens(layer: nn.Module, prefix: str, batches,

@@ -30,9 +30,13 @@ def _files(folder) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("recipe,arch", [("rtn-w4a16-g128", {}), ("fp8-w8a8", {}),
-                                         ("lqq-w4a8-rtn", {"tie_word_embeddings": True})])
+                                         ("lqq-w4a8-rtn", {"tie_word_embeddings": True}),
+                                         ("rtn-w4a16-g128", {"arch": "qwen3_moe"})])
 def test_a_streamed_pack_holds_the_ordinary_packs_tensors(tiny_model_dir, tmp_path, recipe, arch):
-    src = tiny_model_dir("llama", intermediate_size=256, num_hidden_layers=3, **arch)
+    arch = dict(arch)
+    family = arch.pop("arch", "llama")
+    size = {"intermediate_size": 256} if family == "llama" else {}
+    src = tiny_model_dir(family, num_hidden_layers=3, **size, **arch)
     run_pack(str(src), recipe, str(tmp_path / "whole"), **FAST)
     res = run_pack(str(src), recipe, str(tmp_path / "streamed"), stream=True, max_shard_size="40KB", **FAST)
     assert res["streamed"] and res["shards"] > 4  # several files per layer at this shard size
@@ -74,11 +78,66 @@ def test_an_interrupted_streamed_pack_resumes_to_the_same_bytes(model_dir, tmp_p
 
 
 @pytest.mark.parametrize("recipe,kw,match", [
-    ("gptq-w4a16-g128", {}, "--stream packs data-free recipes"),
-    ("quarot-w8a8", {}, "--stream packs data-free recipes"),
+    ("quarot-w8a8", {}, "cannot fold recipe 'quarot-w8a8''s rotations"),
     ("rtn-w4a16-g128", {"export": "gptq"}, "drop --stream to export --format gptq"),
 ])
 def test_what_streaming_cannot_do_is_refused_before_any_work(model_dir, tmp_path, recipe, kw, match):
     with pytest.raises(QuantkitError, match=match):
         run_pack(str(model_dir), recipe, str(tmp_path / "out"), stream=True, **kw, **FAST)
     assert not (tmp_path / "out").exists() and not stream_mod.partial_dir(tmp_path / "out").exists()
+
+
+GPTQ_YAML = """name: gptq-tiny
+weight: {method: gptq, bits: 4, group_size: 128, sym: false, act_order: true}
+calibration: {samples: 3, seqlen: 32}
+"""
+SMOOTH_YAML = """name: smooth-tiny
+weight: {method: rtn, bits: 8, group_size: -1, sym: true}
+activation: {bits: 8, group_size: -1, sym: true, smooth: 0.5}
+calibration: {samples: 2, seqlen: 32}
+"""
+
+
+@pytest.mark.parametrize("yaml_text,family", [(GPTQ_YAML, "llama"), (SMOOTH_YAML, "llama"), (GPTQ_YAML, "qwen3_moe")],
+                         ids=["gptq", "smoothquant", "gptq-moe"])
+def test_a_calibrated_recipe_streams_to_the_ordinary_packs_tensors(model_dir, tiny_model_dir, tmp_path, yaml_text,
+                                                                   family):
+    if family != "llama":
+        model_dir = tiny_model_dir(family, num_hidden_layers=3)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml_text)
+    run_pack(str(model_dir), str(recipe), str(tmp_path / "whole"), **FAST)
+    run_pack(str(model_dir), str(recipe), str(tmp_path / "streamed"), stream=True, **FAST)
+    whole, streamed = read_manifest(tmp_path / "whole"), read_manifest(tmp_path / "streamed")
+    assert {n: e["sha256"] for n, e in whole["tensors"].items()} == \
+        {n: e["sha256"] for n, e in streamed["tensors"].items()}
+    assert whole["calibration"] == streamed["calibration"]  # MoE: the same expert coverage rows
+    assert torch.equal(_logits(tmp_path / "whole"), _logits(tmp_path / "streamed"))
+
+
+def test_an_interrupted_gptq_stream_resumes_from_the_saved_layer_inputs(model_dir, tmp_path, monkeypatch):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(GPTQ_YAML)
+    run_pack(str(model_dir), str(recipe), str(tmp_path / "full"), stream=True, **FAST)
+    real = stream_mod._write_group
+
+    def dies_at_layer_2(partial, group, tensors, max_bytes):
+        if group == "2":
+            raise KeyboardInterrupt
+        return real(partial, group, tensors, max_bytes)
+
+    monkeypatch.setattr(stream_mod, "_write_group", dies_at_layer_2)
+    cut = tmp_path / "cut"
+    with pytest.raises(KeyboardInterrupt):
+        run_pack(str(model_dir), str(recipe), str(cut), stream=True, **FAST)
+    partial = stream_mod.partial_dir(cut)
+    assert sorted(p.name for p in partial.glob("inputs-*.pt")) == ["inputs-00002.pt"]
+    monkeypatch.setattr(stream_mod, "_write_group", real)
+    run_pack(str(model_dir), str(recipe), str(cut), resume=True, calib_samples=3, **FAST)
+    assert _files(cut) == _files(tmp_path / "full")
+    with pytest.raises(QuantkitError, match="started with another source, recipe"):
+        cut2 = tmp_path / "cut2"
+        monkeypatch.setattr(stream_mod, "_write_group", dies_at_layer_2)
+        with pytest.raises(KeyboardInterrupt):
+            run_pack(str(model_dir), str(recipe), str(cut2), stream=True, **FAST)
+        run_pack(str(model_dir), str(recipe), str(cut2), resume=True, calib_samples=2, **FAST)

@@ -53,7 +53,7 @@ def test_runs_that_cannot_fit_are_refused_before_loading(tiny_model_dir, tmp_pat
     res = runner.invoke(app, ["search", src, "-o", str(tmp_path / "plan.json"), "--device", "cpu"])
     assert res.exit_code == 2 and "--dtype bf16 halves it" in res.output
     res = runner.invoke(app, ["pack", src, "--recipe", "rtn-w4a16-g128", "-o", str(tmp_path / "o"), "--device", "cpu"])
-    assert res.exit_code == 2 and "one decoder layer at a time (--stream)" in res.output  # a data-free recipe
+    assert res.exit_code == 2 and "one decoder layer at a time (--stream)" in res.output
     assert not (tmp_path / "o").exists()
 
 

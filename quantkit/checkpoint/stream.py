@@ -78,7 +78,8 @@ def source_folder(model_ref: str) -> Path:
 
 
 class SourceTensors:
-    """The tensors of a model folder's safetensors files, read one at a time (memory-mapped by safetensors)."""
+    """The tensors of a model folder's safetensors files, read one at a time. Each read maps the file only while it
+    copies that tensor out, so the pages of tensors already read do not stay in this process's memory."""
 
     def __init__(self, folder: Path):
         from safetensors import safe_open
@@ -86,14 +87,19 @@ class SourceTensors:
         files = sorted(folder.glob("*.safetensors"))
         if not files:
             raise QuantkitError(f"'{folder}' has no .safetensors files; --stream reads safetensors checkpoints")
-        self._open = {f.name: safe_open(str(f), framework="pt") for f in files}
-        self.file_of = {name: fname for fname, h in self._open.items() for name in h.keys()}
+        self.file_of: dict[str, Path] = {}
+        for f in files:
+            with safe_open(str(f), framework="pt") as h:
+                self.file_of.update({name: f for name in h.keys()})
         self.fingerprint = hashlib.sha256(json.dumps(
             sorted((f.name, f.stat().st_size) for f in files)).encode()).hexdigest()
 
     def read(self, name: str) -> torch.Tensor:
         """Tensor ``name`` as stored."""
-        return self._open[self.file_of[name]].get_tensor(name)
+        from safetensors import safe_open
+
+        with safe_open(str(self.file_of[name]), framework="pt") as h:
+            return h.get_tensor(name).clone()
 
 
 def _groups(model) -> tuple[dict[str, list[str]], dict[str, str]]:
@@ -356,10 +362,12 @@ def _stream_calibrated(model, rec, plan_obj, linears, groups, src, partial, stat
         saved = partial / f"inputs-{first:05d}.pt"
         if first == 0:
             _materialize(model, groups[REST], src, load_dtype)
+            model.tie_weights()  # a tied LM head follows its embedding
             try:
                 batches = capture_layer_inputs(model, ids, device, calibration_batch_size(ids.shape[1]))
             finally:
                 _release(model, groups[REST])
+                model.tie_weights()
         elif saved.is_file():
             batches = torch.load(saved, map_location=device, weights_only=False)
         else:

@@ -98,11 +98,14 @@ calibration: {samples: 2, seqlen: 32}
 """
 
 
-@pytest.mark.parametrize("yaml_text,family", [(GPTQ_YAML, "llama"), (SMOOTH_YAML, "llama"), (GPTQ_YAML, "qwen3_moe")],
-                         ids=["gptq", "smoothquant", "gptq-moe"])
+@pytest.mark.parametrize("yaml_text,family", [(GPTQ_YAML, "llama"), (SMOOTH_YAML, "llama"), (GPTQ_YAML, "qwen3_moe"),
+                                               (GPTQ_YAML, "tied")],
+                         ids=["gptq", "smoothquant", "gptq-moe", "gptq-tied"])
 def test_a_calibrated_recipe_streams_to_the_ordinary_packs_tensors(model_dir, tiny_model_dir, tmp_path, yaml_text,
                                                                    family):
-    if family != "llama":
+    if family == "tied":
+        model_dir = tiny_model_dir("llama", num_hidden_layers=3, tie_word_embeddings=True)
+    elif family != "llama":
         model_dir = tiny_model_dir(family, num_hidden_layers=3)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml_text)

@@ -683,10 +683,18 @@ def tune(
                                                          "previous tuned one)")] = None,
     methods: Annotated[Optional[str], typer.Option(help="w4a16, w8a8, w4a8, w4a8-lqq, mixed (default: PACKED's own, "
                                                         "else all five)")] = None,
-    reps: Annotated[int, typer.Option(help="timed samples per candidate (median)")] = 30,
+    reps: Annotated[Optional[int], typer.Option(help="timed samples per candidate (median; default 30, "
+                                                     "--attention 20)")] = None,
     output: Annotated[Optional[str], typer.Option("-o", "--output", help="tables folder (default $QUANTKIT_TABLES "
                                                                        "or ~/.cache/quantkit/tables, which the "
                                                                        "runtime reads)")] = None,
+    attention: Annotated[bool, typer.Option("--attention", help="tune the decode-attention kernels (fp16, KV8, KV4 "
+                                                                "caches) for PACKED/MODEL's or an attention "
+                                                                "--preset's heads, by --batch and --contexts")
+                         ] = False,
+    batch: Annotated[Optional[str], typer.Option(help="--attention batch sizes (default 1,8,32,64)")] = None,
+    contexts: Annotated[Optional[str], typer.Option(help="--attention cache lengths (default "
+                                                         "1024,4096,32768,131072)")] = None,
     json_out: Json = False,
 ):
     """Time every kernel and launch config that can run each shape and M on this GPU, check each against the
@@ -697,6 +705,14 @@ def tune(
     from quantkit.bench.tune import require_gpu, run_tune
     from quantkit.runtime.kernels.tables import user_dir
     from quantkit.ui import progress_bar
+
+    if attention:
+        _tune_attention(packed, preset, batch, contexts, reps, output, json_out,
+                        {"--shapes": shapes, "--m": m, "--methods": methods})
+        return
+    if batch is not None or contexts is not None:
+        raise QuantkitError("--batch and --contexts apply to --attention only; add --attention or remove them")
+    reps = 30 if reps is None else reps
 
     command.check_reps(reps)
     default_methods = "w4a16,w8a8,w4a8,w4a8-lqq,mixed"
@@ -717,6 +733,35 @@ def tune(
     (err_console if json_out else out_console).print(table)
     for p in paths:
         info(f"table written to {p}")
+    if json_out:
+        sys.stdout.write(json.dumps(entries) + "\n")
+
+
+def _tune_attention(target, preset, batch, contexts, reps, output, json_out, others) -> None:
+    """``quantkit tune --attention`` (:mod:`quantkit.bench.attention_tune`)."""
+    from pathlib import Path as _Path
+
+    from quantkit.bench import command
+    from quantkit.bench.attention_tune import run_attention_tune
+    from quantkit.bench.tune import require_gpu
+    from quantkit.runtime.kernels.tables import user_dir
+    from quantkit.ui import progress_bar
+
+    if reps is not None:
+        command.check_reps(reps)
+    a = command.attention_args(target, preset, batch, contexts, reps, others)
+    require_gpu()
+    folder = _Path(output).expanduser() if output else user_dir()
+    cmd = "quantkit tune " + " ".join(sys.argv[2:]) if len(sys.argv) > 1 else "quantkit tune --attention"
+    with progress_bar(f"tune decode attention ({a.source})", 3 * len(a.batches) * len(a.contexts)) as update:
+        entries, path = run_attention_tune(a.heads, a.batches, a.contexts, folder, cmd, a.reps, progress=update)
+    table = Table(title="tuned decode-attention launches")
+    for col in ("cache", "head size", "launch", "worst ratio to the best per point"):
+        table.add_column(col)
+    for e in entries:
+        table.add_row(e["form"], str(e["head_dim"]), "/".join(map(str, e["launch"])), f"{e['worst_ratio']:.3f}")
+    (err_console if json_out else out_console).print(table)
+    info(f"table written to {path}")
     if json_out:
         sys.stdout.write(json.dumps(entries) + "\n")
 

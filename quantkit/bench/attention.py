@@ -115,52 +115,76 @@ def measure_point(heads: tuple[int, int, int], batch: int, context: int, reps: i
     return out
 
 
+def cache_inputs(form: str, batch: int, context: int, kv_heads: int, head_dim: int, gen: torch.Generator,
+                 device: str = "cuda", dtype: torch.dtype = torch.float16) -> tuple:
+    """One random cache of ``form`` (fp16, kv8, kv4: :mod:`quantkit.runtime.kv_cache`'s layouts, KIVI groups of 32
+    with a 128-token window) as the arguments :func:`form_call`'s callable takes; the codes are random (a kernel's
+    time does not depend on them)."""
+    from quantkit.quant import kv
+    from quantkit.runtime.kernels.triton.decode_attention import KV4_PARTS
+
+    def codes(*shape):
+        return torch.randint(0, 256, shape, dtype=torch.uint8, device=device, generator=gen)
+
+    def small(*shape):
+        return (torch.rand(*shape, device=device, generator=gen) * 0.01).to(dtype)
+
+    mask = torch.ones(batch, context, dtype=torch.bool, device=device)
+    bh = (batch, kv_heads)
+    if form == "fp16":
+        k = torch.randn(*bh, context, head_dim, device=device, dtype=dtype, generator=gen)
+        return k, torch.randn_like(k), mask
+    if form == "kv8":
+        def part():
+            return {"codes": codes(*bh, context, head_dim), "scale": small(*bh, context, 1).half(),
+                    "min": small(*bh, context, 1).half()}
+        return part(), part(), mask
+    spec = kv.KVSpec(4)
+    g, ring = spec.group_size, spec.residual + 2 * spec.group_size
+    parts = {"k_codes": codes(*bh, context, head_dim // 2), "k_scale": small(*bh, context // g, head_dim).half(),
+             "k_min": small(*bh, context // g, head_dim).half(), "v_codes": codes(*bh, context, head_dim // 2),
+             "v_scale": small(*bh, context, head_dim // g).half(), "v_min": small(*bh, context, head_dim // g).half(),
+             "k_ring": small(*bh, ring, head_dim), "v_ring": small(*bh, ring, head_dim)}
+    return tuple(parts[n] for n in KV4_PARTS)
+
+
+def form_call(form: str, q: torch.Tensor, context: int, scale: float, launch: tuple | None = None,
+              reference: bool = False) -> Callable:
+    """The decode-attention kernel of ``form`` (or its torch reference) over :func:`cache_inputs`' arguments."""
+    from quantkit.quant import kv
+    from quantkit.runtime.kernels.triton import decode_attention as da
+
+    if form == "fp16":
+        if reference:
+            return lambda k, v, m: da.decode_attention_reference(q, k, v, m, scale)
+        return lambda k, v, m: da.decode_attention(q, k, v, m, scale, launch=launch)
+    if form == "kv8":
+        if reference:
+            return lambda k, v, m: da.kv8_reference(q, k, v, m, scale)
+        return lambda k, v, m: da.decode_attention_kv8(q, k, v, m, scale, launch=launch)
+    spec = kv.KVSpec(4)
+    g, r = spec.group_size, spec.residual
+    if reference:
+        return lambda *t: da.kv4_reference(q, dict(zip(da.KV4_PARTS, t)), context, g, r, scale)
+    tokens = torch.tensor([context], device=q.device)
+    return lambda *t: da.decode_attention_kv4(q, dict(zip(da.KV4_PARTS, t)), tokens, g, r, scale, launch=launch)
+
+
 def _packed_times(q: torch.Tensor, batch: int, context: int, hkv: int, d: int, scale: float, reps: int) -> dict:
     """µs of the KV8 and KV4 kernels at this point, each over rotating random caches of its own layout."""
     from quantkit.bench.timing import copies_to_defeat_l2, time_rotating
     from quantkit.quant import kv
-    from quantkit.runtime.kernels.triton.decode_attention import (
-        KV4_PARTS, decode_attention_kv4, decode_attention_kv8)
 
     gen = torch.Generator(device="cuda").manual_seed(context + batch)
-
-    def codes(*shape):
-        return torch.randint(0, 256, shape, dtype=torch.uint8, device="cuda", generator=gen)
-
-    def small(*shape):
-        return (torch.rand(*shape, device="cuda", generator=gen) * 0.01).half()
-
     out: dict = {}
-    kv8 = kv.KVSpec(8)
-    mask = torch.ones(batch, context, dtype=torch.bool, device="cuda")
-    n8 = batch * hkv * kv.cache_bytes(kv8, context, d)
-    caches = [({"codes": codes(batch, hkv, context, d), "scale": small(batch, hkv, context, 1),
-                "min": small(batch, hkv, context, 1)},
-               {"codes": codes(batch, hkv, context, d), "scale": small(batch, hkv, context, 1),
-                "min": small(batch, hkv, context, 1)}, mask) for _ in range(copies_to_defeat_l2(n8))]
-    out["kv8_us"] = round(time_rotating(lambda k, v, m: decode_attention_kv8(q, k, v, m, scale), caches,
-                                        reps=reps)["ms"] * 1e3, 2)
-    out["kv8_mb"] = round(n8 / 1e6, 2)
-    del caches
-    kv4 = kv.KVSpec(4)
-    g, r = kv4.group_size, kv4.residual
-    if context % g == 0 and d % g == 0:
-        n4 = batch * hkv * kv.cache_bytes(kv4, context, d)
-        ring = r + 2 * g
-        tokens = torch.tensor([context], device="cuda")
-
-        def cache() -> tuple:
-            parts = {"k_codes": codes(batch, hkv, context, d // 2), "k_scale": small(batch, hkv, context // g, d),
-                     "k_min": small(batch, hkv, context // g, d), "v_codes": codes(batch, hkv, context, d // 2),
-                     "v_scale": small(batch, hkv, context, d // g), "v_min": small(batch, hkv, context, d // g),
-                     "k_ring": small(batch, hkv, ring, d), "v_ring": small(batch, hkv, ring, d)}
-            return tuple(parts[n] for n in KV4_PARTS)
-
-        caches = [cache() for _ in range(copies_to_defeat_l2(n4))]
-        out["kv4_us"] = round(time_rotating(
-            lambda *t: decode_attention_kv4(q, dict(zip(KV4_PARTS, t)), tokens, g, r, scale), caches,
-            reps=reps)["ms"] * 1e3, 2)
-        out["kv4_mb"] = round(n4 / 1e6, 2)
+    for form, spec in (("kv8", kv.KVSpec(8)), ("kv4", kv.KVSpec(4))):
+        if form == "kv4" and (context % spec.group_size or d % spec.group_size):
+            continue
+        n = batch * hkv * kv.cache_bytes(spec, context, d)
+        caches = [cache_inputs(form, batch, context, hkv, d, gen) for _ in range(copies_to_defeat_l2(n))]
+        out[f"{form}_us"] = round(time_rotating(form_call(form, q, context, scale), caches, reps=reps)["ms"] * 1e3, 2)
+        out[f"{form}_mb"] = round(n / 1e6, 2)
+        del caches
     return out
 
 

@@ -14,8 +14,9 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from quantkit.runtime.kernels import ops  # noqa: E402
+from quantkit.runtime.kernels.attention_launch import default_launch  # noqa: E402
 from quantkit.runtime.kernels.triton.decode_attention import (  # noqa: E402
-    LAUNCH, decode_attention, decode_attention_problem, decode_attention_reference, split_count)
+    decode_attention, decode_attention_problem, decode_attention_reference, split_count)
 from tests.kernels_helpers import DEVICE  # noqa: E402
 
 
@@ -36,7 +37,7 @@ def _inputs(b, hq, hkv, length, d, dtype, seed, mask_kind="random"):
 
 @pytest.mark.parametrize("b,hq,hkv,length,d,splits", [
     (1, 8, 2, 200, 64, None), (3, 9, 3, 77, 64, 2), (2, 4, 4, 130, 32, 5), (1, 8, 1, 65, 128, None),
-    (2, 16, 2, 1, 16, None), (1, 32, 8, 3 * LAUNCH["fp16"][0], 128, 3)])
+    (2, 16, 2, 1, 16, None), (1, 32, 8, 3 * default_launch("fp16")[0], 128, 3)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("mask_kind", ["random", "prefix", "none"])
 def test_kernel_equals_reference(b, hq, hkv, length, d, splits, dtype, mask_kind):

@@ -28,11 +28,10 @@ import torch
 import triton
 import triton.language as tl
 
+from quantkit.runtime.kernels.attention_launch import launch_for
 from quantkit.runtime.kernels.jit import INTERPRET, check_device, kernel
 
 MIN_ROWS = 16  # the smallest row count of a tensor-core dot
-# (cache positions per inner step, warps, pipeline stages) of each cache form
-LAUNCH = {"fp16": (64, 4, 3), "kv8": (128, 4, 3), "kv4": (128, 4, 3)}
 
 
 @kernel
@@ -315,14 +314,14 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
                      splits: int | None = None, sms: int = 132, launch: tuple | None = None) -> torch.Tensor:
     """softmax(scale · q·kᵀ + mask) · v per query head [B, Hq, D] in q's dtype, for one query token per sequence
     (module docstring). ``splits`` defaults to :func:`split_count` for ``sms`` multiprocessors; ``launch``
-    (BLOCK_N, warps, stages) to :data:`LAUNCH`'s."""
+    (BLOCK_N, warps, stages) to :func:`quantkit.runtime.kernels.attention_launch.launch_for`'s."""
     why = decode_attention_problem(q, k, v, mask)
     if why:
         raise ValueError(why)
     check_device(q, k, v)
     b, hq, d = q.shape
     kvh, length = k.shape[1], k.shape[2]
-    block_n, warps, stages = launch or LAUNCH["fp16"]
+    block_n, warps, stages = launch or launch_for("fp16", d, q.device)
     chunk, splits = _chunks(b, kvh, length, splits, sms, block_n)
     part, ml, out = _partials(q, splits)
     _split_kernel[(b, kvh, splits)](
@@ -347,7 +346,7 @@ def decode_attention_kv8(q: torch.Tensor, k: dict, v: dict, mask: torch.Tensor |
     kc, vc = k["codes"], v["codes"]
     b, hq, d = q.shape
     kvh, length = kc.shape[1], kc.shape[2]
-    block_n, warps, stages = launch or LAUNCH["kv8"]
+    block_n, warps, stages = launch or launch_for("kv8", d, q.device)
     chunk, splits = _chunks(b, kvh, length, splits, sms, block_n)
     part, ml, out = _partials(q, splits)
     _split_kv8_kernel[(b, kvh, splits)](
@@ -431,7 +430,7 @@ def decode_attention_kv4(q: torch.Tensor, cache: dict, tokens: torch.Tensor, gro
     check_device(q, *(cache[name] for name in KV4_PARTS), tokens)
     b, hq, d = q.shape
     kvh, length = cache["k_codes"].shape[1], cache["k_codes"].shape[2]
-    block_n, warps, stages = launch or LAUNCH["kv4"]
+    block_n, warps, stages = launch or launch_for("kv4", d, q.device)
     block_n = max(block_n, group)
     chunk, splits = _chunks(b, kvh, length, splits, sms, block_n)
     splits += 1  # the prefix's chunks and the window's program

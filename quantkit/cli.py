@@ -358,6 +358,8 @@ def pack(
                    max_shard_size=max_shard_size, device=device, dtype=dtype, calib_samples=calib_samples,
                    calib_seqlen=calib_seqlen, calib_dataset=calib_dataset, text_column=text_column, force=force,
                    stream=stream, resume=resume)
+    if not res:  # a data-parallel process other than 0: process 0 wrote the checkpoint and reports it
+        return
     console = err_console if json_out else out_console
     console.print(summary_table(res, f"packed — {output}"))
     if json_out:

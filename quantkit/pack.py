@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from quantkit import distributed
 from quantkit.data.tokens import check_calib_seqlen, check_sample_count
 from quantkit.errors import QuantkitError
 
@@ -214,7 +215,8 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
 
     def warn_all(msg: str) -> None:
         warnings.append(msg)
-        (warn or _warn_line)(msg)
+        if distributed.is_main():  # data-parallel processes would say it once each
+            (warn or _warn_line)(msg)
 
     rec = load_recipe(recipe)  # the command's main choice: its errors come first
     target = check_target_export(target, export)
@@ -256,6 +258,12 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
         check_recipe_export(rec, export, False)
 
     compute = resolve_device(device)
+    if distributed.launched():  # torchrun: data-parallel calibration (quantkit.distributed)
+        if stream:
+            raise QuantkitError("--stream runs in one process; drop --stream, or run without torchrun")
+        compute = distributed.setup(compute)
+        distributed.check_recipe(rec, calib_samples or rec.calibration.samples)
+        progress = progress and distributed.is_main()
     # weights stay in CPU memory; run_layerwise moves one decoder layer at a time to the compute device
     source_dtype = _source_dtype(model_ref)
     load_dtype = _load_dtype(dtype, compute, source_dtype, rec.uses_calibration)
@@ -303,6 +311,9 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
             "plan_file": Path(plan).name if plan else None, "target": target, "export": export,
             "activation": act, "calibration": result.calibration, "avg_bits": result.avg_bits,
             "online_rotation": result.online_rotation}
+    if not distributed.is_main():  # every process holds the same records; process 0 writes them
+        distributed.barrier()
+        return {}
     packed = build_checkpoint(loaded.model, result.weights, layouts, info, source_dtype)
     is_local = Path(loaded.path).is_dir()
     packed.extra_files = tokenizer_files(loaded.path if is_local else None)
@@ -318,4 +329,5 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
     if result.calibration and result.calibration.get("experts"):
         summary["expert_coverage"] = result.calibration["experts"]
     summary["warnings"] = warnings
+    distributed.barrier()
     return summary

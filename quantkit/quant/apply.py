@@ -204,7 +204,10 @@ def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, devic
         else:
             ids, calib = calibration_inputs(tokenizer, recipe, max_positions(model), dataset, samples, seqlen,
                                             text_column)
-        records, coverage = _quantize_layerwise(model, recipe, plan, targets, ids, device, method, progress_factory)
+        from quantkit import distributed
+
+        records, coverage = _quantize_layerwise(model, recipe, plan, targets, distributed.shard(ids), device, method,
+                                                progress_factory)
         if coverage:
             calib.update(expert_calibration(coverage, method))
     handles = []
@@ -330,4 +333,8 @@ def _count_expert_tokens(layer: nn.Module, prefix: str, batches,
     with torch.no_grad(), count_tokens(layer) as counts:
         for b in batches:
             layer_output(layer, b)
+    from quantkit import distributed
+
+    for c in counts.values():  # data-parallel calibration: every process's tokens
+        distributed.all_reduce_sum(c)
     coverage.update({f"{prefix}.{name}": (c, [min_tokens(e) for e in lists[name]]) for name, c in counts.items()})

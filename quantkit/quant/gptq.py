@@ -34,6 +34,7 @@ from quantkit.model.replay import BlockReplay, record_bytes
 from quantkit.quant import grid
 from quantkit.quant import lqq
 from quantkit.quant.clip import weight_error, sample_tokens, search_clip
+from quantkit import distributed
 from quantkit.quant.hessian import HessianAccumulator, damped_inverse_cholesky
 from quantkit.quant.layerquant import LayerQuantConfig, check_row_bits, linear_input, pre_hooks, write_weight
 from quantkit.quant.records import Partition, PartitionedWeight, QuantizedWeight
@@ -419,6 +420,10 @@ def _collect(layer: nn.Module, batches: list[LayerBatch], groups: list[list[str]
                 forward(b)
         else:
             replay.run(batches, forward)
+    for group in groups:  # data-parallel calibration: every process solves on all processes' inputs
+        gptqs[group[0]].accumulator.reduce_across_processes()
+        if config.clip:
+            samples[group[0]][:] = distributed.gather_tensors(samples[group[0]])
     return gptqs, samples
 
 

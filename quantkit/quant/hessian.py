@@ -45,6 +45,20 @@ class HessianAccumulator:
         self.hessian.addmm_(x.t(), x, alpha=2.0 / total)
         self.count = total
 
+    @torch.no_grad()
+    def reduce_across_processes(self) -> None:
+        """Make this the Hessian of every data-parallel process's inputs together (:mod:`quantkit.distributed`):
+        the count-weighted mean of the processes' running means; a no-op in one process."""
+        from quantkit import distributed
+
+        if distributed.world_size() == 1:
+            return
+        weighted = distributed.all_reduce_sum(self.hessian * float(self.count))
+        count = int(distributed.all_reduce_sum(torch.tensor([float(self.count)], dtype=torch.float64,
+                                                            device=self.hessian.device)).item())
+        self.hessian = weighted / count if count else torch.zeros_like(self.hessian)
+        self.count = count
+
 
 def damped_inverse_cholesky(hessian: torch.Tensor, percdamp: float = 0.01, name: str = "",
                             max_tries: int = MAX_DAMP_TRIES) -> tuple[torch.Tensor, float]:

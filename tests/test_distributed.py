@@ -1,0 +1,87 @@
+"""Data-parallel calibration (``torchrun -m quantkit pack``, :mod:`quantkit.distributed`): two processes on the gloo
+backend split the calibration windows, sum GPTQ's Hessians and gather the clipping samples, and process 0 writes a
+checkpoint that matches the one-process pack within floating-point tolerance."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from quantkit.checkpoint import load_packed, read_manifest
+from quantkit.errors import QuantkitError
+from quantkit.pack import run_pack
+
+RECIPE = """name: gptq-dp
+weight: {method: gptq, bits: 4, group_size: 64, sym: false, act_order: true, clip: true}
+calibration: {samples: 6, seqlen: 32}
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, model: str, recipe: str, out: str) -> None:
+    import torch.distributed as dist
+
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    torch.set_num_threads(1)
+    try:
+        res = run_pack(model, recipe, out, device="cpu", progress=False)
+        assert (res != {}) == (rank == 0)  # process 0 reports what it wrote
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _codes(path) -> dict[str, torch.Tensor]:
+    model = load_packed(str(path), device="cpu", load_tokenizer=False).model
+    from quantkit.runtime.quant_linear import QuantLinear
+
+    return {n: m.quantized_weights()[0][1].codes for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_dir):
+    return tiny_model_dir("llama", intermediate_size=128)
+
+
+def test_two_processes_pack_what_one_process_packs_within_rounding(model_dir, tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(RECIPE)
+    run_pack(str(model_dir), str(recipe), str(tmp_path / "one"), device="cpu", progress=False)
+    mp.spawn(_worker, args=(2, _free_port(), str(model_dir), str(recipe), str(tmp_path / "two")), nprocs=2)
+    one, two = read_manifest(tmp_path / "one"), read_manifest(tmp_path / "two")
+    assert one["calibration"] == two["calibration"] and one["linears"].keys() == two["linears"].keys()
+    a, b = _codes(tmp_path / "one"), _codes(tmp_path / "two")
+    differing = sum(int((a[n] != b[n]).sum()) for n in a)
+    total = sum(a[n].numel() for n in a)
+    # the Hessians are the same sums in another order (fp32): a code may round the other way, by one step
+    assert differing <= 0.01 * total
+    assert all(int((a[n].int() - b[n].int()).abs().max()) <= 1 for n in a)
+    ids = torch.randint(0, 512, (1, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        la = load_packed(str(tmp_path / "one"), device="cpu", load_tokenizer=False).model(ids).logits
+        lb = load_packed(str(tmp_path / "two"), device="cpu", load_tokenizer=False).model(ids).logits
+    assert float((la - lb).norm() / la.norm()) < 1e-2
+
+
+def test_what_data_parallel_calibration_does_not_split_is_refused(monkeypatch):
+    from quantkit import distributed
+    from quantkit.quant.recipe import load_recipe
+
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    with pytest.raises(QuantkitError, match="runs GPTQ recipes without SmoothQuant"):
+        distributed.check_recipe(load_recipe("awq-w4a16-g128"), 128)
+    with pytest.raises(QuantkitError, match="nothing to split"):
+        distributed.check_recipe(load_recipe("rtn-w4a16-g128"), 128)
+    with pytest.raises(QuantkitError, match="cannot be split across 2 processes"):
+        distributed.check_recipe(load_recipe("gptq-w4a16-g128"), 1)
+    distributed.check_recipe(load_recipe("gptq-w4a16-g128"), 128)

@@ -311,6 +311,10 @@ def search(
                       text_column=text_column,
                       first_order=not no_first_order, batch_size=batch_size, device=device, dtype=dtype,
                       device_map=device_map, plot=plot, force=force)
+    from quantkit import distributed
+
+    if not distributed.is_main():  # a data-parallel process other than 0: process 0 reports the plan
+        return
     console = err_console if json_out else out_console
     console.print(summary_table(plan))
     info(f"plan written to {output}", console)

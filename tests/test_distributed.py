@@ -85,3 +85,31 @@ def test_what_data_parallel_calibration_does_not_split_is_refused(monkeypatch):
     with pytest.raises(QuantkitError, match="cannot be split across 2 processes"):
         distributed.check_recipe(load_recipe("gptq-w4a16-g128"), 1)
     distributed.check_recipe(load_recipe("gptq-w4a16-g128"), 128)
+
+
+def _search_worker(rank: int, world: int, port: int, model: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from quantkit.search.command import run_search
+
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    torch.set_num_threads(1)
+    try:
+        run_search(model, out, "mixllm-w4a8-rtn", target_bits=4.4, samples=4, seqlen=16, device="cpu",
+                   show_progress=False)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_a_two_process_salience_search_writes_the_one_process_plan(model_dir, tmp_path):
+    import json
+
+    from quantkit.search.command import run_search
+
+    run_search(str(model_dir), str(tmp_path / "one.json"), "mixllm-w4a8-rtn", target_bits=4.4, samples=4, seqlen=16,
+               device="cpu", show_progress=False)
+    mp.spawn(_search_worker, args=(2, _free_port(), str(model_dir), str(tmp_path / "two.json")), nprocs=2)
+    one, two = json.loads((tmp_path / "one.json").read_text()), json.loads((tmp_path / "two.json").read_text())
+    assert one["layers"] == two["layers"]  # the same channels at 8 bits: Σ of float64 terms in another order

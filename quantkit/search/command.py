@@ -138,6 +138,20 @@ def run_search(model_ref: str, output: str, recipe: str = "mixllm-w4a8", *, bits
                             "plan to search; pack it directly with `quantkit pack --recipe`")
     if uses_salience(strategy):
         check_text_column(text_column, [dataset or rec.calibration.dataset])
+    from quantkit import distributed
+
+    if distributed.launched():  # torchrun: each process scores its share of the windows (quantkit.distributed)
+        if device_map is not None or not uses_salience(strategy):
+            raise QuantkitError("a data-parallel search (torchrun) runs the salience strategies with one whole model "
+                                "per process: drop --device-map, or run without torchrun")
+        from quantkit.model.loader import resolve_device
+
+        device = distributed.setup(resolve_device(device))
+        n = samples if samples is not None else rec.calibration.samples
+        if n < distributed.world_size():
+            raise QuantkitError(f"{n} calibration windows cannot be split across {distributed.world_size()} "
+                                "processes; use more --calib-samples or fewer processes")
+        show_progress = show_progress and distributed.is_main()
     _check_memory(model_ref, device, dtype, device_map)
     loaded = load_model(model_ref, device=device, dtype=dtype, device_map=device_map,
                         load_tokenizer=uses_salience(strategy))
@@ -145,7 +159,9 @@ def run_search(model_ref: str, output: str, recipe: str = "mixllm-w4a8", *, bits
                          seed=seed, first_order=first_order, batch_size=batch_size, text_column=text_column)
     with _bars(show_progress and uses_salience(strategy)) as (layer_bar, sample_bar):
         plan, _ = search(loaded, rec, opts, progress=sample_bar, layer_progress=layer_bar)
-    plan.save(out)
-    if plot is not None:
-        save_heatmap(plan, plot)
+    if distributed.is_main():  # every process holds the same plan
+        plan.save(out)
+        if plot is not None:
+            save_heatmap(plan, plot)
+    distributed.barrier()
     return plan

@@ -198,6 +198,10 @@ def compute_salience(model: nn.Module, input_ids: torch.Tensor, quantizer: Quant
         raise QuantkitError(f"calibration input must be [samples, seqlen >= 2], got {tuple(input_ids.shape)}")
     if batch_size < 1:
         raise QuantkitError(f"batch size must be >= 1, got {batch_size}")
+    from quantkit import distributed
+
+    n_all = input_ids.shape[0]
+    input_ids = distributed.shard(input_ids)  # data-parallel search: this process's windows, sums all-reduced
     n = input_ids.shape[0]
     half = autocast_dtype == torch.float16 or any(p.dtype == torch.float16 for p in model.parameters())
     loss_scale = float(input_ids.shape[1] - 1) if half else 1.0
@@ -232,5 +236,5 @@ def compute_salience(model: nn.Module, input_ids: torch.Tensor, quantizer: Quant
                 p.collect(ids.shape[0], first_order, loss_scale)
             if progress is not None:
                 progress(min(start + batch_size, n), n)
-    scores = {name: (p.total / n).cpu() for name, p in probes.items()}
-    return SalienceResult(scores=scores, samples=n, first_order=first_order)
+    scores = {name: (distributed.all_reduce_sum(p.total) / n_all).cpu() for name, p in probes.items()}
+    return SalienceResult(scores=scores, samples=n_all, first_order=first_order)

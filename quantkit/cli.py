@@ -286,6 +286,9 @@ def search(
     dtype: Dtype = None,
     device_map: Annotated[Optional[str], typer.Option(help="accelerate device_map (e.g. auto) for models that "
                                                            "do not fit one GPU")] = None,
+    max_gpu_memory: Annotated[Optional[str], typer.Option(help="keep the weights in CPU memory and run one decoder "
+                                                               "layer at a time on the GPU, within this much (e.g. "
+                                                               "10GiB)")] = None,
     plot: Annotated[Optional[str], typer.Option(help="write a layer × projection heatmap PNG (needs "
                                                      "matplotlib)")] = None,
     force: Annotated[bool, typer.Option("--force", help="replace an existing plan at -o")] = False,
@@ -310,7 +313,7 @@ def search(
                       strategy=strategy, samples=samples, seqlen=seqlen, seed=seed, dataset=dataset,
                       text_column=text_column,
                       first_order=not no_first_order, batch_size=batch_size, device=device, dtype=dtype,
-                      device_map=device_map, plot=plot, force=force)
+                      device_map=device_map, plot=plot, force=force, max_gpu_memory=max_gpu_memory)
     from quantkit import distributed
 
     if not distributed.is_main():  # a data-parallel process other than 0: process 0 reports the plan

@@ -27,18 +27,18 @@ _UNITS = {"": 1, "B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 *
           "KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30, "TIB": 2 ** 40}
 
 
-def parse_size(text: str | int) -> int:
+def parse_size(text: str | int, option: str = "--max-shard-size") -> int:
     """Bytes of a size such as "500MB", "2GB", "1.5GiB" or 1048576 (decimal units as HF's max_shard_size,
-    binary ones with "iB"); QuantkitError for anything else."""
+    binary ones with "iB"); QuantkitError naming ``option`` for anything else."""
     if isinstance(text, int) and not isinstance(text, bool):
         size = text
     else:
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*", str(text).upper())
         if m is None or m.group(2) not in _UNITS:
-            raise QuantkitError(f"--max-shard-size '{text}' is not a size; use e.g. 500MB, 2GB or 1.5GiB")
+            raise QuantkitError(f"{option} '{text}' is not a size; use e.g. 500MB, 2GB or 1.5GiB")
         size = int(float(m.group(1)) * _UNITS[m.group(2)])
     if size < 1:
-        raise QuantkitError(f"--max-shard-size must be positive, got '{text}'")
+        raise QuantkitError(f"{option} must be positive, got '{text}'")
     return size
 
 

@@ -36,6 +36,7 @@ class ModelShape:
     layer_parameters: int
     hidden: int
     positions: int | None = None
+    vocab: int = 0
 
 
 def meta_model(model_ref: str):
@@ -65,7 +66,8 @@ def model_shape(model_ref: str) -> ModelShape:
     linears = sum(lin.weight.numel() for _, lin in iter_linears(model))
     layer = max(sum(p.numel() for p in block.parameters()) for block in find_decoder_layers(model)[1])
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return ModelShape(params, linears, layer, int(text.hidden_size), getattr(text, "max_position_embeddings", None))
+    return ModelShape(params, linears, layer, int(text.hidden_size), getattr(text, "max_position_embeddings", None),
+                      int(getattr(text, "vocab_size", 0) or 0))
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,19 @@ def stream_plan(shape: ModelShape, load_dtype: torch.dtype, code_bits: float, co
         else:
             cpu += hidden
     return MemoryPlan("pack", cpu, gpu, int(shape.linear_parameters * code_bits / 8))
+
+
+ACTIVATION_PER_HIDDEN = 48  # elements a decoder layer keeps per token for its backward, in hidden sizes (generous)
+
+
+def streamed_search_plan(shape: ModelShape, dtype: torch.dtype, tokens: int) -> MemoryPlan:
+    """The lower bounds of ``quantkit search --max-gpu-memory``: the model and its Δ (MixLLM Eq. 4) in CPU memory;
+    on the GPU one decoder layer and its Δ, that layer's activations for ``tokens`` tokens (a batch of windows), the
+    layer-boundary activations, and the LM head with its float32 logits and their gradient."""
+    b = _size(dtype)
+    gpu = (2 * shape.layer_parameters * b + tokens * shape.hidden * (ACTIVATION_PER_HIDDEN + 2) * b
+           + shape.vocab * shape.hidden * b + 2 * tokens * shape.vocab * 4)
+    return MemoryPlan("search", 2 * shape.parameters * b, gpu, 0)
 
 
 def search_plan(shape: ModelShape, dtype: torch.dtype, device: str, device_map: str | None) -> MemoryPlan:

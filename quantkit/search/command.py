@@ -89,6 +89,35 @@ def check_plan_output(output: str, plot: str | None = None, force: bool = False)
             raise QuantkitError(f"plan '{output}' already exists; pass --force to replace it or choose another -o")
 
 
+def _check_streamed(model_ref: str, rec, device: str, dtype: str | None, device_map: str | None, strategy: str,
+                    max_gpu_memory: str, batch_size: int, seqlen: int | None) -> tuple[str, str]:
+    """(the GPU to stream the layers to, the dtype to load the weights in) for ``--max-gpu-memory``; a one-line
+    refusal when the options do not combine or the streamed pass needs more GPU memory than the cap."""
+    from quantkit.checkpoint.atomic import human_bytes
+    from quantkit.checkpoint.shards import parse_size
+    from quantkit.model.loader import load_config, resolve_device, resolve_dtype
+    from quantkit.model.memory_plan import model_shape, streamed_search_plan
+
+    cap = parse_size(max_gpu_memory, "--max-gpu-memory")
+    dev = resolve_device(device)
+    if torch.device(dev).type != "cuda":
+        raise QuantkitError("--max-gpu-memory streams the model's layers to a GPU; use --device cuda (or drop it)")
+    if device_map is not None or not uses_salience(strategy):
+        raise QuantkitError("--max-gpu-memory streams the salience pass (strategies global and local) and places "
+                            "the layers itself: drop --device-map, or --max-gpu-memory")
+    torch_dtype = resolve_dtype(dtype, dev, getattr(load_config(model_ref), "dtype", None))
+    shape = model_shape(model_ref)
+    window = seqlen if seqlen is not None else rec.calibration.seqlen
+    if shape.positions:
+        window = min(window, shape.positions)
+    need = streamed_search_plan(shape, torch_dtype, batch_size * window).gpu_bytes
+    if need > cap:
+        raise QuantkitError(f"a search streaming one decoder layer at a time still needs about {human_bytes(need)} of "
+                            f"GPU memory here, more than --max-gpu-memory {max_gpu_memory}; use fewer tokens per "
+                            "backward (--batch-size, --seqlen) or a larger cap")
+    return dev, str(torch_dtype).replace("torch.", "")
+
+
 def _check_memory(model_ref: str, device: str, dtype: str | None, device_map: str | None) -> None:
     """Refuse before loading when the whole model cannot fit where the search keeps it
     (:func:`quantkit.model.memory_plan.search_plan`)."""
@@ -110,9 +139,12 @@ def run_search(model_ref: str, output: str, recipe: str = "mixllm-w4a8", *, bits
                dataset: str | None = None, first_order: bool = True, batch_size: int = 1, device: str = "auto",
                dtype: str | None = None, device_map: str | None = None, plot: str | None = None,
                text_column: str | None = None,  # the text column of a record-file dataset (None: "text")
-               show_progress: bool = True, force: bool = False):
+               show_progress: bool = True, force: bool = False, max_gpu_memory: str | None = None):
     """Load the model, run the search, write ``output`` (and the heatmap ``plot``); returns the Plan. An existing
-    plan at ``output`` is replaced only with ``force``, which is checked before the model loads."""
+    plan at ``output`` is replaced only with ``force``, which is checked before the model loads.
+    ``max_gpu_memory`` (e.g. "10GiB"): keep the weights in CPU memory and run one decoder layer at a time on the
+    GPU (:func:`quantkit.search.salience.compute_salience`'s streaming), refused before loading when even that
+    needs more."""
     from quantkit.data import check_sample_count, check_source, check_text_column
     from quantkit.model import load_model
     from quantkit.quant.recipe import load_recipe
@@ -152,11 +184,17 @@ def run_search(model_ref: str, output: str, recipe: str = "mixllm-w4a8", *, bits
             raise QuantkitError(f"{n} calibration windows cannot be split across {distributed.world_size()} "
                                 "processes; use more --calib-samples or fewer processes")
         show_progress = show_progress and distributed.is_main()
+    stream_device = None
+    if max_gpu_memory is not None:
+        stream_device, dtype = _check_streamed(model_ref, rec, device, dtype, device_map, strategy, max_gpu_memory,
+                                               batch_size, seqlen)
+        device = "cpu"  # where the weights stay
     _check_memory(model_ref, device, dtype, device_map)
     loaded = load_model(model_ref, device=device, dtype=dtype, device_map=device_map,
                         load_tokenizer=uses_salience(strategy))
     opts = SearchOptions(budget=budget, strategy=strategy, dataset=dataset, samples=samples, seqlen=seqlen,
-                         seed=seed, first_order=first_order, batch_size=batch_size, text_column=text_column)
+                         seed=seed, first_order=first_order, batch_size=batch_size, text_column=text_column,
+                         stream_device=stream_device)
     with _bars(show_progress and uses_salience(strategy)) as (layer_bar, sample_bar):
         plan, _ = search(loaded, rec, opts, progress=sample_bar, layer_progress=layer_bar)
     if distributed.is_main():  # every process holds the same plan

@@ -176,11 +176,72 @@ def needs_checkpointing(model: nn.Module, tokens: int, device: torch.device) -> 
     return not fits(activation_bytes(model, tokens), device, _ACTIVATION_SHARE)
 
 
+def _final_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules after the decoder layers: the final norm and the LM head."""
+    base = getattr(model, "base_model", model)
+    norm = getattr(base, "norm", None)
+    head = model.get_output_embeddings()
+    if norm is None or head is None:
+        raise QuantkitError(f"{type(model).__name__} has no final norm / LM head where --max-gpu-memory streams "
+                            "them (model.norm, lm_head); run the search without --max-gpu-memory")
+    return [norm, head]
+
+
+def _streamed_backward(model: nn.Module, ids: torch.Tensor, device: torch.device, loss_scale: float,
+                       autocast_dtype: torch.dtype | None) -> None:
+    """One batch's forward and backward with the model's weights on the CPU and one decoder layer at a time on
+    ``device``: a no-grad forward keeps each layer's input (the boundary activations) in CPU memory, the loss's
+    gradient at the last layer's output comes from the final norm and LM head, then each layer, last first, is
+    recomputed from its saved input with its probes and back-propagated (the chain rule of the whole backward,
+    taken one layer at a time), which leaves each probe's gradient where :meth:`_Probe.collect` reads it."""
+    from quantkit.model.layerwise import LayerBatch, capture_layer_inputs, layer_output
+
+    _, layers = find_decoder_layers(model)
+    pin = device.type == "cuda"
+
+    def autocast():
+        return torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else ExitStack()
+
+    (first,) = capture_layer_inputs(model, ids, device, batch_size=ids.shape[0])
+    kwargs = first.kwargs
+    saved = []
+    h = first.hidden
+    with torch.no_grad():
+        for layer in layers:
+            saved.append(h.cpu().pin_memory() if pin else h.cpu())
+            layer.to(device)
+            with autocast():
+                h = layer_output(layer, LayerBatch(h, kwargs))
+            layer.to("cpu")
+    final = _final_modules(model)
+    for m in final:
+        m.to(device)
+    h = h.detach().requires_grad_(True)
+    with autocast():
+        loss = sample_loss(final[1](final[0](h)), ids) * loss_scale
+    loss.backward()
+    grad = h.grad
+    for m in final:
+        m.to("cpu")
+    del loss, h
+    for i in range(len(layers) - 1, -1, -1):
+        layer = layers[i]
+        layer.to(device)
+        x = saved[i].to(device).requires_grad_(i > 0)
+        with autocast():
+            out = layer_output(layer, LayerBatch(x, kwargs))
+        out.backward(grad)
+        grad = x.grad if i > 0 else None
+        layer.to("cpu")
+        saved[i] = None
+
+
 def compute_salience(model: nn.Module, input_ids: torch.Tensor, quantizer: Quantizer, *, first_order: bool = True,
                      batch_size: int = 1, checkpoint_layers: bool | None = None,
                      autocast_dtype: torch.dtype | None = None,
                      progress: Progress | None = None, on_linear: Progress | None = None,
-                     skip: set[str] | frozenset[str] = frozenset()) -> SalienceResult:
+                     skip: set[str] | frozenset[str] = frozenset(),
+                     stream_device: torch.device | str | None = None) -> SalienceResult:
     """MixLLM Eq. 4 salience of every output channel of every decoder linear, over calibration windows.
 
     ``input_ids`` [n, seqlen]; ``quantizer`` gives the low-bit weight c_q (the precision the plan would otherwise
@@ -189,7 +250,8 @@ def compute_salience(model: nn.Module, input_ids: torch.Tensor, quantizer: Quant
     a GPU) runs the matmuls under autocast. ``progress(done, total)`` is called after each batch and
     ``on_linear(done, total)`` after each linear's Δ is ready; linears named in ``skip`` get no score.
     ``checkpoint_layers`` recomputes each decoder layer in the backward pass; None decides by memory
-    (:func:`needs_checkpointing`).
+    (:func:`needs_checkpointing`). ``stream_device``: the model stays in CPU memory and each batch runs one
+    decoder layer at a time on that device (:func:`_streamed_backward`; the same gradients, so the same scores).
 
     fp16 compute: the per-token gradients of a mean loss are ~1/seqlen and fall below fp16's smallest normal,
     so the loss is scaled by the number of predicted tokens (a token sum) and s1 divided back in fp32.
@@ -218,20 +280,24 @@ def compute_salience(model: nn.Module, input_ids: torch.Tensor, quantizer: Quant
             if on_linear is not None:
                 on_linear(i + 1, len(linears))
         stack.enter_context(_frozen(model))
-        dev = _input_device(model)
-        if checkpoint_layers is None:
-            checkpoint_layers = needs_checkpointing(model, min(batch_size, n) * input_ids.shape[1], dev)
-        if checkpoint_layers:
-            stack.enter_context(checkpointed_layers(model))
+        dev = torch.device(stream_device) if stream_device is not None else _input_device(model)
+        if stream_device is None:
+            if checkpoint_layers is None:
+                checkpoint_layers = needs_checkpointing(model, min(batch_size, n) * input_ids.shape[1], dev)
+            if checkpoint_layers:
+                stack.enter_context(checkpointed_layers(model))
         for start in range(0, n, batch_size):
             ids = input_ids[start:start + batch_size].to(dev)
-            with ExitStack() as ctx:
-                if autocast_dtype is not None:
-                    ctx.enter_context(torch.autocast(dev.type, dtype=autocast_dtype))
-                logits = model(input_ids=ids, use_cache=False).logits
-                loss = sample_loss(logits, ids) * loss_scale
-            del logits
-            loss.backward()
+            if stream_device is not None:
+                _streamed_backward(model, ids, dev, loss_scale, autocast_dtype)
+            else:
+                with ExitStack() as ctx:
+                    if autocast_dtype is not None:
+                        ctx.enter_context(torch.autocast(dev.type, dtype=autocast_dtype))
+                    logits = model(input_ids=ids, use_cache=False).logits
+                    loss = sample_loss(logits, ids) * loss_scale
+                del logits
+                loss.backward()
             for p in probes.values():
                 p.collect(ids.shape[0], first_order, loss_scale)
             if progress is not None:

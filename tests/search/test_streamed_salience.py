@@ -1,0 +1,59 @@
+"""The salience pass with the weights in CPU memory and one decoder layer at a time on the compute device
+(``quantkit search --max-gpu-memory``): the same per-sample gradients as the whole-model pass, so the same scores and
+the same plan; what cannot stream is refused in one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantkit.errors import QuantkitError
+from quantkit.search.salience import compute_salience
+
+
+def _quantizer(name: str, w: torch.Tensor) -> torch.Tensor:
+    from quantkit.quant.grid import fake_quantize
+
+    return fake_quantize(w, 4, 32)
+
+
+@pytest.mark.parametrize("arch,over", [("llama", {}), ("llama", {"tie_word_embeddings": True}), ("qwen3_moe", {})])
+def test_streamed_salience_equals_the_whole_model_pass(arch, over):
+    from tests.conftest import build_tiny_model
+
+    model = build_tiny_model(arch, **over)
+    ids = torch.randint(0, model.config.vocab_size, (3, 12), generator=torch.Generator().manual_seed(0))
+    whole = compute_salience(model, ids, _quantizer, batch_size=2, checkpoint_layers=False)
+    streamed = compute_salience(model, ids, _quantizer, batch_size=2, stream_device="cpu")
+    assert whole.scores.keys() == streamed.scores.keys()
+    for name in whole.scores:  # the same operations, one layer at a time: bit for bit
+        assert torch.equal(streamed.scores[name], whole.scores[name]), name
+
+
+def test_a_search_streaming_the_layers_writes_the_same_plan(tiny_model_dir, tmp_path):
+    import json
+
+    from quantkit.model import load_model
+    from quantkit.quant.recipe import load_recipe
+    from quantkit.search.allocate import BitBudget
+    from quantkit.search.run import SearchOptions, search
+
+    src = str(tiny_model_dir("llama"))
+    plans = []
+    for stream in (None, "cpu"):
+        loaded = load_model(src, device="cpu")
+        opts = SearchOptions(budget=BitBudget.parse([4, 8], 4.4, None), samples=3, seqlen=16, stream_device=stream)
+        plan, _ = search(loaded, load_recipe("mixllm-w4a8-rtn"), opts)
+        plan.save(tmp_path / f"{stream}.json")
+        plans.append(json.loads((tmp_path / f"{stream}.json").read_text())["layers"])
+    assert plans[0] == plans[1]
+
+
+def test_max_gpu_memory_refusals(tiny_model_dir, tmp_path):
+    from quantkit.search.command import run_search
+
+    src = str(tiny_model_dir("llama"))
+    with pytest.raises(QuantkitError, match="use --device cuda"):
+        run_search(src, str(tmp_path / "p.json"), max_gpu_memory="1GiB", device="cpu", show_progress=False)
+    with pytest.raises(QuantkitError, match="--max-gpu-memory 'lots' is not a size"):
+        run_search(src, str(tmp_path / "p.json"), max_gpu_memory="lots", device="cpu", show_progress=False)

@@ -87,12 +87,31 @@ def shard(ids: torch.Tensor) -> torch.Tensor:
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    """``t`` summed over the processes (in place; returned)."""
+    """``t`` summed over the processes (in place; returned). A CPU tensor in an NCCL group goes through this
+    process's GPU (NCCL reduces device tensors only)."""
     import torch.distributed as dist
 
-    if world_size() > 1:
+    if world_size() == 1:
+        return t
+    if t.device.type == "cpu" and dist.get_backend() == "nccl":
+        on_gpu = t.to(torch.device("cuda", torch.cuda.current_device()))
+        dist.all_reduce(on_gpu)
+        t.copy_(on_gpu)
+    else:
         dist.all_reduce(t)
     return t
+
+
+def broadcast_object(obj):
+    """Process 0's ``obj`` on every process (picklable objects; ``obj`` itself alone), so that decisions every
+    process must make alike — the order in which statistics are reduced — are made once."""
+    import torch.distributed as dist
+
+    if world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def gather_tensors(items: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -497,7 +497,9 @@ def gptq_quantize_layer(layer: nn.Module, batches: list[LayerBatch], linear_name
             outputs.extend(LayerBatch(layer_output(layer, b), b.kwargs) for b in batches)
         return {}
     row_bits = check_row_bits(row_bits, linear_names)
-    groups = sequential_stages(layer, batches[0], linear_names)
+    # each process's first window routes MoE tokens its own way, which orders the groups: process 0's order is used
+    # by all, so that data-parallel reductions pair the same linears (quantkit.distributed)
+    groups = distributed.broadcast_object(sequential_stages(layer, batches[0], linear_names))
     stages = expert_stages(groups) if config.true_sequential else [[n for g in groups for n in g]]
     replay = None
     if config.true_sequential and config.replay and fits(record_bytes(batches, linear_names), batches[0].hidden.device):

@@ -87,6 +87,9 @@ def test_a_new_selection_moved_buffers_or_a_replaced_buffer_bind_again(stand_in)
     ql.qweight = ql.qweight.clone()
     ql(x)
     assert stand_in["binds"] == 4
+    ql._buffers["qweight"] = ql.qweight.clone()  # as accelerate's hooks swap a buffer, past setattr
+    ql(x)
+    assert stand_in["binds"] == 5
 
 
 def test_a_call_the_prepared_launch_declines_runs_the_entry(stand_in):

@@ -24,6 +24,7 @@ import ctypes
 import functools
 import os
 import re
+import threading
 import warnings
 from importlib import resources
 
@@ -370,6 +371,7 @@ class BoundLaunch:
         self.config_ref = ctypes.byref(self.config)
         self.function = ctypes.c_void_p(int(fn.kernel.ptr))
         self.launch_ex = _cu_launch_kernel_ex()
+        self.lock = threading.Lock()  # one parameter array: two threads must not interleave its writes and launch
 
     @classmethod
     def create(cls, fn, pdl: bool, device_index: int, grid: tuple, block: tuple, args: tuple,
@@ -392,7 +394,8 @@ class BoundLaunch:
         dev = self.device_index
         if torch.cuda.current_device() != dev:
             return False
-        for value, ptr in zip(self.pointers, pointers):
-            value.value = ptr
-        self.config.stream = torch._C._cuda_getCurrentRawStream(dev)
-        return self.launch_ex(self.config_ref, self.function, self.params, None) == 0
+        with self.lock:
+            for value, ptr in zip(self.pointers, pointers):
+                value.value = ptr
+            self.config.stream = torch._C._cuda_getCurrentRawStream(dev)
+            return self.launch_ex(self.config_ref, self.function, self.params, None) == 0

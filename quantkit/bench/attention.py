@@ -119,21 +119,28 @@ def cache_inputs(form: str, batch: int, context: int, kv_heads: int, head_dim: i
                  device: str = "cuda", dtype: torch.dtype = torch.float16) -> tuple:
     """One random cache of ``form`` (fp16, kv8, kv4: :mod:`quantkit.runtime.kv_cache`'s layouts, KIVI groups of 32
     with a 128-token window) as the arguments :func:`form_call`'s callable takes; the codes are random (a kernel's
-    time does not depend on them)."""
+    time does not depend on them). On the ``meta`` device: the shapes alone (``gen`` unused), for checks."""
     from quantkit.quant import kv
     from quantkit.runtime.kernels.triton.decode_attention import KV4_PARTS
 
+    meta = device == "meta"
+
     def codes(*shape):
+        if meta:
+            return torch.empty(shape, dtype=torch.uint8, device=device)
         return torch.randint(0, 256, shape, dtype=torch.uint8, device=device, generator=gen)
 
     def small(*shape):
+        if meta:
+            return torch.empty(shape, dtype=dtype, device=device)
         return (torch.rand(*shape, device=device, generator=gen) * 0.01).to(dtype)
 
     mask = torch.ones(batch, context, dtype=torch.bool, device=device)
     bh = (batch, kv_heads)
     if form == "fp16":
-        k = torch.randn(*bh, context, head_dim, device=device, dtype=dtype, generator=gen)
-        return k, torch.randn_like(k), mask
+        k = (torch.empty(*bh, context, head_dim, device=device, dtype=dtype) if meta else
+             torch.randn(*bh, context, head_dim, device=device, dtype=dtype, generator=gen))
+        return k, torch.randn_like(k) if not meta else torch.empty_like(k), mask
     if form == "kv8":
         def part():
             return {"codes": codes(*bh, context, head_dim), "scale": small(*bh, context, 1).half(),

@@ -80,3 +80,29 @@ def test_tune_attention_without_a_gpu_and_stray_options_are_one_line_errors():
     res = runner.invoke(app, ["tune", "--attention", "--preset", "llama-3.1-8b", "--m", "16"])
     assert res.exit_code == 2 and "--m does not apply to --attention" in res.output
     assert "Traceback" not in res.output
+
+
+def test_heads_a_kernel_cannot_take_are_refused_before_timing():
+    from quantkit.errors import QuantkitError
+
+    with pytest.raises(QuantkitError, match="cannot run the kv4 kernel at 1000 tokens"):
+        attention_tune.tune_attention((4, 2, 32), [1], [1000], forms=("kv4",), device="cpu",
+                                      timer=_timer({}), candidates=lambda form: CANDS)
+    with pytest.raises(QuantkitError, match="cannot run the fp16 kernel"):
+        attention_tune.tune_attention((4, 2, 96), [1], [64], forms=("fp16",), device="cpu",
+                                      timer=_timer({}), candidates=lambda form: CANDS)
+
+
+def test_malformed_table_entries_are_ignored(tmp_path, monkeypatch):
+    from quantkit.runtime.kernels import tables
+
+    monkeypatch.setenv(tables.ENV_DIR, str(tmp_path))
+    folder = tmp_path / "NVIDIA_H200"
+    folder.mkdir()
+    (folder / "attention.json").write_text(json.dumps({
+        "schema": attention_launch.SCHEMA, "version": attention_launch.VERSION,
+        "entries": ["oops", {"form": "kv8", "head_dim": 128, "launch": [48, 3, 2]},
+                    {"form": "kv4", "head_dim": 128, "launch": [64, 8, 2]}]}))
+    tables.clear_cache()
+    assert launch_for("kv8", 128, device_name="NVIDIA H200") == default_launch("kv8")
+    assert launch_for("kv4", 128, device_name="NVIDIA H200") == (64, 8, 2)

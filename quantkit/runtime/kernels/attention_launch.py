@@ -35,10 +35,19 @@ def default_launch(form: str) -> tuple[int, int, int]:
     return (64 if form == "fp16" else 128), 4, 3
 
 
+def _power_of_two(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0 and x & (x - 1) == 0
+
+
 def _valid(e) -> bool:
-    launch = e.get("launch") if isinstance(e, dict) else None
+    """A well-formed entry: a known form, an integer head size, BLOCK_N a power of two from 16, warps a power of two
+    up to 32, 1-8 stages (anything else was not written by ``quantkit tune``)."""
+    if not isinstance(e, dict):
+        return False
+    launch = e.get("launch")
     return (e.get("form") in FORMS and isinstance(e.get("head_dim"), int) and isinstance(launch, list)
-            and len(launch) == 3 and all(isinstance(x, int) and x > 0 for x in launch))
+            and len(launch) == 3 and _power_of_two(launch[0]) and launch[0] >= 16 and _power_of_two(launch[1])
+            and launch[1] <= 32 and isinstance(launch[2], int) and 1 <= launch[2] <= 8)
 
 
 def _read(path: Path) -> dict[tuple[str, int], tuple[int, int, int]]:
@@ -93,8 +102,8 @@ def write_table(folder: Path, device: str, capability: tuple[int, int], sms: int
     old = {}
     try:
         data = json.loads(path.read_text())
-        if isinstance(data, dict) and data.get("schema") == SCHEMA:
-            old = {(e["form"], e["head_dim"]): e for e in data.get("entries", []) if _valid(e)}
+        if isinstance(data, dict) and data.get("schema") == SCHEMA and isinstance(data.get("entries"), list):
+            old = {(e["form"], e["head_dim"]): e for e in data["entries"] if _valid(e)}
     except (OSError, ValueError):
         pass
     old.update({(e["form"], e["head_dim"]): e for e in entries})

@@ -91,8 +91,16 @@ class SourceTensors:
         for f in files:
             with safe_open(str(f), framework="pt") as h:
                 self.file_of.update({name: f for name in h.keys()})
+        index = folder / "model.safetensors.index.json"  # where a tensor sits in more than one file, the index says
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
+            except (OSError, ValueError):
+                weight_map = {}
+            self.file_of.update({n: folder / f for n, f in weight_map.items()
+                                 if n in self.file_of and (folder / f).is_file()})
         self.fingerprint = hashlib.sha256(json.dumps(
-            sorted((f.name, f.stat().st_size) for f in files)).encode()).hexdigest()
+            sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files)).encode()).hexdigest()
 
     def read(self, name: str) -> torch.Tensor:
         """Tensor ``name`` as stored."""

@@ -54,7 +54,8 @@ def quantize_activation_int(x: torch.Tensor, bits: int = 8,
 def quantize_activation_fp8(x: torch.Tensor, group_size: int = -1) -> torch.Tensor:
     """Dynamic FP8 E4M3 activations, fake-quantized (the per-token scheme of vLLM's FP8 W8A8 with group_size -1):
     per group (token) the fp32 scale absmax / 448 (1 for an all-zero group), values e4m3(x / scale) · scale, in
-    x's dtype. The scale is not rounded to fp16: the GEMM takes it as an fp32 row scale."""
+    x's dtype. The scale is not rounded to fp16: the GEMM takes it as an fp32 row scale (at least fp32's smallest
+    normal value)."""
     k = x.shape[-1]
     rows = x.reshape(-1, k).float()
     gs = k if group_size == -1 else group_size
@@ -62,7 +63,9 @@ def quantize_activation_fp8(x: torch.Tensor, group_size: int = -1) -> torch.Tens
     for start in range(0, k, gs):
         part = rows[:, start:start + gs]
         absmax = part.abs().amax(dim=1, keepdim=True)
-        scale = torch.where(absmax > 0, absmax / grid.device_scalar(grid.FP8_MAX, part), torch.ones_like(absmax))
+        # a row so small that absmax / 448 underflows fp32 keeps the smallest normal scale (its codes round to 0)
+        scale = (absmax / grid.device_scalar(grid.FP8_MAX, part)).clamp_min(torch.finfo(torch.float32).tiny)
+        scale = torch.where(absmax > 0, scale, torch.ones_like(absmax))
         out[:, start:start + gs] = grid.e4m3_round(part / scale).float() * scale
     return out.to(x.dtype).reshape(x.shape)
 

@@ -166,6 +166,10 @@ def quantize_fp8(w: torch.Tensor, group_size: int = -1) -> QuantizedWeight:
     integer grids, so the largest weight of a group stays within the e4m3 range) and codes = the bits of
     e4m3(w / scale). An all-zero group gets a scale of 1."""
     w = w.float()
+    if not bool(torch.isfinite(w).all()):
+        from quantkit.errors import QuantkitError
+
+        raise QuantkitError("the weight holds NaN or inf values, which FP8 cannot store; check the source checkpoint")
     n, k = w.shape
     gs = k if group_size == -1 else group_size
     g = num_groups(k, group_size)

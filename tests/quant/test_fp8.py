@@ -124,3 +124,12 @@ def test_search_and_engine_exports_refuse_fp8_recipes(tmp_path):
     for export in ("gptq", "awq"):
         with pytest.raises(QuantkitError, match="FP8 E4M3 weights"):
             check_recipe_export(weight_only, export, False)
+
+
+def test_fp8_edge_values_give_no_nan():
+    x = torch.tensor([[1e-44, 0.0, -1e-44, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    assert torch.isfinite(quantize_activation(x, 8, -1, True, fp8=True)).all()
+    w = torch.randn(2, 8)
+    w[1, 3] = float("nan")
+    with pytest.raises(QuantkitError, match="NaN or inf"):
+        grid.quantize_fp8(w)

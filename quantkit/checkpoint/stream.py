@@ -281,7 +281,7 @@ def stream_pack(model_ref: str, rec, plan_obj, out: Path, *, target: str, max_by
     check_output(out, force)
     folder = source_folder(model_ref)
     src = SourceTensors(folder)
-    model = meta_model(str(folder))
+    model = meta_model(str(folder), load_dtype)  # the dtype an ordinary pack loads in (the calibration runs in it)
     if rec.kv is not None:
         from quantkit.quant.kv import check_fits
 

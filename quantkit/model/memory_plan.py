@@ -39,9 +39,10 @@ class ModelShape:
     vocab: int = 0
 
 
-def meta_model(model_ref: str):
+def meta_model(model_ref: str, dtype: torch.dtype | None = None):
     """The causal LM of ``model_ref`` built from its config on the meta device (no weights read), its LM head tied
-    where the config ties it and MoE experts unfused as :func:`quantkit.model.loader.load_model` leaves them."""
+    where the config ties it and MoE experts unfused as :func:`quantkit.model.loader.load_model` leaves them;
+    ``dtype``: its parameters' and buffers' dtype, as ``load_model(dtype=...)`` would give them."""
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
 
@@ -51,6 +52,8 @@ def meta_model(model_ref: str):
     config = load_config(model_ref)
     with init_empty_weights():
         model = AutoModelForCausalLM.from_config(config)
+    if dtype is not None:
+        model.to(dtype)  # meta parameters change dtype; the real buffers (rotary frequencies) are cast as a load does
     model.tie_weights()  # a tied LM head shares the embedding's parameter
     unfuse_experts(model)
     return model

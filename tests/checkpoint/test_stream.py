@@ -19,7 +19,7 @@ def model_dir(tiny_model_dir):
     return tiny_model_dir("llama", intermediate_size=200, num_hidden_layers=3)
 
 
-def _logits(path, vocab: int = 512) -> torch.Tensor:
+def _logits(path, vocab: int = 512) -> torch.Tensor:  # ids below every test model's vocabulary
     ids = torch.randint(0, vocab, (2, 19), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         return load_packed(str(path), device="cpu", verify=True, load_tokenizer=False).model(ids).logits
@@ -99,12 +99,19 @@ calibration: {samples: 2, seqlen: 32}
 
 
 @pytest.mark.parametrize("yaml_text,family", [(GPTQ_YAML, "llama"), (SMOOTH_YAML, "llama"), (GPTQ_YAML, "qwen3_moe"),
-                                               (GPTQ_YAML, "tied")],
-                         ids=["gptq", "smoothquant", "gptq-moe", "gptq-tied"])
+                                               (GPTQ_YAML, "tied"), (GPTQ_YAML, "fp16")],
+                         ids=["gptq", "smoothquant", "gptq-moe", "gptq-tied", "gptq-fp16-source"])
 def test_a_calibrated_recipe_streams_to_the_ordinary_packs_tensors(model_dir, tiny_model_dir, tmp_path, yaml_text,
                                                                    family):
     if family == "tied":
         model_dir = tiny_model_dir("llama", num_hidden_layers=3, tie_word_embeddings=True)
+    elif family == "fp16":  # stored in fp16, loaded in fp32 on the CPU: both packs calibrate in fp32
+        from tests.conftest import build_tiny_model, shipped_tokenizer
+
+        model_dir = tmp_path / "fp16-model"
+        tok = shipped_tokenizer()
+        build_tiny_model("llama", num_hidden_layers=3, vocab_size=len(tok)).half().save_pretrained(model_dir)
+        tok.save_pretrained(model_dir)
     elif family != "llama":
         model_dir = tiny_model_dir(family, num_hidden_layers=3)
     recipe = tmp_path / "recipe.yaml"

@@ -13,7 +13,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from quantkit.bench.command import DEFAULT_BATCH, DEFAULT_CONTEXT, DEFAULT_M, DEFAULT_METHODS, PRESETS
+from quantkit.bench.command import (ATTENTION_PRESETS, DEFAULT_BATCH, DEFAULT_CONTEXT, DEFAULT_M, DEFAULT_METHODS,
+                                    PRESETS)
 from quantkit.errors import QuantkitError
 from quantkit.ui import err_console, info, out_console
 
@@ -95,7 +96,26 @@ def root(
 
 
 def _error_line(message: str) -> None:
+    import os
+
+    if os.environ.get("RANK", "0") != "0":  # torchrun: every process fails alike; process 0 says it once
+        return
     err_console.print(Text.assemble(("error: ", "bold red"), message), highlight=False, soft_wrap=True)
+
+
+DATA_PARALLEL_COMMANDS = ("pack", "search")  # the commands that split their calibration across torchrun processes
+
+
+def _check_launcher() -> None:
+    """Under torchrun (WORLD_SIZE > 1) only :data:`DATA_PARALLEL_COMMANDS` run: any other would run N times."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    name = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+    if name is not None and name not in DATA_PARALLEL_COMMANDS:
+        raise QuantkitError(f"quantkit {name} runs in one process; run it without torchrun (data-parallel "
+                            f"calibration: quantkit {' and '.join(DATA_PARALLEL_COMMANDS)})")
 
 
 def out_of_memory_message(e: BaseException) -> str | None:
@@ -299,7 +319,8 @@ def search(
     """MixLLM precision search: which output channels get more bits, written as a plan.
 
     Global search: Eq. 4 salience per output channel, ranked over the whole model, written as a precision plan for
-    `pack` and `eval-ppl --plan`."""
+    `pack` and `eval-ppl --plan`. Under `torchrun --nproc-per-node N -m quantkit search ...` each process scores its
+    share of the windows."""
     from quantkit.search.command import check_salience_options, run_search
     from quantkit.search.report import summary, summary_table
 
@@ -347,7 +368,9 @@ def pack(
     text_column: TextColumn = None,
     force: Annotated[bool, typer.Option("--force", help="replace an existing checkpoint at -o")] = False,
     stream: Annotated[bool, typer.Option("--stream", help="read, quantize and write one decoder layer at a time "
-                                                          "(models larger than CPU memory)")] = False,
+                                                          "(models larger than CPU memory; quantkit format, no "
+                                                          "rotated recipes; a shard file per layer at least)")
+                      ] = False,
     resume: Annotated[bool, typer.Option("--resume", help="continue an interrupted --stream pack to -o from its "
                                                           "last finished layer (implies --stream)")] = False,
     device: Device = "auto",
@@ -357,7 +380,8 @@ def pack(
     """Quantize a model with a recipe (and plan) and write a packed checkpoint.
 
     The checkpoint folder holds config.json with a quantization_config, the quantkit.json manifest, sharded
-    safetensors and the tokenizer."""
+    safetensors and the tokenizer. GPTQ recipes calibrate data-parallel over several GPUs under `torchrun
+    --nproc-per-node N -m quantkit pack ...`."""
     from quantkit.checkpoint.report import summary_table
     from quantkit.pack import run_pack
 
@@ -684,9 +708,12 @@ def generate(
 @user_errors
 def tune(
     packed: Annotated[Optional[str], typer.Argument(
-        metavar="PACKED", help="a `quantkit pack` checkpoint folder: tune its linears' shapes and methods")] = None,
+        metavar="PACKED", help="a `quantkit pack` checkpoint folder: tune its linears' shapes and methods (with "
+                               "--attention, any model folder: its attention heads)")] = None,
     shapes: Annotated[Optional[str], typer.Option(help="NxK (out × in features), comma-separated")] = None,
-    preset: Annotated[Optional[str], typer.Option(help=f"a model's linear shapes: {', '.join(PRESETS)}")] = None,
+    preset: Annotated[Optional[str], typer.Option(help=f"a model's linear shapes: {', '.join(PRESETS)}; with "
+                                                       "--attention its heads: "
+                                                       f"{', '.join(ATTENTION_PRESETS)}")] = None,
     m: Annotated[Optional[str], typer.Option("--m", help="token counts M to tune, comma-separated (default: the "
                                                          "powers of two 1-4096; an entry serves the M above the "
                                                          "previous tuned one)")] = None,
@@ -792,6 +819,7 @@ def main() -> None:
     usage_error, no_args_is_help = _click_usage_errors()
     try:
         configure_cpu_threads()  # before any command imports torch
+        _check_launcher()
         code = app(standalone_mode=False)
     except usage_error as e:  # a bad option value, an unknown option or command: one line, as quantkit's own
         if no_args_is_help is not None and isinstance(e, no_args_is_help):

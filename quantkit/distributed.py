@@ -77,8 +77,8 @@ def check_recipe(rec, samples: int) -> None:
         raise QuantkitError(f"data-parallel calibration runs GPTQ recipes without SmoothQuant; recipe '{rec.name}' "
                             "needs the whole calibration set in one process: run it without torchrun")
     if samples < world_size():
-        raise QuantkitError(f"{samples} calibration windows cannot be split across {world_size()} processes; use "
-                            f"--calib-samples {world_size()} or more, or fewer processes")
+        raise QuantkitError(f"{world_size()} processes need at least as many calibration windows (got {samples}); "
+                            f"use --calib-samples {world_size()} or more, or fewer processes")
 
 
 def shard(ids: torch.Tensor) -> torch.Tensor:

@@ -100,9 +100,17 @@ def _stream(model_ref: str, rec, plan: str | None, plan_obj, plan_raw: bytes | N
         from quantkit.ui import progress_bar
 
         progress_factory = progress_bar
-    manifest = stream_pack(model_ref, rec, plan_obj, out, target=target, max_bytes=max_bytes, force=force,
-                           resume=resume, load_dtype=load_dtype, source_dtype=source_dtype, info=info, warn=warn,
-                           progress_factory=progress_factory, device=compute, calibration=calib_options)
+    try:
+        manifest = stream_pack(model_ref, rec, plan_obj, out, target=target, max_bytes=max_bytes, force=force,
+                               resume=resume, load_dtype=load_dtype, source_dtype=source_dtype, info=info, warn=warn,
+                               progress_factory=progress_factory, device=compute, calibration=calib_options)
+    except KeyboardInterrupt:
+        from quantkit.checkpoint.stream import partial_dir
+
+        if partial_dir(out.absolute()).exists():
+            warn(f"interrupted: the finished layers are in '{partial_dir(out.absolute())}'; run the same command "
+                 "with --resume to continue from them")
+        raise
     summary = summarize(out, manifest)
     summary["memory_plan"] = memory.to_dict()
     summary["streamed"] = True
@@ -267,6 +275,12 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
     # weights stay in CPU memory; run_layerwise moves one decoder layer at a time to the compute device
     source_dtype = _source_dtype(model_ref)
     load_dtype = _load_dtype(dtype, compute, source_dtype, rec.uses_calibration)
+    if not stream:
+        from quantkit.checkpoint.stream import partial_dir
+
+        if partial_dir(out.absolute()).exists():
+            warn_all(f"'{partial_dir(out.absolute())}' holds an interrupted streamed pack to this output, which this "
+                     "pack does not use; remove it, or continue it with --resume")
     if stream:
         calib_options = {"dataset": calib_dataset, "samples": calib_samples, "seqlen": calib_seqlen,
                          "text_column": text_column}

@@ -26,12 +26,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-PRESET_HEADS = {  # (query heads, KV heads, head size)
-    "llama-3.1-8b": (32, 8, 128),
-    "llama-2-7b": (32, 32, 128),
-    "qwen2.5-7b": (28, 4, 128),
-    "llama-3.1-70b": (64, 8, 128),
-}
+from quantkit.bench.command import ATTENTION_PRESETS as PRESET_HEADS  # (query heads, KV heads, head size)
+
 CONTEXTS = (1024, 4096, 32768, 131072)
 BATCHES = (1, 8, 32, 64)
 

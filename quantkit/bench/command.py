@@ -8,6 +8,13 @@ from dataclasses import dataclass
 
 from quantkit.errors import QuantkitError
 
+ATTENTION_PRESETS = {  # (query heads, KV heads, head size) of --attention's presets
+    "llama-3.1-8b": (32, 8, 128),
+    "llama-2-7b": (32, 32, 128),
+    "qwen2.5-7b": (28, 4, 128),
+    "llama-3.1-70b": (64, 8, 128),
+}
+
 PRESETS = {  # (N, K) of every distinct GEMM of one decoder layer, q/k/v and gate/up fused (as load_packed runs them)
     "llama-3.1-8b": "6144x4096,4096x4096,28672x4096,4096x14336",
     "llama-2-7b": "12288x4096,4096x4096,22016x4096,4096x11008",

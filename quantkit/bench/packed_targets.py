@@ -102,6 +102,9 @@ def checkpoint_methods(manifest: dict, where: str = "the checkpoint") -> list[st
     found = {linear_method(entry, act) for entry in runtime_linears(manifest).values()}
     methods = [m for m in METHODS if m in found and m != "fp16"]
     if not methods:
+        if any((p.get("meta") or {}).get("fp8") for e in manifest["linears"].values() for p in e["partitions"]):
+            raise QuantkitError(f"{where} holds FP8 E4M3 weights, which no quantkit kernel reads yet (they run the "
+                                "torch reference); nothing to benchmark or tune")
         layouts = sorted({p["layout"] for e in manifest["linears"].values() for p in e["partitions"]})
         acts = f"A{act['bits']}" if act else "A16"
         raise QuantkitError(f"{where} stores its linears in layout(s) {', '.join(layouts)} with {acts} activations, "

@@ -50,10 +50,10 @@ def partial_dir(out: Path) -> Path:
 def check_streamable(rec, export: str) -> None:
     """Refuse, in one line, what a layer-at-a-time pack cannot do: whole-model rotations and engine exports."""
     if rec.activation.rotate or rec.activation.online_rotate:
-        raise QuantkitError(f"--stream cannot fold recipe '{rec.name}''s rotations (they change every layer and the "
-                            "embeddings together): drop --stream")
+        raise QuantkitError(f"--stream/--resume cannot fold the rotations of recipe '{rec.name}' (they change every "
+                            "layer and the embeddings together): drop --stream/--resume")
     if export != "quantkit":
-        raise QuantkitError(f"--stream writes quantkit checkpoints; drop --stream to export --format {export}")
+        raise QuantkitError(f"--stream/--resume write quantkit checkpoints; drop them to export --format {export}")
 
 
 def source_folder(model_ref: str) -> Path:
@@ -132,15 +132,23 @@ def _groups(model) -> tuple[dict[str, list[str]], dict[str, str]]:
     return groups, aliases
 
 
-def _fingerprint(src: SourceTensors, model_ref: str, info: dict, max_bytes: int, load_dtype: torch.dtype,
-                 calibration: dict | None, device: str) -> str:
-    """What a group's bytes depend on: the source files, the recipe, plan and target, the shard size, the load
-    dtype, the quantkit version and, for a calibrated recipe, the calibration windows and the compute device."""
+# the settings a group's bytes depend on, by the words a mismatch names them with
+SETTING_NAMES = {"source": "source files", "model": "model", "recipe": "recipe", "plan": "plan", "target": "target",
+                 "max_shard_bytes": "--max-shard-size", "load_dtype": "--dtype", "quantkit": "quantkit version",
+                 "version": "partial-folder format", "calibration": "calibration windows", "device": "device"}
+
+
+def _settings(src: SourceTensors, model_ref: str, info: dict, max_bytes: int, load_dtype: torch.dtype,
+              calibration: dict | None, device: str) -> dict:
+    """What a group's bytes depend on (:data:`SETTING_NAMES`), each as a short hash: the source files, the recipe,
+    plan and target, the shard size, the load dtype, the quantkit version and, for a calibrated recipe, the
+    calibration windows and the compute device."""
     what = {"source": src.fingerprint, "model": model_ref, "recipe": info["recipe"], "plan": info["plan_sha256"],
             "target": info["target"], "max_shard_bytes": max_bytes, "load_dtype": str(load_dtype),
             "quantkit": info["quantkit_version"], "version": STATE_VERSION, "calibration": calibration,
             "device": torch.device(device).type if calibration else None}
-    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+    return {k: hashlib.sha256(json.dumps(v, sort_keys=True, default=str).encode()).hexdigest()[:16]
+            for k, v in what.items()}
 
 
 def _write_json_atomic(path: Path, obj: dict) -> None:
@@ -151,26 +159,30 @@ def _write_json_atomic(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
-def _open_partial(partial: Path, fingerprint: str, resume: bool) -> dict:
-    """The progress state of ``partial`` (a fresh one where none exists); refuses a partial directory without
-    ``resume`` or one started with other settings."""
+def _open_partial(partial: Path, settings: dict, resume: bool, force: bool, warn: Callable[[str], None]) -> dict:
+    """The progress state of ``partial`` (a fresh one where none exists); without ``resume`` a partial directory is
+    refused, or with ``force`` discarded; one started with other settings is refused, naming them."""
     state_file = partial / PROGRESS_NAME
+    if partial.exists() and not resume and force:
+        shutil.rmtree(partial)
+        warn(f"removed '{partial}', an interrupted streamed pack to this output (--force starts over)")
     if partial.exists():
         if not resume:
             raise QuantkitError(f"'{partial}' holds an interrupted streamed pack to this output; pass --resume to "
-                                "continue it, or remove that folder to start over")
+                                "continue it, or --force to start over")
         try:
             state = json.loads(state_file.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             raise QuantkitError(f"'{partial}' has no readable {PROGRESS_NAME}; remove that folder to start "
                                 "over") from None
-        if state.get("fingerprint") != fingerprint:
-            raise QuantkitError(f"'{partial}' was started with another source, recipe, plan, target, shard size, "
-                                "calibration, device or quantkit version; remove that folder to start over, or pack "
-                                "with the first run's settings")
+        old = state.get("settings") if isinstance(state.get("settings"), dict) else {}
+        changed = [SETTING_NAMES[k] for k, v in settings.items() if old.get(k) != v]
+        if changed:
+            raise QuantkitError(f"'{partial}' was started with another {', '.join(changed)}; resume with the first "
+                                "run's settings, or pass --force without --resume to start over")
         return state
     partial.mkdir(parents=True)
-    state = {"fingerprint": fingerprint, "groups": {}}
+    state = {"settings": settings, "groups": {}}
     _write_json_atomic(state_file, state)
     return state
 
@@ -298,8 +310,8 @@ def stream_pack(model_ref: str, rec, plan_obj, out: Path, *, target: str, max_by
     calibrated = rec.uses_calibration
     calib_options = _effective_calibration(rec, calibration or {}, model) if calibrated else None
     partial = partial_dir(out)
-    state = _open_partial(partial, _fingerprint(src, model_ref, info, max_bytes, load_dtype, calib_options, device),
-                          resume)
+    state = _open_partial(partial, _settings(src, model_ref, info, max_bytes, load_dtype, calib_options, device),
+                          resume, force, warn)
     ctx = progress_factory("quantize and write layers", len(groups)) if progress_factory else None
     update = ctx.__enter__() if ctx else None
 

@@ -99,6 +99,9 @@ def _check_streamed(model_ref: str, rec, device: str, dtype: str | None, device_
     from quantkit.model.memory_plan import model_shape, streamed_search_plan
 
     cap = parse_size(max_gpu_memory, "--max-gpu-memory")
+    if not torch.cuda.is_available():
+        raise QuantkitError("--max-gpu-memory streams the model's layers to a GPU, and no CUDA GPU is visible here; "
+                            "drop --max-gpu-memory")
     dev = resolve_device(device)
     if torch.device(dev).type != "cuda":
         raise QuantkitError("--max-gpu-memory streams the model's layers to a GPU; use --device cuda (or drop it)")
@@ -173,16 +176,19 @@ def run_search(model_ref: str, output: str, recipe: str = "mixllm-w4a8", *, bits
     from quantkit import distributed
 
     if distributed.launched():  # torchrun: each process scores its share of the windows (quantkit.distributed)
-        if device_map is not None or not uses_salience(strategy):
-            raise QuantkitError("a data-parallel search (torchrun) runs the salience strategies with one whole model "
-                                "per process: drop --device-map, or run without torchrun")
+        if device_map is not None:
+            raise QuantkitError("a data-parallel search (torchrun) holds one whole model per process: drop "
+                                "--device-map, or run without torchrun")
+        if not uses_salience(strategy):
+            raise QuantkitError(f"--strategy {strategy} reads no calibration windows, so there is nothing to split "
+                                "across processes; run it without torchrun")
         from quantkit.model.loader import resolve_device
 
         device = distributed.setup(resolve_device(device))
         n = samples if samples is not None else rec.calibration.samples
         if n < distributed.world_size():
-            raise QuantkitError(f"{n} calibration windows cannot be split across {distributed.world_size()} "
-                                "processes; use more --calib-samples or fewer processes")
+            raise QuantkitError(f"{distributed.world_size()} processes need at least as many calibration windows "
+                                f"(got {n}); use more --calib-samples or fewer processes")
         show_progress = show_progress and distributed.is_main()
     stream_device = None
     if max_gpu_memory is not None:

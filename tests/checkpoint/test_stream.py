@@ -67,7 +67,7 @@ def test_an_interrupted_streamed_pack_resumes_to_the_same_bytes(model_dir, tmp_p
     assert written == ["rest", "0"] and not cut.exists() and stream_mod.partial_dir(cut).is_dir()
     with pytest.raises(QuantkitError, match="pass --resume to continue it"):
         run_pack(str(model_dir), "rtn-w4a16-g128", str(cut), stream=True, max_shard_size="40KB", **FAST)
-    with pytest.raises(QuantkitError, match="started with another source, recipe"):
+    with pytest.raises(QuantkitError, match="started with another --max-shard-size; resume with the first"):
         run_pack(str(model_dir), "rtn-w4a16-g128", str(cut), resume=True, max_shard_size="80KB", **FAST)
     written.clear()
     monkeypatch.setattr(stream_mod, "_write_group", lambda *a: written.append(a[1]) or real(*a))
@@ -75,11 +75,22 @@ def test_an_interrupted_streamed_pack_resumes_to_the_same_bytes(model_dir, tmp_p
     assert written == ["1", "2"]  # the finished groups are not redone
     assert _files(cut) == _files(tmp_path / "full")
     assert not stream_mod.partial_dir(cut).exists()
+    monkeypatch.setattr(stream_mod, "_write_group", dies_at_layer_1)
+    again = tmp_path / "again"
+    with pytest.raises(KeyboardInterrupt):
+        run_pack(str(model_dir), "rtn-w4a16-g128", str(again), stream=True, max_shard_size="40KB", **FAST)
+    monkeypatch.setattr(stream_mod, "_write_group", real)
+    said = []
+    run_pack(str(model_dir), "rtn-w4a16-g128", str(again), max_shard_size="40KB", warn=said.append, **FAST)
+    assert any("does not use" in w for w in said)  # an ordinary pack names the partial folder it leaves
+    run_pack(str(model_dir), "rtn-w4a16-g128", str(again), stream=True, force=True, max_shard_size="40KB",
+             warn=said.append, **FAST)  # --force starts the streamed pack over
+    assert any("--force starts over" in w for w in said) and _files(again) == _files(tmp_path / "full")
 
 
 @pytest.mark.parametrize("recipe,kw,match", [
-    ("quarot-w8a8", {}, "cannot fold recipe 'quarot-w8a8''s rotations"),
-    ("rtn-w4a16-g128", {"export": "gptq"}, "drop --stream to export --format gptq"),
+    ("quarot-w8a8", {}, "cannot fold the rotations of recipe 'quarot-w8a8'"),
+    ("rtn-w4a16-g128", {"export": "gptq"}, "drop them to export --format gptq"),
 ])
 def test_what_streaming_cannot_do_is_refused_before_any_work(model_dir, tmp_path, recipe, kw, match):
     with pytest.raises(QuantkitError, match=match):
@@ -145,7 +156,7 @@ def test_an_interrupted_gptq_stream_resumes_from_the_saved_layer_inputs(model_di
     monkeypatch.setattr(stream_mod, "_write_group", real)
     run_pack(str(model_dir), str(recipe), str(cut), resume=True, calib_samples=3, **FAST)
     assert _files(cut) == _files(tmp_path / "full")
-    with pytest.raises(QuantkitError, match="started with another source, recipe"):
+    with pytest.raises(QuantkitError, match="started with another calibration windows"):
         cut2 = tmp_path / "cut2"
         monkeypatch.setattr(stream_mod, "_write_group", dies_at_layer_2)
         with pytest.raises(KeyboardInterrupt):

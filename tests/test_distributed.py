@@ -66,7 +66,8 @@ def test_two_processes_pack_what_one_process_packs_within_rounding(model_dir, ti
     a, b = _codes(tmp_path / "one"), _codes(tmp_path / "two")
     differing = sum(int((a[n] != b[n]).sum()) for n in a)
     total = sum(a[n].numel() for n in a)
-    # the Hessians are the same sums in another order (fp32): a code may round the other way, by one step
+    # the Hessians are the same sums in another order (fp32): a code may round the other way, by one step; on this
+    # tiny model almost none does (on larger ones GPTQ's later stages amplify it: docs/BENCHMARKS.md, issue 40)
     assert differing <= 0.01 * total
     assert all(int((a[n].int() - b[n].int()).abs().max()) <= 1 for n in a)
     ids = torch.randint(0, 512, (1, 16), generator=torch.Generator().manual_seed(0))

@@ -26,19 +26,6 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from quantkit.bench.command import ATTENTION_PRESETS as PRESET_HEADS  # (query heads, KV heads, head size)
-
-CONTEXTS = (1024, 4096, 32768, 131072)
-BATCHES = (1, 8, 32, 64)
-
-
-def heads_of(config) -> tuple[int, int, int]:
-    """(query heads, KV heads, head size) of a transformers config."""
-    hq = int(config.num_attention_heads)
-    hkv = int(getattr(config, "num_key_value_heads", None) or hq)
-    d = int(getattr(config, "head_dim", None) or config.hidden_size // hq)
-    return hq, hkv, d
-
 
 def cache_bytes(batch: int, context: int, kv_heads: int, head_dim: int) -> int:
     """Bytes of an fp16 KV cache's keys and values for ``batch`` sequences of ``context`` tokens (one layer)."""

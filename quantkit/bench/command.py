@@ -14,6 +14,16 @@ ATTENTION_PRESETS = {  # (query heads, KV heads, head size) of --attention's pre
     "qwen2.5-7b": (28, 4, 128),
     "llama-3.1-70b": (64, 8, 128),
 }
+ATTENTION_CONTEXTS = (1024, 4096, 32768, 131072)  # --attention's default cache lengths
+ATTENTION_BATCHES = (1, 8, 32, 64)  # ... and batch sizes
+
+
+def heads_of(config) -> tuple[int, int, int]:
+    """(query heads, KV heads, head size) of a transformers config."""
+    hq = int(config.num_attention_heads)
+    hkv = int(getattr(config, "num_key_value_heads", None) or hq)
+    d = int(getattr(config, "head_dim", None) or config.hidden_size // hq)
+    return hq, hkv, d
 
 PRESETS = {  # (N, K) of every distinct GEMM of one decoder layer, q/k/v and gate/up fused (as load_packed runs them)
     "llama-3.1-8b": "6144x4096,4096x4096,28672x4096,4096x14336",
@@ -247,7 +257,6 @@ def attention_args(target: str | None, preset: str | None, batch: str | None, co
                    reps: int | None, others: dict[str, object]) -> AttentionArgs:
     """Check the options of the ``--attention`` mode: head shapes from a model (PACKED or an FP model's config)
     or an attention ``--preset``; ``--batch`` and ``--contexts`` lists; nothing of the other modes."""
-    from quantkit.bench.attention import BATCHES, CONTEXTS, PRESET_HEADS
 
     given = [opt for opt, v in others.items() if v is not None]
     if given:
@@ -256,16 +265,15 @@ def attention_args(target: str | None, preset: str | None, batch: str | None, co
                             "--contexts, --reps)")
     if (target is None) == (preset is None):
         raise QuantkitError("--attention needs the head shapes: give a model (PACKED or an FP model) or --preset "
-                            f"({', '.join(PRESET_HEADS)}), not both")
+                            f"({', '.join(ATTENTION_PRESETS)}), not both")
     if preset is not None:
-        if preset not in PRESET_HEADS:
-            raise QuantkitError(f"unknown --preset '{preset}' for --attention; known: {', '.join(PRESET_HEADS)}")
-        heads, source = PRESET_HEADS[preset], preset
+        if preset not in ATTENTION_PRESETS:
+            raise QuantkitError(f"unknown --preset '{preset}' for --attention; known: {', '.join(ATTENTION_PRESETS)}")
+        heads, source = ATTENTION_PRESETS[preset], preset
     else:
-        from quantkit.bench.attention import heads_of
         from quantkit.model.loader import load_config
 
         heads, source = heads_of(load_config(target)), target
-    return AttentionArgs(heads, source, tuple(parse_ints(batch, "--batch")) if batch else BATCHES,
-                         tuple(parse_ints(contexts, "--contexts", 2)) if contexts else CONTEXTS,
+    return AttentionArgs(heads, source, tuple(parse_ints(batch, "--batch")) if batch else ATTENTION_BATCHES,
+                         tuple(parse_ints(contexts, "--contexts", 2)) if contexts else ATTENTION_CONTEXTS,
                          20 if reps is None else reps)

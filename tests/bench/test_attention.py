@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quantkit.bench.attention import attention_table, cache_bytes, heads_of, run_attention
+from quantkit.bench.attention import attention_table, cache_bytes, run_attention
+from quantkit.bench.command import heads_of
 from quantkit.bench.command import attention_args
 from quantkit.errors import QuantkitError
 

@@ -55,7 +55,7 @@ class Protocol:
     rows: tuple[DemoRow, ...]
 
 
-QUICK_PROTOCOL = Protocol(windows=16, calib_samples=16, rows=tuple(QUICK))
+QUICK_PROTOCOL = Protocol(windows=16, calib_samples=8, rows=tuple(QUICK))
 FULL_PROTOCOL = Protocol(windows=40, calib_samples=32, rows=tuple(FULL))
 
 

@@ -109,6 +109,12 @@ class SourceTensors:
         with safe_open(str(self.file_of[name]), framework="pt") as h:
             return h.get_tensor(name).clone()
 
+    def read_as(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        """Tensor ``name`` in ``dtype`` where it is floating point (as a load in that dtype gives it), else as
+        stored."""
+        t = self.read(name)
+        return t.to(dtype) if t.is_floating_point() else t
+
 
 def _groups(model) -> tuple[dict[str, list[str]], dict[str, str]]:
     """(group → the state-dict keys it writes, in state-dict order; aliases: a key → the key it shares its tensor
@@ -237,7 +243,7 @@ def _materialize(model, keys: list[str], src: SourceTensors, dtype: torch.dtype)
     from accelerate.utils import set_module_tensor_to_device
 
     for key in keys:
-        set_module_tensor_to_device(model, key, "cpu", value=src.read(key).to(dtype))
+        set_module_tensor_to_device(model, key, "cpu", value=src.read_as(key, dtype))
 
 
 def _release(model, keys: list[str]) -> None:
@@ -328,7 +334,7 @@ def stream_pack(model_ref: str, rec, plan_obj, out: Path, *, target: str, max_by
     try:
         if REST not in state["groups"]:
             said: list[str] = []
-            finish(REST, *_pack_group(groups[REST], lambda k: src.read(k).to(load_dtype), {}, target, said.append,
+            finish(REST, *_pack_group(groups[REST], lambda k: src.read_as(k, load_dtype), {}, target, said.append,
                                       source_dtype), said)
         if calibrated:
             calib_info = _stream_calibrated(model, rec, plan_obj, linears, groups, src, partial, state, finish,
@@ -356,10 +362,10 @@ def _stream_data_free(rec, plan_obj, linears, groups, src, state, finish, target
             name = key[:-len(".weight")]
             if key.endswith(".weight") and name in linears:
                 rb = _row_bits_for(plan_obj, name, linears[name], rec.spec_for(name).bits)
-                weight = src.read(key).to(load_dtype).float()
+                weight = src.read_as(key, load_dtype).float()
                 records[name] = quantize_partitioned(weight, rb, _rows_quantizer(rec, name))
         said: list[str] = []
-        finish(g, *_pack_group(keys, lambda k: src.read(k).to(load_dtype), records, target, said.append,
+        finish(g, *_pack_group(keys, lambda k: src.read_as(k, load_dtype), records, target, said.append,
                                source_dtype), said)
 
 

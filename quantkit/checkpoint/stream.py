@@ -77,6 +77,16 @@ def source_folder(model_ref: str) -> Path:
     return folder
 
 
+# checkpoint names of modules that transformers renames at load, by model type: (module name pattern, checkpoint
+# name); Mixtral's checkpoints keep its original block_sparse_moe names, w1 / w3 / w2 for gate / up / down
+CHECKPOINT_NAMES = {
+    "mixtral": [(r"\.mlp\.experts\.(\d+)\.gate_proj\.", r".block_sparse_moe.experts.\1.w1."),
+                (r"\.mlp\.experts\.(\d+)\.up_proj\.", r".block_sparse_moe.experts.\1.w3."),
+                (r"\.mlp\.experts\.(\d+)\.down_proj\.", r".block_sparse_moe.experts.\1.w2."),
+                (r"\.mlp\.gate\.", r".block_sparse_moe.gate.")],
+}
+
+
 class SourceTensors:
     """The tensors of a model folder's safetensors files, read one at a time. Each read maps the file only while it
     copies that tensor out, so the pages of tensors already read do not stay in this process's memory."""
@@ -88,6 +98,7 @@ class SourceTensors:
         if not files:
             raise QuantkitError(f"'{folder}' has no .safetensors files; --stream reads safetensors checkpoints")
         self.file_of: dict[str, Path] = {}
+        self.stored: dict[str, str] = {}  # a model tensor's name → the checkpoint's name for it, where they differ
         for f in files:
             with safe_open(str(f), framework="pt") as h:
                 self.file_of.update({name: f for name in h.keys()})
@@ -102,12 +113,27 @@ class SourceTensors:
         self.fingerprint = hashlib.sha256(json.dumps(
             sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files)).encode()).hexdigest()
 
+    def map_names(self, model_type: str, names) -> None:
+        """Read each model tensor of ``names`` the checkpoint stores under another name (:data:`CHECKPOINT_NAMES`)
+        from that name."""
+        import re
+
+        for name in names:
+            if name in self.file_of:
+                continue
+            for pattern, repl in CHECKPOINT_NAMES.get(model_type, []):
+                stored = re.sub(pattern, repl, name)
+                if stored != name and stored in self.file_of:
+                    self.stored[name] = stored
+                    self.file_of[name] = self.file_of[stored]
+                    break
+
     def read(self, name: str) -> torch.Tensor:
-        """Tensor ``name`` as stored."""
+        """Tensor ``name`` (a model tensor's name) as stored."""
         from safetensors import safe_open
 
         with safe_open(str(self.file_of[name]), framework="pt") as h:
-            return h.get_tensor(name).clone()
+            return h.get_tensor(self.stored.get(name, name)).clone()
 
     def read_as(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         """Tensor ``name`` in ``dtype`` where it is floating point (as a load in that dtype gives it), else as
@@ -312,6 +338,7 @@ def stream_pack(model_ref: str, rec, plan_obj, out: Path, *, target: str, max_by
     for pattern in rec.unmatched_overrides(name for name, _ in iter_linears(model)):
         warn(f"recipe override '{pattern}' matches no linear layer of '{model_ref}' and changes nothing")
     groups, aliases = _groups(model)
+    src.map_names(model.config.model_type, [k for keys in groups.values() for k in keys])
     _check_names(groups, src)
     calibrated = rec.uses_calibration
     calib_options = _effective_calibration(rec, calibration or {}, model) if calibrated else None

@@ -31,7 +31,8 @@ def _files(folder) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("recipe,arch", [("rtn-w4a16-g128", {}), ("fp8-w8a8", {}),
                                          ("lqq-w4a8-rtn", {"tie_word_embeddings": True}),
-                                         ("rtn-w4a16-g128", {"arch": "qwen3_moe"})])
+                                         ("rtn-w4a16-g128", {"arch": "qwen3_moe"}),
+                                         ("rtn-w4a16-g128", {"arch": "mixtral"})])
 def test_a_streamed_pack_holds_the_ordinary_packs_tensors(tiny_model_dir, tmp_path, recipe, arch):
     arch = dict(arch)
     family = arch.pop("arch", "llama")
@@ -110,8 +111,8 @@ calibration: {samples: 2, seqlen: 32}
 
 
 @pytest.mark.parametrize("yaml_text,family", [(GPTQ_YAML, "llama"), (SMOOTH_YAML, "llama"), (GPTQ_YAML, "qwen3_moe"),
-                                               (GPTQ_YAML, "tied"), (GPTQ_YAML, "fp16")],
-                         ids=["gptq", "smoothquant", "gptq-moe", "gptq-tied", "gptq-fp16-source"])
+                                               (GPTQ_YAML, "tied"), (GPTQ_YAML, "fp16"), (GPTQ_YAML, "mixtral")],
+                         ids=["gptq", "smoothquant", "gptq-moe", "gptq-tied", "gptq-fp16-source", "gptq-mixtral"])
 def test_a_calibrated_recipe_streams_to_the_ordinary_packs_tensors(model_dir, tiny_model_dir, tmp_path, yaml_text,
                                                                    family):
     if family == "tied":

@@ -183,12 +183,18 @@ def _settings(src: SourceTensors, model_ref: str, info: dict, max_bytes: int, lo
             for k, v in what.items()}
 
 
-def _write_json_atomic(path: Path, obj: dict) -> None:
+def _replace_with(path: Path, write: Callable[[Path], None]) -> None:
+    """``write(tmp)`` beside ``path``, synced to disk, then renamed over it: a reader (a resumed run) sees the old
+    file or the new one, never half of one."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj), encoding="utf-8")
+    write(tmp)
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def _write_json_atomic(path: Path, obj: dict) -> None:
+    _replace_with(path, lambda tmp: tmp.write_text(json.dumps(obj), encoding="utf-8"))
 
 
 def _open_partial(partial: Path, settings: dict, resume: bool, force: bool, warn: Callable[[str], None]) -> dict:
@@ -302,11 +308,7 @@ def _effective_calibration(rec, options: dict, model) -> dict:
 
 
 def _save_atomic(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    _replace_with(path, lambda tmp: torch.save(obj, tmp))
 
 
 def stream_pack(model_ref: str, rec, plan_obj, out: Path, *, target: str, max_bytes: int, force: bool, resume: bool,

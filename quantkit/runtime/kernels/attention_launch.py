@@ -50,7 +50,8 @@ def _valid(e) -> bool:
             and launch[1] <= 32 and isinstance(launch[2], int) and 1 <= launch[2] <= 8)
 
 
-def _read(path: Path) -> dict[tuple[str, int], tuple[int, int, int]]:
+def _read(path: Path) -> dict[tuple[str, int], dict]:
+    """The well-formed entries of a table file by (form, head size) ({} for a missing, unreadable or foreign file)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -60,14 +61,15 @@ def _read(path: Path) -> dict[tuple[str, int], tuple[int, int, int]]:
     entries = data.get("entries")
     if not isinstance(entries, list):
         return {}
-    return {(e["form"], e["head_dim"]): tuple(e["launch"]) for e in entries if _valid(e)}
+    return {(e["form"], e["head_dim"]): e for e in entries if _valid(e)}
 
 
 @functools.lru_cache(maxsize=64)
 def _table(device: str, user: Path, generation: int) -> dict[tuple[str, int], tuple[int, int, int]]:
     out: dict[tuple[str, int], tuple[int, int, int]] = {}
     for folder in (tables.SHIPPED_DIR, user):  # the user's entries replace the shipped ones
-        out.update(_read(folder / tables.device_slug(device) / TABLE_NAME))
+        table = _read(folder / tables.device_slug(device) / TABLE_NAME)
+        out.update({key: tuple(e["launch"]) for key, e in table.items()})
     return out
 
 
@@ -98,20 +100,10 @@ def write_table(folder: Path, device: str, capability: tuple[int, int], sms: int
     """Write (merge into) ``device``'s attention table under ``folder``: entries of the same (form, head size) are
     replaced; written to a temporary file and renamed."""
     path = Path(folder) / tables.device_slug(device) / TABLE_NAME
-    path.parent.mkdir(parents=True, exist_ok=True)
-    old = {}
-    try:
-        data = json.loads(path.read_text())
-        if isinstance(data, dict) and data.get("schema") == SCHEMA and isinstance(data.get("entries"), list):
-            old = {(e["form"], e["head_dim"]): e for e in data["entries"] if _valid(e)}
-    except (OSError, ValueError):
-        pass
+    old = _read(path)
     old.update({(e["form"], e["head_dim"]): e for e in entries})
     data = {"schema": SCHEMA, "version": VERSION, "device": device, "capability": list(capability), "sms": sms,
             "commit": commit, "command": command, "date": date,
             "entries": sorted(old.values(), key=lambda e: (e["form"], e["head_dim"]))}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
-    tables.clear_cache()
+    tables.replace_table(path, data)
     return path

@@ -104,14 +104,20 @@ def write_table(folder: Path, device: str, capability: tuple[int, int], sms: int
     """Write (merge into) the table of ``device``/``op``/``layouts`` under ``folder``: entries of the same (N, K, M)
     are replaced. Written to a temporary file and renamed, so a reader never sees half a table."""
     path = Path(folder) / device_slug(device) / table_name(op, layouts, act_group)
-    path.parent.mkdir(parents=True, exist_ok=True)
     old = {(e["n"], e["k"], e["m"]): e for e in _read(path)}
     old.update({(e["n"], e["k"], e["m"]): e for e in entries})
     data = {"schema": SCHEMA, "version": VERSION, "device": device, "capability": list(capability), "sms": sms,
             "op": op, "layouts": list(layouts), "act_group": act_group, "commit": commit, "command": command,
             "date": date, "entries": sorted(old.values(), key=lambda e: (e["n"], e["k"], e["m"]))}
+    replace_table(path, data)
+    return path
+
+
+def replace_table(path: Path, data: dict) -> None:
+    """Write a launch table's JSON to a temporary file beside ``path`` and rename it over ``path`` (a reader never
+    sees half a table), then forget the tables read so far."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, path)
     clear_cache()
-    return path

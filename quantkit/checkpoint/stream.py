@@ -294,19 +294,6 @@ def _check_names(groups: dict[str, list[str]], src: SourceTensors) -> None:
                             "the model's: drop --stream")
 
 
-def _effective_calibration(rec, options: dict, model) -> dict:
-    """The calibration options as they take effect (the recipe's where an option is None, the window length capped
-    at the model's positions): what the fingerprint records, so ``--calib-samples 128`` and the recipe's 128 agree."""
-    from quantkit.model.loader import max_positions
-
-    c = rec.calibration
-    positions = max_positions(model)
-    seqlen = options.get("seqlen") if options.get("seqlen") is not None else c.seqlen
-    return {"dataset": options.get("dataset") or c.dataset,
-            "samples": options.get("samples") if options.get("samples") is not None else c.samples,
-            "seqlen": min(seqlen, positions) if positions else seqlen, "text_column": options.get("text_column")}
-
-
 def _save_atomic(obj, path: Path) -> None:
     _replace_with(path, lambda tmp: torch.save(obj, tmp))
 
@@ -343,7 +330,12 @@ def stream_pack(model_ref: str, rec, plan_obj, out: Path, *, target: str, max_by
     src.map_names(model.config.model_type, [k for keys in groups.values() for k in keys])
     _check_names(groups, src)
     calibrated = rec.uses_calibration
-    calib_options = _effective_calibration(rec, calibration or {}, model) if calibrated else None
+    calib_options = None
+    if calibrated:  # as they take effect, so --calib-samples 128 and the recipe's 128 resume each other
+        from quantkit.model.loader import max_positions
+        from quantkit.quant.apply import calibration_options
+
+        calib_options = calibration_options(rec, max_positions(model), **(calibration or {}))
     partial = partial_dir(out)
     state = _open_partial(partial, _settings(src, model_ref, info, max_bytes, load_dtype, calib_options, device),
                           resume, force, warn)
@@ -409,7 +401,9 @@ def _stream_calibrated(model, rec, plan_obj, linears, groups, src, partial, stat
 
     path, layers = find_decoder_layers(model)
     tokenizer = load_tokenizer_of(str(folder), "calibration")
-    ids, calib_info = calibration_inputs(tokenizer, rec, max_positions(model), **calib_options)
+    ids, calib_info = calibration_inputs(tokenizer, rec, max_positions(model), calib_options["dataset"],
+                                         calib_options["samples"], calib_options["seqlen"],
+                                         calib_options.get("text_column"))
     step = LayerQuantizer(rec, plan_obj, linears, rec.weight.method)
     todo = [i for i in range(len(layers)) if str(i) not in state["groups"]]
     if todo:

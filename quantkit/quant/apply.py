@@ -131,18 +131,25 @@ def calibration_inputs(tokenizer, recipe: Recipe, max_positions: int | None, dat
     ``text_column`` names the text column of a record file or datasets folder (default ``text``)."""
     from quantkit.data import calibration_windows, check_sample_count
 
-    c = recipe.calibration
     check_sample_count(samples)
-    dataset = dataset or c.dataset
-    samples = samples if samples is not None else c.samples
+    info = calibration_options(recipe, max_positions, dataset, samples, seqlen, text_column)
+    ids = calibration_windows(tokenizer, info["dataset"], info["samples"], info["seqlen"], info["seed"],
+                              text_column=text_column)
+    return ids, info
+
+
+def calibration_options(recipe: Recipe, max_positions: int | None, dataset: str | None = None,
+                        samples: int | None = None, seqlen: int | None = None,
+                        text_column: str | None = None) -> dict:
+    """The calibration windows as they take effect: each option, else the recipe's; seqlen capped at the model's
+    max positions (the calibration record of a checkpoint's manifest)."""
+    c = recipe.calibration
     seqlen = seqlen if seqlen is not None else c.seqlen
-    if max_positions:
-        seqlen = min(seqlen, max_positions)
-    ids = calibration_windows(tokenizer, dataset, samples, seqlen, c.seed, text_column=text_column)
-    info = {"dataset": dataset, "samples": samples, "seqlen": seqlen, "seed": c.seed}
+    info = {"dataset": dataset or c.dataset, "samples": samples if samples is not None else c.samples,
+            "seqlen": min(seqlen, max_positions) if max_positions else seqlen, "seed": c.seed}
     if text_column is not None:
         info["text_column"] = text_column
-    return ids, info
+    return info
 
 
 def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, device: str | None = None,

@@ -58,6 +58,21 @@ def _memory_plan(model_ref: str, rec, plan, load_dtype: torch.dtype, compute: st
     return memory
 
 
+def _manifest_info(model_ref: str, model, rec, plan: str | None, plan_raw: bytes | None, target: str, export: str,
+                   source_dtype: torch.dtype, parameters: int | None = None) -> dict:
+    """The manifest's descriptive fields that do not depend on the quantization's result: version, source, recipe,
+    plan, target, export and the activation entry."""
+    from quantkit import __version__
+
+    return {"quantkit_version": __version__,
+            "source": {"model": model_ref, "model_type": model.config.model_type,
+                       "dtype": str(source_dtype).replace("torch.", ""),
+                       "parameters": _parameters(model) if parameters is None else parameters},
+            "recipe": rec.to_dict(), "plan_sha256": hashlib.sha256(plan_raw).hexdigest() if plan_raw else None,
+            "plan_file": Path(plan).name if plan else None, "target": target, "export": export,
+            "activation": _activation_entry(rec)}
+
+
 def _activation_entry(rec) -> dict | None:
     """The manifest's ``activation`` entry of a recipe (None: weights only)."""
     if not rec.activation.enabled:
@@ -73,7 +88,6 @@ def _stream(model_ref: str, rec, plan: str | None, plan_obj, plan_raw: bytes | N
             progress: bool, warn: Callable[[str], None], warnings: list[str], compute: str,
             calib_options: dict) -> dict:
     """``run_pack`` one layer at a time (:func:`quantkit.checkpoint.stream.stream_pack`)."""
-    from quantkit import __version__
     from quantkit.checkpoint.atomic import check_free_space
     from quantkit.checkpoint.report import summarize
     from quantkit.checkpoint.stream import stream_pack
@@ -87,14 +101,8 @@ def _stream(model_ref: str, rec, plan: str | None, plan_obj, plan_raw: bytes | N
                                  "gpu": "use fewer or shorter calibration windows (--calib-samples, --calib-seqlen) "
                                         "or --device cpu"})
     check_free_space(out.absolute(), memory.disk_bytes, at_least=True)
-    meta = meta_model(model_ref)
-    act = _activation_entry(rec)
-    info = {"quantkit_version": __version__,
-            "source": {"model": model_ref, "model_type": meta.config.model_type,
-                       "dtype": str(source_dtype).replace("torch.", ""), "parameters": _parameters(meta)},
-            "recipe": rec.to_dict(), "plan_sha256": hashlib.sha256(plan_raw).hexdigest() if plan_raw else None,
-            "plan_file": Path(plan).name if plan else None, "target": target, "export": "quantkit",
-            "activation": act, "calibration": None}
+    info = _manifest_info(model_ref, meta_model(model_ref), rec, plan, plan_raw, target, "quantkit", source_dtype)
+    info["calibration"] = None  # the streamed pack fills it in
     progress_factory = None
     if progress:
         from quantkit.ui import progress_bar
@@ -205,9 +213,8 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
     """Quantize ``model_ref`` with ``recipe`` (and ``plan``) and write a packed checkpoint to ``output``
     (docs/checkpoint-format.md); returns :func:`quantkit.checkpoint.summarize` of what was written plus any
     warnings. ``text_column`` names the text column of a record-file calibration dataset (default ``text``).
-    ``stream``: one decoder layer at a time (:mod:`quantkit.checkpoint.stream`, data-free recipes); ``resume``
-    (implies ``stream``) continues an interrupted streamed pack."""
-    from quantkit import __version__
+    ``stream``: one decoder layer at a time (:mod:`quantkit.checkpoint.stream`); ``resume`` (implies ``stream``)
+    continues an interrupted streamed pack."""
     from quantkit.checkpoint.atomic import check_free_space, check_output, remove_stale_temps
     from quantkit.checkpoint.choose import check_recipe_export, check_target_export, choose_layouts
     from quantkit.checkpoint.report import summarize
@@ -317,14 +324,8 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
     _release_weights(loaded.model, result.weights)
     _warn_expert_coverage(result.calibration, warn_all)
     layouts = choose_layouts(result.weights, target, export, warn_all)
-    act = _activation_entry(rec)
-    info = {"quantkit_version": __version__,
-            "source": {"model": model_ref, "model_type": loaded.model.config.model_type,
-                       "dtype": str(source_dtype).replace("torch.", ""), "parameters": n_params},
-            "recipe": rec.to_dict(), "plan_sha256": hashlib.sha256(plan_raw).hexdigest() if plan_raw else None,
-            "plan_file": Path(plan).name if plan else None, "target": target, "export": export,
-            "activation": act, "calibration": result.calibration, "avg_bits": result.avg_bits,
-            "online_rotation": result.online_rotation}
+    info = {**_manifest_info(model_ref, loaded.model, rec, plan, plan_raw, target, export, source_dtype, n_params),
+            "calibration": result.calibration, "avg_bits": result.avg_bits, "online_rotation": result.online_rotation}
     if not distributed.is_main():  # every process holds the same records; process 0 writes them
         distributed.barrier()
         return {}

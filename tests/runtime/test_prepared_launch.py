@@ -5,7 +5,9 @@ must give the unprepared launches' bits."""
 
 from __future__ import annotations
 
+import gc
 import os
+import weakref
 
 import torch
 
@@ -112,8 +114,32 @@ def test_the_launch_cache_stays_small_under_many_prompt_lengths(stand_in):
     assert len(ql._launches) <= MAX_LAUNCHES
 
 
-@pytest.mark.skipif(not CUDA, reason="the prepared launches are the CUDA decode GEMVs")
+@pytest.mark.parametrize("layout", ["w4a16", "w4a8-lqq"])
+def test_a_prepared_registry_launch_keeps_the_choice_not_the_activation(layout):
+    from quantkit.quant.act import quantize_activation_int
+    from quantkit.runtime.kernels import gemm
+
+    _, tensors, meta = packed(layout, 40, 256, 128 if layout == "w4a16" else -1)
+    xs = [torch.randn(16, 256, generator=torch.Generator().manual_seed(i)).half().to(DEVICE) for i in range(2)]
+    if layout == "w4a16":
+        bound = gemm.bind_w4a16(xs[0], tensors, meta)
+        expect = [gemm.w4a16_matmul(x, tensors, meta) for x in xs]
+    else:
+        xs = [tuple(t.to(DEVICE) for t in quantize_activation_int(x.cpu(), 8, -1)) for x in xs]
+        xs = [(codes, scales.float()) for codes, scales in xs]
+        bound = gemm.bind_int8(*xs[0], -1, [(layout, tensors, meta, None)], 40, torch.float16)
+        expect = [gemm.int8_matmul(*x, -1, layout, tensors, meta) for x in xs]
+    first = weakref.ref(xs[0] if layout == "w4a16" else xs[0][0])
+    xs[0] = None
+    gc.collect()
+    assert first() is None, "a prepared launch must not keep its first call's activations alive"
+    got = bound(xs[1]) if layout == "w4a16" else bound(*xs[1])
+    assert torch.equal(got, expect[1])
+
+
+@pytest.mark.skipif(not CUDA, reason="the chosen kernels run on a GPU")
 @pytest.mark.parametrize("layout,act,dtype,m", [
+    ("w4a16", None, torch.float16, 16), ("w4a8-lqq", ActQuant(8, -1), torch.float16, 16),
     ("w4a16", None, torch.float16, 1), ("w4a16", None, torch.bfloat16, 5), ("w4a16", None, torch.float16, 8),
     ("w4a8-lqq", ActQuant(8, -1), torch.float16, 1), ("w4a8-lqq", ActQuant(8, -1), torch.bfloat16, 3),
     ("w8", ActQuant(8, -1), torch.float16, 8), ("w4a16", ActQuant(8, 128), torch.float16, 2),
@@ -129,7 +155,7 @@ def test_prepared_gemv_gives_the_unprepared_bits(layout, act, dtype, m):
             unprepared.append(dispatch.kernel_for(layout, x.device).fn(x, ql._tensors(""), ql._parts[0][2], act))
         got = [ql(x) for x in xs]
     key = next(iter(ql._launches))
-    assert ql._launches[key] is not None, "the decode GEMV should be prepared for this layer"
+    assert ql._launches[key] is not None, "the chosen kernel's launch should be prepared for this layer"
     for g, u in zip(got, unprepared):
         assert torch.equal(g, u)
 

@@ -62,6 +62,7 @@ class A8Call:
     config: object = None
     use_asm: bool | None = None
     bn_b: int | None = None
+    ACTIVATIONS = ("a_codes", "a_scales")  # what a prepared launch's calls replace (registry.GemmKernel.bind)
 
     @property
     def one(self) -> tuple:
@@ -80,6 +81,7 @@ class A16Call:
     out: torch.Tensor | None = None
     config: object = None
     use_asm: bool | None = None
+    ACTIVATIONS = ("x",)
 
 
 def _device_reason(p: GemmProblem, exact: tuple[int, int] | None = None, least: tuple[int, int] | None = None,

@@ -12,6 +12,7 @@ False) that the interpreter runs and the GPU tests compare bit-exactly against t
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 
@@ -44,3 +45,60 @@ def check_device(*tensors: torch.Tensor) -> None:
     bad = [t.device.type for t in tensors if t.device.type != want]
     if bad:
         raise ValueError(f"Triton kernels compiled for '{want}' got tensors on {sorted(set(bad))}")
+
+
+FAST_LAUNCH_MIN_TRITON = (3, 3)  # from 3.3 a compiled kernel's launcher takes every bound argument, constexprs too
+_FAST_LAUNCH = not INTERPRET and tuple(int(p) for p in triton.__version__.split(".")[:2]) >= FAST_LAUNCH_MIN_TRITON
+_LAUNCHERS: dict[tuple, object] = {}
+_MAX_LAUNCHERS = 4096
+_NOT_FAST = object()
+
+
+def specialization_key(fn, grid: tuple, args: tuple, kwargs: dict, device: int) -> tuple:
+    """What Triton's compiled-kernel choice depends on in a launch on CUDA device ``device``, or more: tensors by
+    dtype and 16-byte alignment, every other argument by type and value, the keyword arguments (constexprs and
+    launch options), the grid and the device."""
+    key = [fn, grid, device]
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            key.append((a.dtype, a.data_ptr() % 16 == 0))
+        else:
+            key.append((type(a), a))
+    key.append(tuple(kwargs.items()))
+    return tuple(key)
+
+
+def _compiled_runner(fn, grid: tuple, args: tuple, kwargs: dict):
+    """(the compiled kernel's launcher for ``grid``, the constexpr arguments after ``args`` in parameter order) for
+    a launch like this one, compiled by Triton's own path (``warmup``); :data:`_NOT_FAST` where this function is
+    not a plain JIT function."""
+    if not isinstance(fn, JITFunction):
+        return _NOT_FAST
+    compiled = fn.warmup(*args, grid=grid, **kwargs)
+    if compiled is None:
+        return _NOT_FAST
+    params = list(inspect.signature(fn.fn).parameters.values())[len(args):]
+    tail = tuple(kwargs[p.name] if p.name in kwargs else p.default for p in params)
+    return compiled[tuple(grid) + (1,) * (3 - len(grid))], tail  # the launcher reads all three grid dimensions
+
+
+def launch_kernel(fn, grid: tuple, *args, **kwargs) -> None:
+    """``fn[grid](*args, **kwargs)`` without Triton's per-call argument binding and specialization where that was
+    done once already for a launch with the same :func:`specialization_key` (the compiled kernel's launcher is
+    kept and called with these arguments). Decode sizes launch a few hundred small kernels per token, and Triton's
+    per-call work (about 100 µs of host time each) is what a step would otherwise wait on. The interpreter, Triton
+    before 3.3 and anything other than a plain JIT function take Triton's own path."""
+    if not _FAST_LAUNCH:
+        fn[grid](*args, **kwargs)
+        return
+    key = specialization_key(fn, grid, args, kwargs, torch.cuda.current_device())
+    entry = _LAUNCHERS.get(key)
+    if entry is None:
+        if len(_LAUNCHERS) >= _MAX_LAUNCHERS:  # many distinct token counts: start over rather than grow
+            _LAUNCHERS.clear()
+        entry = _LAUNCHERS[key] = _compiled_runner(fn, grid, args, kwargs)
+    if entry is _NOT_FAST:
+        fn[grid](*args, **kwargs)
+        return
+    runner, tail = entry
+    runner(*args, *tail)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -120,8 +120,17 @@ class GemmKernel:
         """A launch of ``config`` prepared for repeated calls like ``call`` that differ only in their activations
         (a layer's decode step), or None where this kernel has no such form. Called as ``f(x)`` for ``a16`` and
         ``f(codes, scales)`` for the int8 operations; it returns Y, or None for a call it cannot take (then
-        :func:`run` serves that call)."""
-        return None
+        :func:`run` serves that call). By default the choice alone is kept: a call checks its tensors
+        (:meth:`accepts`) and launches ``config``; ``call.ACTIVATIONS`` names the fields the arguments replace
+        (the template drops this call's own, which a layer's cached launches must not keep alive)."""
+        names = call.ACTIVATIONS
+        template = replace(call, **dict.fromkeys(names))
+
+        def launch_bound(*activations):
+            c = replace(template, **dict(zip(names, activations)))
+            return None if self.accepts(p, c, config) is not None else self.launch(p, c, config)
+
+        return launch_bound
 
 
 class KernelChoiceError(QuantkitError, ValueError):

@@ -20,7 +20,7 @@ import triton.language as tl
 from quantkit.errors import QuantkitError
 from quantkit.quant.grid import num_groups
 from quantkit.runtime.kernels.cuda.common import pdl_supported
-from quantkit.runtime.kernels.jit import check_device, kernel
+from quantkit.runtime.kernels.jit import check_device, kernel, launch_kernel
 
 try:  # programmatic dependent launch's trigger (recent Triton; 3.6 has it); without it the quantizer never signals
     from triton.language.extra.cuda import gdc_launch_dependents
@@ -133,11 +133,9 @@ def quantize_activation_triton(x: torch.Tensor, bits: int = 8, group_size: int =
     pdl = HAVE_GDC and x.is_cuda and pdl_supported(x.device.index if x.device.index is not None
                                                    else torch.cuda.current_device())
     if group_size == -1:
-        _act_quant_token_kernel[(-(-m // bm),)](x, codes, scales, m, k, x.stride(0), codes.stride(0),
-                                                scales.stride(0), BK=bk, BM=bm, QMAX=qmax, PDL=pdl,
-                                                num_warps=warps)
+        launch_kernel(_act_quant_token_kernel, (-(-m // bm),), x, codes, scales, m, k, x.stride(0), codes.stride(0),
+                      scales.stride(0), BK=bk, BM=bm, QMAX=qmax, PDL=pdl, num_warps=warps)
     else:
-        _act_quant_group_kernel[(-(-m // bm), g)](x, codes, scales, m, k, g, x.stride(0), codes.stride(0),
-                                                  scales.stride(0), GS=group_size, BM=bm, QMAX=qmax, PDL=pdl,
-                                                  num_warps=warps)
+        launch_kernel(_act_quant_group_kernel, (-(-m // bm), g), x, codes, scales, m, k, g, x.stride(0),
+                      codes.stride(0), scales.stride(0), GS=group_size, BM=bm, QMAX=qmax, PDL=pdl, num_warps=warps)
     return codes, scales

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from quantkit.runtime.kernels.attention_launch import launch_for
-from quantkit.runtime.kernels.jit import INTERPRET, check_device, kernel
+from quantkit.runtime.kernels.jit import INTERPRET, check_device, kernel, launch_kernel
 
 MIN_ROWS = 16  # the smallest row count of a tensor-core dot
 
@@ -324,12 +324,11 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     block_n, warps, stages = launch or launch_for("fp16", d, q.device)
     chunk, splits = _chunks(b, kvh, length, splits, sms, block_n)
     part, ml, out = _partials(q, splits)
-    _split_kernel[(b, kvh, splits)](
-        q, k, v, q if mask is None else mask, part, ml[0], ml[1], length, hq // kvh, chunk, float(scale),
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        0 if mask is None else mask.stride(0), part.stride(0), part.stride(1), part.stride(2), ml.stride(1),
-        ml.stride(2), HAS_MASK=mask is not None, BLOCK_H=_rows(hq // kvh), BLOCK_N=block_n, D=d, DOT_F32=INTERPRET,
-        num_warps=warps, num_stages=stages)
+    launch_kernel(_split_kernel, (b, kvh, splits), q, k, v, q if mask is None else mask, part, ml[0], ml[1], length,
+                  hq // kvh, chunk, float(scale), q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
+                  v.stride(0), v.stride(1), v.stride(2), 0 if mask is None else mask.stride(0), part.stride(0),
+                  part.stride(1), part.stride(2), ml.stride(1), ml.stride(2), HAS_MASK=mask is not None,
+                  BLOCK_H=_rows(hq // kvh), BLOCK_N=block_n, D=d, DOT_F32=INTERPRET, num_warps=warps, num_stages=stages)
     return _combine(part, ml, out)
 
 
@@ -349,13 +348,11 @@ def decode_attention_kv8(q: torch.Tensor, k: dict, v: dict, mask: torch.Tensor |
     block_n, warps, stages = launch or launch_for("kv8", d, q.device)
     chunk, splits = _chunks(b, kvh, length, splits, sms, block_n)
     part, ml, out = _partials(q, splits)
-    _split_kv8_kernel[(b, kvh, splits)](
-        q, kc, vc, q if mask is None else mask, part, ml[0], ml[1], ks, km, vs, vm, length, hq // kvh, chunk,
-        float(scale), q.stride(0), q.stride(1), *kc.stride()[:3], *vc.stride()[:3],
-        0 if mask is None else mask.stride(0),
-        part.stride(0), part.stride(1), part.stride(2), ml.stride(1), ml.stride(2), ks.stride(0), ks.stride(1),
-        HAS_MASK=mask is not None, BLOCK_H=_rows(hq // kvh), BLOCK_N=block_n, D=d, DOT_F32=INTERPRET,
-        num_warps=warps, num_stages=stages)
+    launch_kernel(_split_kv8_kernel, (b, kvh, splits), q, kc, vc, q if mask is None else mask, part, ml[0], ml[1], ks,
+                  km, vs, vm, length, hq // kvh, chunk, float(scale), q.stride(0), q.stride(1), *kc.stride()[:3],
+                  *vc.stride()[:3], 0 if mask is None else mask.stride(0), part.stride(0), part.stride(1),
+                  part.stride(2), ml.stride(1), ml.stride(2), ks.stride(0), ks.stride(1), HAS_MASK=mask is not None,
+                  BLOCK_H=_rows(hq // kvh), BLOCK_N=block_n, D=d, DOT_F32=INTERPRET, num_warps=warps, num_stages=stages)
     return _combine(part, ml, out)
 
 
@@ -437,12 +434,12 @@ def decode_attention_kv4(q: torch.Tensor, cache: dict, tokens: torch.Tensor, gro
     part, ml, out = _partials(q, splits)
     kc, ks, ring = cache["k_codes"], cache["k_scale"], cache["k_ring"]
     vs = cache["v_scale"]
-    _split_kv4_kernel[(b, kvh, splits)](
-        q, kc, ks, cache["k_min"], cache["v_codes"], vs, cache["v_min"], ring, cache["v_ring"], tokens, part, ml[0],
-        ml[1], hq // kvh, chunk, float(scale), residual, ring.shape[2], q.stride(0), q.stride(1), kc.stride(0),
-        kc.stride(1), ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1), ring.stride(0), ring.stride(1),
-        part.stride(0), part.stride(1), part.stride(2), ml.stride(1), ml.stride(2), G=group, BLOCK_H=_rows(hq // kvh),
-        BLOCK_N=block_n, D=d, F16=q.dtype == torch.float16, DOT_F32=INTERPRET, num_warps=warps, num_stages=stages)
+    launch_kernel(_split_kv4_kernel, (b, kvh, splits), q, kc, ks, cache["k_min"], cache["v_codes"], vs, cache["v_min"],
+                  ring, cache["v_ring"], tokens, part, ml[0], ml[1], hq // kvh, chunk, float(scale), residual,
+                  ring.shape[2], q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), ks.stride(0), ks.stride(1),
+                  vs.stride(0), vs.stride(1), ring.stride(0), ring.stride(1), part.stride(0), part.stride(1),
+                  part.stride(2), ml.stride(1), ml.stride(2), G=group, BLOCK_H=_rows(hq // kvh), BLOCK_N=block_n, D=d,
+                  F16=q.dtype == torch.float16, DOT_F32=INTERPRET, num_warps=warps, num_stages=stages)
     return _combine(part, ml, out)
 
 
@@ -491,9 +488,9 @@ def _partials(q: torch.Tensor, splits: int) -> tuple[torch.Tensor, torch.Tensor,
 
 def _combine(part: torch.Tensor, ml: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     b, hq, splits, d = part.shape
-    _combine_kernel[(b, hq)](part, ml[0], ml[1], out, splits, part.stride(0), part.stride(1), part.stride(2),
-                             ml.stride(1), ml.stride(2), out.stride(0), out.stride(1),
-                             BLOCK_S=max(2, triton.next_power_of_2(splits)), D=d, num_warps=4)
+    launch_kernel(_combine_kernel, (b, hq), part, ml[0], ml[1], out, splits, part.stride(0), part.stride(1),
+                  part.stride(2), ml.stride(1), ml.stride(2), out.stride(0), out.stride(1),
+                  BLOCK_S=max(2, triton.next_power_of_2(splits)), D=d, num_warps=4)
     return out
 
 

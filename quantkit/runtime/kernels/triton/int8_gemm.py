@@ -29,7 +29,7 @@ import triton.language as tl
 
 from quantkit.formats.nibble_planes import padded_k
 from quantkit.runtime.kernels.heuristic import mixed_second_bn, sms_of, triton_tile
-from quantkit.runtime.kernels.jit import USE_ASM, check_device, kernel
+from quantkit.runtime.kernels.jit import USE_ASM, check_device, kernel, launch_kernel
 from quantkit.runtime.kernels.triton.dequant import group_scale_f32, planes_i8, side_by_side
 from quantkit.runtime.kernels.triton.launch import (TileConfig, act_groups_in_halves, groups_in_halves,
                                                     split_plan)
@@ -248,13 +248,12 @@ def triton_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_
     # split-K slots hold [M, N] partial sums with rows N apart, whatever out's row stride (a [1, N] out may
     # report stride 1)
     ws, tickets = split_workspace(a_codes.device, m * wa["n"], split, grid[0] * grid[1])
-    _int8_kernel[grid](a_codes, a_scales, wa["w"], wa["p"], wa["cs"], wa["w"], out, ws, tickets, m, wa["n"], k,
-                       a_codes.stride(0), a_scales.stride(0), act_groups_in_halves(act_group_size, k),
-                       a_scales.shape[1], wa["w_row"], n_tiles, tiles_per_split, wa["hpg"], wa["groups"],
-                       out.stride(0), wa["n"], MODE=wa["mode"], HALF_EPI=wa["half_epi"], BN=cfg.bn, BM=cfg.bm,
-                       SPLIT_K=split, SCATTER=False, EVEN_K=k % 256 == 0,
-                       USE_ASM=USE_ASM if use_asm is None else use_asm, num_warps=cfg.num_warps,
-                       num_stages=cfg.num_stages)
+    launch_kernel(_int8_kernel, grid, a_codes, a_scales, wa["w"], wa["p"], wa["cs"], wa["w"], out, ws, tickets, m,
+                  wa["n"], k, a_codes.stride(0), a_scales.stride(0), act_groups_in_halves(act_group_size, k),
+                  a_scales.shape[1], wa["w_row"], n_tiles, tiles_per_split, wa["hpg"], wa["groups"], out.stride(0),
+                  wa["n"], MODE=wa["mode"], HALF_EPI=wa["half_epi"], BN=cfg.bn, BM=cfg.bm, SPLIT_K=split, SCATTER=False,
+                  EVEN_K=k % 256 == 0, USE_ASM=USE_ASM if use_asm is None else use_asm, num_warps=cfg.num_warps,
+                  num_stages=cfg.num_stages)
     return out
 
 
@@ -297,14 +296,11 @@ def triton_mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_
     grid = (tiles_a + -(-b["n"] // bn_b), -(-m // cfg.bm), split)
     # split-K slots: [M, out_features] partial sums, partition B's after A's in each row
     ws, tickets = split_workspace(a_codes.device, m * out_features, split, grid[0] * grid[1])
-    _int8_mixed_kernel[grid](a_codes, a_scales, m, k, a_codes.stride(0), a_scales.stride(0),
-                             act_groups_in_halves(act_group_size, k), a_scales.shape[1], n_tiles, tiles_per_split,
-                             out.stride(0), out_features, out, ws, tickets, tiles_a,
-                             a["w"], a["p"], a["cs"], a["cols"], a["n"], a["w_row"], a["hpg"], a["groups"],
-                             b["w"], b["p"], b["cs"], b["cols"], b["n"], b["w_row"], b["hpg"], b["groups"],
-                             MODE_A=a["mode"], HALF_EPI_A=a["half_epi"], MODE_B=b["mode"], HALF_EPI_B=b["half_epi"],
-                             BN=cfg.bn, BN_B=bn_b, BM=cfg.bm, SPLIT_K=split, EVEN_K=k % 256 == 0,
-                             USE_ASM=USE_ASM,
-                             num_warps=cfg.num_warps,
-                             num_stages=cfg.num_stages)
+    launch_kernel(_int8_mixed_kernel, grid, a_codes, a_scales, m, k, a_codes.stride(0), a_scales.stride(0),
+                  act_groups_in_halves(act_group_size, k), a_scales.shape[1], n_tiles, tiles_per_split, out.stride(0),
+                  out_features, out, ws, tickets, tiles_a, a["w"], a["p"], a["cs"], a["cols"], a["n"], a["w_row"],
+                  a["hpg"], a["groups"], b["w"], b["p"], b["cs"], b["cols"], b["n"], b["w_row"], b["hpg"], b["groups"],
+                  MODE_A=a["mode"], HALF_EPI_A=a["half_epi"], MODE_B=b["mode"], HALF_EPI_B=b["half_epi"], BN=cfg.bn,
+                  BN_B=bn_b, BM=cfg.bm, SPLIT_K=split, EVEN_K=k % 256 == 0, USE_ASM=USE_ASM, num_warps=cfg.num_warps,
+                  num_stages=cfg.num_stages)
     return out

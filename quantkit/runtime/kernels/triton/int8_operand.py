@@ -17,7 +17,7 @@ import triton.language as tl
 
 from quantkit.formats.nibble_planes import padded_k
 from quantkit.runtime.kernels.triton.dequant import group_scale_f32, planes_i8, side_by_side
-from quantkit.runtime.kernels.jit import USE_ASM, check_device, kernel
+from quantkit.runtime.kernels.jit import USE_ASM, check_device, kernel, launch_kernel
 from quantkit.runtime.kernels.triton.launch import groups_in_halves
 
 
@@ -69,10 +69,10 @@ def write_operand(layout: str, tensors: dict, meta: dict, weight: torch.Tensor, 
     n = int(meta["out_features"])
     n_tiles = weight.shape[1] // 256
     bn = 64
-    _operand_kernel[(-(-n // bn), n_tiles)](w, p, p if rows is None else rows, weight, scales, n, weight.shape[0],
-                                            w.shape[1], weight.stride(0), groups_in_halves(meta, n_tiles),
-                                            p.shape[0], BN=bn, W8=layout == "w8", SCATTER=rows is not None,
-                                            USE_ASM=USE_ASM if use_asm is None else use_asm, num_warps=4)
+    launch_kernel(_operand_kernel, (-(-n // bn), n_tiles), w, p, p if rows is None else rows, weight, scales, n,
+                  weight.shape[0], w.shape[1], weight.stride(0), groups_in_halves(meta, n_tiles), p.shape[0], BN=bn,
+                  W8=layout == "w8", SCATTER=rows is not None, USE_ASM=USE_ASM if use_asm is None else use_asm,
+                  num_warps=4)
 
 
 def _empty_operand(n: int, meta: dict, device) -> tuple[torch.Tensor, torch.Tensor]:

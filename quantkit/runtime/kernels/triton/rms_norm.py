@@ -25,7 +25,7 @@ import triton.language as tl
 from quantkit.quant.grid import num_groups
 from quantkit.runtime.kernels.triton.act_quant import HAVE_GDC, MAX_ROW, _codes, _scale_up, gdc_launch_dependents
 from quantkit.runtime.kernels.cuda.common import pdl_supported
-from quantkit.runtime.kernels.jit import check_device, kernel
+from quantkit.runtime.kernels.jit import check_device, kernel, launch_kernel
 
 
 @kernel
@@ -82,8 +82,8 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, group_siz
     pdl = HAVE_GDC and x.is_cuda and pdl_supported(x.device.index if x.device.index is not None
                                                    else torch.cuda.current_device())
     if m:
-        _rms_norm_kernel[(m,)](x, weight.contiguous(), y, codes, scales, k, g, float(eps), x.stride(0), y.stride(0),
-                               codes.stride(0), scales.stride(0), BK=bk, GS=group_size if quant and group_size > 0
-                               else 16, QUANT=quant, PER_TOKEN=group_size == -1, QMAX=float(2 ** (bits - 1) - 1),
-                               PDL=pdl, num_warps=8 if bk >= 2048 else 4)
+        launch_kernel(_rms_norm_kernel, (m,), x, weight.contiguous(), y, codes, scales, k, g, float(eps), x.stride(0),
+                      y.stride(0), codes.stride(0), scales.stride(0), BK=bk,
+                      GS=group_size if quant and group_size > 0 else 16, QUANT=quant, PER_TOKEN=group_size == -1,
+                      QMAX=float(2 ** (bits - 1) - 1), PDL=pdl, num_warps=8 if bk >= 2048 else 4)
     return (y, codes, scales) if quant else (y, None, None)

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from quantkit.formats.nibble_planes import PLANE_K
 from quantkit.runtime.kernels.heuristic import sms_of, triton_tile
-from quantkit.runtime.kernels.jit import INTERPRET, USE_ASM, check_device, kernel
+from quantkit.runtime.kernels.jit import INTERPRET, USE_ASM, check_device, kernel, launch_kernel
 from quantkit.runtime.kernels.triton.dequant import planes_f16, side_by_side
 from quantkit.runtime.kernels.triton.launch import TileConfig, groups_in_halves, split_plan
 from quantkit.runtime.kernels.scratch import split_workspace
@@ -119,10 +119,9 @@ def w4a16_dequantize(tensors: dict, meta: dict, dtype: torch.dtype = torch.float
     n_tiles = qweight.shape[1] // PLANE_K
     out = torch.empty(n, k, dtype=dtype, device=qweight.device)
     bn = 64
-    _w4a16_dequant_kernel[(-(-n // bn), n_tiles)](qweight, qparams, out, n, k, qweight.shape[1],
-                                                   groups_in_halves(meta, n_tiles), qparams.shape[0], BN=bn,
-                                                   BF16=dtype == torch.bfloat16,
-                                                   USE_ASM=USE_ASM if use_asm is None else use_asm, num_warps=4)
+    launch_kernel(_w4a16_dequant_kernel, (-(-n // bn), n_tiles), qweight, qparams, out, n, k, qweight.shape[1],
+                  groups_in_halves(meta, n_tiles), qparams.shape[0], BN=bn, BF16=dtype == torch.bfloat16,
+                  USE_ASM=USE_ASM if use_asm is None else use_asm, num_warps=4)
     return out
 
 
@@ -153,10 +152,9 @@ def triton_w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: Tile
     out = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
     grid = (-(-n // cfg.bn), -(-m // cfg.bm), split)
     ws, tickets = split_workspace(x.device, m * n, split, grid[0] * grid[1])
-    _w4a16_kernel[grid](x, qweight, qparams, out, ws, tickets, m, n, k, x.stride(0), out.stride(0),
-                        qweight.shape[1], n_tiles, tiles_per_split, groups_in_halves(meta, n_tiles), qparams.shape[0],
-                        BN=cfg.bn, BM=cfg.bm, SPLIT_K=split, BF16=bf16, EVEN_K=k % 256 == 0,
-                        USE_ASM=USE_ASM if use_asm is None else use_asm,
-                        UPCAST_DOT=INTERPRET and bf16,
-                        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    launch_kernel(_w4a16_kernel, grid, x, qweight, qparams, out, ws, tickets, m, n, k, x.stride(0), out.stride(0),
+                  qweight.shape[1], n_tiles, tiles_per_split, groups_in_halves(meta, n_tiles), qparams.shape[0],
+                  BN=cfg.bn, BM=cfg.bm, SPLIT_K=split, BF16=bf16, EVEN_K=k % 256 == 0,
+                  USE_ASM=USE_ASM if use_asm is None else use_asm, UPCAST_DOT=INTERPRET and bf16,
+                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out

@@ -1,0 +1,78 @@
+"""Triton launches without Triton's per-call specialization (jit.launch_kernel): the key it caches compiled
+launchers by separates everything Triton specializes on, and on a GPU a cached launch computes the bits of
+Triton's own launch, for aligned and unaligned tensors, every token count and split-K."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (quantkit.runtime.kernels.jit)
+
+import pytest  # noqa: E402
+
+from quantkit.runtime.kernels import jit  # noqa: E402
+from quantkit.runtime.kernels.triton import act_quant, w4a16  # noqa: E402
+from quantkit.runtime.kernels.triton.launch import TileConfig  # noqa: E402
+from tests.kernels_helpers import DEVICE, packed  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+
+
+def _key(*args, grid=(4,), **kwargs):
+    return jit.specialization_key("fn", grid, args, kwargs, 0)
+
+
+def test_key_separates_what_triton_specializes_on():
+    buf = torch.zeros(64, dtype=torch.float16)
+    aligned, other_aligned, unaligned = buf[:16], buf[8:24], buf[1:17]
+    assert _key(aligned, 7) == _key(other_aligned, 7)  # same dtype and alignment: one compiled kernel
+    assert _key(aligned, 7) != _key(unaligned, 7)  # 16-byte divisibility of a pointer
+    assert _key(aligned, 7) != _key(aligned.float(), 7)  # dtype
+    assert _key(aligned, 16) != _key(aligned, 17) and _key(aligned, 1) != _key(aligned, 2)  # int values
+    assert _key(aligned, True) != _key(aligned, 1)  # a bool is not the int 1
+    assert _key(aligned, 2**31) != _key(aligned, 2**31 - 1)  # i64 against i32
+    assert _key(aligned, BM=16) != _key(aligned, BM=32)  # constexprs
+    assert _key(aligned, num_warps=4) != _key(aligned, num_warps=8)  # launch options
+    assert _key(aligned, grid=(4,)) != _key(aligned, grid=(4, 2))
+    assert jit.specialization_key("fn", (4,), (aligned,), {}, 0) != jit.specialization_key("fn", (4,), (aligned,),
+                                                                                            {}, 1)
+
+
+@pytest.mark.skipif(not CUDA, reason="the cached launchers exist for compiled kernels only")
+@pytest.mark.parametrize("group_size", [-1, 128])
+def test_cached_act_quant_launch_gives_triton_bits(monkeypatch, group_size):
+    big = torch.randn(40, 4100, device=DEVICE, dtype=torch.float16) * 3
+    for m, offset in ((1, 0), (1, 0), (7, 0), (7, 1), (1, 1), (7, 0)):  # repeats hit the cache, offsets unalign
+        x = big[:m, offset:offset + 4096]
+        codes, scales = act_quant.quantize_activation_triton(x, 8, group_size)
+        with monkeypatch.context() as mp:
+            mp.setattr(jit, "_FAST_LAUNCH", False)
+            ref_codes, ref_scales = act_quant.quantize_activation_triton(x, 8, group_size)
+        assert torch.equal(codes, ref_codes) and torch.equal(scales, ref_scales)
+
+
+@pytest.mark.skipif(not CUDA, reason="the cached launchers exist for compiled kernels only")
+@pytest.mark.parametrize("config", [TileConfig(64, 16, 1), TileConfig(64, 16, 4)])
+def test_cached_w4a16_launch_gives_triton_bits(monkeypatch, config):
+    _, tensors, meta = packed("w4a16", 200, 1024, 128)
+    big = torch.randn(20, 1032, device=DEVICE, dtype=torch.float16)
+    before = len(jit._LAUNCHERS)
+    for m, offset in ((16, 0), (16, 0), (5, 0), (16, 4), (16, 0)):
+        x = big[:m, offset:offset + 1024]
+        y = w4a16.triton_w4a16_matmul(x, tensors, meta, config)
+        with monkeypatch.context() as mp:
+            mp.setattr(jit, "_FAST_LAUNCH", False)
+            ref = w4a16.triton_w4a16_matmul(x, tensors, meta, config)
+        assert torch.equal(y, ref)
+    assert len(jit._LAUNCHERS) - before <= 3  # (16, aligned), (5, aligned), (16, unaligned)
+
+
+def test_interpreter_takes_tritons_own_path():
+    if CUDA:
+        pytest.skip("the interpreter runs without a GPU")
+    assert not jit._FAST_LAUNCH
+    codes, _ = act_quant.quantize_activation_triton(torch.randn(2, 256, dtype=torch.float16), 8, 128)
+    assert codes.shape == (2, 256) and not jit._LAUNCHERS

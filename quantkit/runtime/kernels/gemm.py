@@ -611,6 +611,11 @@ class TritonW4a16(TritonTiles):
     def launch(self, p, c, cfg):
         return triton_w4a16.triton_w4a16_matmul(c.x, c.tensors, c.meta, c.config or cfg, c.out, c.use_asm)
 
+    def bind(self, p, c, cfg):
+        if c.out is not None or c.use_asm is not None:
+            return super().bind(p, c, cfg)
+        return triton_w4a16.BoundTritonW4a16.create(c.x, c.tensors, c.meta, c.config or cfg) or super().bind(p, c, cfg)
+
 
 for _k in (CudaLqqCluster(), CudaA8Gemv(), GluonLqqKPair(), GluonLqq(), GluonW8a8(), GluonW8a8Mixed(), TritonInt8(),
            TritonInt8Mixed(), CudaW4a16Gemv(), GluonW4a16Ws(), GluonW4a16Wgmma(), TritonW4a16Dequant(), TritonW4a16()):

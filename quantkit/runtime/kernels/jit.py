@@ -88,17 +88,61 @@ def launch_kernel(fn, grid: tuple, *args, **kwargs) -> None:
     kept and called with these arguments). Decode sizes launch a few hundred small kernels per token, and Triton's
     per-call work (about 100 µs of host time each) is what a step would otherwise wait on. The interpreter, Triton
     before 3.3 and anything other than a plain JIT function take Triton's own path."""
-    if not _FAST_LAUNCH:
+    entry = _launcher(fn, grid, args, kwargs) if _FAST_LAUNCH else _NOT_FAST
+    if entry is _NOT_FAST:
         fn[grid](*args, **kwargs)
         return
+    runner, tail = entry
+    runner(*args, *tail)
+
+
+def _launcher(fn, grid: tuple, args: tuple, kwargs: dict):
+    """The cached (launcher, constexpr tail) of a launch like this one (:func:`_compiled_runner`)."""
     key = specialization_key(fn, grid, args, kwargs, torch.cuda.current_device())
     entry = _LAUNCHERS.get(key)
     if entry is None:
         if len(_LAUNCHERS) >= _MAX_LAUNCHERS:  # many distinct token counts: start over rather than grow
             _LAUNCHERS.clear()
         entry = _LAUNCHERS[key] = _compiled_runner(fn, grid, args, kwargs)
-    if entry is _NOT_FAST:
-        fn[grid](*args, **kwargs)
-        return
-    runner, tail = entry
-    runner(*args, *tail)
+    return entry
+
+
+class PreparedLaunch:
+    """One Triton launch prepared for repeated calls that differ only in the tensors at positions ``slots`` of its
+    arguments (a layer's activations and output): the compiled launcher, the argument list and the stream are
+    fixed, so a call checks the new tensors' alignment and stream and launches. Made by :meth:`create`; the first
+    call's tensors at ``slots`` are not kept."""
+
+    def __init__(self, runner, args: list, slots: tuple[int, ...], aligned: tuple[bool, ...], device: int,
+                 stream: int):
+        self.runner, self.args, self.slots, self.aligned = runner, args, slots, aligned
+        self.device, self.stream = device, stream
+
+    @classmethod
+    def create(cls, fn, grid: tuple, args: tuple, kwargs: dict, slots: tuple[int, ...]) -> PreparedLaunch | None:
+        """The launch ``fn[grid](*args, **kwargs)`` prepared (the kernel compiled if it was not), or None where
+        launches cannot be prepared (the interpreter, Triton before 3.3, not a plain JIT function)."""
+        entry = _launcher(fn, grid, args, kwargs) if _FAST_LAUNCH else _NOT_FAST
+        if entry is _NOT_FAST:
+            return None
+        runner, tail = entry
+        full = list(args) + list(tail)
+        aligned = tuple(full[i].data_ptr() % 16 == 0 for i in slots)
+        for i in slots:
+            full[i] = None
+        device = torch.cuda.current_device()
+        return cls(runner, full, tuple(slots), aligned, device, torch.cuda.current_stream(device).cuda_stream)
+
+    def __call__(self, *tensors: torch.Tensor) -> bool:
+        """Launch with ``tensors`` at the slots; False (nothing launched) when one is not 16-byte aligned where the
+        prepared kernel assumes it, or the current stream is not the one prepared for (its split-K workspace)."""
+        for t, aligned in zip(tensors, self.aligned):
+            if aligned and t.data_ptr() % 16:
+                return False
+        if torch._C._cuda_getCurrentRawStream(self.device) != self.stream:
+            return False
+        args = self.args.copy()
+        for i, t in zip(self.slots, tensors):
+            args[i] = t
+        self.runner(*args, stream=self.stream)
+        return True

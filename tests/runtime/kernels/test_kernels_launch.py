@@ -76,3 +76,27 @@ def test_interpreter_takes_tritons_own_path():
     assert not jit._FAST_LAUNCH
     codes, _ = act_quant.quantize_activation_triton(torch.randn(2, 256, dtype=torch.float16), 8, 128)
     assert codes.shape == (2, 256) and not jit._LAUNCHERS
+
+
+@pytest.mark.skipif(not CUDA, reason="prepared launches exist for compiled kernels only")
+@pytest.mark.parametrize("config", [TileConfig(64, 16, 1), TileConfig(64, 16, 4)])
+def test_bound_w4a16_launch_gives_the_unbound_bits_and_declines_what_it_cannot_take(config):
+    _, tensors, meta = packed("w4a16", 200, 1024, 128)
+    big = torch.randn(20, 1040, device=DEVICE, dtype=torch.float16)
+    bound = w4a16.BoundTritonW4a16.create(big[:16, :1024], tensors, meta, config)
+    assert bound is not None
+    for offset in (0, 8, 0):  # 8 fp16 values: still 16-byte aligned
+        x = big[:16, offset:offset + 1024]
+        assert torch.equal(bound(x), w4a16.triton_w4a16_matmul(x, tensors, meta, config))
+    assert bound(big[:16, 4:1028]) is None  # 8-byte aligned: not what the kernel was compiled for
+    assert bound(big[:15, :1024]) is None  # another token count
+    assert bound(big[:16, :1024].contiguous()) is None  # another row stride
+    with torch.cuda.stream(torch.cuda.Stream()):
+        assert bound(big[:16, :1024]) is None  # another stream: the split-K workspace is the prepared stream's
+
+
+def test_no_prepared_launch_under_the_interpreter():
+    if CUDA:
+        pytest.skip("the interpreter runs without a GPU")
+    _, tensors, meta = packed("w4a16", 40, 256, 128)
+    assert w4a16.BoundTritonW4a16.create(torch.randn(16, 256).half(), tensors, meta) is None

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from quantkit.formats.nibble_planes import PLANE_K
 from quantkit.runtime.kernels.heuristic import sms_of, triton_tile
-from quantkit.runtime.kernels.jit import INTERPRET, USE_ASM, check_device, kernel, launch_kernel
+from quantkit.runtime.kernels.jit import INTERPRET, USE_ASM, PreparedLaunch, check_device, kernel, launch_kernel
 from quantkit.runtime.kernels.triton.dequant import planes_f16, side_by_side
 from quantkit.runtime.kernels.triton.launch import TileConfig, groups_in_halves, split_plan
 from quantkit.runtime.kernels.scratch import split_workspace
@@ -142,6 +142,16 @@ def triton_w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: Tile
     ``out`` an optional [M, N] result; ``use_asm`` False forces the plain-Triton dequantization.
     Reference: :func:`quantkit.runtime.kernels.reference.w4a16_reference`."""
     check_input(x, tensors, meta)
+    out = torch.empty(x.shape[0], int(meta["out_features"]), dtype=x.dtype, device=x.device) if out is None else out
+    fn, grid, *args, kwargs = _launch(x, tensors, meta, config, out, use_asm)
+    launch_kernel(fn, grid, *args, **kwargs)
+    return out
+
+
+def _launch(x: torch.Tensor, tensors: dict, meta: dict, config: TileConfig | None, out: torch.Tensor,
+            use_asm: bool | None) -> tuple:
+    """(kernel, grid, *arguments, {constexprs and options}) of :func:`triton_w4a16_matmul`'s launch, x at argument
+    0 and out at argument 3 (:data:`BoundTritonW4a16.SLOTS`)."""
     qweight, qparams = tensors["qweight"], tensors["qparams"]
     bf16 = x.dtype == torch.bfloat16
     m, k = x.shape
@@ -149,12 +159,40 @@ def triton_w4a16_matmul(x: torch.Tensor, tensors: dict, meta: dict, config: Tile
     n_tiles = qweight.shape[1] // PLANE_K
     cfg = config or triton_tile(m, n, k, sms_of(x.device))
     tiles_per_split, split = split_plan(n_tiles, cfg.split_k)
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
     grid = (-(-n // cfg.bn), -(-m // cfg.bm), split)
     ws, tickets = split_workspace(x.device, m * n, split, grid[0] * grid[1])
-    launch_kernel(_w4a16_kernel, grid, x, qweight, qparams, out, ws, tickets, m, n, k, x.stride(0), out.stride(0),
-                  qweight.shape[1], n_tiles, tiles_per_split, groups_in_halves(meta, n_tiles), qparams.shape[0],
-                  BN=cfg.bn, BM=cfg.bm, SPLIT_K=split, BF16=bf16, EVEN_K=k % 256 == 0,
-                  USE_ASM=USE_ASM if use_asm is None else use_asm, UPCAST_DOT=INTERPRET and bf16,
-                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return out
+    return (_w4a16_kernel, grid, x, qweight, qparams, out, ws, tickets, m, n, k, x.stride(0), out.stride(0),
+            qweight.shape[1], n_tiles, tiles_per_split, groups_in_halves(meta, n_tiles), qparams.shape[0],
+            dict(BN=cfg.bn, BM=cfg.bm, SPLIT_K=split, BF16=bf16, EVEN_K=k % 256 == 0,
+                 USE_ASM=USE_ASM if use_asm is None else use_asm, UPCAST_DOT=INTERPRET and bf16,
+                 num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+
+
+class BoundTritonW4a16:
+    """:func:`triton_w4a16_matmul` of one layer at one token count, dtype and row stride, with its launch prepared
+    once (:class:`~quantkit.runtime.kernels.jit.PreparedLaunch`): a call allocates the output and launches. A call
+    with another shape, row stride or dtype, or one the prepared launch turns down, returns None (the caller then
+    runs :func:`triton_w4a16_matmul`)."""
+
+    SLOTS = (0, 3)  # the activation's and the output's positions in the kernel's arguments
+
+    def __init__(self, prepared: PreparedLaunch, x: torch.Tensor, n: int):
+        self.prepared, self.n = prepared, n
+        self.shape, self.stride, self.dtype, self.device = x.shape, x.stride(), x.dtype, x.device
+
+    @classmethod
+    def create(cls, x: torch.Tensor, tensors: dict, meta: dict, config: TileConfig | None = None
+               ) -> BoundTritonW4a16 | None:
+        """The bound launch for activations like ``x`` with the tile ``config`` (default: the launch rule's), or
+        None where launches cannot be prepared here (the interpreter, an old Triton)."""
+        check_input(x, tensors, meta)
+        out = torch.empty(x.shape[0], int(meta["out_features"]), dtype=x.dtype, device=x.device)
+        fn, grid, *args, kwargs = _launch(x, tensors, meta, config, out, None)
+        prepared = PreparedLaunch.create(fn, grid, tuple(args), kwargs, cls.SLOTS)
+        return None if prepared is None else cls(prepared, x, int(meta["out_features"]))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
+        if x.shape != self.shape or x.stride() != self.stride or x.dtype != self.dtype:
+            return None
+        out = torch.empty(self.shape[0], self.n, dtype=self.dtype, device=self.device)
+        return out if self.prepared(x, out) else None

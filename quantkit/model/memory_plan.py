@@ -37,6 +37,7 @@ class ModelShape:
     hidden: int
     positions: int | None = None
     vocab: int = 0
+    layers: int = 0
 
 
 def meta_model(model_ref: str, dtype: torch.dtype | None = None):
@@ -67,10 +68,11 @@ def model_shape(model_ref: str) -> ModelShape:
     config = model.config
     params = sum(p.numel() for p in model.parameters())
     linears = sum(lin.weight.numel() for _, lin in iter_linears(model))
-    layer = max(sum(p.numel() for p in block.parameters()) for block in find_decoder_layers(model)[1])
+    blocks = find_decoder_layers(model)[1]
+    layer = max(sum(p.numel() for p in block.parameters()) for block in blocks)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     return ModelShape(params, linears, layer, int(text.hidden_size), getattr(text, "max_position_embeddings", None),
-                      int(getattr(text, "vocab_size", 0) or 0))
+                      int(getattr(text, "vocab_size", 0) or 0), len(blocks))
 
 
 @dataclass(frozen=True)
@@ -135,14 +137,16 @@ def stream_plan(shape: ModelShape, load_dtype: torch.dtype, code_bits: float, co
 ACTIVATION_PER_HIDDEN = 48  # elements a decoder layer keeps per token for its backward, in hidden sizes (generous)
 
 
-def streamed_search_plan(shape: ModelShape, dtype: torch.dtype, tokens: int) -> MemoryPlan:
-    """The lower bounds of ``quantkit search --max-gpu-memory``: the model and its Δ (MixLLM Eq. 4) in CPU memory;
-    on the GPU one decoder layer and its Δ, that layer's activations for ``tokens`` tokens (a batch of windows), the
-    layer-boundary activations, and the LM head with its float32 logits and their gradient."""
+def streamed_search_plan(shape: ModelShape, dtype: torch.dtype, tokens: int, chunk_tokens: int = 0) -> MemoryPlan:
+    """The lower bounds of ``quantkit search --max-gpu-memory``: the model and its Δ (MixLLM Eq. 4) in CPU memory,
+    with the layer-boundary activations of a chunk of ``chunk_tokens`` tokens; on the GPU one decoder layer and its
+    Δ, that layer's activations for ``tokens`` tokens (a batch of windows), the LM head with its float32 logits and
+    their gradient, and the chunk's hidden states and their gradients at the current layer."""
     b = _size(dtype)
     gpu = (2 * shape.layer_parameters * b + tokens * shape.hidden * (ACTIVATION_PER_HIDDEN + 2) * b
-           + shape.vocab * shape.hidden * b + 2 * tokens * shape.vocab * 4)
-    return MemoryPlan("search", 2 * shape.parameters * b, gpu, 0)
+           + shape.vocab * shape.hidden * b + 2 * tokens * shape.vocab * 4 + 2 * chunk_tokens * shape.hidden * b)
+    cpu = 2 * shape.parameters * b + chunk_tokens * shape.hidden * (shape.layers + 1) * b
+    return MemoryPlan("search", cpu, gpu, 0)
 
 
 def search_plan(shape: ModelShape, dtype: torch.dtype, device: str, device_map: str | None) -> MemoryPlan:

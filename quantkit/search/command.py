@@ -90,13 +90,18 @@ def check_plan_output(output: str, plot: str | None = None, force: bool = False)
 
 
 def _check_streamed(model_ref: str, rec, device: str, dtype: str | None, device_map: str | None, strategy: str,
-                    max_gpu_memory: str, batch_size: int, seqlen: int | None) -> tuple[str, str]:
-    """(the GPU to stream the layers to, the dtype to load the weights in) for ``--max-gpu-memory``; a one-line
-    refusal when the options do not combine or the streamed pass needs more GPU memory than the cap."""
+                    max_gpu_memory: str, batch_size: int, seqlen: int | None, samples: int | None
+                    ) -> tuple[str, str, int]:
+    """(the GPU to stream the layers to, the dtype to load the weights in, windows per chunk) for
+    ``--max-gpu-memory``; a one-line refusal when the options do not combine or the streamed pass needs more GPU
+    memory than the cap. A chunk holds as many windows as the free CPU memory
+    (:func:`quantkit.search.salience.stream_chunk`) and what the cap leaves on the GPU allow."""
     from quantkit.checkpoint.atomic import human_bytes
     from quantkit.checkpoint.shards import parse_size
     from quantkit.model.loader import load_config, resolve_device, resolve_dtype
+    from quantkit.model.memory import free_memory
     from quantkit.model.memory_plan import model_shape, streamed_search_plan
+    from quantkit.search.salience import stream_chunk
 
     cap = parse_size(max_gpu_memory, "--max-gpu-memory")
     if not torch.cuda.is_available():
@@ -113,12 +118,17 @@ def _check_streamed(model_ref: str, rec, device: str, dtype: str | None, device_
     window = seqlen if seqlen is not None else rec.calibration.seqlen
     if shape.positions:
         window = min(window, shape.positions)
-    need = streamed_search_plan(shape, torch_dtype, batch_size * window).gpu_bytes
+    tokens = batch_size * window
+    need = streamed_search_plan(shape, torch_dtype, tokens, tokens).gpu_bytes
     if need > cap:
         raise QuantkitError(f"a search streaming one decoder layer at a time still needs about {human_bytes(need)} of "
                             f"GPU memory here, more than --max-gpu-memory {max_gpu_memory}; use fewer tokens per "
                             "backward (--batch-size, --seqlen) or a larger cap")
-    return dev, str(torch_dtype).replace("torch.", "")
+    elt = torch.empty((), dtype=torch_dtype).element_size()
+    n = samples if samples is not None else rec.calibration.samples
+    chunk = stream_chunk(n, batch_size, window * shape.hidden * (shape.layers + 1) * elt, free_memory("cpu") or None)
+    gpu_batches = 1 + (cap - need) // (2 * tokens * shape.hidden * elt)
+    return dev, str(torch_dtype).replace("torch.", ""), min(chunk, gpu_batches * batch_size)
 
 
 def _check_memory(model_ref: str, device: str, dtype: str | None, device_map: str | None) -> None:
@@ -190,17 +200,17 @@ def run_search(model_ref: str, output: str, recipe: str = "mixllm-w4a8", *, bits
             raise QuantkitError(f"{distributed.world_size()} processes need at least as many calibration windows "
                                 f"(got {n}); use more --calib-samples or fewer processes")
         show_progress = show_progress and distributed.is_main()
-    stream_device = None
+    stream_device = stream_windows = None
     if max_gpu_memory is not None:
-        stream_device, dtype = _check_streamed(model_ref, rec, device, dtype, device_map, strategy, max_gpu_memory,
-                                               batch_size, seqlen)
+        stream_device, dtype, stream_windows = _check_streamed(model_ref, rec, device, dtype, device_map, strategy,
+                                                               max_gpu_memory, batch_size, seqlen, samples)
         device = "cpu"  # where the weights stay
     _check_memory(model_ref, device, dtype, device_map)
     loaded = load_model(model_ref, device=device, dtype=dtype, device_map=device_map,
                         load_tokenizer=uses_salience(strategy))
     opts = SearchOptions(budget=budget, strategy=strategy, dataset=dataset, samples=samples, seqlen=seqlen,
                          seed=seed, first_order=first_order, batch_size=batch_size, text_column=text_column,
-                         stream_device=stream_device)
+                         stream_device=stream_device, stream_windows=stream_windows)
     with _bars(show_progress and uses_salience(strategy)) as (layer_bar, sample_bar):
         plan, _ = search(loaded, rec, opts, progress=sample_bar, layer_progress=layer_bar)
     if distributed.is_main():  # every process holds the same plan

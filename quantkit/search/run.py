@@ -33,6 +33,7 @@ class SearchOptions:
     checkpoint_layers: bool | None = None  # None: recompute layers in backward only when memory needs it
     text_column: str | None = None  # the text column of a record-file dataset (None: "text")
     stream_device: str | None = None  # weights in CPU memory, one decoder layer at a time on this device
+    stream_windows: int | None = None  # windows per move of the weights when streaming (None: by free CPU memory)
 
 
 def salience_quantizer(recipe, bits: int) -> Quantizer:
@@ -114,7 +115,8 @@ def search(loaded: LoadedModel, recipe, opts: SearchOptions, progress: Progress 
         result = compute_salience(model, ids, salience_quantizer(recipe, low), first_order=opts.first_order,
                                   batch_size=opts.batch_size, checkpoint_layers=opts.checkpoint_layers,
                                   progress=progress,
-                                  on_linear=layer_progress, skip=set(skipped), stream_device=opts.stream_device)
+                                  on_linear=layer_progress, skip=set(skipped), stream_device=opts.stream_device,
+                                  stream_windows=opts.stream_windows)
         scores = result.scores
         search_info.update({"first_order": opts.first_order, "salience_quantizer": {
             "bits": low, "group_size": spec.group_size, "sym": spec.sym, "clip": spec.clip, "method": "rtn"}})

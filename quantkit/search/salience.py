@@ -62,12 +62,20 @@ def linear_weight(module: nn.Linear) -> torch.Tensor:
     return weights_map["weight"].detach()
 
 
+class _Rows:
+    """Which rows of the probes' e the windows of the current forward are: the streamed pass runs a chunk of windows
+    through each layer in several batches, each its own rows."""
+
+    first = 0
+
+
 class _Probe:
     """The zero probe of one linear: holds Δ, the leaf e, and the running per-channel sum of Eq. 4 terms."""
 
-    def __init__(self, delta: torch.Tensor, batch_size: int):
+    def __init__(self, delta: torch.Tensor, batch_size: int, rows: _Rows):
         self.delta = delta
         self.batch_size = batch_size
+        self.rows = rows
         self.e: torch.Tensor | None = None
         self.total: torch.Tensor | None = None
 
@@ -77,15 +85,17 @@ class _Probe:
         b = x.shape[0] if x.dim() > 2 else 1
         if self.e is None:
             self.e = torch.zeros(self.batch_size, n, dtype=torch.float32, device=output.device, requires_grad=True)
-        if b > self.batch_size:
-            raise RuntimeError(f"probe sized for batch {self.batch_size}, got {b}")
-        yd = F.linear(x, self.delta.to(device=x.device, dtype=x.dtype)).reshape(b, -1, n)
+        first = self.rows.first
+        if first + b > self.batch_size:
+            raise RuntimeError(f"probe sized for {self.batch_size} windows, got rows {first}..{first + b - 1}")
+        yd = F.linear(x, self.delta.to(device=x.device, dtype=x.dtype, non_blocking=True)).reshape(b, -1, n)
         # fp32 product so ∂L/∂e is the token sum of δ·(xΔᵀ) accumulated in fp32, not rounded to bf16
-        probe = (self.e[:b].unsqueeze(1) * yd.float()).reshape(output.shape)
+        probe = (self.e[first:first + b].unsqueeze(1) * yd.float()).reshape(output.shape)
         return output + probe.to(output.dtype)
 
-    def collect(self, b: int, first_order: bool, loss_scale: float) -> None:
-        """Fold this backward's per-sample s1 = ∂L/∂e into Σ_d |s1 + ½ s1²| (or Σ_d ½ s1² without 1st order)."""
+    def collect(self, b: int, first_order: bool, loss_scale: float, batch_size: int | None = None) -> None:
+        """Fold the per-sample s1 = ∂L/∂e of this backward's ``b`` windows into Σ_d |s1 + ½ s1²| (or Σ_d ½ s1²
+        without 1st order), ``batch_size`` windows at a time (the sums of the whole-model pass, in its order)."""
         if self.e is None or self.e.grad is None:
             raise RuntimeError("a linear received no gradient; is it on the path from the inputs to the loss?")
         s1 = self.e.grad[:b].double() / loss_scale
@@ -93,8 +103,10 @@ class _Probe:
             raise QuantkitError("the salience gradients overflowed (inf/nan); run the search in bf16 or fp32 "
                                 "(--dtype bf16 / --dtype fp32)")
         term = (s1 + 0.5 * s1 * s1).abs() if first_order else 0.5 * s1 * s1
-        acc = term.sum(0)
-        self.total = acc if self.total is None else self.total + acc
+        step = batch_size or b
+        for start in range(0, b, step):
+            acc = term[start:start + step].sum(0)
+            self.total = acc if self.total is None else self.total + acc
         self.e.grad = None
 
 
@@ -187,13 +199,38 @@ def _final_modules(model: nn.Module) -> list[nn.Module]:
     return [norm, head]
 
 
+STREAM_BOUNDARY_SHARE = 0.25  # of the free CPU memory, for a chunk's layer-boundary activations
+STREAM_BOUNDARY_MAX = 16 * 2**30  # ... and at most this many bytes (pinning memory is slow)
+
+
+def stream_chunk(n: int, batch_size: int, boundary_bytes_per_window: int, free_cpu: int | None) -> int:
+    """Windows per streamed chunk: each chunk moves every decoder layer to the GPU twice (forward, backward), so
+    as many windows as their layer-boundary activations allow (:data:`STREAM_BOUNDARY_SHARE` of the free CPU
+    memory, at most :data:`STREAM_BOUNDARY_MAX`), a multiple of ``batch_size`` (the windows of one backward), at
+    least one batch and at most all ``n``."""
+    budget = STREAM_BOUNDARY_MAX
+    if free_cpu is not None:
+        budget = min(budget, int(free_cpu * STREAM_BOUNDARY_SHARE))
+    batches = max(1, budget // max(1, boundary_bytes_per_window * batch_size))
+    return min(n, batches * batch_size)
+
+
+def _to_host(t: torch.Tensor, pin: bool) -> torch.Tensor:
+    """A CPU copy of ``t``, in page-locked memory when ``pin`` (copied straight into it, and back at full speed)."""
+    if not pin:
+        return t.cpu()
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
+
+
 def _streamed_backward(model: nn.Module, ids: torch.Tensor, device: torch.device, loss_scale: float,
-                       autocast_dtype: torch.dtype | None) -> None:
-    """One batch's forward and backward with the model's weights on the CPU and one decoder layer at a time on
-    ``device``: a no-grad forward keeps each layer's input (the boundary activations) in CPU memory, the loss's
-    gradient at the last layer's output comes from the final norm and LM head, then each layer, last first, is
-    recomputed from its saved input with its probes and back-propagated (the chain rule of the whole backward,
-    taken one layer at a time), which leaves each probe's gradient where :meth:`_Probe.collect` reads it."""
+                       autocast_dtype: torch.dtype | None, batch_size: int, rows: _Rows) -> None:
+    """One chunk's forward and backward with the model's weights on the CPU and one decoder layer at a time on
+    ``device``: each layer moves to the device once per direction and runs the chunk's windows ``batch_size`` at
+    a time. A no-grad forward keeps each layer's inputs (the boundary activations) in CPU memory; the loss's
+    gradient at the last layer's output comes from the final norm and LM head; then each layer, last first, is
+    recomputed from its saved inputs with its probes and back-propagated (the chain rule of the whole backward,
+    taken one layer at a time), which leaves each window's probe gradient in its own row of e (``rows``), where
+    :meth:`_Probe.collect` reads it."""
     from quantkit.model.layerwise import LayerBatch, capture_layer_inputs, layer_output
 
     _, layers = find_decoder_layers(model)
@@ -202,38 +239,68 @@ def _streamed_backward(model: nn.Module, ids: torch.Tensor, device: torch.device
     def autocast():
         return torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else ExitStack()
 
-    (first,) = capture_layer_inputs(model, ids, device, batch_size=ids.shape[0])
-    kwargs = first.kwargs
-    saved = []
-    h = first.hidden
+    batches = capture_layer_inputs(model, ids, device, batch_size=batch_size)
+    starts = list(range(0, ids.shape[0], batch_size))
+    hidden = [b.hidden for b in batches]
+    saved: list[list[torch.Tensor]] = []
     with torch.no_grad():
         for layer in layers:
-            saved.append(h.cpu().pin_memory() if pin else h.cpu())
             layer.to(device)
-            with autocast():
-                h = layer_output(layer, LayerBatch(h, kwargs))
+            saved.append([_to_host(h, pin) for h in hidden])
+            for j, b in enumerate(batches):
+                rows.first = starts[j]
+                with autocast():
+                    hidden[j] = layer_output(layer, LayerBatch(hidden[j], b.kwargs))
             layer.to("cpu")
     final = _final_modules(model)
     for m in final:
         m.to(device)
-    h = h.detach().requires_grad_(True)
-    with autocast():
-        loss = sample_loss(final[1](final[0](h)), ids) * loss_scale
-    loss.backward()
-    grad = h.grad
+    grads = []
+    for j, start in enumerate(starts):
+        h = hidden[j].detach().requires_grad_(True)
+        with autocast():
+            loss = sample_loss(final[1](final[0](h)), ids[start:start + batch_size]) * loss_scale
+        loss.backward()
+        grads.append(h.grad)
+        del loss, h
     for m in final:
         m.to("cpu")
-    del loss, h
+    del hidden
     for i in range(len(layers) - 1, -1, -1):
         layer = layers[i]
         layer.to(device)
-        x = saved[i].to(device).requires_grad_(i > 0)
-        with autocast():
-            out = layer_output(layer, LayerBatch(x, kwargs))
-        out.backward(grad)
-        grad = x.grad if i > 0 else None
+        for j, b in enumerate(batches):
+            rows.first = starts[j]
+            x = saved[i][j].to(device, non_blocking=True).requires_grad_(i > 0)
+            with autocast():
+                out = layer_output(layer, LayerBatch(x, b.kwargs))
+            out.backward(grads[j])
+            grads[j] = x.grad if i > 0 else None
         layer.to("cpu")
         saved[i] = None
+    rows.first = 0
+
+
+def _delta(name: str, lin: nn.Linear, quantizer: Quantizer, device: torch.device | None) -> torch.Tensor:
+    """Δ = quantize(W) − W of one linear in its weight's dtype (MixLLM Eq. 4's c_q − c_0): where it is, or, for a
+    streamed pass (``device``), computed on that device and kept in page-locked CPU memory."""
+    w = linear_weight(lin)
+    wf = w.float() if device is None else w.to(device).float()
+    delta = (quantizer(name, wf).to(wf.device) - wf).to(w.dtype)
+    return delta if device is None else _to_host(delta, device.type == "cuda")
+
+
+def _boundary_bytes(model: nn.Module, seqlen: int) -> int:
+    """Bytes of one window's layer-boundary activations over all decoder layers (what a streamed chunk keeps)."""
+    _, layers = find_decoder_layers(model)
+    embed = model.get_input_embeddings().weight
+    return seqlen * embed.shape[1] * (len(layers) + 1) * embed.element_size()
+
+
+def _free_cpu() -> int | None:
+    from quantkit.model.memory import free_memory
+
+    return free_memory("cpu") or None
 
 
 def compute_salience(model: nn.Module, input_ids: torch.Tensor, quantizer: Quantizer, *, first_order: bool = True,
@@ -241,7 +308,8 @@ def compute_salience(model: nn.Module, input_ids: torch.Tensor, quantizer: Quant
                      autocast_dtype: torch.dtype | None = None,
                      progress: Progress | None = None, on_linear: Progress | None = None,
                      skip: set[str] | frozenset[str] = frozenset(),
-                     stream_device: torch.device | str | None = None) -> SalienceResult:
+                     stream_device: torch.device | str | None = None,
+                     stream_windows: int | None = None) -> SalienceResult:
     """MixLLM Eq. 4 salience of every output channel of every decoder linear, over calibration windows.
 
     ``input_ids`` [n, seqlen]; ``quantizer`` gives the low-bit weight c_q (the precision the plan would otherwise
@@ -250,8 +318,10 @@ def compute_salience(model: nn.Module, input_ids: torch.Tensor, quantizer: Quant
     a GPU) runs the matmuls under autocast. ``progress(done, total)`` is called after each batch and
     ``on_linear(done, total)`` after each linear's Δ is ready; linears named in ``skip`` get no score.
     ``checkpoint_layers`` recomputes each decoder layer in the backward pass; None decides by memory
-    (:func:`needs_checkpointing`). ``stream_device``: the model stays in CPU memory and each batch runs one
-    decoder layer at a time on that device (:func:`_streamed_backward`; the same gradients, so the same scores).
+    (:func:`needs_checkpointing`). ``stream_device``: the model stays in CPU memory, Δ is computed on that device
+    and kept in (page-locked) CPU memory, and each chunk of ``stream_windows`` windows (default
+    :func:`stream_chunk`) runs one decoder layer at a time there, ``batch_size`` windows per backward
+    (:func:`_streamed_backward`; the same gradients, so the same scores).
 
     fp16 compute: the per-token gradients of a mean loss are ~1/seqlen and fall below fp16's smallest normal,
     so the loss is scaled by the number of predicted tokens (a token sum) and s1 divided back in fp32.
@@ -268,28 +338,33 @@ def compute_salience(model: nn.Module, input_ids: torch.Tensor, quantizer: Quant
     half = autocast_dtype == torch.float16 or any(p.dtype == torch.float16 for p in model.parameters())
     loss_scale = float(input_ids.shape[1] - 1) if half else 1.0
     linears = [(name, lin) for name, lin in iter_linears(model) if name not in skip]
+    dev = torch.device(stream_device) if stream_device is not None else _input_device(model)
+    # the streamed pass runs a chunk of windows per move of the weights; the whole-model pass one batch
+    chunk = batch_size
+    if stream_device is not None:
+        chunk = stream_windows or stream_chunk(n, batch_size, _boundary_bytes(model, input_ids.shape[1]),
+                                               _free_cpu())
+        chunk = max(batch_size, chunk - chunk % batch_size)
+    rows = _Rows()
     probes: dict[str, _Probe] = {}
     with ExitStack() as stack:
         for i, (name, lin) in enumerate(linears):
-            w = linear_weight(lin)
-            wf = w.float()
-            delta = (quantizer(name, wf).to(wf.device) - wf).to(w.dtype)
-            probes[name] = _Probe(delta, min(batch_size, n))
+            probes[name] = _Probe(_delta(name, lin, quantizer, dev if stream_device is not None else None),
+                                  min(chunk, n), rows)
             handle = lin.register_forward_hook(probes[name].hook)
             stack.callback(handle.remove)
             if on_linear is not None:
                 on_linear(i + 1, len(linears))
         stack.enter_context(_frozen(model))
-        dev = torch.device(stream_device) if stream_device is not None else _input_device(model)
         if stream_device is None:
             if checkpoint_layers is None:
                 checkpoint_layers = needs_checkpointing(model, min(batch_size, n) * input_ids.shape[1], dev)
             if checkpoint_layers:
                 stack.enter_context(checkpointed_layers(model))
-        for start in range(0, n, batch_size):
-            ids = input_ids[start:start + batch_size].to(dev)
+        for start in range(0, n, chunk):
+            ids = input_ids[start:start + chunk].to(dev)
             if stream_device is not None:
-                _streamed_backward(model, ids, dev, loss_scale, autocast_dtype)
+                _streamed_backward(model, ids, dev, loss_scale, autocast_dtype, batch_size, rows)
             else:
                 with ExitStack() as ctx:
                     if autocast_dtype is not None:
@@ -299,8 +374,8 @@ def compute_salience(model: nn.Module, input_ids: torch.Tensor, quantizer: Quant
                 del logits
                 loss.backward()
             for p in probes.values():
-                p.collect(ids.shape[0], first_order, loss_scale)
+                p.collect(ids.shape[0], first_order, loss_scale, batch_size)
             if progress is not None:
-                progress(min(start + batch_size, n), n)
+                progress(min(start + chunk, n), n)
     scores = {name: (distributed.all_reduce_sum(p.total) / n_all).cpu() for name, p in probes.items()}
     return SalienceResult(scores=scores, samples=n_all, first_order=first_order)

@@ -30,6 +30,29 @@ def test_streamed_salience_equals_the_whole_model_pass(arch, over):
         assert torch.equal(streamed.scores[name], whole.scores[name]), name
 
 
+def test_chunks_of_several_batches_give_the_same_scores():
+    """Several batches per move of the weights: each window's gradient lands in its own probe row."""
+    from tests.conftest import build_tiny_model
+
+    model = build_tiny_model("llama")
+    ids = torch.randint(0, model.config.vocab_size, (7, 12), generator=torch.Generator().manual_seed(1))
+    whole = compute_salience(model, ids, _quantizer, batch_size=2, checkpoint_layers=False)
+    for windows in (4, 5, 7):  # 5 rounds down to two batches of 2
+        streamed = compute_salience(model, ids, _quantizer, batch_size=2, stream_device="cpu", stream_windows=windows)
+        for name in whole.scores:
+            assert torch.equal(streamed.scores[name], whole.scores[name]), (windows, name)
+
+
+def test_stream_chunk_is_bounded_by_cpu_memory_and_whole_batches():
+    from quantkit.search.salience import STREAM_BOUNDARY_MAX, stream_chunk
+
+    assert stream_chunk(128, 1, 2**30, 64 * 2**30) == 16  # a quarter of 64 GiB, one GiB a window
+    assert stream_chunk(128, 4, 2**30, 64 * 2**30) == 16
+    assert stream_chunk(128, 4, 2**30, 2**30) == 4  # never less than one batch
+    assert stream_chunk(10, 4, 2**20, 64 * 2**30) == 10  # never more than all windows
+    assert stream_chunk(10**6, 1, 2**20, None) == STREAM_BOUNDARY_MAX // 2**20
+
+
 def test_a_search_streaming_the_layers_writes_the_same_plan(tiny_model_dir, tmp_path):
     import json
 

@@ -76,6 +76,7 @@ class _Probe:
         self.delta = delta
         self.batch_size = batch_size
         self.rows = rows
+        self.resident: torch.Tensor | None = None  # Δ on the compute device while a streamed layer runs there
         self.e: torch.Tensor | None = None
         self.total: torch.Tensor | None = None
 
@@ -88,7 +89,8 @@ class _Probe:
         first = self.rows.first
         if first + b > self.batch_size:
             raise RuntimeError(f"probe sized for {self.batch_size} windows, got rows {first}..{first + b - 1}")
-        yd = F.linear(x, self.delta.to(device=x.device, dtype=x.dtype, non_blocking=True)).reshape(b, -1, n)
+        delta = self.resident if self.resident is not None else self.delta
+        yd = F.linear(x, delta.to(device=x.device, dtype=x.dtype)).reshape(b, -1, n)
         # fp32 product so ∂L/∂e is the token sum of δ·(xΔᵀ) accumulated in fp32, not rounded to bf16
         probe = (self.e[first:first + b].unsqueeze(1) * yd.float()).reshape(output.shape)
         return output + probe.to(output.dtype)
@@ -222,8 +224,25 @@ def _to_host(t: torch.Tensor, pin: bool) -> torch.Tensor:
     return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
 
 
+@contextmanager
+def _layer_on(layer: nn.Module, device: torch.device, probes: dict[int, _Probe]):
+    """The decoder layer and its linears' Δ on ``device`` for the duration (one copy each, however many batches
+    run), back in CPU memory after."""
+    staged = [probes[id(m)] for m in layer.modules() if id(m) in probes]
+    layer.to(device)
+    for p in staged:
+        p.resident = p.delta.to(device, non_blocking=True)
+    try:
+        yield
+    finally:
+        for p in staged:
+            p.resident = None
+        layer.to("cpu")
+
+
 def _streamed_backward(model: nn.Module, ids: torch.Tensor, device: torch.device, loss_scale: float,
-                       autocast_dtype: torch.dtype | None, batch_size: int, rows: _Rows) -> None:
+                       autocast_dtype: torch.dtype | None, batch_size: int, rows: _Rows,
+                       probes: dict[int, _Probe]) -> None:
     """One chunk's forward and backward with the model's weights on the CPU and one decoder layer at a time on
     ``device``: each layer moves to the device once per direction and runs the chunk's windows ``batch_size`` at
     a time. A no-grad forward keeps each layer's inputs (the boundary activations) in CPU memory; the loss's
@@ -245,13 +264,12 @@ def _streamed_backward(model: nn.Module, ids: torch.Tensor, device: torch.device
     saved: list[list[torch.Tensor]] = []
     with torch.no_grad():
         for layer in layers:
-            layer.to(device)
             saved.append([_to_host(h, pin) for h in hidden])
-            for j, b in enumerate(batches):
-                rows.first = starts[j]
-                with autocast():
-                    hidden[j] = layer_output(layer, LayerBatch(hidden[j], b.kwargs))
-            layer.to("cpu")
+            with _layer_on(layer, device, probes):
+                for j, b in enumerate(batches):
+                    rows.first = starts[j]
+                    with autocast():
+                        hidden[j] = layer_output(layer, LayerBatch(hidden[j], b.kwargs))
     final = _final_modules(model)
     for m in final:
         m.to(device)
@@ -268,15 +286,14 @@ def _streamed_backward(model: nn.Module, ids: torch.Tensor, device: torch.device
     del hidden
     for i in range(len(layers) - 1, -1, -1):
         layer = layers[i]
-        layer.to(device)
-        for j, b in enumerate(batches):
-            rows.first = starts[j]
-            x = saved[i][j].to(device, non_blocking=True).requires_grad_(i > 0)
-            with autocast():
-                out = layer_output(layer, LayerBatch(x, b.kwargs))
-            out.backward(grads[j])
-            grads[j] = x.grad if i > 0 else None
-        layer.to("cpu")
+        with _layer_on(layer, device, probes):
+            for j, b in enumerate(batches):
+                rows.first = starts[j]
+                x = saved[i][j].to(device, non_blocking=True).requires_grad_(i > 0)
+                with autocast():
+                    out = layer_output(layer, LayerBatch(x, b.kwargs))
+                out.backward(grads[j])
+                grads[j] = x.grad if i > 0 else None
         saved[i] = None
     rows.first = 0
 
@@ -364,7 +381,8 @@ def compute_salience(model: nn.Module, input_ids: torch.Tensor, quantizer: Quant
         for start in range(0, n, chunk):
             ids = input_ids[start:start + chunk].to(dev)
             if stream_device is not None:
-                _streamed_backward(model, ids, dev, loss_scale, autocast_dtype, batch_size, rows)
+                _streamed_backward(model, ids, dev, loss_scale, autocast_dtype, batch_size, rows,
+                                   {id(lin): probes[name] for name, lin in linears})
             else:
                 with ExitStack() as ctx:
                     if autocast_dtype is not None:

@@ -3,8 +3,8 @@ hold at all.
 
 ``--format quantkit`` stores every partition in quantkit's own layouts: ``--target reference`` → ``reference``
 (plain bit-packing, torch reference kernels); ``--target sm80|sm90`` → the GPU kernel layout of the partition's
-kind (4-bit asymmetric → ``w4a16``, LiquidQuant → ``w4a8-lqq``, 8-bit symmetric → ``w8``), falling back to
-``reference`` with a warning when no kernel layout exists or it cannot hold the weight. ``--format gptq|gptq_v2|awq``
+kind (4-bit asymmetric → ``w4a16``, LiquidQuant → ``w4a8-lqq``, 8-bit symmetric → ``w8``, FP8 E4M3 → ``fp8``),
+falling back to ``reference`` with a warning when no kernel layout exists or it cannot hold the weight. ``--format gptq|gptq_v2|awq``
 writes the engines' formats for every linear, which exist only for uniform weight-only models: refusals are
 decided from the recipe and plan alone, before any model is loaded.
 """
@@ -82,7 +82,7 @@ def check_recipe_export(recipe: Recipe, export: str, plan_is_mixed: bool) -> Non
 def kernel_layout(qw: QuantizedWeight) -> str | None:
     """The GPU kernel layout for a weight of this kind, or None when no kernel covers it."""
     if qw.fp8:
-        return None
+        return "fp8"
     if qw.channel_scales is not None:
         return "w4a8-lqq"
     if qw.bits == 4 and not qw.sym:

@@ -11,7 +11,7 @@ from types import ModuleType
 from quantkit.errors import QuantkitError
 from quantkit.quant.records import QuantizedWeight
 
-# name → module path; the GPU kernel layouts (w4a16, w4a8-lqq, w8) register here next to their modules
+# name → module path; the GPU kernel layouts (w4a16, w4a8-lqq, w8, fp8) register here next to their modules
 _LAYOUTS: dict[str, str] = {
     "reference": "quantkit.formats.reference",
     "gptq": "quantkit.formats.gptq",
@@ -20,6 +20,7 @@ _LAYOUTS: dict[str, str] = {
     "w4a16": "quantkit.formats.w4a16",
     "w4a8-lqq": "quantkit.formats.w4a8_lqq",
     "w8": "quantkit.formats.w8",
+    "fp8": "quantkit.formats.fp8",
 }
 
 REQUIRED = ("NAME", "supports", "layout_meta", "pack", "unpack")

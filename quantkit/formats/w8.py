@@ -40,7 +40,7 @@ def supports(qw: QuantizedWeight) -> str | None:
     if qw.channel_scales is not None:
         return "LiquidQuant two-level weights go to the 'w4a8-lqq' layout"
     if qw.fp8:
-        return "FP8 E4M3 weights are not int8 codes; they have no kernel layout yet and go to 'reference'"
+        return "FP8 E4M3 weights are not int8 codes; they go to 'fp8' (per channel) or 'reference'"
     problem = record_problem(qw) or group_problem(qw, NAME)
     if problem is not None:
         return problem

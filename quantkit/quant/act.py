@@ -61,13 +61,24 @@ def quantize_activation_fp8(x: torch.Tensor, group_size: int = -1) -> torch.Tens
     gs = k if group_size == -1 else group_size
     out = torch.empty_like(rows)
     for start in range(0, k, gs):
-        part = rows[:, start:start + gs]
-        absmax = part.abs().amax(dim=1, keepdim=True)
-        # a row so small that absmax / 448 underflows fp32 keeps the smallest normal scale (its codes round to 0)
-        scale = (absmax / grid.device_scalar(grid.FP8_MAX, part)).clamp_min(torch.finfo(torch.float32).tiny)
-        scale = torch.where(absmax > 0, scale, torch.ones_like(absmax))
-        out[:, start:start + gs] = grid.e4m3_round(part / scale).float() * scale
+        codes, scale = _fp8_group(rows[:, start:start + gs])
+        out[:, start:start + gs] = codes.float() * scale
     return out.to(x.dtype).reshape(x.shape)
+
+
+def quantize_activation_fp8_codes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token FP8 E4M3 activations for the FP8 GEMM: codes float8_e4m3fn [M, K] and float32 scales [M, 1] of
+    x [M, K], with codes · scales == :func:`quantize_activation_fp8` (x, -1) before its cast to x's dtype."""
+    return _fp8_group(x.float())
+
+
+def _fp8_group(part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 codes, fp32 scale [rows, 1]) of fp32 rows ``part``: scale = absmax / 448, 1 for an all-zero row."""
+    absmax = part.abs().amax(dim=1, keepdim=True)
+    # a row so small that absmax / 448 underflows fp32 keeps the smallest normal scale (its codes round to 0)
+    scale = (absmax / grid.device_scalar(grid.FP8_MAX, part)).clamp_min(torch.finfo(torch.float32).tiny)
+    scale = torch.where(absmax > 0, scale, torch.ones_like(absmax))
+    return grid.e4m3_round(part / scale), scale
 
 
 def _fake_quant_input(module: nn.Module, args: tuple, bits: int, group_size: int, sym: bool, fp8: bool) -> tuple:

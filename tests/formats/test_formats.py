@@ -270,7 +270,7 @@ def test_layouts_for_lists_every_layout_with_its_verdict():
 
 
 def test_unknown_layout_lists_known_names():
-    with pytest.raises(QuantkitError, match="unknown weight layout 'gguf'; known layouts: awq, gptq, gptq_v2"):
+    with pytest.raises(QuantkitError, match="unknown weight layout 'gguf'; known layouts: awq, fp8, gptq, gptq_v2"):
         get_layout("gguf")
     assert known_layouts() == sorted(known_layouts())
     with pytest.raises(ValueError, match="already registered"):

@@ -23,6 +23,8 @@ def _record(layout: str, n: int, k: int, group_size: int, seed: int, g_idx=None)
         return lqq.lqq_quantize(w, group_size)
     if layout == "w8":
         return grid.quantize(w, 8, group_size, sym=True)
+    if layout == "fp8":
+        return grid.quantize_fp8(w, group_size)
     qw = grid.quantize(w, 4, group_size, sym=False)
     qw.codes = torch.randint(0, 16, (n, k), generator=gen).to(torch.uint8)  # the whole code range
     qw.g_idx = g_idx
@@ -34,12 +36,14 @@ def _cat(records: list[QuantizedWeight]) -> QuantizedWeight:
     cs = None if first.channel_scales is None else torch.cat([r.channel_scales for r in records])
     return QuantizedWeight(codes=torch.cat([r.codes for r in records]), scales=torch.cat([r.scales for r in records]),
                            zeros=torch.cat([r.zeros for r in records]), bits=first.bits, group_size=first.group_size,
-                           sym=first.sym, g_idx=first.g_idx, channel_scales=cs)
+                           sym=first.sym, g_idx=first.g_idx, channel_scales=cs, fp8=first.fp8)
 
 
-@pytest.mark.parametrize("layout", ["w4a16", "w4a8-lqq", "w8", "reference"])
+@pytest.mark.parametrize("layout", ["w4a16", "w4a8-lqq", "w8", "reference", "fp8"])
 @pytest.mark.parametrize("group_size", [128, -1])
 def test_stacked_rows_equal_the_packed_stacked_record(layout, group_size):
+    if layout == "fp8" and group_size != -1:
+        pytest.skip("the fp8 layout holds per-channel scales only")
     lay = get_layout(layout)
     records = [_record(layout, n, K, group_size, seed=i) for i, n in enumerate(ROWS)]
     tensors, meta = stack_rows(layout, [(lay.pack(r), lay.layout_meta(r)) for r in records])

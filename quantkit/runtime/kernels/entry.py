@@ -29,10 +29,11 @@ from collections.abc import Callable, Mapping
 import torch
 import torch.nn.functional as F
 
-from quantkit.quant.act import quantize_activation_int
+from quantkit.quant.act import quantize_activation_fp8_codes, quantize_activation_int
 from quantkit.runtime.dispatch import A8_FORM, FAKE_FORM, ActQuant, SharedActivation
 from quantkit.runtime.kernels import ops
-from quantkit.runtime.kernels.triton.act_quant import quantize_activation_triton
+from quantkit.runtime.kernels.fp8_gemm import bind_fp8, fp8_matmul
+from quantkit.runtime.kernels.triton.act_quant import quantize_activation_fp8_triton, quantize_activation_triton
 from quantkit.runtime.kernels.gemm import (bind_int8, bind_w4a16, int8_matmul, mixed_int8_matmul,
                                            w4a16_matmul)
 from quantkit.runtime.kernels.triton.int8_gemm import MODES
@@ -144,6 +145,61 @@ def layout_binder(layout: str) -> Callable:
         return None
 
     return bind
+
+
+FP8_FORM = "fp8"  # SharedActivation's name of the per-token FP8 codes and scales
+
+
+def fp8_path_ok(act, dtype: torch.dtype) -> bool:
+    """True when the FP8 GEMM can apply ``act``: dynamic per-token E4M3 activations (the fp8-w8a8 recipe) in
+    fp16/bf16."""
+    return act is not None and act.fp8 and act.group_size == -1 and dtype in HALF_DTYPES
+
+
+def fp8_codes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token FP8 codes float8_e4m3fn [M, K] and float32 scales [M, 1] of x [M, K]: the fused Triton quantizer on
+    a GPU (:func:`.triton.act_quant.quantize_activation_fp8_triton`), torch ops elsewhere and where torch.compile
+    traces (:func:`quantkit.quant.act.quantize_activation_fp8_codes`); the same values either way."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        return quantize_activation_fp8_triton(x.contiguous())
+    return quantize_activation_fp8_codes(x)
+
+
+def fp8_activation(shared: SharedActivation) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward's per-token FP8 codes and float32 scales (:func:`fp8_codes`), computed once per
+    :class:`SharedActivation`; they also stand in for its fake-quant form (codes · scales, the very values of
+    :func:`quantkit.quant.act.quantize_activation_fp8`)."""
+    def compute(x: torch.Tensor, act: ActQuant) -> tuple[torch.Tensor, torch.Tensor]:
+        codes, scales = fp8_codes(x)
+        dtype = x.dtype
+        shared.offer(FAKE_FORM, lambda: (codes.float() * scales).to(dtype))
+        return codes, scales
+
+    return shared.form(FP8_FORM, compute)
+
+
+def fp8_kernel(x: torch.Tensor, tensors: Mapping[str, torch.Tensor], meta: dict, act,
+               shared: SharedActivation | None = None) -> torch.Tensor:
+    """The dispatch entry of the ``fp8`` layout: per-token FP8 activations × the weight on the ``fp8`` priority list
+    (:func:`.fp8_gemm.fp8_matmul`); other activation schemes get the QuantLinear reference's numbers (fake-quant
+    activations × the dequantized weight)."""
+    shared = SharedActivation(x, act) if shared is None else shared
+    if not fp8_path_ok(act, x.dtype):
+        return _dense(shared.fake_quant(), "fp8", tensors, meta)
+    codes, scales = fp8_activation(shared)
+    if torch.compiler.is_compiling():
+        names, spec = ops.layer_spec(tensors, meta)
+        return ops.fp8_gemm(ops.as_bytes(codes), scales, [ops.as_bytes(tensors[n]) for n in names], spec, x.dtype)
+    return fp8_matmul(codes, scales, dict(tensors), meta, out_dtype=x.dtype)
+
+
+def fp8_binder(x: torch.Tensor, tensors: Mapping[str, torch.Tensor], meta: dict, act, shared: SharedActivation):
+    """The dispatch ``bind`` of the ``fp8`` layout: the ``fp8`` choice made once for this layer and token count
+    (:func:`.fp8_gemm.bind_fp8`), or None for activations it does not take."""
+    if torch.compiler.is_compiling() or not fp8_path_ok(act, x.dtype):
+        return None
+    run = bind_fp8(*fp8_activation(shared), dict(tensors), meta, x.dtype)
+    return None if run is None else (lambda x, shared: run(*fp8_activation(shared)))
 
 
 def mixed_supported(layouts: tuple[str, ...], act: ActQuant | None) -> bool:

@@ -11,6 +11,8 @@ dispatch would add host time to every call and buys nothing there.
 * ``quantkit::a8_mixed_gemm(codes, scales, act_group, packed, rows, spec, out_features, out_dtype)`` —
   :func:`.gemm.mixed_int8_matmul` (MixLLM Sec. 3.4);
 * ``quantkit::w4a16_gemm(x, packed, spec)`` — :func:`.gemm.w4a16_matmul`;
+* ``quantkit::fp8_gemm(codes, scales, packed, spec, out_dtype)`` — :func:`.fp8_gemm.fp8_matmul`, FP8 tensors
+  passed as bytes (the FP8 activation quantizer is plain torch ops there, which dynamo traces);
 * ``quantkit::act_quant(x, bits, group_size)`` — :func:`.triton.act_quant.quantize_activation_triton`;
 * ``quantkit::decode_attention(q, k, v, mask, scale)`` — :func:`.triton.decode_attention.decode_attention`;
 * ``quantkit::decode_attention_kv8(q, k codes, scale, min, v codes, scale, min, mask, scale)`` —
@@ -166,6 +168,43 @@ def _w4a16_gemm_cpu(x, packed, spec):
 def _w4a16_gemm_fake(x, packed, spec):
     _, meta = _parse(spec)
     return x.new_empty(x.shape[0], int(meta["out_features"]))
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """An FP8 tensor as its bytes (uint8, same shape), other tensors as they are: the FP8 op takes bytes, which
+    every torch build can compare and copy (opcheck and the CPU build have no float8 arithmetic)."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
+def _fp8_args(codes: torch.Tensor, packed: list[torch.Tensor], spec: str) -> tuple[torch.Tensor, dict, dict]:
+    tensors, meta = _unpack(packed, spec)
+    tensors["qweight"] = tensors["qweight"].view(torch.float8_e4m3fn)
+    return codes.view(torch.float8_e4m3fn), tensors, meta
+
+
+@custom_op("quantkit::fp8_gemm", mutates_args=())
+def fp8_gemm(codes: torch.Tensor, scales: torch.Tensor, packed: list[torch.Tensor], spec: str,
+             out_dtype: torch.dtype) -> torch.Tensor:
+    """Y [M, N] (``out_dtype``) of per-token FP8 activation codes (as bytes, :func:`as_bytes`) and scales and an
+    ``fp8`` weight (its ``qweight`` as bytes), by the kernel the registry picks (:func:`.fp8_gemm.fp8_matmul`)."""
+    from quantkit.runtime.kernels.fp8_gemm import fp8_matmul
+
+    a, tensors, meta = _fp8_args(codes, packed, spec)
+    return fp8_matmul(a, scales, tensors, meta, out_dtype=out_dtype)
+
+
+@fp8_gemm.register_kernel("cpu")
+def _fp8_gemm_cpu(codes, scales, packed, spec, out_dtype):
+    from quantkit.runtime.kernels.fp8_gemm import fp8_reference
+
+    a, tensors, _ = _fp8_args(codes, packed, spec)
+    return fp8_reference(a, scales, tensors, out_dtype)
+
+
+@fp8_gemm.register_fake
+def _fp8_gemm_fake(codes, scales, packed, spec, out_dtype):
+    _, meta = _parse(spec)
+    return codes.new_empty(codes.shape[0], int(meta["out_features"]), dtype=out_dtype)
 
 
 @custom_op("quantkit::act_quant", mutates_args=())

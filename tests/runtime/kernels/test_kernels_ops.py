@@ -42,6 +42,22 @@ def test_a8_ops_are_the_reference_and_pass_opcheck(layout, k, act_group):
 
 
 @cpu_only
+def test_the_fp8_op_is_the_reference_and_passes_opcheck():
+    from quantkit.formats import get_layout
+    from quantkit.quant import grid
+    from quantkit.quant.act import quantize_activation_fp8_codes
+    from quantkit.runtime.kernels.fp8_gemm import fp8_reference
+
+    qw = grid.quantize_fp8(torch.randn(40, 256) * 0.05, -1)
+    tensors, meta = get_layout("fp8").pack(qw), get_layout("fp8").layout_meta(qw)
+    codes, scales = quantize_activation_fp8_codes(torch.randn(3, 256))
+    packed_list, spec = _args({name: ops.as_bytes(t) for name, t in tensors.items()}, meta)
+    args = (ops.as_bytes(codes), scales, packed_list, spec, torch.float16)
+    assert torch.equal(ops.fp8_gemm(*args), fp8_reference(codes, scales, tensors, torch.float16))
+    torch.library.opcheck(ops.fp8_gemm, args)
+
+
+@cpu_only
 def test_w4a16_and_mixed_ops_are_the_reference_and_pass_opcheck():
     _, tensors, meta = packed("w4a16", 40, 300, 128)
     x = torch.randn(3, 300).half()

@@ -87,6 +87,63 @@ def _act_quant_token_kernel(x_ptr, c_ptr, s_ptr, M, K, stride_xm, stride_cm, str
     tl.store(s_ptr + rm * stride_sm, s, mask=rm < M)
 
 
+FP8_MAX = tl.constexpr(448.0)  # the largest finite float8_e4m3fn
+FP32_TINY = tl.constexpr(1.1754943508222875e-38)  # smallest normal fp32 (the FP8 scale's floor)
+
+
+@kernel
+def _e4m3_bits(y):
+    """The float8_e4m3fn bit pattern (int32 0..255) of fp32 ``y`` with |y| <= 448, rounded to nearest, ties to even
+    — torch's cast, done with integer operations so that the interpreter computes it too. Normal e4m3 values keep 3
+    mantissa bits (the fp32 mantissa rounded at bit 20, a carry moving into the exponent); below 2^-6 the values
+    are multiples of 2^-9, whose count n (0..8, 8 being 2^-6) is the code itself; the sign is kept, -0 included."""
+    bits = y.to(tl.int32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    a = tl.abs(y)
+    ab = a.to(tl.int32, bitcast=True)
+    r = (ab + 0x7FFFF + ((ab >> 20) & 1)) & 0x7FF00000  # mantissa rounded to 3 bits, half to even
+    normal = (((r >> 23) - 120) << 3) | ((r >> 20) & 7)
+    sub = ((a * 512.0 + ROUND_MAGIC) - ROUND_MAGIC).to(tl.int32)  # round_half_even(|y| / 2^-9)
+    return sign | tl.where(a < 0.015625, sub, normal)
+
+
+@kernel
+def _act_quant_fp8_kernel(x_ptr, c_ptr, s_ptr, M, K, stride_xm, stride_cm, BK: tl.constexpr, BM: tl.constexpr):
+    """Per-token FP8: s = absmax / 448 (at least fp32's smallest normal; 1 for an all-zero row), codes =
+    e4m3(clamp(x / s, ±448)) as bytes; BM whole rows per program."""
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    k = tl.arange(0, BK)
+    mask = (rm < M)[:, None] & (k < K)[None, :]
+    x = tl.load(x_ptr + rm[:, None] * stride_xm + k[None, :], mask=mask, other=0.0).to(tl.float32)
+    absmax = tl.max(tl.abs(x), axis=1)
+    s = tl.maximum(tl.math.div_rn(absmax, FP8_MAX), FP32_TINY)
+    s = tl.where(absmax > 0, s, 1.0)
+    y = tl.math.div_rn(x, s[:, None])
+    y = tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX)
+    tl.store(c_ptr + rm[:, None] * stride_cm + k[None, :], _e4m3_bits(y).to(tl.uint8), mask=mask)
+    tl.store(s_ptr + rm, s, mask=rm < M)
+
+
+def quantize_activation_fp8_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes float8_e4m3fn [M, K], scales float32 [M, 1]) of activations ``x`` [M, K] (unit column stride) in one
+    pass: bit-identical to :func:`quantkit.quant.act.quantize_activation_fp8_codes` (vLLM's dynamic per-token FP8)."""
+    if x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(f"x must be [M, K] with unit column stride, got shape {tuple(x.shape)}")
+    check_device(x)
+    m, k = x.shape
+    codes = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty(m, 1, dtype=torch.float32, device=x.device)
+    bk = triton.next_power_of_2(max(k, 1))
+    if bk > MAX_ROW:
+        raise QuantkitError(f"per-token FP8 quantization holds whole rows of at most {MAX_ROW} features in one "
+                            f"program, got K = {k}")
+    if m:
+        bm, warps = act_quant_launch(m, bk, -1)
+        launch_kernel(_act_quant_fp8_kernel, (-(-m // bm),), x, codes.view(torch.uint8), scales, m, k, x.stride(0),
+                      codes.stride(0), BK=bk, BM=bm, num_warps=warps)
+    return codes, scales
+
+
 TOKEN_ROW_ELEMS = 4096  # per-token rows narrower than this share a program, up to this many columns a program
 
 

@@ -487,9 +487,9 @@ def bench(
     preset: Annotated[Optional[str], typer.Option(help=f"a model's linear shapes: {', '.join(PRESETS)}")] = None,
     m: Annotated[Optional[str], typer.Option("--m", help=f"token counts M, comma-separated (default "
                                                          f"{DEFAULT_M})")] = None,
-    methods: Annotated[Optional[str], typer.Option(help="fp16, int_mm, fp8, w4a16, w8a8, w4a8, w4a8-lqq, mixed, "
-                                                        "act-quant and the +aq variants (activation quantization "
-                                                        "timed in); "
+    methods: Annotated[Optional[str], typer.Option(help="fp16, int_mm, fp8, w4a16, w8a8, w8a8-ch, fp8-w8a8, w4a8, "
+                                                        "w4a8-lqq, mixed, act-quant and the +aq variants "
+                                                        "(activation quantization timed in); "
                                                         f"default: PACKED's own, else {DEFAULT_METHODS}")] = None,
     reps: Annotated[Optional[int], typer.Option(help="timed samples per point, median reported (default 50; "
                                                      "--e2e: 5)")] = None,
@@ -717,8 +717,8 @@ def tune(
     m: Annotated[Optional[str], typer.Option("--m", help="token counts M to tune, comma-separated (default: the "
                                                          "powers of two 1-4096; an entry serves the M above the "
                                                          "previous tuned one)")] = None,
-    methods: Annotated[Optional[str], typer.Option(help="w4a16, w8a8, w4a8, w4a8-lqq, mixed (default: PACKED's own, "
-                                                        "else all five)")] = None,
+    methods: Annotated[Optional[str], typer.Option(help="w4a16, w8a8, w8a8-ch, w4a8, w4a8-lqq, mixed (default: "
+                                                        "PACKED's own, else all six)")] = None,
     reps: Annotated[Optional[int], typer.Option(help="timed samples per candidate (median; default 30, "
                                                      "--attention 20)")] = None,
     output: Annotated[Optional[str], typer.Option("-o", "--output", help="tables folder (default $QUANTKIT_TABLES "
@@ -751,7 +751,7 @@ def tune(
     reps = 30 if reps is None else reps
 
     command.check_reps(reps)
-    default_methods = "w4a16,w8a8,w4a8,w4a8-lqq,mixed"
+    default_methods = "w4a16,w8a8,w8a8-ch,w4a8,w4a8-lqq,mixed"
     bench_shapes, wanted = command.kernel_targets(packed, shapes, preset,
                                                   methods if methods or packed else default_methods)
     ms = command.parse_ints(",".join(str(2 ** i) for i in range(13)) if m is None else m, "--m")

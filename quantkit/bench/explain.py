@@ -12,6 +12,8 @@ from quantkit.errors import QuantkitError
 METHOD_PROBLEMS = {
     "w4a16": ("a16", ("w4a16",), 0),
     "w8a8": ("a8", ("w8",), 128),
+    "w8a8-ch": ("a8", ("w8",), -1),
+    "fp8-w8a8": ("fp8", ("fp8",), -1),
     "w4a8": ("a8", ("w4a16",), 128),
     "w4a8-lqq": ("a8", ("w4a8-lqq",), -1),
     "mixed": ("a8_mixed", ("w4a16", "w8"), 128),
@@ -68,8 +70,7 @@ def explain_rows(shapes: list[tuple[int, int]], ms: list[int], methods: list[str
                 rows.append({"shape": f"{n}x{k}", "m": m, "method": method, "kernel": chosen[0],
                              "config": chosen[2], "declined": [{"kernel": e[0], "reason": e[2]} for e in entries[:-1]]})
     if not rows:
-        raise QuantkitError("--explain covers the quantkit kernels: give --methods with w4a16, w8a8, w4a8, w4a8-lqq "
-                            "or mixed")
+        raise QuantkitError(f"--explain covers the quantkit kernels: give --methods with {', '.join(METHOD_PROBLEMS)}")
     return rows
 
 

@@ -17,7 +17,7 @@ from quantkit.errors import QuantkitError
 # A8 checkpoints map to the "+aq" problems: their packed model quantizes each layer's activation before the
 # GEMM, so that is the time a user of the checkpoint pays (the plain names time the GEMM alone)
 _SINGLE = {("w4a16", False): "w4a16", ("w4a16", True): "w4a8+aq", ("w4a8-lqq", True): "w4a8-lqq+aq",
-           ("w8", True): "w8a8+aq"}
+           ("w8", True): "w8a8+aq", ("fp8", True): "fp8-w8a8+aq"}
 _MIXED_LAYOUTS = {"w4a16", "w8"}  # the partitions the ``mixed`` problem packs (MixLLM W4.4A8)
 
 
@@ -84,13 +84,19 @@ def linear_method(entry: dict, act: dict | None) -> str | None:
 
     A mixed-precision linear (several partitions, MixLLM Sec. 3.4) with A8 activations maps to ``mixed+aq``;
     one ``w4a16`` partition to ``w4a16`` (A16) or ``w4a8+aq`` (A8, MixLLM W4A8); ``w4a8-lqq`` with A8 to
-    ``w4a8-lqq+aq`` (LiquidGEMM); ``w8`` with A8 to ``w8a8+aq`` — A8 methods include the activation quantizer,
+    ``w4a8-lqq+aq`` (LiquidGEMM); ``w8`` with A8 to ``w8a8+aq`` (``w8a8-ch+aq`` per channel with per-token
+    activations); ``fp8`` with FP8 activations to ``fp8-w8a8+aq`` — A8 methods include the activation quantizer,
     as the packed model runs them."""
     a8 = bool(act) and act.get("bits") == 8
     parts = entry["partitions"]
     if len(parts) > 1 or parts[0].get("rows"):
         return "mixed+aq" if a8 and {p["layout"] for p in parts} <= _MIXED_LAYOUTS else None
-    return _SINGLE.get((parts[0]["layout"], a8))
+    method = _SINGLE.get((parts[0]["layout"], a8))
+    if method == "w8a8+aq" and act.get("group_size") == -1 and (parts[0].get("meta") or {}).get("group_size") == -1:
+        return "w8a8-ch+aq"  # per-channel weights, per-token activations (SmoothQuant's W8A8)
+    if method == "fp8-w8a8+aq" and not act.get("fp8"):
+        return None
+    return method
 
 
 def checkpoint_methods(manifest: dict, where: str = "the checkpoint") -> list[str]:
@@ -103,8 +109,9 @@ def checkpoint_methods(manifest: dict, where: str = "the checkpoint") -> list[st
     methods = [m for m in METHODS if m in found and m != "fp16"]
     if not methods:
         if any((p.get("meta") or {}).get("fp8") for e in manifest["linears"].values() for p in e["partitions"]):
-            raise QuantkitError(f"{where} holds FP8 E4M3 weights, which no quantkit kernel reads yet (they run the "
-                                "torch reference); nothing to benchmark or tune")
+            raise QuantkitError(f"{where} holds FP8 E4M3 weights in the 'reference' layout or without FP8 "
+                                "activations, which no quantkit kernel reads; repack it with `quantkit pack … "
+                                "--recipe fp8-w8a8 --target sm90` (per-channel weights)")
         layouts = sorted({p["layout"] for e in manifest["linears"].values() for p in e["partitions"]})
         acts = f"A{act['bits']}" if act else "A16"
         raise QuantkitError(f"{where} stores its linears in layout(s) {', '.join(layouts)} with {acts} activations, "

@@ -10,6 +10,9 @@ fp8                torch._scaled_mm fp8 e4m3 × e4m3 → fp16 (cuBLAS, one scale
                    dequantization at all, the same tensor-core rate as int8 on Hopper — the ceiling of any W4A8
 w4a16              quantkit W4A16 kernel, 4-bit asym g128 weights (``w4a16`` layout)
 w8a8[+aq]          int8 kernel, sym-8 g128 weights (``w8``), A8 g128 activations (MixLLM W8A8)
+w8a8-ch[+aq]       int8 kernel, sym-8 per-channel weights (``w8``), A8 per-token activations (SmoothQuant's W8A8)
+fp8-w8a8[+aq]      the ``fp8`` operation: E4M3 per-channel weights (``fp8``), E4M3 per-token activations (vLLM's FP8
+                   W8A8)
 w4a8[+aq]          int8 kernel, asym-4 g128 weights (``w4a16``), A8 g128 activations (MixLLM W4A8)
 w4a8-lqq[+aq]      int8 kernel, LiquidQuant weights (``w4a8-lqq``), A8 per-token activations (LiquidGEMM)
 mixed[+aq]         one launch over a MixLLM W4.4A8 layer: 10 % of rows sym-8 (``w8``), 90 % asym-4
@@ -29,8 +32,8 @@ from quantkit.bench.roofline import tensor_bytes
 from quantkit.bench.timing import copies_to_defeat_l2
 from quantkit.errors import QuantkitError
 
-METHODS = ("fp16", "int_mm", "fp8", "w4a16", "w8a8", "w8a8+aq", "w4a8", "w4a8+aq", "w4a8-lqq", "w4a8-lqq+aq", "mixed",
-           "mixed+aq", "act-quant")
+METHODS = ("fp16", "int_mm", "fp8", "w4a16", "w8a8", "w8a8+aq", "w8a8-ch", "w8a8-ch+aq", "fp8-w8a8", "fp8-w8a8+aq",
+           "w4a8", "w4a8+aq", "w4a8-lqq", "w4a8-lqq+aq", "mixed", "mixed+aq", "act-quant")
 MIXED_8BIT_SHARE = 0.10  # MixLLM W4.4A8 (p10): 10 % of output channels at 8 bits
 
 
@@ -50,21 +53,23 @@ class Problem:
     state: dict = field(default_factory=dict)
 
 
-def _quantize(kind: str, w: torch.Tensor):
+def _quantize(kind: str, w: torch.Tensor, group_size: int = 128):
     from quantkit.quant import grid
     from quantkit.quant.lqq import lqq_quantize
 
     if kind == "w4a8-lqq":
         return lqq_quantize(w, 128)
     if kind == "w8":
-        return grid.quantize(w, 8, 128, sym=True)
+        return grid.quantize(w, 8, group_size, sym=True)
+    if kind == "fp8":
+        return grid.quantize_fp8(w, -1)
     return grid.quantize(w, 4, 128, sym=False)
 
 
-def _packed(layout: str, w: torch.Tensor) -> tuple[dict, dict]:
+def _packed(layout: str, w: torch.Tensor, group_size: int = 128) -> tuple[dict, dict]:
     from quantkit.formats.registry import get_layout
 
-    qw = _quantize(layout, w)
+    qw = _quantize(layout, w, group_size)
     lay = get_layout(layout)
     return lay.pack(qw), lay.layout_meta(qw)
 
@@ -84,6 +89,28 @@ def _fp8_problem(m: int, n: int, k: int, randn) -> Problem:
     except RuntimeError as e:
         raise QuantkitError(f"torch._scaled_mm fp8 cannot run M={m}, N={n}, K={k}: {str(e).splitlines()[0]}") from e
     return Problem(lambda a, b: fp8_matmul(a, b, one), inputs, n * k, 1.0, True)
+
+
+def _fp8_w8a8_problem(m: int, n: int, k: int, randn, with_aq: bool, state: dict) -> Problem:
+    """The ``fp8-w8a8`` method: per-token E4M3 activations × an ``fp8`` weight through the ``fp8`` priority list
+    ("+aq": with the fused FP8 activation quantizer the packed model runs)."""
+    from quantkit.runtime.kernels.entry import fp8_codes as quantize_activation_fp8_codes
+    from quantkit.runtime.kernels.fp8_gemm import fp8_matmul
+
+    t, meta = _packed("fp8", randn(n, k, dtype=torch.float32))
+    state["meta"] = meta
+    wb = tensor_bytes(t)
+    copies = copies_to_defeat_l2(wb + 2 * m * k + 2 * m * n)
+    inputs = []
+    for _ in range(copies):
+        x, tt = randn(m, k), {key: v.clone() for key, v in t.items()}
+        inputs.append((x, tt) if with_aq else (*quantize_activation_fp8_codes(x), tt))
+
+    def call(a, s, tt):
+        return fp8_matmul(a, s, tt, meta, kernel=state.get("kernel"))
+    if with_aq:
+        return Problem(lambda x, tt: call(*quantize_activation_fp8_codes(x), tt), inputs, wb, 2.0, True, state)
+    return Problem(call, inputs, wb, 1.0 + 4.0 / k, True, state)
 
 
 def build_problem(method: str, m: int, n: int, k: int, config=None, seed: int = 0) -> Problem:
@@ -133,7 +160,9 @@ def build_problem(method: str, m: int, n: int, k: int, config=None, seed: int = 
                                                   launch_config=state.get("launch_config")), inputs, wb, 2.0, False,
                        state)
     base, with_aq = method.split("+")[0], method.endswith("+aq")
-    act_group = -1 if base == "w4a8-lqq" else 128
+    if base == "fp8-w8a8":
+        return _fp8_w8a8_problem(m, n, k, randn, with_aq, state)
+    act_group = -1 if base in ("w4a8-lqq", "w8a8-ch") else 128
     if base == "mixed":
         if n < 2:
             raise QuantkitError(f"mixed needs N >= 2 (a 4-bit and an 8-bit partition), got N={n}")
@@ -152,8 +181,8 @@ def build_problem(method: str, m: int, n: int, k: int, config=None, seed: int = 
                                      launch_config=state.get("launch_config"))
         clone = lambda: [(p[0], {key: v.clone() for key, v in p[1].items()}, p[2], p[3]) for p in parts_t]  # noqa
     else:
-        layout = {"w8a8": "w8", "w4a8": "w4a16", "w4a8-lqq": "w4a8-lqq"}[base]
-        t, meta = _packed(layout, randn(n, k, dtype=torch.float32))
+        layout = {"w8a8": "w8", "w8a8-ch": "w8", "w4a8": "w4a16", "w4a8-lqq": "w4a8-lqq"}[base]
+        t, meta = _packed(layout, randn(n, k, dtype=torch.float32), -1 if base == "w8a8-ch" else 128)
         state["meta"] = meta
         wb = tensor_bytes(t)
 

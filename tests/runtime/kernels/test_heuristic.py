@@ -90,4 +90,5 @@ def test_without_a_gpu_only_the_triton_kernels_run():
     for method, (op, layouts, act) in METHOD_PROBLEMS.items():
         p = GemmProblem(op, layouts, 16, 4096, 4096, act, torch.float16)
         chosen = next(c for c in plan(p) if c.ok)
-        assert chosen.kernel.name.startswith("triton."), (method, chosen.kernel.name)
+        # the interpreted Triton kernels, or for FP8 (no Triton kernel) the torch form
+        assert chosen.kernel.name.startswith("triton.") or chosen.kernel.name == "torch.fp8", (method, chosen.kernel.name)

@@ -106,3 +106,22 @@ def test_malformed_table_entries_are_ignored(tmp_path, monkeypatch):
     tables.clear_cache()
     assert launch_for("kv8", 128, device_name="NVIDIA H200") == default_launch("kv8")
     assert launch_for("kv4", 128, device_name="NVIDIA H200") == (64, 8, 2)
+
+
+def test_shipped_attention_tables_are_well_formed_and_read_back(monkeypatch):
+    from pathlib import Path
+
+    from quantkit.runtime.kernels import tables
+
+    shipped = Path(tables.__file__).with_name("tuned")  # the package's own (the tests' fixture hides them)
+    monkeypatch.setattr(tables, "SHIPPED_DIR", shipped)
+    tables.clear_cache()
+    files = sorted(shipped.glob(f"*/{attention_launch.TABLE_NAME}"))
+    assert files, "no shipped attention table"
+    for path in files:
+        data = json.loads(path.read_text())
+        assert data["command"].startswith("quantkit tune --attention") and data["commit"] and data["date"]
+        entries = attention_launch._read(path)
+        assert len(entries) == len(data["entries"])  # every entry valid
+        for (form, head_dim), e in entries.items():
+            assert launch_for(form, head_dim, device_name=data["device"]) == tuple(e["launch"])

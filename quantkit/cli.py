@@ -380,7 +380,7 @@ def pack(
     """Quantize a model with a recipe (and plan) and write a packed checkpoint.
 
     The checkpoint folder holds config.json with a quantization_config, the quantkit.json manifest, sharded
-    safetensors and the tokenizer. GPTQ recipes calibrate data-parallel over several GPUs under `torchrun
+    safetensors and the tokenizer. GPTQ and AWQ recipes calibrate data-parallel over several GPUs under `torchrun
     --nproc-per-node N -m quantkit pack ...`."""
     from quantkit.checkpoint.report import summary_table
     from quantkit.pack import run_pack

@@ -65,17 +65,17 @@ def setup(device: str) -> str:
 
 
 def check_recipe(rec, samples: int) -> None:
-    """Refuse, in one line, a recipe whose calibration is not split across processes — only GPTQ's statistics are
-    summed here (AWQ's scale search, SmoothQuant's activation maxima and RTN's clipping search are not) — and fewer
-    calibration windows than processes."""
+    """Refuse, in one line, a recipe whose calibration is not split across processes — GPTQ's and AWQ's statistics
+    are summed here (SmoothQuant's activation maxima and RTN's clipping search are not) — and fewer calibration
+    windows than processes."""
     if world_size() == 1:
         return
     if not rec.uses_calibration:
         raise QuantkitError(f"recipe '{rec.name}' reads no calibration data, so there is nothing to split across "
                             f"{world_size()} processes; run it as one process")
-    if rec.weight.method != "gptq" or rec.activation.smooth is not None:
-        raise QuantkitError(f"data-parallel calibration runs GPTQ recipes without SmoothQuant; recipe '{rec.name}' "
-                            "needs the whole calibration set in one process: run it without torchrun")
+    if rec.weight.method not in ("gptq", "awq") or rec.activation.smooth is not None:
+        raise QuantkitError(f"data-parallel calibration runs GPTQ and AWQ recipes without SmoothQuant; recipe "
+                            f"'{rec.name}' needs the whole calibration set in one process: run it without torchrun")
     if samples < world_size():
         raise QuantkitError(f"{world_size()} processes need at least as many calibration windows (got {samples}); "
                             f"use --calib-samples {world_size()} or more, or fewer processes")

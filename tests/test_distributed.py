@@ -1,6 +1,7 @@
 """Data-parallel calibration (``torchrun -m quantkit pack``, :mod:`quantkit.distributed`): two processes on the gloo
-backend split the calibration windows, sum GPTQ's Hessians and gather the clipping samples, and process 0 writes a
-checkpoint that matches the one-process pack within floating-point tolerance."""
+backend split the calibration windows, sum GPTQ's Hessians (AWQ's channel magnitudes and scale-search errors) and
+gather the clipping samples, and process 0 writes a checkpoint that matches the one-process pack within
+floating-point tolerance."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ from quantkit.pack import run_pack
 
 RECIPE = """name: gptq-dp
 weight: {method: gptq, bits: 4, group_size: 64, sym: false, act_order: true, clip: true}
+calibration: {samples: 6, seqlen: 32}
+"""
+AWQ_RECIPE = """name: awq-dp
+weight: {method: awq, bits: 4, group_size: 64, sym: false, clip: true}
 calibration: {samples: 6, seqlen: 32}
 """
 
@@ -53,12 +58,13 @@ def model_dir(tiny_model_dir):
     return tiny_model_dir("llama", intermediate_size=128)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
-def test_two_processes_pack_what_one_process_packs_within_rounding(model_dir, tiny_model_dir, tmp_path, family):
+@pytest.mark.parametrize("family,text", [("llama", RECIPE), ("qwen3_moe", RECIPE), ("llama", AWQ_RECIPE),
+                                         ("qwen3_moe", AWQ_RECIPE)], ids=["gptq", "gptq-moe", "awq", "awq-moe"])
+def test_two_processes_pack_what_one_process_packs_within_rounding(model_dir, tiny_model_dir, tmp_path, family, text):
     if family == "qwen3_moe":  # top-1 routing over 16 experts: the processes' windows reach different experts first
         model_dir = tiny_model_dir("qwen3_moe", num_experts=16, num_experts_per_tok=1)
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(RECIPE)
+    recipe.write_text(text)
     run_pack(str(model_dir), str(recipe), str(tmp_path / "one"), device="cpu", progress=False)
     mp.spawn(_worker, args=(2, _free_port(), str(model_dir), str(recipe), str(tmp_path / "two")), nprocs=2)
     one, two = read_manifest(tmp_path / "one"), read_manifest(tmp_path / "two")
@@ -66,8 +72,9 @@ def test_two_processes_pack_what_one_process_packs_within_rounding(model_dir, ti
     a, b = _codes(tmp_path / "one"), _codes(tmp_path / "two")
     differing = sum(int((a[n] != b[n]).sum()) for n in a)
     total = sum(a[n].numel() for n in a)
-    # the Hessians are the same sums in another order (fp32): a code may round the other way, by one step; on this
-    # tiny model almost none does (on larger ones GPTQ's later stages amplify it: docs/BENCHMARKS.md, issue 40)
+    # the Hessians (AWQ: channel magnitudes, search errors) are the same sums in another order (fp32): a code may
+    # round the other way, by one step; on this tiny model almost none does (on larger ones GPTQ's later stages
+    # amplify it: docs/BENCHMARKS.md, issue 40)
     assert differing <= 0.01 * total
     assert all(int((a[n].int() - b[n].int()).abs().max()) <= 1 for n in a)
     ids = torch.randint(0, 512, (1, 16), generator=torch.Generator().manual_seed(0))
@@ -82,8 +89,9 @@ def test_what_data_parallel_calibration_does_not_split_is_refused(monkeypatch):
     from quantkit.quant.recipe import load_recipe
 
     monkeypatch.setattr(distributed, "world_size", lambda: 2)
-    with pytest.raises(QuantkitError, match="runs GPTQ recipes without SmoothQuant"):
-        distributed.check_recipe(load_recipe("awq-w4a16-g128"), 128)
+    with pytest.raises(QuantkitError, match="runs GPTQ and AWQ recipes without SmoothQuant"):
+        distributed.check_recipe(load_recipe("smoothquant-w8a8"), 128)
+    distributed.check_recipe(load_recipe("awq-w4a16-g128"), 128)
     with pytest.raises(QuantkitError, match="nothing to split"):
         distributed.check_recipe(load_recipe("rtn-w4a16-g128"), 128)
     with pytest.raises(QuantkitError, match="2 processes need at least as many calibration windows"):

@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from quantkit import distributed
 from quantkit.errors import QuantkitError
 from quantkit.model.layerwise import LayerBatch, layer_output
 from quantkit.quant import grid
-from quantkit.quant.clip import search_clip, seen_inputs
+from quantkit.quant.clip import sample_tokens, search_clip, seen_inputs
 from quantkit.quant.layerquant import (LayerQuantConfig, RowGrids, check_row_bits, fake_quantize_rows, linear_input,
                                        pre_hooks, write_weight)
 from quantkit.quant.partition import WeightRecord, dequantize_record
@@ -152,7 +153,8 @@ def _first(out):
 
 
 def channel_magnitude(inputs: list[torch.Tensor]) -> torch.Tensor:
-    """s_X: mean |x| per input channel over every token of the inputs (AWQ Sec. 3.3), float32 [K]."""
+    """s_X: mean |x| per input channel over every token of the inputs (AWQ Sec. 3.3), float32 [K]; in data-parallel
+    calibration over every process's tokens (:func:`_summed`)."""
     k = inputs[0].shape[-1]
     total = torch.zeros(k, dtype=torch.float32, device=inputs[0].device)
     count = 0
@@ -160,7 +162,16 @@ def channel_magnitude(inputs: list[torch.Tensor]) -> torch.Tensor:
         x = x.reshape(-1, k)
         total += x.float().abs().sum(0)
         count += x.shape[0]
+    total, count = _summed(total, count)
     return total / max(count, 1)
+
+
+def _summed(total: torch.Tensor, count: float) -> tuple[torch.Tensor, float]:
+    """(``total``, ``count``) summed over the processes of a data-parallel calibration (as they are alone)."""
+    if distributed.world_size() == 1:
+        return total, count
+    n = distributed.all_reduce_sum(torch.tensor([float(count)], dtype=torch.float64, device=total.device))
+    return distributed.all_reduce_sum(total), float(n.item())
 
 
 def awq_scales(magnitude: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -183,6 +194,7 @@ def _linear_block_loss(group: ScaleGroup, inputs: list[torch.Tensor]):
         x = x.reshape(-1, k).to(device=gram.device, dtype=torch.float32)
         gram.addmm_(x.t(), x)
         tokens += x.shape[0]
+    gram, tokens = _summed(gram, tokens)
     w0 = lin.weight.detach().float().clone()  # the search overwrites the weight in place
     numel = max(tokens * lin.out_features, 1)
 
@@ -203,6 +215,8 @@ def _block_loss(group: ScaleGroup, calls: list[tuple[tuple, dict]]):
         for (a, kw), ref in zip(calls, reference):
             err += float((_first(group.block(*a, **kw)).float() - ref.float()).pow(2).sum())
             numel += ref.numel()
+        if distributed.world_size() > 1:  # every process's calls: each process then keeps the same α
+            err, numel = distributed.all_reduce_sum(torch.tensor([err, float(numel)], dtype=torch.float64)).tolist()
         return err / max(numel, 1)
 
     return loss
@@ -210,9 +224,11 @@ def _block_loss(group: ScaleGroup, calls: list[tuple[tuple, dict]]):
 
 def search_calls(calls: list[tuple[tuple, dict]], max_tokens: int | None) -> list[tuple[tuple, dict]]:
     """The captured block calls the α search runs: all of them, or evenly spaced ones holding at most
-    ``max_tokens`` tokens (at least one call)."""
+    ``max_tokens`` tokens (at least one call); in data-parallel calibration each process keeps its share of
+    ``max_tokens``."""
     if max_tokens is None or not calls:
         return calls
+    max_tokens = max(1, int(max_tokens) // distributed.world_size())
     a, kw = calls[0]
     hidden = a[0] if a else kw.get("hidden_states", next(iter(kw.values()), None))
     per_call = hidden.shape[:-1].numel() if isinstance(hidden, torch.Tensor) else 1
@@ -279,6 +295,8 @@ def _round_linear(name: str, weight: torch.Tensor, grids: RowGrids, inputs: list
                   config: AWQConfig, scaled: tuple[str | None, float | None]) -> WeightRecord:
     """Clip search (unless skipped) and RTN of one linear's (scaled) weight, per row partition."""
     clip = config.clip and name.rsplit(".", 1)[-1] not in config.clip_skip
+    if clip:
+        inputs = _clip_inputs(inputs, weight.shape[1], config.clip_n_tokens)
     objective = "output" if seen_inputs(inputs) is not None else "weight"  # a MoE expert no token reached: weight
     meta = {"method": "awq", "scaled_by": scaled[0], "alpha": scaled[1], "clip": objective if clip else None}
     parts = []
@@ -293,6 +311,16 @@ def _round_linear(name: str, weight: torch.Tensor, grids: RowGrids, inputs: list
         return parts[0][1]
     return PartitionedWeight(out_features=weight.shape[0], in_features=weight.shape[1],
                              partitions=[Partition(rows, qw) for rows, qw in parts])
+
+
+def _clip_inputs(inputs: list[torch.Tensor], k: int, n_tokens: int | None) -> list[torch.Tensor]:
+    """The tokens a linear's clip search reads: its inputs alone; in data-parallel calibration each process's
+    evenly spaced share of ``n_tokens``, gathered (GPTQ's rule), so every process searches the same tokens."""
+    if distributed.world_size() == 1:
+        return inputs
+    share = None if n_tokens is None else max(1, int(n_tokens) // distributed.world_size())
+    mine = [sample_tokens(inputs, k, share)] if seen_inputs(inputs) is not None else []
+    return distributed.gather_tensors(mine)
 
 
 @torch.no_grad()

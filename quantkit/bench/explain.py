@@ -17,6 +17,7 @@ METHOD_PROBLEMS = {
     "w4a8": ("a8", ("w4a16",), 128),
     "w4a8-lqq": ("a8", ("w4a8-lqq",), -1),
     "mixed": ("a8_mixed", ("w4a16", "w8"), 128),
+    "mixed-lqq": ("a8_mixed", ("w4a8-lqq", "w8"), -1),
 }
 
 

@@ -82,7 +82,8 @@ def linear_method(entry: dict, act: dict | None) -> str | None:
     """The benchmark method of one manifest linear entry under the checkpoint's activation spec, or None when no
     benchmarked kernel reads its layout (the ``reference``/GPTQ/AWQ layouts, A16 8-bit, A16 mixed precision).
 
-    A mixed-precision linear (several partitions, MixLLM Sec. 3.4) with A8 activations maps to ``mixed+aq``;
+    A mixed-precision linear (several partitions, MixLLM Sec. 3.4) with A8 activations maps to ``mixed+aq``
+    (``mixed-lqq+aq`` with LiquidQuant 4-bit rows);
     one ``w4a16`` partition to ``w4a16`` (A16) or ``w4a8+aq`` (A8, MixLLM W4A8); ``w4a8-lqq`` with A8 to
     ``w4a8-lqq+aq`` (LiquidGEMM); ``w8`` with A8 to ``w8a8+aq`` (``w8a8-ch+aq`` per channel with per-token
     activations); ``fp8`` with FP8 activations to ``fp8-w8a8+aq`` — A8 methods include the activation quantizer,
@@ -90,7 +91,10 @@ def linear_method(entry: dict, act: dict | None) -> str | None:
     a8 = bool(act) and act.get("bits") == 8
     parts = entry["partitions"]
     if len(parts) > 1 or parts[0].get("rows"):
-        return "mixed+aq" if a8 and {p["layout"] for p in parts} <= _MIXED_LAYOUTS else None
+        layouts = {p["layout"] for p in parts}
+        if a8 and layouts <= _MIXED_LAYOUTS:
+            return "mixed+aq"
+        return "mixed-lqq+aq" if a8 and layouts <= {"w4a8-lqq", "w8"} else None
     method = _SINGLE.get((parts[0]["layout"], a8))
     if method == "w8a8+aq" and act.get("group_size") == -1 and (parts[0].get("meta") or {}).get("group_size") == -1:
         return "w8a8-ch+aq"  # per-channel weights, per-token activations (SmoothQuant's W8A8)

@@ -16,6 +16,8 @@ fp8-w8a8[+aq]      the ``fp8`` operation: E4M3 per-channel weights (``fp8``), E4
 w4a8[+aq]          int8 kernel, asym-4 g128 weights (``w4a16``), A8 g128 activations (MixLLM W4A8)
 w4a8-lqq[+aq]      int8 kernel, LiquidQuant weights (``w4a8-lqq``), A8 per-token activations (LiquidGEMM)
 mixed[+aq]         one launch over a MixLLM W4.4A8 layer: 10 % of rows sym-8 (``w8``), 90 % asym-4
+mixed-lqq[+aq]     the same over a ``mixllm-lqq-w4a8`` layer: 90 % LiquidQuant rows, 10 % sym-8 per channel, A8 per
+                   token
 act-quant          the Triton activation quantizer alone (fp16 [M, K] → int8 + g128 scales)
 =================  ==========================================================================================
 """
@@ -33,7 +35,8 @@ from quantkit.bench.timing import copies_to_defeat_l2
 from quantkit.errors import QuantkitError
 
 METHODS = ("fp16", "int_mm", "fp8", "w4a16", "w8a8", "w8a8+aq", "w8a8-ch", "w8a8-ch+aq", "fp8-w8a8", "fp8-w8a8+aq",
-           "w4a8", "w4a8+aq", "w4a8-lqq", "w4a8-lqq+aq", "mixed", "mixed+aq", "act-quant")
+           "w4a8", "w4a8+aq", "w4a8-lqq", "w4a8-lqq+aq", "mixed", "mixed+aq", "mixed-lqq", "mixed-lqq+aq",
+           "act-quant")
 MIXED_8BIT_SHARE = 0.10  # MixLLM W4.4A8 (p10): 10 % of output channels at 8 bits
 
 
@@ -162,16 +165,17 @@ def build_problem(method: str, m: int, n: int, k: int, config=None, seed: int = 
     base, with_aq = method.split("+")[0], method.endswith("+aq")
     if base == "fp8-w8a8":
         return _fp8_w8a8_problem(m, n, k, randn, with_aq, state)
-    act_group = -1 if base in ("w4a8-lqq", "w8a8-ch") else 128
-    if base == "mixed":
+    act_group = -1 if base in ("w4a8-lqq", "w8a8-ch", "mixed-lqq") else 128
+    if base in ("mixed", "mixed-lqq"):
         if n < 2:
-            raise QuantkitError(f"mixed needs N >= 2 (a 4-bit and an 8-bit partition), got N={n}")
+            raise QuantkitError(f"{base} needs N >= 2 (a 4-bit and an 8-bit partition), got N={n}")
         n8 = max(1, int(round(MIXED_8BIT_SHARE * n)))
         perm = torch.randperm(n, generator=gen, device=dev)
         rows8, rows4 = perm[:n8].sort().values, perm[n8:].sort().values
         w = randn(n, k, dtype=torch.float32)
-        parts_t = [("w4a16",) + _packed("w4a16", w[rows4]) + (rows4.to(torch.int32),),
-                   ("w8",) + _packed("w8", w[rows8]) + (rows8.to(torch.int32),)]
+        four = "w4a16" if base == "mixed" else "w4a8-lqq"  # mixed-lqq: mixllm-lqq-w4a8's partitions
+        parts_t = [(four,) + _packed(four, w[rows4]) + (rows4.to(torch.int32),),
+                   ("w8",) + _packed("w8", w[rows8], 128 if base == "mixed" else -1) + (rows8.to(torch.int32),)]
         wb = sum(tensor_bytes(p[1]) + p[3].numel() * 4 for p in parts_t)
         state["meta"] = {"out_features": n, "in_features": k}
 

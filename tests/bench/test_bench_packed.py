@@ -51,6 +51,7 @@ A8_TOKEN = {"bits": 8, "group_size": -1, "sym": True}
     ([dict(_part("fp8"), bits=8)], dict(A8_TOKEN, fp8=True), "fp8-w8a8+aq"),
     ([dict(_part("fp8"), bits=8)], A8_TOKEN, None),  # FP8 weights with int8 activations: no kernel problem
     ([_part("w4a16", "x.part4.rows"), _part("w8", "x.part8.rows")], A8, "mixed+aq"),
+    ([_part("w4a8-lqq", "x.part4.rows"), _part("w8", "x.part8.rows")], A8_TOKEN, "mixed-lqq+aq"),
     ([_part("w4a16", "x.part4.rows"), _part("w8", "x.part8.rows")], None, None),  # A16 mixed: no kernel problem
     ([_part("w8")], None, None),
     ([_part("reference")], A8, None),

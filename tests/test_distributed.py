@@ -125,3 +125,29 @@ def test_a_two_process_salience_search_writes_the_one_process_plan(model_dir, tm
     mp.spawn(_search_worker, args=(2, _free_port(), str(model_dir), str(tmp_path / "two.json")), nprocs=2)
     one, two = json.loads((tmp_path / "one.json").read_text()), json.loads((tmp_path / "two.json").read_text())
     assert one["layers"] == two["layers"]  # the same channels at 8 bits: Σ of float64 terms in another order
+
+
+def _sample_worker(rank: int, world: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from quantkit.quant import awq
+    from quantkit.quant.clip import sample_tokens
+
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    dist.init_process_group("gloo")
+    try:
+        windows = torch.randn(5, 7, 4, generator=torch.Generator().manual_seed(0))  # 5 windows of 7 tokens
+        mine = windows[rank::world]  # quantkit.distributed.shard's split
+        for n_tokens in (9, 100, None):
+            got = awq._clip_inputs([mine[i:i + 1] for i in range(mine.shape[0])], 4, n_tokens)
+            want = sample_tokens([windows], 4, n_tokens)
+            assert len(got) == 1 and torch.equal(got[0], want), (rank, n_tokens)
+        torch.save(True, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_awq_clip_search_reads_the_one_process_token_sample(tmp_path):
+    mp.spawn(_sample_worker, args=(2, _free_port(), str(tmp_path / "ok")), nprocs=2)
+    assert all((tmp_path / f"ok.{r}").exists() for r in range(2))

@@ -314,13 +314,39 @@ def _round_linear(name: str, weight: torch.Tensor, grids: RowGrids, inputs: list
 
 
 def _clip_inputs(inputs: list[torch.Tensor], k: int, n_tokens: int | None) -> list[torch.Tensor]:
-    """The tokens a linear's clip search reads: its inputs alone; in data-parallel calibration each process's
-    evenly spaced share of ``n_tokens``, gathered (GPTQ's rule), so every process searches the same tokens."""
-    if distributed.world_size() == 1:
+    """The tokens a linear's clip search reads: its inputs alone. In data-parallel calibration every process reads
+    the same tokens, gathered: for inputs of whole windows, the very rows one process would sample
+    (:func:`_window_sample`); for routed tokens (MoE experts) each process's evenly spaced share of ``n_tokens``."""
+    world = distributed.world_size()
+    if world == 1:
         return inputs
-    share = None if n_tokens is None else max(1, int(n_tokens) // distributed.world_size())
+    if inputs and all(t.dim() == 3 for t in inputs) and len({t.shape[1] for t in inputs}) == 1:
+        return [_window_sample(inputs, k, n_tokens)]
+    share = None if n_tokens is None else max(1, int(n_tokens) // world)
     mine = [sample_tokens(inputs, k, share)] if seen_inputs(inputs) is not None else []
     return distributed.gather_tensors(mine)
+
+
+def _window_sample(inputs: list[torch.Tensor], k: int, n_tokens: int | None) -> torch.Tensor:
+    """The rows :func:`quantkit.quant.clip.sample_tokens` takes from all processes' windows in window order
+    (process r holds windows r, r + N, … of T tokens each, :func:`quantkit.distributed.shard`), gathered from the
+    processes that hold them."""
+    world, me = distributed.world_size(), distributed.rank()
+    t = inputs[0].shape[1]
+    local = torch.cat([x.reshape(-1, k) for x in inputs]).float()
+    windows = int(distributed.all_reduce_sum(torch.tensor([local.shape[0] // t], dtype=torch.float64)).item())
+    total = windows * t
+    if n_tokens is not None and 0 < n_tokens < total:
+        idx = torch.linspace(0, total - 1, n_tokens, dtype=torch.float64).round().long()
+    else:
+        idx = torch.arange(total)
+    window = idx // t
+    mine = window % world == me
+    rows = local[((window[mine] // world) * t + idx[mine] % t).to(local.device)]
+    parts = distributed.gather_tensors([rows, idx[mine].to(torch.float64)])
+    gathered = torch.cat(parts[0::2])
+    order = torch.cat(parts[1::2]).argsort()
+    return gathered[order.to(gathered.device)]
 
 
 @torch.no_grad()

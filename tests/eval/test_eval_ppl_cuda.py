@@ -2,9 +2,9 @@
 ``quantkit eval-ppl PACKED --device cuda`` agrees with the reference ppl to 1e-3 relative).
 
 A tiny random Llama (hidden 256, intermediate 328: down_proj has K = 328, gate/up N = 328) is packed for sm90 with
-a recipe per kernel — W4A16 (RTN, GPTQ), W8A8, LiquidQuant W4A8, and MixLLM W4.4A8 / LiquidQuant W4.4A8 with a
-plan giving ~10 % 8-bit rows (the one-launch mixed kernel) — loaded on the GPU in fp16, and evaluated twice on the
-same device and dtype: with the kernels, and with QUANTKIT_KERNELS=0 (the torch reference). Each run also checks
+a recipe per kernel — W4A16 (RTN, GPTQ), W8A8, LiquidQuant W4A8, FP8 W8A8, and MixLLM W4.4A8 / LiquidQuant W4.4A8
+with a plan giving ~10 % 8-bit rows (the one-launch mixed kernel) — loaded on the GPU in fp16, and evaluated twice on
+the same device and dtype: with the kernels, and with QUANTKIT_KERNELS=0 (the torch reference). Each run also checks
 that the kernels of the checkpoint's layouts were the ones called, and compares prefill and single-token logits.
 """
 
@@ -45,6 +45,7 @@ CASES = [  # recipe, with a ~10 % 8-bit plan, the kernel layouts the checkpoint 
     ("lqq-w4a8", False, {"w4a8-lqq"}),
     ("mixllm-w4a8-rtn", True, {"w4a16", "w8"}),
     ("lqq-w4a8", True, {"w4a8-lqq", "w8"}),
+    ("fp8-w8a8", False, {"fp8"}),  # K = 328 is no multiple of 16: the down projections take the torch form
 ]
 
 

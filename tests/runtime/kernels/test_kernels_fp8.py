@@ -155,8 +155,8 @@ def test_cublas_fp8_on_the_gpu_computes_the_reference_product():
     if cap < fp8_gemm.FP8_MIN_CAPABILITY:
         pytest.skip("no FP8 tensor cores")
     _, tensors, meta = _weight(4096, 1024)
-    for dtype in (torch.float16, torch.bfloat16):
-        codes, scales = quantize_activation_fp8_codes(torch.randn(64, 1024, device="cuda", dtype=dtype))
+    for dtype, m in ((torch.float16, 64), (torch.bfloat16, 64), (torch.float16, 1), (torch.float16, 5)):
+        codes, scales = quantize_activation_fp8_codes(torch.randn(m, 1024, device="cuda", dtype=dtype))
         got = fp8_gemm.fp8_matmul(codes, scales, tensors, meta, out_dtype=dtype, kernel="cublas.scaled_mm")
         want = fp8_gemm.fp8_reference(codes, scales, tensors, dtype)
         torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-4)

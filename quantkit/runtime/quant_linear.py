@@ -185,10 +185,14 @@ class QuantLinear(nn.Module):
         if torch.compiler.is_compiling():
             return None
         x = shared.x
-        # the buffers' addresses are part of the key: hooks (accelerate's offload) may swap a buffer in _buffers
-        # without going through setattr, and a prepared launch holds the addresses it was made with
+        # hooks (accelerate's offload) may swap a buffer in _buffers without going through setattr, and a prepared
+        # launch holds the tensors it was made with: new addresses drop every prepared launch (keeping them would
+        # keep the old buffers alive)
         ptrs = tuple(t.data_ptr() for t in self._buffers.values() if t is not None)
-        key = (kernel, x.shape[0], x.dtype, x.device, ptrs, None if kernel.selection is None else kernel.selection())
+        if ptrs != self.__dict__.get("_launch_ptrs"):
+            self._launches.clear()
+            self.__dict__["_launch_ptrs"] = ptrs
+        key = (kernel, x.shape[0], x.dtype, x.device, None if kernel.selection is None else kernel.selection())
         run = self._launches.get(key, _UNBOUND)
         if run is _UNBOUND:
             if len(self._launches) >= MAX_LAUNCHES:  # many prompt lengths: keep the cache small

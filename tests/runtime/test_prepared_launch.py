@@ -94,6 +94,25 @@ def test_a_new_selection_moved_buffers_or_a_replaced_buffer_bind_again(stand_in)
     assert stand_in["binds"] == 5
 
 
+def test_swapped_buffers_leave_no_launch_holding_the_old_ones(stand_in):
+    """Offload hooks swap a layer's buffers before each forward: the prepared launches of the old buffers go, so
+    they do not keep the old copies alive."""
+    import gc
+    import weakref
+
+    ql = _linear()
+    stand_in["set_layer"](ql)
+    x = torch.randn(1, 256).half().to(DEVICE)
+    olds = []
+    for _ in range(5):
+        olds.append(weakref.ref(ql._buffers["qweight"]))
+        ql._buffers["qweight"] = ql._buffers["qweight"].clone()
+        ql(x)
+    gc.collect()
+    assert len(ql._launches) == 1
+    assert sum(ref() is not None for ref in olds) == 0
+
+
 def test_a_call_the_prepared_launch_declines_runs_the_entry(stand_in):
     ql = _linear()
     stand_in["set_layer"](ql)

@@ -107,6 +107,14 @@ def _launcher(fn, grid: tuple, args: tuple, kwargs: dict):
     return entry
 
 
+def _in_graph() -> bool:
+    """Whether launches are being captured into a CUDA graph, or run where a graph owns the split-K scratch
+    (:func:`.scratch.graph_owned_scratch`): a prepared launch holds eager scratch, which a graph must not keep."""
+    from quantkit.runtime.kernels.scratch import graph_scratch_active
+
+    return graph_scratch_active() or torch.cuda.is_current_stream_capturing()
+
+
 class PreparedLaunch:
     """One Triton launch prepared for repeated calls that differ only in the tensors at positions ``slots`` of its
     arguments (a layer's activations and output): the compiled launcher, the argument list and the stream are
@@ -122,7 +130,9 @@ class PreparedLaunch:
     def create(cls, fn, grid: tuple, args: tuple, kwargs: dict, slots: tuple[int, ...]) -> PreparedLaunch | None:
         """The launch ``fn[grid](*args, **kwargs)`` prepared (the kernel compiled if it was not), or None where
         launches cannot be prepared (the interpreter, Triton before 3.3, not a plain JIT function)."""
-        entry = _launcher(fn, grid, args, kwargs) if _FAST_LAUNCH else _NOT_FAST
+        if not _FAST_LAUNCH or _in_graph():
+            return None
+        entry = _launcher(fn, grid, args, kwargs)
         if entry is _NOT_FAST:
             return None
         runner, tail = entry
@@ -135,11 +145,13 @@ class PreparedLaunch:
 
     def __call__(self, *tensors: torch.Tensor) -> bool:
         """Launch with ``tensors`` at the slots; False (nothing launched) when one is not 16-byte aligned where the
-        prepared kernel assumes it, or the current stream is not the one prepared for (its split-K workspace)."""
+        prepared kernel assumes it, the current device or stream is not the one prepared for (its split-K
+        workspace), or a CUDA graph is being captured."""
         for t, aligned in zip(tensors, self.aligned):
             if aligned and t.data_ptr() % 16:
                 return False
-        if torch._C._cuda_getCurrentRawStream(self.device) != self.stream:
+        if (torch.cuda.current_device() != self.device
+                or torch._C._cuda_getCurrentRawStream(self.device) != self.stream or _in_graph()):
             return False
         args = self.args.copy()
         for i, t in zip(self.slots, tensors):

@@ -38,6 +38,11 @@ def graph_owned_scratch():
         _scope.graph = before
 
 
+def graph_scratch_active() -> bool:
+    """Whether :func:`graph_owned_scratch` is in force on this thread."""
+    return getattr(_scope, "graph", False)
+
+
 def reserve_graph_tickets(device: torch.device | str) -> torch.Tensor:
     """The zeroed tickets that split launches inside compiled graphs on ``device`` share, allocated on first call;
     call it outside any CUDA-graph capture or warm-up (module docstring)."""

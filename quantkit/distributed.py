@@ -34,6 +34,11 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def local_world_size() -> int:
+    """Processes on this machine (the launcher's ``LOCAL_WORLD_SIZE``; 1 without one): they share its memory."""
+    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
 def is_main() -> bool:
     """Whether this process writes outputs (process 0, or the only one)."""
     return rank() == 0

@@ -38,6 +38,7 @@ class ModelShape:
     positions: int | None = None
     vocab: int = 0
     layers: int = 0
+    linear_rows: int = 0  # output features summed over the quantizable linears
 
 
 def meta_model(model_ref: str, dtype: torch.dtype | None = None):
@@ -68,11 +69,12 @@ def model_shape(model_ref: str) -> ModelShape:
     config = model.config
     params = sum(p.numel() for p in model.parameters())
     linears = sum(lin.weight.numel() for _, lin in iter_linears(model))
+    rows = sum(lin.weight.shape[0] for _, lin in iter_linears(model))
     blocks = find_decoder_layers(model)[1]
     layer = max(sum(p.numel() for p in block.parameters()) for block in blocks)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     return ModelShape(params, linears, layer, int(text.hidden_size), getattr(text, "max_position_embeddings", None),
-                      int(getattr(text, "vocab_size", 0) or 0), len(blocks))
+                      int(getattr(text, "vocab_size", 0) or 0), len(blocks), rows)
 
 
 @dataclass(frozen=True)
@@ -137,14 +139,17 @@ def stream_plan(shape: ModelShape, load_dtype: torch.dtype, code_bits: float, co
 ACTIVATION_PER_HIDDEN = 48  # elements a decoder layer keeps per token for its backward, in hidden sizes (generous)
 
 
-def streamed_search_plan(shape: ModelShape, dtype: torch.dtype, tokens: int, chunk_tokens: int = 0) -> MemoryPlan:
+def streamed_search_plan(shape: ModelShape, dtype: torch.dtype, tokens: int, chunk_tokens: int = 0,
+                         chunk_windows: int = 0) -> MemoryPlan:
     """The lower bounds of ``quantkit search --max-gpu-memory``: the model and its Δ (MixLLM Eq. 4) in CPU memory,
-    with the layer-boundary activations of a chunk of ``chunk_tokens`` tokens; on the GPU one decoder layer and its
-    Δ, that layer's activations for ``tokens`` tokens (a batch of windows), the LM head with its float32 logits and
-    their gradient, and the chunk's hidden states and their gradients at the current layer."""
+    with the layer-boundary activations of a chunk of ``chunk_tokens`` tokens in ``chunk_windows`` windows; on the
+    GPU one decoder layer and its Δ, that layer's activations for ``tokens`` tokens (a batch of windows), the LM
+    head with its float32 logits and their gradient, the chunk's hidden states and their gradients at the current
+    layer, and every linear's float32 probe row and its gradient per window of the chunk."""
     b = _size(dtype)
     gpu = (2 * shape.layer_parameters * b + tokens * shape.hidden * (ACTIVATION_PER_HIDDEN + 2) * b
-           + shape.vocab * shape.hidden * b + 2 * tokens * shape.vocab * 4 + 2 * chunk_tokens * shape.hidden * b)
+           + shape.vocab * shape.hidden * b + 2 * tokens * shape.vocab * 4 + 2 * chunk_tokens * shape.hidden * b
+           + 2 * 4 * chunk_windows * shape.linear_rows)
     cpu = 2 * shape.parameters * b + chunk_tokens * shape.hidden * (shape.layers + 1) * b
     return MemoryPlan("search", cpu, gpu, 0)
 

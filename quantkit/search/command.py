@@ -119,15 +119,24 @@ def _check_streamed(model_ref: str, rec, device: str, dtype: str | None, device_
     if shape.positions:
         window = min(window, shape.positions)
     tokens = batch_size * window
-    need = streamed_search_plan(shape, torch_dtype, tokens, tokens).gpu_bytes
-    if need > cap:
-        raise QuantkitError(f"a search streaming one decoder layer at a time still needs about {human_bytes(need)} of "
-                            f"GPU memory here, more than --max-gpu-memory {max_gpu_memory}; use fewer tokens per "
-                            "backward (--batch-size, --seqlen) or a larger cap")
+    one_batch = streamed_search_plan(shape, torch_dtype, tokens, tokens, batch_size)
+    if one_batch.gpu_bytes > cap:
+        raise QuantkitError(f"a search streaming one decoder layer at a time still needs about "
+                            f"{human_bytes(one_batch.gpu_bytes)} of GPU memory here, more than --max-gpu-memory "
+                            f"{max_gpu_memory}; use fewer tokens per backward (--batch-size, --seqlen) or a larger cap")
+    free_cpu = free_memory("cpu")
+    if free_cpu and one_batch.cpu_bytes > free_cpu:
+        raise QuantkitError(f"a streamed search keeps the model and its Δ in CPU memory: about "
+                            f"{human_bytes(one_batch.cpu_bytes)}, and {human_bytes(free_cpu)} is free; use a machine "
+                            "with more memory, or --dtype bf16 for an fp32 model")
     elt = torch.empty((), dtype=torch_dtype).element_size()
     n = samples if samples is not None else rec.calibration.samples
-    chunk = stream_chunk(n, batch_size, window * shape.hidden * (shape.layers + 1) * elt, free_memory("cpu") or None)
-    gpu_batches = 1 + (cap - need) // (2 * tokens * shape.hidden * elt)
+    # what the model and Δ leave free once loaded, shared by the processes of this node (torchrun)
+    left = (free_cpu - one_batch.cpu_bytes) // distributed.local_world_size() if free_cpu else None
+    chunk = stream_chunk(n, batch_size, window * shape.hidden * (shape.layers + 1) * elt, left)
+    per_batch_gpu = (streamed_search_plan(shape, torch_dtype, tokens, 2 * tokens, 2 * batch_size).gpu_bytes
+                     - one_batch.gpu_bytes)
+    gpu_batches = 1 + (cap - one_batch.gpu_bytes) // max(1, per_batch_gpu)
     return dev, str(torch_dtype).replace("torch.", ""), min(chunk, gpu_batches * batch_size)
 
 

@@ -81,6 +81,8 @@ class _Probe:
         self.total: torch.Tensor | None = None
 
     def hook(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled():
+            return output  # e = 0 and no gradient is taken: the probe adds nothing (a checkpointed or streamed forward)
         x = inputs[0].detach()
         n = output.shape[-1]
         b = x.shape[0] if x.dim() > 2 else 1
@@ -258,18 +260,20 @@ def _streamed_backward(model: nn.Module, ids: torch.Tensor, device: torch.device
     def autocast():
         return torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else ExitStack()
 
-    batches = capture_layer_inputs(model, ids, device, batch_size=batch_size)
+    captured = capture_layer_inputs(model, ids, device, batch_size=batch_size)
     starts = list(range(0, ids.shape[0], batch_size))
-    hidden = [b.hidden for b in batches]
+    hidden = [b.hidden for b in captured]
+    kwargs = [b.kwargs for b in captured]
+    del captured  # the chunk's layer-0 inputs live on in hidden only, replaced layer by layer
     saved: list[list[torch.Tensor]] = []
     with torch.no_grad():
         for layer in layers:
             saved.append([_to_host(h, pin) for h in hidden])
             with _layer_on(layer, device, probes):
-                for j, b in enumerate(batches):
+                for j, kw in enumerate(kwargs):
                     rows.first = starts[j]
                     with autocast():
-                        hidden[j] = layer_output(layer, LayerBatch(hidden[j], b.kwargs))
+                        hidden[j] = layer_output(layer, LayerBatch(hidden[j], kw))
     final = _final_modules(model)
     for m in final:
         m.to(device)
@@ -287,11 +291,11 @@ def _streamed_backward(model: nn.Module, ids: torch.Tensor, device: torch.device
     for i in range(len(layers) - 1, -1, -1):
         layer = layers[i]
         with _layer_on(layer, device, probes):
-            for j, b in enumerate(batches):
+            for j, kw in enumerate(kwargs):
                 rows.first = starts[j]
                 x = saved[i][j].to(device, non_blocking=True).requires_grad_(i > 0)
                 with autocast():
-                    out = layer_output(layer, LayerBatch(x, b.kwargs))
+                    out = layer_output(layer, LayerBatch(x, kw))
                 out.backward(grads[j])
                 grads[j] = x.grad if i > 0 else None
         saved[i] = None
@@ -315,9 +319,12 @@ def _boundary_bytes(model: nn.Module, seqlen: int) -> int:
 
 
 def _free_cpu() -> int | None:
+    """Free CPU memory for this process: the machine's, shared by its torchrun processes."""
+    from quantkit import distributed
     from quantkit.model.memory import free_memory
 
-    return free_memory("cpu") or None
+    free = free_memory("cpu")
+    return free // distributed.local_world_size() if free else None
 
 
 def compute_salience(model: nn.Module, input_ids: torch.Tensor, quantizer: Quantizer, *, first_order: bool = True,
@@ -357,21 +364,24 @@ def compute_salience(model: nn.Module, input_ids: torch.Tensor, quantizer: Quant
     linears = [(name, lin) for name, lin in iter_linears(model) if name not in skip]
     dev = torch.device(stream_device) if stream_device is not None else _input_device(model)
     # the streamed pass runs a chunk of windows per move of the weights; the whole-model pass one batch
+    deltas = []
+    for i, (name, lin) in enumerate(linears):
+        deltas.append(_delta(name, lin, quantizer, dev if stream_device is not None else None))
+        if on_linear is not None:
+            on_linear(i + 1, len(linears))
     chunk = batch_size
-    if stream_device is not None:
+    if stream_device is not None:  # sized once Δ holds its memory
         chunk = stream_windows or stream_chunk(n, batch_size, _boundary_bytes(model, input_ids.shape[1]),
                                                _free_cpu())
         chunk = max(batch_size, chunk - chunk % batch_size)
     rows = _Rows()
     probes: dict[str, _Probe] = {}
     with ExitStack() as stack:
-        for i, (name, lin) in enumerate(linears):
-            probes[name] = _Probe(_delta(name, lin, quantizer, dev if stream_device is not None else None),
-                                  min(chunk, n), rows)
+        for (name, lin), delta in zip(linears, deltas):
+            probes[name] = _Probe(delta, min(chunk, n), rows)
             handle = lin.register_forward_hook(probes[name].hook)
             stack.callback(handle.remove)
-            if on_linear is not None:
-                on_linear(i + 1, len(linears))
+        del deltas
         stack.enter_context(_frozen(model))
         if stream_device is None:
             if checkpoint_layers is None:

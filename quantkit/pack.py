@@ -323,7 +323,7 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
                             text_column=text_column)
     _release_weights(loaded.model, result.weights)
     _warn_expert_coverage(result.calibration, warn_all)
-    layouts = choose_layouts(result.weights, target, export, warn_all)
+    layouts = choose_layouts(result.weights, target, export, warn_all, rec.activation.fp8)
     info = {**_manifest_info(model_ref, loaded.model, rec, plan, plan_raw, target, export, source_dtype, n_params),
             "calibration": result.calibration, "avg_bits": result.avg_bits, "online_rotation": result.online_rotation}
     if not distributed.is_main():  # every process holds the same records; process 0 writes them

@@ -3,7 +3,8 @@ hold at all.
 
 ``--format quantkit`` stores every partition in quantkit's own layouts: ``--target reference`` → ``reference``
 (plain bit-packing, torch reference kernels); ``--target sm80|sm90`` → the GPU kernel layout of the partition's
-kind (4-bit asymmetric → ``w4a16``, LiquidQuant → ``w4a8-lqq``, 8-bit symmetric → ``w8``, FP8 E4M3 → ``fp8``),
+kind (4-bit asymmetric → ``w4a16``, LiquidQuant → ``w4a8-lqq``, 8-bit symmetric → ``w8``, FP8 E4M3 with FP8
+activations → ``fp8`` on sm90),
 falling back to ``reference`` with a warning when no kernel layout exists or it cannot hold the weight. ``--format gptq|gptq_v2|awq``
 writes the engines' formats for every linear, which exist only for uniform weight-only models: refusals are
 decided from the recipe and plan alone, before any model is loaded.
@@ -79,10 +80,12 @@ def check_recipe_export(recipe: Recipe, export: str, plan_is_mixed: bool) -> Non
             raise _refuse(export, recipe, "GPTQ act-order without static groups (AWQ checkpoints have no g_idx)")
 
 
-def kernel_layout(qw: QuantizedWeight) -> str | None:
-    """The GPU kernel layout for a weight of this kind, or None when no kernel covers it."""
+def kernel_layout(qw: QuantizedWeight, target: str = "sm90", fp8_activations: bool = True) -> str | None:
+    """The GPU kernel layout for a weight of this kind on ``target``, or None when no kernel covers it. FP8 weights
+    take ``fp8`` for sm90 with FP8 activations only: elsewhere its torch fallback would dequantize the weight on every
+    call, while the 'reference' layout's dense weight is cached."""
     if qw.fp8:
-        return "fp8"
+        return "fp8" if target == "sm90" and fp8_activations else None
     if qw.channel_scales is not None:
         return "w4a8-lqq"
     if qw.bits == 4 and not qw.sym:
@@ -113,8 +116,8 @@ def _kind(qw: QuantizedWeight) -> str:
     return f"{qw.bits}-bit {'sym' if qw.sym else 'asym'}"
 
 
-def _quantkit_layouts(records: dict[str, WeightRecord], target: str,
-                      warn: Callable[[str], None]) -> dict[str, list[str]]:
+def _quantkit_layouts(records: dict[str, WeightRecord], target: str, warn: Callable[[str], None],
+                      fp8_activations: bool) -> dict[str, list[str]]:
     fallbacks: dict[str, list[str]] = {}  # warning text → linears it concerns
     out: dict[str, list[str]] = {}
     for name, rec in records.items():
@@ -122,9 +125,11 @@ def _quantkit_layouts(records: dict[str, WeightRecord], target: str,
         for qw in record_parts(rec):
             layout = "reference"
             if target != "reference":
-                want = kernel_layout(qw)
+                want = kernel_layout(qw, target, fp8_activations)
                 if want is None:
                     why = f"no {target} kernel layout for {_kind(qw)} weights"
+                    if qw.fp8:
+                        why += " (the FP8 GEMM needs --target sm90 and FP8 activations)"
                 else:
                     try:
                         why = _get(want).supports(qw)
@@ -181,9 +186,10 @@ def _engine_layouts(records: dict[str, WeightRecord], export: str,
 
 
 def choose_layouts(records: dict[str, WeightRecord], target: str, export: str,
-                   warn: Callable[[str], None]) -> dict[str, list[str]]:
+                   warn: Callable[[str], None], fp8_activations: bool = False) -> dict[str, list[str]]:
     """Linear name → layout name per partition (order of :func:`record_parts`), every choice checked with the
-    layout's ``supports``; unavailable kernel layouts fall back to 'reference' through ``warn``."""
+    layout's ``supports``; unavailable kernel layouts fall back to 'reference' through ``warn``.
+    ``fp8_activations``: the recipe quantizes activations to FP8 (what the ``fp8`` layout's kernel runs)."""
     if export == "quantkit":
-        return _quantkit_layouts(records, target, warn)
+        return _quantkit_layouts(records, target, warn, fp8_activations)
     return _engine_layouts(records, export, warn)

@@ -226,7 +226,7 @@ def _open_partial(partial: Path, settings: dict, resume: bool, force: bool, warn
 
 
 def _pack_group(keys: list[str], read: Callable[[str], torch.Tensor], records: dict, target: str,
-                warn: Callable[[str], None], source_dtype: torch.dtype
+                warn: Callable[[str], None], source_dtype: torch.dtype, fp8_activations: bool = False
                 ) -> tuple[dict[str, torch.Tensor], dict[str, dict], list[int]]:
     """(tensors to write, linear entries, [Σ bits × elements, elements]) of one group, in state-dict order: the
     linears of ``records`` packed by their layouts, every other key ``read(key)`` in the source dtype."""
@@ -234,7 +234,7 @@ def _pack_group(keys: list[str], read: Callable[[str], torch.Tensor], records: d
     from quantkit.checkpoint.writer import _pack_linear, keep_dtype
     from quantkit.quant.partition import record_bits
 
-    layouts = choose_layouts(records, target, "quantkit", warn)
+    layouts = choose_layouts(records, target, "quantkit", warn, fp8_activations)
     tensors: dict[str, torch.Tensor] = {}
     linears: dict[str, dict] = {}
     bits = [0, 0]
@@ -387,7 +387,7 @@ def _stream_data_free(rec, plan_obj, linears, groups, src, state, finish, target
                 records[name] = quantize_partitioned(weight, rb, _rows_quantizer(rec, name))
         said: list[str] = []
         finish(g, *_pack_group(keys, lambda k: src.read_as(k, load_dtype), records, target, said.append,
-                               source_dtype), said)
+                               source_dtype, rec.activation.fp8), said)
 
 
 @torch.no_grad()
@@ -436,7 +436,7 @@ def _stream_calibrated(model, rec, plan_obj, linears, groups, src, partial, stat
             current = dict(model.state_dict())
             said: list[str] = []
             packed = _pack_group(groups[g], lambda k: current[k].detach().to("cpu"), records, target, said.append,
-                                 source_dtype)
+                                 source_dtype, rec.activation.fp8)
             if i + 1 < len(layers):
                 _save_atomic(batches, partial / f"inputs-{i + 1:05d}.pt")
             finish(g, *packed, said, {"coverage": coverage})

@@ -56,10 +56,16 @@ def test_the_fp8_layout_takes_per_channel_fp8_weights_only():
         lay.pack(grid.quantize_fp8(w, 128))
 
 
-def test_the_packer_picks_fp8_for_per_channel_fp8_weights():
-    from quantkit.checkpoint.choose import kernel_layout
+def test_the_packer_picks_fp8_for_sm90_with_fp8_activations_only():
+    from quantkit.checkpoint.choose import choose_layouts
 
-    assert kernel_layout(grid.quantize_fp8(torch.randn(4, 64), -1)) == "fp8"
+    records = {"x.q_proj": grid.quantize_fp8(torch.randn(4, 64), -1)}
+    said = []
+    assert choose_layouts(records, "sm90", "quantkit", said.append, fp8_activations=True) == {"x.q_proj": ["fp8"]}
+    assert not said
+    for target, act in (("sm80", True), ("sm90", False)):  # no FP8 tensor cores / FP8 weights with 16-bit inputs
+        assert choose_layouts(records, target, "quantkit", said.append, act) == {"x.q_proj": ["reference"]}
+        assert "needs --target sm90 and FP8 activations" in said[-1]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])

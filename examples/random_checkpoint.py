@@ -5,10 +5,12 @@ larger than the machine's memory (a Llama-3.1-70B shape: 141 GB in bf16) can be 
     python examples/random_checkpoint.py --preset llama-3.1-70b --out /data/l70b           # 80 layers, bf16
     python examples/random_checkpoint.py --preset llama-3.1-8b --layers 4 --out /tmp/l8b-4  # a slice of the shapes
 
-Peak memory is one layer's weights (1.7 GB for the 70B shape). The folder holds config.json, one safetensors shard
-per decoder layer plus one for the embeddings, final norm and LM head, model.safetensors.index.json, and the
-embedded reference model's tokenizer (its ids fit every preset's vocabulary). Weights ~ N(0, 0.02), norms 1, from a
-seeded generator per tensor name: the same bytes on every run.
+Each shard is made and written alone, so peak memory is about twice the largest shard (safetensors serializes a
+copy): the 70B shape's 2.1 GB embedding or LM head, or a 1.7 GB decoder layer. The folder holds config.json, one
+safetensors shard per decoder layer, one each for the embeddings and the LM head and one for the final norm,
+model.safetensors.index.json, and the embedded reference model's tokenizer (its ids fit every preset's vocabulary).
+Weights ~ N(0, 0.02), drawn in 64 MB float32 slices, norms 1, from a generator seeded by the tensor's name: the same
+bytes on every run.
 """
 
 from __future__ import annotations
@@ -52,18 +54,29 @@ def tensor_shapes(config) -> dict[str, tuple[int, ...]]:
 
 
 def random_tensor(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """N(0, 0.02) for a matrix, ones for a norm's weight; seeded by the name."""
+    """N(0, 0.02) for a matrix, ones for a norm's weight; seeded by the name, drawn in slices of at most 64 MB of
+    float32 (no full-size float32 copy)."""
     if len(shape) == 1:
         return torch.ones(shape, dtype=dtype)
     gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
-    return torch.empty(shape, dtype=torch.float32).normal_(0.0, 0.02, generator=gen).to(dtype)
+    out = torch.empty(shape, dtype=dtype)
+    rows = max(1, (64 << 20) // (4 * out[0].numel()))
+    for start in range(0, shape[0], rows):
+        part = out[start:start + rows]
+        part.copy_(torch.empty(part.shape, dtype=torch.float32).normal_(0.0, 0.02, generator=gen))
+    return out
 
 
 def shard_of(name: str) -> str:
-    """The shard a tensor goes to: one per decoder layer, one for the rest."""
+    """The shard a tensor goes to: one per decoder layer, the embeddings and the LM head each their own, one for
+    the rest (the final norm)."""
     parts = name.split(".")
     if "layers" in parts:
         return f"layer-{int(parts[parts.index('layers') + 1]):05d}"
+    if "embed_tokens" in parts:
+        return "embed"
+    if parts[0] == "lm_head":
+        return "head"
     return "rest"
 
 

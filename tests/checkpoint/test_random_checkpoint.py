@@ -31,8 +31,8 @@ def test_a_random_checkpoint_is_written_layer_by_layer_and_loads(tmp_path):
     out = rc.write_checkpoint(tmp_path / "m", config, torch.bfloat16, progress=lambda line: None)
     index = json.loads((out / "model.safetensors.index.json").read_text())
     files = sorted(set(index["weight_map"].values()))
-    assert files == ["model-layer-00000.safetensors", "model-layer-00001.safetensors",
-                     "model-layer-00002.safetensors", "model-rest.safetensors"]
+    assert files == ["model-embed.safetensors", "model-head.safetensors", "model-layer-00000.safetensors",
+                     "model-layer-00001.safetensors", "model-layer-00002.safetensors", "model-rest.safetensors"]
     model = load_model(str(out), device="cpu", dtype="bf16", load_tokenizer=True)
     w = model.model.model.layers[1].mlp.down_proj.weight
     assert torch.equal(w, rc.random_tensor("model.layers.1.mlp.down_proj.weight", tuple(w.shape), torch.bfloat16))

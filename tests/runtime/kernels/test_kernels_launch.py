@@ -115,3 +115,20 @@ def test_repeated_act_quant_calls_take_the_prepared_launch_with_the_same_bits(gr
         want_codes, want_scales = quantize_activation_int(x, 8, group_size)
         assert torch.equal(codes, want_codes.to(torch.int8)) and torch.equal(scales, want_scales.float())
     assert any(prepared is not None for prepared, _ in act_quant._PREPARED.values())
+
+
+@pytest.mark.skipif(not CUDA, reason="prepared launches exist for compiled kernels only")
+@pytest.mark.parametrize("group_size", [None, -1, 128])
+def test_repeated_rms_norm_calls_take_the_prepared_launch_with_the_same_bits(group_size):
+    from quantkit.runtime.kernels.triton import rms_norm
+
+    rms_norm._PREPARED.clear()
+    weights = [torch.rand(4096, device=DEVICE, dtype=torch.float16) + 0.5 for _ in range(2)]
+    x = torch.randn(3, 4096, device=DEVICE, dtype=torch.float16)
+    first = [rms_norm.rms_norm_triton(x, w, 1e-5, group_size) for w in weights]  # the second layer: prepared
+    again = [rms_norm.rms_norm_triton(x, w, 1e-5, group_size) for w in weights]
+    for a, b in zip(first, again):
+        for ta, tb in zip(a, b):
+            assert (ta is None and tb is None) or torch.equal(ta, tb)
+    assert not torch.equal(first[0][0], first[1][0])  # each call read its own weight
+    assert any(prepared is not None for prepared, _ in rms_norm._PREPARED.values())

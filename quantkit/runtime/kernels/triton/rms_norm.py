@@ -25,7 +25,7 @@ import triton.language as tl
 from quantkit.quant.grid import num_groups
 from quantkit.runtime.kernels.triton.act_quant import HAVE_GDC, MAX_ROW, _codes, _scale_up, gdc_launch_dependents
 from quantkit.runtime.kernels.cuda.common import pdl_supported
-from quantkit.runtime.kernels.jit import check_device, kernel, launch_kernel
+from quantkit.runtime.kernels.jit import PreparedLaunch, check_device, kernel, launch_kernel
 
 
 @kernel
@@ -58,12 +58,27 @@ def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, c_ptr, s_ptr, K, G, eps, stride_xm, st
             tl.store(s_ptr + row * stride_sm + g, s, mask=g < G)
 
 
+_PREPARED: dict[tuple, tuple[PreparedLaunch | None, int]] = {}  # call shape → (prepared launch, groups)
+_MAX_PREPARED = 1024
+
+
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, group_size: int | None = None,
                     bits: int = 8) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(y [M, K] in x's dtype, codes int8 [M, K] or None, scales float32 [M, G] or None) for x [M, K] (unit column
     stride) and ``weight`` [K] of x's dtype (module docstring). ``group_size`` None: no quantization; -1 per
     token; else a power of two >= 16 (:func:`quantkit.runtime.kernels.triton.act_quant.quantize_activation_triton`'s
-    groups)."""
+    groups). A call shaped like an earlier one (shapes, strides, dtypes, device, eps, groups, bits) reuses its
+    prepared launch (:class:`~quantkit.runtime.kernels.jit.PreparedLaunch`)."""
+    quant = group_size is not None
+    key = (tuple(x.shape), x.stride(), x.dtype, x.device, tuple(weight.shape), weight.dtype, float(eps), group_size,
+           bits)
+    prepared, g = _PREPARED.get(key, (None, 0))
+    if prepared is not None and weight.is_contiguous():
+        y = torch.empty_like(x)
+        codes = torch.empty(x.shape, dtype=torch.int8, device=x.device) if quant else y
+        scales = torch.empty(x.shape[0], g, dtype=torch.float32, device=x.device) if quant else y
+        if prepared(x, weight, y, codes, scales):
+            return (y, codes, scales) if quant else (y, None, None)
     if x.dim() != 2 or x.stride(1) != 1 or weight.shape != (x.shape[1],) or weight.dtype != x.dtype:
         raise ValueError(f"rms_norm_triton takes x [M, K] with unit column stride and a weight [K] of its dtype, got "
                          f"{tuple(x.shape)} {x.dtype} and {tuple(weight.shape)} {weight.dtype}")
@@ -75,15 +90,20 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, group_siz
     if bk > MAX_ROW:
         raise ValueError(f"rms_norm_triton holds a row of at most {MAX_ROW} features in one program, got K = {k}")
     y = torch.empty_like(x)
-    quant = group_size is not None
     g = num_groups(k, group_size) if quant else 1
     codes = torch.empty(m, k, dtype=torch.int8, device=x.device) if quant else y
     scales = torch.empty(m, g, dtype=torch.float32, device=x.device) if quant else y
     pdl = HAVE_GDC and x.is_cuda and pdl_supported(x.device.index if x.device.index is not None
                                                    else torch.cuda.current_device())
     if m:
-        launch_kernel(_rms_norm_kernel, (m,), x, weight.contiguous(), y, codes, scales, k, g, float(eps), x.stride(0),
-                      y.stride(0), codes.stride(0), scales.stride(0), BK=bk,
-                      GS=group_size if quant and group_size > 0 else 16, QUANT=quant, PER_TOKEN=group_size == -1,
-                      QMAX=float(2 ** (bits - 1) - 1), PDL=pdl, num_warps=8 if bk >= 2048 else 4)
+        args = (x, weight.contiguous(), y, codes, scales, k, g, float(eps), x.stride(0), y.stride(0), codes.stride(0),
+                scales.stride(0))
+        kwargs = dict(BK=bk, GS=group_size if quant and group_size > 0 else 16, QUANT=quant,
+                      PER_TOKEN=group_size == -1, QMAX=float(2 ** (bits - 1) - 1), PDL=pdl,
+                      num_warps=8 if bk >= 2048 else 4)
+        launch_kernel(_rms_norm_kernel, (m,), *args, **kwargs)
+        if key not in _PREPARED:
+            if len(_PREPARED) >= _MAX_PREPARED:  # many distinct prompt lengths: start over rather than grow
+                _PREPARED.clear()
+            _PREPARED[key] = (PreparedLaunch.create(_rms_norm_kernel, (m,), args, kwargs, (0, 1, 2, 3, 4)), g)
     return (y, codes, scales) if quant else (y, None, None)

@@ -96,6 +96,7 @@ def _check_streamed(model_ref: str, rec, device: str, dtype: str | None, device_
     ``--max-gpu-memory``; a one-line refusal when the options do not combine or the streamed pass needs more GPU
     memory than the cap. A chunk holds as many windows as the free CPU memory
     (:func:`quantkit.search.salience.stream_chunk`) and what the cap leaves on the GPU allow."""
+    from quantkit import distributed
     from quantkit.checkpoint.atomic import human_bytes
     from quantkit.checkpoint.shards import parse_size
     from quantkit.model.loader import load_config, resolve_device, resolve_dtype
@@ -125,14 +126,16 @@ def _check_streamed(model_ref: str, rec, device: str, dtype: str | None, device_
                             f"{human_bytes(one_batch.gpu_bytes)} of GPU memory here, more than --max-gpu-memory "
                             f"{max_gpu_memory}; use fewer tokens per backward (--batch-size, --seqlen) or a larger cap")
     free_cpu = free_memory("cpu")
-    if free_cpu and one_batch.cpu_bytes > free_cpu:
+    procs = distributed.local_world_size()  # torchrun: each process of this machine loads the model and its Δ
+    if free_cpu and procs * one_batch.cpu_bytes > free_cpu:
         raise QuantkitError(f"a streamed search keeps the model and its Δ in CPU memory: about "
-                            f"{human_bytes(one_batch.cpu_bytes)}, and {human_bytes(free_cpu)} is free; use a machine "
-                            "with more memory, or --dtype bf16 for an fp32 model")
+                            f"{human_bytes(procs * one_batch.cpu_bytes)} for {procs} process(es), and "
+                            f"{human_bytes(free_cpu)} is free; use a machine with more memory, fewer processes, or "
+                            "--dtype bf16 for an fp32 model")
     elt = torch.empty((), dtype=torch_dtype).element_size()
     n = samples if samples is not None else rec.calibration.samples
-    # what the model and Δ leave free once loaded, shared by the processes of this node (torchrun)
-    left = (free_cpu - one_batch.cpu_bytes) // distributed.local_world_size() if free_cpu else None
+    # what the models and Δs leave free once loaded, shared by this machine's processes
+    left = (free_cpu - procs * one_batch.cpu_bytes) // procs if free_cpu else None
     chunk = stream_chunk(n, batch_size, window * shape.hidden * (shape.layers + 1) * elt, left)
     per_batch_gpu = (streamed_search_plan(shape, torch_dtype, tokens, 2 * tokens, 2 * batch_size).gpu_bytes
                      - one_batch.gpu_bytes)

@@ -81,3 +81,25 @@ def test_max_gpu_memory_refusals(tiny_model_dir, tmp_path):
         run_search(src, str(tmp_path / "p.json"), max_gpu_memory="1GiB", device="cpu", show_progress=False)
     with pytest.raises(QuantkitError, match="--max-gpu-memory 'lots' is not a size"):
         run_search(src, str(tmp_path / "p.json"), max_gpu_memory="lots", device="cpu", show_progress=False)
+
+
+def test_the_streamed_search_sizes_its_chunk_and_refuses_what_cannot_fit(tiny_model_dir, monkeypatch):
+    """The CLI's checks on a (pretended) CUDA machine: the chunk is whole batches within the windows, and a cap or
+    CPU memory too small is a one-line refusal."""
+    import quantkit.model.loader as loader
+    import quantkit.model.memory as memory
+    from quantkit.quant.recipe import load_recipe
+    from quantkit.search.command import _check_streamed
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(loader, "resolve_device", lambda device: "cuda")
+    monkeypatch.setattr(loader, "resolve_dtype", lambda dtype, device, source: torch.float16)
+    src, rec = str(tiny_model_dir("llama")), load_recipe("mixllm-w4a8-rtn")
+    dev, dtype, chunk = _check_streamed(src, rec, "cuda", None, None, "global", "1GiB", 2, 16, 7)
+    assert (dev, dtype) == ("cuda", "float16") and 2 <= chunk <= 7
+    with pytest.raises(QuantkitError, match="still needs about"):
+        _check_streamed(src, rec, "cuda", None, None, "global", "1KiB", 2, 16, 7)
+    monkeypatch.setattr(memory, "free_memory", lambda device: 1024)
+    with pytest.raises(QuantkitError, match="keeps the model and its Δ in CPU memory"):
+        _check_streamed(src, rec, "cuda", None, None, "global", "1GiB", 2, 16, 7)
+

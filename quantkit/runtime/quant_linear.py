@@ -165,18 +165,25 @@ class QuantLinear(nn.Module):
 
     def _apply(self, fn, recurse=True):
         self._dense.clear()  # .to()/.half() move the packed buffers; a cached Ŵ would be stale
-        self._launches.clear()  # ... and a prepared launch holds their addresses
+        self._forget_launches()  # ... and a prepared launch holds them
         return super()._apply(fn, recurse)
 
     def __setattr__(self, name: str, value) -> None:
         super().__setattr__(name, value)
         if isinstance(value, torch.Tensor) and "_launches" in self.__dict__:
-            self._launches.clear()  # a replaced buffer: the prepared launches read the old one
+            self._forget_launches()  # a replaced buffer: the prepared launches read the old one
 
     def register_buffer(self, name: str, tensor: torch.Tensor | None, persistent: bool = True) -> None:
         super().register_buffer(name, tensor, persistent)
         if "_launches" in self.__dict__:
+            self._forget_launches()
+
+    def _forget_launches(self) -> None:
+        """Drop the prepared launches after the module itself moved or replaced its buffers (not a hook's swap,
+        which :meth:`_bound_forward` detects)."""
+        if "_launches" in self.__dict__:
             self._launches.clear()
+        self.__dict__.pop("_launch_ptrs", None)
 
     def _bound_forward(self, kernel: Kernel, shared: SharedActivation) -> torch.Tensor | None:
         """The single-partition product through the launch the kernel prepared for this token count and dtype
@@ -185,13 +192,20 @@ class QuantLinear(nn.Module):
         if torch.compiler.is_compiling():
             return None
         x = shared.x
-        # hooks (accelerate's offload) may swap a buffer in _buffers without going through setattr, and a prepared
-        # launch holds the tensors it was made with: new addresses drop every prepared launch (keeping them would
-        # keep the old buffers alive)
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return None  # a prepared launch made during a capture would outlive the graph's memory
+        # hooks (accelerate's offload) swap buffers in _buffers without going through setattr, and a prepared launch
+        # holds the tensors it was made with: addresses that change under it drop the layer's launches for good
+        # (keeping them would keep every old copy alive; rebinding each call would cost more than it saves)
         ptrs = tuple(t.data_ptr() for t in self._buffers.values() if t is not None)
-        if ptrs != self.__dict__.get("_launch_ptrs"):
+        last = self.__dict__.get("_launch_ptrs")
+        if ptrs != last:
             self._launches.clear()
             self.__dict__["_launch_ptrs"] = ptrs
+            if last is not None:
+                self.__dict__["_unbindable"] = True
+        if self.__dict__.get("_unbindable"):
+            return None
         key = (kernel, x.shape[0], x.dtype, x.device, None if kernel.selection is None else kernel.selection())
         run = self._launches.get(key, _UNBOUND)
         if run is _UNBOUND:

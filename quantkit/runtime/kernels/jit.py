@@ -107,12 +107,12 @@ def _launcher(fn, grid: tuple, args: tuple, kwargs: dict):
     return entry
 
 
-def _in_graph() -> bool:
+def in_graph() -> bool:
     """Whether launches are being captured into a CUDA graph, or run where a graph owns the split-K scratch
     (:func:`.scratch.graph_owned_scratch`): a prepared launch holds eager scratch, which a graph must not keep."""
     from quantkit.runtime.kernels.scratch import graph_scratch_active
 
-    return graph_scratch_active() or torch.cuda.is_current_stream_capturing()
+    return graph_scratch_active() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
 class PreparedLaunch:
@@ -130,7 +130,7 @@ class PreparedLaunch:
     def create(cls, fn, grid: tuple, args: tuple, kwargs: dict, slots: tuple[int, ...]) -> PreparedLaunch | None:
         """The launch ``fn[grid](*args, **kwargs)`` prepared (the kernel compiled if it was not), or None where
         launches cannot be prepared (the interpreter, Triton before 3.3, not a plain JIT function)."""
-        if not _FAST_LAUNCH or _in_graph():
+        if not _FAST_LAUNCH or in_graph():
             return None
         entry = _launcher(fn, grid, args, kwargs)
         if entry is _NOT_FAST:
@@ -151,10 +151,46 @@ class PreparedLaunch:
             if aligned and t.data_ptr() % 16:
                 return False
         if (torch.cuda.current_device() != self.device
-                or torch._C._cuda_getCurrentRawStream(self.device) != self.stream or _in_graph()):
+                or torch._C._cuda_getCurrentRawStream(self.device) != self.stream or in_graph()):
             return False
         args = self.args.copy()
         for i, t in zip(self.slots, tensors):
             args[i] = t
         self.runner(*args, stream=self.stream)
         return True
+
+
+class PreparedByShape:
+    """Prepared launches of one entry point by call shape (the caller's key: everything its launch arguments depend
+    on besides the slot tensors), with a value the caller needs alongside (e.g. its group count); at most ``limit``
+    shapes, then it starts over (many prompt lengths)."""
+
+    def __init__(self, limit: int = 1024):
+        self.limit = limit
+        self._entries: dict[tuple, tuple[PreparedLaunch | None, object]] = {}
+
+    def get(self, key: tuple) -> tuple[PreparedLaunch | None, object]:
+        """(the prepared launch or None, the value kept with it) of a call shape, (None, None) when unknown."""
+        return self._entries.get(key, (None, None))
+
+    def __contains__(self, key: tuple) -> bool:
+        return key in self._entries
+
+    def remember(self, key: tuple, prepare, value: object = None) -> None:
+        """Prepare this call shape's launch (``prepare()`` → PreparedLaunch | None) once: kept — or that it has
+        none — unless a CUDA graph being captured kept it from being prepared (an eager call prepares it later)."""
+        if key in self._entries:
+            return
+        prepared = prepare()
+        if prepared is None and in_graph():
+            return
+        if len(self._entries) >= self.limit:
+            self._entries.clear()
+        self._entries[key] = (prepared, value)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def values(self):
+        return self._entries.values()
+

@@ -20,7 +20,7 @@ import triton.language as tl
 from quantkit.errors import QuantkitError
 from quantkit.quant.grid import num_groups
 from quantkit.runtime.kernels.cuda.common import pdl_supported
-from quantkit.runtime.kernels.jit import PreparedLaunch, check_device, kernel, launch_kernel
+from quantkit.runtime.kernels.jit import PreparedByShape, PreparedLaunch, check_device, kernel, launch_kernel
 
 try:  # programmatic dependent launch's trigger (recent Triton; 3.6 has it); without it the quantizer never signals
     from triton.language.extra.cuda import gdc_launch_dependents
@@ -160,8 +160,7 @@ def act_quant_launch(m: int, k_padded: int, group_size: int) -> tuple[int, int]:
     return (4, 4) if m <= 64 else (16, 4)
 
 
-_PREPARED: dict[tuple, tuple[PreparedLaunch | None, int]] = {}  # call shape → (prepared launch, groups)
-_MAX_PREPARED = 1024
+_PREPARED = PreparedByShape()  # call shape → (prepared launch, groups)
 
 
 def quantize_activation_triton(x: torch.Tensor, bits: int = 8, group_size: int = 128,
@@ -171,8 +170,8 @@ def quantize_activation_triton(x: torch.Tensor, bits: int = 8, group_size: int =
     or -1 (per token). ``launch``: (rows per program, warps), default :func:`act_quant_launch`. A call shaped like
     an earlier one (shape, strides, dtype, device, bits, groups) reuses its prepared launch
     (:class:`~quantkit.runtime.kernels.jit.PreparedLaunch`): decode steps quantize the same shapes every token."""
-    key = (tuple(x.shape), x.stride(), x.dtype, x.device, bits, group_size, launch)
-    prepared, g = _PREPARED.get(key, (None, 0))
+    key = (tuple(x.shape), x.stride(), x.dtype, x.device, bits, group_size, None if launch is None else tuple(launch))
+    prepared, g = _PREPARED.get(key)
     if prepared is not None:
         codes = torch.empty(x.shape, dtype=torch.int8, device=x.device)
         scales = torch.empty(x.shape[0], g, dtype=torch.float32, device=x.device)
@@ -211,20 +210,5 @@ def quantize_activation_triton(x: torch.Tensor, bits: int = 8, group_size: int =
         args = (x, codes, scales, m, k, g, x.stride(0), codes.stride(0), scales.stride(0))
         kwargs = dict(GS=group_size, BM=bm, QMAX=qmax, PDL=pdl, num_warps=warps)
     launch_kernel(fn, grid, *args, **kwargs)
-    if key not in _PREPARED:
-        if len(_PREPARED) >= _MAX_PREPARED:  # many distinct prompt lengths: start over rather than grow
-            _PREPARED.clear()
-        _PREPARED[key] = (PreparedLaunch.create(fn, grid, args, kwargs, (0, 1, 2)), g)
-    return codes, scales
-    bm, warps = launch or act_quant_launch(m, bk, group_size)
-    if bm < 1 or bm & (bm - 1) or warps < 1 or warps & (warps - 1):
-        raise ValueError(f"launch must be (rows, warps), powers of two, got {launch}")
-    pdl = HAVE_GDC and x.is_cuda and pdl_supported(x.device.index if x.device.index is not None
-                                                   else torch.cuda.current_device())
-    if group_size == -1:
-        launch_kernel(_act_quant_token_kernel, (-(-m // bm),), x, codes, scales, m, k, x.stride(0), codes.stride(0),
-                      scales.stride(0), BK=bk, BM=bm, QMAX=qmax, PDL=pdl, num_warps=warps)
-    else:
-        launch_kernel(_act_quant_group_kernel, (-(-m // bm), g), x, codes, scales, m, k, g, x.stride(0),
-                      codes.stride(0), scales.stride(0), GS=group_size, BM=bm, QMAX=qmax, PDL=pdl, num_warps=warps)
+    _PREPARED.remember(key, lambda: PreparedLaunch.create(fn, grid, args, kwargs, (0, 1, 2)), g)
     return codes, scales

@@ -25,7 +25,7 @@ import triton.language as tl
 from quantkit.quant.grid import num_groups
 from quantkit.runtime.kernels.triton.act_quant import HAVE_GDC, MAX_ROW, _codes, _scale_up, gdc_launch_dependents
 from quantkit.runtime.kernels.cuda.common import pdl_supported
-from quantkit.runtime.kernels.jit import PreparedLaunch, check_device, kernel, launch_kernel
+from quantkit.runtime.kernels.jit import PreparedByShape, PreparedLaunch, check_device, kernel, launch_kernel
 
 
 @kernel
@@ -58,8 +58,7 @@ def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, c_ptr, s_ptr, K, G, eps, stride_xm, st
             tl.store(s_ptr + row * stride_sm + g, s, mask=g < G)
 
 
-_PREPARED: dict[tuple, tuple[PreparedLaunch | None, int]] = {}  # call shape → (prepared launch, groups)
-_MAX_PREPARED = 1024
+_PREPARED = PreparedByShape()  # call shape → (prepared launch, groups)
 
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, group_size: int | None = None,
@@ -70,9 +69,9 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, group_siz
     groups). A call shaped like an earlier one (shapes, strides, dtypes, device, eps, groups, bits) reuses its
     prepared launch (:class:`~quantkit.runtime.kernels.jit.PreparedLaunch`)."""
     quant = group_size is not None
-    key = (tuple(x.shape), x.stride(), x.dtype, x.device, tuple(weight.shape), weight.dtype, float(eps), group_size,
-           bits)
-    prepared, g = _PREPARED.get(key, (None, 0))
+    key = (tuple(x.shape), x.stride(), x.dtype, x.device, tuple(weight.shape), weight.dtype, weight.device, float(eps),
+           group_size, bits)
+    prepared, g = _PREPARED.get(key)
     if prepared is not None and weight.is_contiguous():
         y = torch.empty_like(x)
         codes = torch.empty(x.shape, dtype=torch.int8, device=x.device) if quant else y
@@ -102,8 +101,6 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, group_siz
                       PER_TOKEN=group_size == -1, QMAX=float(2 ** (bits - 1) - 1), PDL=pdl,
                       num_warps=8 if bk >= 2048 else 4)
         launch_kernel(_rms_norm_kernel, (m,), *args, **kwargs)
-        if key not in _PREPARED:
-            if len(_PREPARED) >= _MAX_PREPARED:  # many distinct prompt lengths: start over rather than grow
-                _PREPARED.clear()
-            _PREPARED[key] = (PreparedLaunch.create(_rms_norm_kernel, (m,), args, kwargs, (0, 1, 2, 3, 4)), g)
+        _PREPARED.remember(key, lambda: PreparedLaunch.create(_rms_norm_kernel, (m,), args, kwargs, (0, 1, 2, 3, 4)),
+                           g)
     return (y, codes, scales) if quant else (y, None, None)

@@ -216,7 +216,8 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
     ``stream``: one decoder layer at a time (:mod:`quantkit.checkpoint.stream`); ``resume`` (implies ``stream``)
     continues an interrupted streamed pack."""
     from quantkit.checkpoint.atomic import check_free_space, check_output, remove_stale_temps
-    from quantkit.checkpoint.choose import check_recipe_export, check_target_export, choose_layouts
+    from quantkit.checkpoint.choose import (check_recipe_export, check_target_export, choose_layouts,
+                                            fp8_token_activations)
     from quantkit.checkpoint.report import summarize
     from quantkit.checkpoint.shards import parse_size
     from quantkit.checkpoint.writer import build_checkpoint, tokenizer_files, write_checkpoint
@@ -323,7 +324,7 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
                             text_column=text_column)
     _release_weights(loaded.model, result.weights)
     _warn_expert_coverage(result.calibration, warn_all)
-    layouts = choose_layouts(result.weights, target, export, warn_all, rec.activation.fp8)
+    layouts = choose_layouts(result.weights, target, export, warn_all, fp8_token_activations(rec))
     info = {**_manifest_info(model_ref, loaded.model, rec, plan, plan_raw, target, export, source_dtype, n_params),
             "calibration": result.calibration, "avg_bits": result.avg_bits, "online_rotation": result.online_rotation}
     if not distributed.is_main():  # every process holds the same records; process 0 writes them

@@ -80,7 +80,7 @@ def check_recipe_export(recipe: Recipe, export: str, plan_is_mixed: bool) -> Non
             raise _refuse(export, recipe, "GPTQ act-order without static groups (AWQ checkpoints have no g_idx)")
 
 
-def kernel_layout(qw: QuantizedWeight, target: str = "sm90", fp8_activations: bool = True) -> str | None:
+def kernel_layout(qw: QuantizedWeight, target: str = "sm90", fp8_activations: bool = False) -> str | None:
     """The GPU kernel layout for a weight of this kind on ``target``, or None when no kernel covers it. FP8 weights
     take ``fp8`` for sm90 with FP8 activations only: elsewhere its torch fallback would dequantize the weight on every
     call, while the 'reference' layout's dense weight is cached."""
@@ -93,6 +93,12 @@ def kernel_layout(qw: QuantizedWeight, target: str = "sm90", fp8_activations: bo
     if qw.bits == 8 and qw.sym:
         return "w8"
     return None
+
+
+def fp8_token_activations(recipe: Recipe) -> bool:
+    """Whether ``recipe`` quantizes activations to FP8 with one scale per token: what the ``fp8`` layout's GEMM
+    runs (other activation schemes would dequantize its weight on every call)."""
+    return bool(recipe.activation.fp8 and recipe.activation.group_size == -1)
 
 
 def record_parts(record: WeightRecord) -> list[QuantizedWeight]:
@@ -189,7 +195,8 @@ def choose_layouts(records: dict[str, WeightRecord], target: str, export: str,
                    warn: Callable[[str], None], fp8_activations: bool = False) -> dict[str, list[str]]:
     """Linear name → layout name per partition (order of :func:`record_parts`), every choice checked with the
     layout's ``supports``; unavailable kernel layouts fall back to 'reference' through ``warn``.
-    ``fp8_activations``: the recipe quantizes activations to FP8 (what the ``fp8`` layout's kernel runs)."""
+    ``fp8_activations``: the recipe quantizes activations to FP8 per token (what the ``fp8`` layout's kernel
+    runs)."""
     if export == "quantkit":
         return _quantkit_layouts(records, target, warn, fp8_activations)
     return _engine_layouts(records, export, warn)

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from quantkit.checkpoint.choose import fp8_token_activations
 from quantkit.errors import QuantkitError
 
 PARTIAL_SUFFIX = ".partial"
@@ -387,7 +388,7 @@ def _stream_data_free(rec, plan_obj, linears, groups, src, state, finish, target
                 records[name] = quantize_partitioned(weight, rb, _rows_quantizer(rec, name))
         said: list[str] = []
         finish(g, *_pack_group(keys, lambda k: src.read_as(k, load_dtype), records, target, said.append,
-                               source_dtype, rec.activation.fp8), said)
+                               source_dtype, fp8_token_activations(rec)), said)
 
 
 @torch.no_grad()
@@ -436,7 +437,7 @@ def _stream_calibrated(model, rec, plan_obj, linears, groups, src, partial, stat
             current = dict(model.state_dict())
             said: list[str] = []
             packed = _pack_group(groups[g], lambda k: current[k].detach().to("cpu"), records, target, said.append,
-                                 source_dtype, rec.activation.fp8)
+                                 source_dtype, fp8_token_activations(rec))
             if i + 1 < len(layers):
                 _save_atomic(batches, partial / f"inputs-{i + 1:05d}.pt")
             finish(g, *packed, said, {"coverage": coverage})

@@ -26,6 +26,7 @@ from quantkit.runtime.kernels.registry import GemmKernel, GemmProblem, device_tr
 
 HALF = (torch.float16, torch.bfloat16)
 FP8_MIN_CAPABILITY = (8, 9)  # Ada and Hopper: the first GPUs with FP8 tensor cores
+_REFUSED: set[tuple] = set()  # (M, N, K, dtype, capability) the build's _scaled_mm refused: not asked again
 
 
 @dataclass
@@ -94,12 +95,17 @@ class CublasScaledMm(GemmKernel):
     def accepts(self, p, c, cfg):
         if c.a_codes.stride(1) != 1 or c.a_codes.data_ptr() % 16:
             return "the activation codes must be row-major with 16-byte aligned rows"
+        if (p.m, p.n, p.k, p.dtype, p.capability) in _REFUSED:
+            return "this torch build's cuBLAS FP8 GEMM refused the shape"
         return None
 
     def launch(self, p, c, cfg):
         try:
             return scaled_mm_fp8(c.a_codes, c.a_scales, c.tensors, c.out_dtype)
+        except (torch.OutOfMemoryError, getattr(torch, "AcceleratorError", torch.OutOfMemoryError)):
+            raise  # not a shape rule: a fallback would hide it (or need more memory)
         except RuntimeError:  # a shape rule of this torch build's cuBLAS path: the next kernel of the list runs it
+            _REFUSED.add((p.m, p.n, p.k, p.dtype, p.capability))
             return None
 
 

@@ -68,6 +68,17 @@ def test_the_packer_picks_fp8_for_sm90_with_fp8_activations_only():
         assert "needs --target sm90 and FP8 activations" in said[-1]
 
 
+def test_only_per_token_fp8_activations_count_as_the_fp8_gemms():
+    from quantkit.checkpoint.choose import fp8_token_activations
+    from quantkit.quant.recipe import load_recipe, parse_recipe
+
+    weight = {"method": "rtn", "grid": "fp8", "bits": 8, "sym": True, "group_size": -1}
+    assert fp8_token_activations(load_recipe("fp8-w8a8"))
+    assert not fp8_token_activations(parse_recipe({"weight": weight}))  # FP8 weights, 16-bit activations
+    assert not fp8_token_activations(parse_recipe({"weight": weight, "activation": {"bits": 8, "group_size": 128,
+                                                                                    "fp8": True}}))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_fp8_codes_times_scales_are_the_fake_quant_values(dtype):
     x = (torch.randn(6, 300, generator=torch.Generator().manual_seed(3)) * 4).to(dtype)

@@ -192,8 +192,11 @@ class QuantLinear(nn.Module):
         if torch.compiler.is_compiling():
             return None
         x = shared.x
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            return None  # a prepared launch made during a capture would outlive the graph's memory
+        if x.is_cuda:
+            from quantkit.runtime.kernels.jit import in_graph
+
+            if in_graph():  # a capture or its warm-up: a launch prepared there would outlive the graph's memory
+                return None
         # hooks (accelerate's offload) swap buffers in _buffers without going through setattr, and a prepared launch
         # holds the tensors it was made with: addresses that change under it drop the layer's launches for good
         # (keeping them would keep every old copy alive; rebinding each call would cost more than it saves)

@@ -33,8 +33,9 @@ from quantkit.errors import QuantkitError
 
 ENV_KERNEL = "QUANTKIT_KERNEL"  # names one registered kernel to run wherever it serves the operation (tests, benches)
 ENV_TABLES = "QUANTKIT_TUNED_TABLES"  # "0": ignore the tuned launch tables (the launch rules alone decide)
-OPS = ("a8", "a8_mixed", "a16", "fp8")  # int8 activations × packed weight; the same, two partitions; fp16/bf16 × w4a16;
-# per-token FP8 activations × an fp8 weight
+# the operations: int8 activations × a packed weight; the same for a two-partition layer; fp16/bf16 activations × a
+# w4a16 weight; per-token FP8 activations × an fp8 weight
+OPS = ("a8", "a8_mixed", "a16", "fp8")
 
 
 @dataclass(frozen=True)

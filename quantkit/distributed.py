@@ -107,6 +107,15 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def sum_with_count(total: torch.Tensor, count: float) -> tuple[torch.Tensor, float]:
+    """(``total``, ``count``) summed over the processes (as they are alone): statistics every process accumulated
+    over its share of the calibration tokens, with how many tokens that was."""
+    if world_size() == 1:
+        return total, count
+    n = all_reduce_sum(torch.tensor([float(count)], dtype=torch.float64, device=total.device))
+    return all_reduce_sum(total), float(n.item())
+
+
 def broadcast_object(obj):
     """Process 0's ``obj`` on every process (picklable objects; ``obj`` itself alone), so that decisions every
     process must make alike — the order in which statistics are reduced — are made once."""

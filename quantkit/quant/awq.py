@@ -154,7 +154,7 @@ def _first(out):
 
 def channel_magnitude(inputs: list[torch.Tensor]) -> torch.Tensor:
     """s_X: mean |x| per input channel over every token of the inputs (AWQ Sec. 3.3), float32 [K]; in data-parallel
-    calibration over every process's tokens (:func:`_summed`)."""
+    calibration over every process's tokens (:func:`quantkit.distributed.sum_with_count`)."""
     k = inputs[0].shape[-1]
     total = torch.zeros(k, dtype=torch.float32, device=inputs[0].device)
     count = 0
@@ -162,16 +162,8 @@ def channel_magnitude(inputs: list[torch.Tensor]) -> torch.Tensor:
         x = x.reshape(-1, k)
         total += x.float().abs().sum(0)
         count += x.shape[0]
-    total, count = _summed(total, count)
+    total, count = distributed.sum_with_count(total, count)
     return total / max(count, 1)
-
-
-def _summed(total: torch.Tensor, count: float) -> tuple[torch.Tensor, float]:
-    """(``total``, ``count``) summed over the processes of a data-parallel calibration (as they are alone)."""
-    if distributed.world_size() == 1:
-        return total, count
-    n = distributed.all_reduce_sum(torch.tensor([float(count)], dtype=torch.float64, device=total.device))
-    return distributed.all_reduce_sum(total), float(n.item())
 
 
 def awq_scales(magnitude: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -194,7 +186,7 @@ def _linear_block_loss(group: ScaleGroup, inputs: list[torch.Tensor]):
         x = x.reshape(-1, k).to(device=gram.device, dtype=torch.float32)
         gram.addmm_(x.t(), x)
         tokens += x.shape[0]
-    gram, tokens = _summed(gram, tokens)
+    gram, tokens = distributed.sum_with_count(gram, tokens)
     w0 = lin.weight.detach().float().clone()  # the search overwrites the weight in place
     numel = max(tokens * lin.out_features, 1)
 

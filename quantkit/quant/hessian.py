@@ -53,9 +53,8 @@ class HessianAccumulator:
 
         if distributed.world_size() == 1:
             return
-        weighted = distributed.all_reduce_sum(self.hessian * float(self.count))
-        count = int(distributed.all_reduce_sum(torch.tensor([float(self.count)], dtype=torch.float64,
-                                                            device=self.hessian.device)).item())
+        weighted, count = distributed.sum_with_count(self.hessian * float(self.count), self.count)
+        count = int(count)
         self.hessian = weighted / count if count else torch.zeros_like(self.hessian)
         self.count = count
 

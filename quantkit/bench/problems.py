@@ -97,7 +97,7 @@ def _fp8_problem(m: int, n: int, k: int, randn) -> Problem:
 def _fp8_w8a8_problem(m: int, n: int, k: int, randn, with_aq: bool, state: dict) -> Problem:
     """The ``fp8-w8a8`` method: per-token E4M3 activations × an ``fp8`` weight through the ``fp8`` priority list
     ("+aq": with the fused FP8 activation quantizer the packed model runs)."""
-    from quantkit.runtime.kernels.entry import fp8_codes as quantize_activation_fp8_codes
+    from quantkit.runtime.kernels.entry import fp8_codes
     from quantkit.runtime.kernels.fp8_gemm import fp8_matmul
 
     t, meta = _packed("fp8", randn(n, k, dtype=torch.float32))
@@ -107,12 +107,12 @@ def _fp8_w8a8_problem(m: int, n: int, k: int, randn, with_aq: bool, state: dict)
     inputs = []
     for _ in range(copies):
         x, tt = randn(m, k), {key: v.clone() for key, v in t.items()}
-        inputs.append((x, tt) if with_aq else (*quantize_activation_fp8_codes(x), tt))
+        inputs.append((x, tt) if with_aq else (*fp8_codes(x), tt))
 
     def call(a, s, tt):
         return fp8_matmul(a, s, tt, meta, kernel=state.get("kernel"))
     if with_aq:
-        return Problem(lambda x, tt: call(*quantize_activation_fp8_codes(x), tt), inputs, wb, 2.0, True, state)
+        return Problem(lambda x, tt: call(*fp8_codes(x), tt), inputs, wb, 2.0, True, state)
     return Problem(call, inputs, wb, 1.0 + 4.0 / k, True, state)
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from quantkit.runtime.kernels.registry import GemmKernel, GemmProblem, device_traits, forced_kernel, register, run
+from quantkit.runtime.kernels.registry import GemmKernel, GemmProblem, bind, forced_kernel, register, run
 
 HALF = (torch.float16, torch.bfloat16)
 FP8_MIN_CAPABILITY = (8, 9)  # Ada and Hopper: the first GPUs with FP8 tensor cores
@@ -125,15 +125,11 @@ for _k in (CublasScaledMm(), TorchFp8()):
     register(_k)
 
 
-@functools.lru_cache(maxsize=4096)
-def _problem(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) -> GemmProblem:
-    from quantkit.runtime.kernels.gemm import device_name, toolchains
+def _call(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, meta: dict, out_dtype: torch.dtype
+          ) -> tuple[GemmProblem, Fp8Call]:
+    """(the problem, the call) of an ``fp8`` product, its arguments checked."""
+    from quantkit.runtime.kernels.gemm import problem_for
 
-    cap, sms = device_traits(device)
-    return GemmProblem("fp8", ("fp8",), m, n, k, -1, dtype, cap, sms, toolchains(), device_name(device))
-
-
-def _check(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, meta: dict) -> None:
     n, k = int(meta["out_features"]), int(meta["in_features"])
     if a_codes.dtype != torch.float8_e4m3fn or a_codes.dim() != 2 or a_codes.shape[1] != k:
         raise ValueError(f"fp8 activation codes must be float8_e4m3fn [M, {k}], got {a_codes.dtype} "
@@ -143,6 +139,8 @@ def _check(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, meta: d
                          f"{tuple(a_scales.shape)}")
     if tuple(tensors["qweight"].shape) != (n, k):
         raise ValueError(f"fp8 weight must be [{n}, {k}], got {tuple(tensors['qweight'].shape)}")
+    p = problem_for("fp8", ("fp8",), a_codes.shape[0], n, k, -1, out_dtype, a_codes.device)
+    return p, Fp8Call(a_codes, a_scales, tensors, meta, out_dtype)
 
 
 def fp8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, meta: dict,
@@ -150,18 +148,12 @@ def fp8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, met
     """Y [M, N] (``out_dtype``) of per-token FP8 activations (:func:`quantkit.quant.act.quantize_activation_fp8_codes`)
     and an ``fp8`` weight, by the kernel the ``fp8`` priority list picks; ``kernel`` (or ``QUANTKIT_KERNEL``) names
     one. Reference: :func:`fp8_reference`."""
-    _check(a_codes, a_scales, tensors, meta)
-    call = Fp8Call(a_codes, a_scales, tensors, meta, out_dtype)
-    p = _problem(a_codes.shape[0], int(meta["out_features"]), int(meta["in_features"]), out_dtype, a_codes.device)
+    p, call = _call(a_codes, a_scales, tensors, meta, out_dtype)
     return run(p, call, forced_kernel("fp8", kernel))
 
 
 def bind_fp8(a_codes: torch.Tensor, a_scales: torch.Tensor, tensors: dict, meta: dict, out_dtype: torch.dtype):
     """:func:`fp8_matmul` of this weight for activations like these with the kernel chosen once
     (:func:`.registry.bind`): ``f(codes, scales) -> Y | None``."""
-    from quantkit.runtime.kernels.registry import bind
-
-    _check(a_codes, a_scales, tensors, meta)
-    call = Fp8Call(a_codes, a_scales, tensors, meta, out_dtype)
-    p = _problem(a_codes.shape[0], int(meta["out_features"]), int(meta["in_features"]), out_dtype, a_codes.device)
+    p, call = _call(a_codes, a_scales, tensors, meta, out_dtype)
     return bind(p, call, forced_kernel("fp8", None))

@@ -25,6 +25,8 @@ import triton  # noqa: E402  (after the interpreter switch above)
 import triton.language as tl  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
+from quantkit.runtime.kernels.scratch import graph_scratch_active  # noqa: E402
+
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 USE_ASM = not INTERPRET
 _STDLIB_COMPILED = isinstance(tl.zeros, JITFunction)
@@ -111,8 +113,6 @@ def _launcher(fn, grid: tuple, args: tuple, kwargs: dict):
 def in_graph() -> bool:
     """Whether launches are being captured into a CUDA graph, or run where a graph owns the split-K scratch
     (:func:`.scratch.graph_owned_scratch`): a prepared launch holds eager scratch, which a graph must not keep."""
-    from quantkit.runtime.kernels.scratch import graph_scratch_active
-
     return graph_scratch_active() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 

@@ -266,12 +266,11 @@ def _streamed_backward(model: nn.Module, ids: torch.Tensor, device: torch.device
     kwargs = [b.kwargs for b in captured]
     del captured  # the chunk's layer-0 inputs live on in hidden only, replaced layer by layer
     saved: list[list[torch.Tensor]] = []
-    with torch.no_grad():
+    with torch.no_grad():  # the probes add nothing without a gradient: their Δ stays in CPU memory here
         for layer in layers:
             saved.append([_to_host(h, pin) for h in hidden])
-            with _layer_on(layer, device, probes):
+            with _layer_on(layer, device, {}):
                 for j, kw in enumerate(kwargs):
-                    rows.first = starts[j]
                     with autocast():
                         hidden[j] = layer_output(layer, LayerBatch(hidden[j], kw))
     final = _final_modules(model)

@@ -71,8 +71,8 @@ def pack_for_kernels(model_dir: Path, recipe: str, use_plan: bool, folder: Path,
 
 
 def count_kernel_calls(monkeypatch, device: str) -> dict[str, int]:
-    """Wrap every kernel registered for ``device`` (per layout, and the one-launch mixed one as "mixed") so its
-    calls are counted in the returned dict."""
+    """Wrap every kernel registered for ``device`` (per layout, and the one-launch mixed one as "mixed") and the
+    launches it prepares so its calls are counted in the returned dict."""
     calls: dict[str, int] = {}
 
     def counted(name, fn):
@@ -81,10 +81,17 @@ def count_kernel_calls(monkeypatch, device: str) -> dict[str, int]:
             return fn(*args, **kwargs)
         return wrapper
 
+    def counted_bind(name, bind):
+        def wrapper(*args, **kwargs):
+            run = bind(*args, **kwargs)
+            return None if run is None else counted(name, run)
+        return wrapper
+
     for (layout, dev), kernel in dispatch.registered().items():
-        if dev == device:
+        if dev == device:  # a layer's later calls go through the launch its kernel prepared (``bind``)
+            bind = None if kernel.bind is None else counted_bind(layout, kernel.bind)
             monkeypatch.setitem(dispatch._KERNELS, (layout, dev),
-                                dataclasses.replace(kernel, fn=counted(layout, kernel.fn)))
+                                dataclasses.replace(kernel, fn=counted(layout, kernel.fn), bind=bind))
     mixed = dispatch.registered_mixed().get(device)
     if mixed is not None:
         monkeypatch.setitem(dispatch._MIXED, device, dataclasses.replace(mixed, fn=counted("mixed", mixed.fn)))

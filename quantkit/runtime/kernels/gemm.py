@@ -480,6 +480,13 @@ class TritonInt8(TritonTiles):
         return triton_int8.triton_int8_matmul(c.a_codes, c.a_scales, c.act_group, layout, tensors, meta,
                                               c.out_dtype, c.config or cfg, c.out, c.use_asm)
 
+    def bind(self, p, c, cfg):
+        if c.out is not None or c.use_asm is not None:
+            return super().bind(p, c, cfg)
+        layout, tensors, meta = c.one
+        return (triton_int8.BoundTritonInt8.create(c.a_codes, c.a_scales, c.act_group, layout, tensors, meta,
+                                                   c.out_dtype, c.config or cfg) or super().bind(p, c, cfg))
+
 
 class TritonInt8Mixed(TritonTiles):
     """The Triton one-launch mixed kernel (:func:`.triton.int8_gemm.triton_mixed_int8_matmul`)."""

@@ -96,6 +96,42 @@ def test_bound_w4a16_launch_gives_the_unbound_bits_and_declines_what_it_cannot_t
         assert bound(big[:16, :1024]) is None  # another stream: the split-K workspace is the prepared stream's
 
 
+@pytest.mark.skipif(not CUDA, reason="prepared launches exist for compiled kernels only")
+@pytest.mark.parametrize("layout,group_size,act_group,config", [
+    ("w4a8-lqq", 128, -1, TileConfig(64, 16, 1)), ("w4a8-lqq", 128, -1, TileConfig(64, 16, 4)),
+    ("w8", -1, -1, TileConfig(64, 32, 2)), ("w4a16", 128, 128, TileConfig(128, 16, 1))])
+def test_bound_int8_launch_gives_the_unbound_bits_and_declines_what_it_cannot_take(layout, group_size, act_group,
+                                                                                   config):
+    from quantkit.quant.act import quantize_activation_int
+    from quantkit.runtime.kernels.triton import int8_gemm
+
+    _, tensors, meta = packed(layout, 200, 1024, group_size)
+
+    def acts(seed, m=16):
+        x = torch.randn(m, 1024, generator=torch.Generator().manual_seed(seed)).half()
+        codes, scales = quantize_activation_int(x, 8, act_group)
+        return codes.to(DEVICE), scales.float().to(DEVICE)
+
+    first = acts(0)
+    bound = int8_gemm.BoundTritonInt8.create(*first, act_group, layout, tensors, meta, torch.float16, config)
+    assert bound is not None
+    for seed in (1, 2):
+        codes, scales = acts(seed)
+        assert torch.equal(bound(codes, scales),
+                           int8_gemm.triton_int8_matmul(codes, scales, act_group, layout, tensors, meta,
+                                                        config=config))
+    codes, scales = acts(3)
+    assert bound(*acts(4, m=15)) is None  # another token count
+    wide_scales = torch.zeros(16, scales.shape[1] + 1, device=DEVICE)
+    wide_scales[:, :-1] = scales
+    assert bound(codes, wide_scales[:, :-1]) is None  # another scale row stride
+    wide = torch.zeros(16, 1040, dtype=torch.int8, device=DEVICE)
+    wide[:, :1024] = codes
+    assert bound(wide[:, :1024], scales) is None  # another row stride
+    with torch.cuda.stream(torch.cuda.Stream()):
+        assert bound(codes, scales) is None  # another stream: the split-K workspace is the prepared stream's
+
+
 def test_launches_are_prepared_for_compiled_kernels_only():
     _, tensors, meta = packed("w4a16", 40, 256, 128)
     bound = w4a16.BoundTritonW4a16.create(torch.randn(16, 256).half().to(DEVICE), tensors, meta)

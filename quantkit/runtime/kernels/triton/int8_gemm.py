@@ -29,7 +29,7 @@ import triton.language as tl
 
 from quantkit.formats.nibble_planes import padded_k
 from quantkit.runtime.kernels.heuristic import mixed_second_bn, sms_of, triton_tile
-from quantkit.runtime.kernels.jit import USE_ASM, check_device, kernel, launch_kernel
+from quantkit.runtime.kernels.jit import USE_ASM, PreparedLaunch, check_device, kernel, launch_kernel
 from quantkit.runtime.kernels.triton.dequant import group_scale_f32, planes_i8, side_by_side
 from quantkit.runtime.kernels.triton.launch import (TileConfig, act_groups_in_halves, groups_in_halves,
                                                     split_plan)
@@ -235,6 +235,17 @@ def triton_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_
     [M, K] with float32 scales [M, G] and a ``w8``, ``w4a16`` (MixLLM W4A8) or ``w4a8-lqq`` weight; ``config`` the
     tile (default :func:`.heuristic.triton_tile`), ``out`` an optional [M, N] result, ``use_asm`` False forces the
     plain-Triton dequantization. Reference: :func:`quantkit.runtime.kernels.reference.int8_reference`."""
+    if out is None:
+        out = torch.empty(a_codes.shape[0], int(meta["out_features"]), dtype=out_dtype, device=a_codes.device)
+    fn, grid, *args, kwargs = _launch(a_codes, a_scales, act_group_size, layout, tensors, meta, config, out, use_asm)
+    launch_kernel(fn, grid, *args, **kwargs)
+    return out
+
+
+def _launch(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, layout: str, tensors: dict,
+            meta: dict, config: TileConfig | None, out: torch.Tensor, use_asm: bool | None) -> tuple:
+    """(kernel, grid, *arguments, {constexprs and options}) of :func:`triton_int8_matmul`'s launch, the codes at
+    argument 0, the scales at 1 and out at 6 (:data:`BoundTritonInt8.SLOTS`)."""
     k = int(meta["in_features"])
     check_act(a_codes, a_scales, act_group_size, k)
     m = a_codes.shape[0]
@@ -243,18 +254,51 @@ def triton_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_
     check_device(a_codes, a_scales, wa["w"], wa["p"], wa["cs"])
     cfg = config or triton_tile(m, wa["n"], k, sms_of(a_codes.device))
     tiles_per_split, split = split_plan(n_tiles, cfg.split_k)
-    out = torch.empty(m, wa["n"], dtype=out_dtype, device=a_codes.device) if out is None else out
     grid = (-(-wa["n"] // cfg.bn), -(-m // cfg.bm), split)
     # split-K slots hold [M, N] partial sums with rows N apart, whatever out's row stride (a [1, N] out may
     # report stride 1)
     ws, tickets = split_workspace(a_codes.device, m * wa["n"], split, grid[0] * grid[1])
-    launch_kernel(_int8_kernel, grid, a_codes, a_scales, wa["w"], wa["p"], wa["cs"], wa["w"], out, ws, tickets, m,
-                  wa["n"], k, a_codes.stride(0), a_scales.stride(0), act_groups_in_halves(act_group_size, k),
-                  a_scales.shape[1], wa["w_row"], n_tiles, tiles_per_split, wa["hpg"], wa["groups"], out.stride(0),
-                  wa["n"], MODE=wa["mode"], HALF_EPI=wa["half_epi"], BN=cfg.bn, BM=cfg.bm, SPLIT_K=split, SCATTER=False,
-                  EVEN_K=k % 256 == 0, USE_ASM=USE_ASM if use_asm is None else use_asm, num_warps=cfg.num_warps,
-                  num_stages=cfg.num_stages)
-    return out
+    return (_int8_kernel, grid, a_codes, a_scales, wa["w"], wa["p"], wa["cs"], wa["w"], out, ws, tickets, m,
+            wa["n"], k, a_codes.stride(0), a_scales.stride(0), act_groups_in_halves(act_group_size, k),
+            a_scales.shape[1], wa["w_row"], n_tiles, tiles_per_split, wa["hpg"], wa["groups"], out.stride(0),
+            wa["n"], dict(MODE=wa["mode"], HALF_EPI=wa["half_epi"], BN=cfg.bn, BM=cfg.bm, SPLIT_K=split,
+                          SCATTER=False, EVEN_K=k % 256 == 0, USE_ASM=USE_ASM if use_asm is None else use_asm,
+                          num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+
+
+class BoundTritonInt8:
+    """:func:`triton_int8_matmul` of one layer at one token count, with its launch prepared once
+    (:class:`~quantkit.runtime.kernels.jit.PreparedLaunch`): a call checks the codes and scales against the first
+    call's shape, strides and dtype, allocates the output and launches; a call that differs, or one the prepared
+    launch turns down, returns None (the caller then runs :func:`triton_int8_matmul`)."""
+
+    SLOTS = (0, 1, 6)  # the codes', the scales' and the output's positions in the kernel's arguments
+
+    def __init__(self, prepared: PreparedLaunch, a_codes: torch.Tensor, a_scales: torch.Tensor, n: int,
+                 out_dtype: torch.dtype):
+        self.prepared, self.n, self.out_dtype, self.device = prepared, n, out_dtype, a_codes.device
+        self.codes = (a_codes.shape, a_codes.stride(), a_codes.dtype)
+        self.scales = (a_scales.shape, a_scales.stride(), a_scales.dtype)
+
+    @classmethod
+    def create(cls, a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, layout: str,
+               tensors: dict, meta: dict, out_dtype: torch.dtype, config: TileConfig | None = None
+               ) -> BoundTritonInt8 | None:
+        """The bound launch for activations like these with the tile ``config`` (default: the launch rule's), or
+        None where launches cannot be prepared here (the interpreter, an old Triton)."""
+        n = int(meta["out_features"])
+        out = torch.empty(a_codes.shape[0], n, dtype=out_dtype, device=a_codes.device)
+        fn, grid, *args, kwargs = _launch(a_codes, a_scales, act_group_size, layout, tensors, meta, config, out,
+                                          None)
+        prepared = PreparedLaunch.create(fn, grid, tuple(args), kwargs, cls.SLOTS)
+        return None if prepared is None else cls(prepared, a_codes, a_scales, n, out_dtype)
+
+    def __call__(self, a_codes: torch.Tensor, a_scales: torch.Tensor) -> torch.Tensor | None:
+        if ((a_codes.shape, a_codes.stride(), a_codes.dtype) != self.codes
+                or (a_scales.shape, a_scales.stride(), a_scales.dtype) != self.scales):
+            return None
+        out = torch.empty(self.codes[0][0], self.n, dtype=self.out_dtype, device=self.device)
+        return out if self.prepared(a_codes, a_scales, out) else None
 
 
 def triton_mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, parts: list,

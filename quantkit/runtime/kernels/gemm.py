@@ -362,7 +362,7 @@ class GluonW8a8(RuleKernel):
     rule_name = "heuristic.w8a8_gluon_launch"
 
     def rule(self, p):
-        return rules.w8a8_gluon_launch(p.m, p.n, p.k, _sms(p))
+        return rules.w8a8_gluon_launch(p.m, p.n, p.k, _sms(p), p.act_group == -1)
 
     def candidates(self, p):
         return _w8a8_candidates(p)
@@ -378,15 +378,19 @@ class GluonW8a8(RuleKernel):
 
 
 class GluonW8a8Mixed(RuleKernel):
-    """A W4.4A8 layer (MixLLM 4-bit + 8-bit rows) in one launch of the W8A8 TMA kernel, both partitions' int8
-    operands written in output-row order (:func:`.triton.int8_operand.mixed_w8_operand`), from
-    :data:`.heuristic.MIXLLM_OPERAND_MIN_M` tokens."""
+    """A mixed layer in one launch of the W8A8 TMA kernel, both partitions' int8 operands written in output-row
+    order (:func:`.triton.int8_operand.mixed_w8_operand`), from :data:`.heuristic.MIXLLM_OPERAND_MIN_M` tokens:
+    MixLLM W4.4A8 (4-bit + 8-bit g128 rows) and mixed LiquidQuant (LiquidQuant + per-channel 8-bit rows, per-token
+    activations: one per-channel product)."""
 
     name, ops = "gluon_sm90.w8a8_mixed", ("a8_mixed",)
 
     def can_implement(self, p):
-        if not all(lay in ("w8", "w4a16") for lay in p.layouts):
-            return False, "MixLLM W4A8 and W8A8 partitions only"
+        if not all(lay in ("w8", "w4a16", "w4a8-lqq") for lay in p.layouts):
+            return False, "MixLLM W4A8, LiquidQuant and W8A8 partitions only"
+        lqq = "w4a8-lqq" in p.layouts
+        if lqq and p.act_group != -1:
+            return False, "LiquidQuant rows with per-token activations only"
         if p.m < rules.MIXLLM_OPERAND_MIN_M:
             return False, f"takes layers from {rules.MIXLLM_OPERAND_MIN_M} tokens"
         why = _device_reason(p, exact=HOPPER, gluon_needed=True)
@@ -397,7 +401,7 @@ class GluonW8a8Mixed(RuleKernel):
     rule_name = "heuristic.w8a8_gluon_launch"
 
     def rule(self, p):
-        return rules.w8a8_gluon_launch(p.m, p.n, p.k, _sms(p))
+        return rules.w8a8_gluon_launch(p.m, p.n, p.k, _sms(p), p.act_group == -1)
 
     def candidates(self, p):
         return _w8a8_candidates(p)
@@ -417,11 +421,14 @@ class GluonW8a8Mixed(RuleKernel):
 
 
 def _w8a8_candidates(p: GemmProblem) -> list:
-    """The W8A8 TMA kernel's tune space: 64-token tiles of 64 or 128 rows, each at its K splits."""
+    """The W8A8 TMA kernel's tune space: 64-token tiles of 64 or 128 rows, each at its K splits; with per-token
+    activations also 128×128 tiles of two warpgroups (three or four stages)."""
     if p.m < 17:
         return []
     tiles = rules.cdiv(p.m, 64)
-    return [(64, bn, 4, 4, True, s) for bn in (128, 64) for s in _splits(p, tiles * rules.cdiv(p.n, bn), (1, 2, 4))]
+    wide = [(128, 128, st, 8, False, 1) for st in (3, 4)] if p.act_group == -1 else []
+    return [(64, bn, 4, 4, True, s) for bn in (128, 64)
+            for s in _splits(p, tiles * rules.cdiv(p.n, bn), (1, 2, 4))] + wide
 
 
 # --- a8: Triton -------------------------------------------------------------------------------------------------

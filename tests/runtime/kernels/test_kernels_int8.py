@@ -25,6 +25,7 @@ from tests.kernels_helpers import DEVICE, packed, poisoned, rel_err  # noqa: E40
 TOL = 1e-3  # fp16 output rounding; the sums themselves are exact integers times fp32 scales
 CASES = [  # layout, M, N, K, weight group, activation group, split-K
     ("w8", 1, 33, 200, 128, 128, 1), ("w8", 33, 20, 300, 128, -1, 2), ("w8", 5, 9, 512, 256, 128, 1),
+    ("w8", 17, 40, 1000, -1, -1, 1), ("w8", 1, 33, 520, -1, -1, 2),  # per-channel: one int32 sum over K
     ("w4a16", 3, 33, 328, 128, 128, 2), ("w4a16", 16, 7, 200, -1, 128, 1),
     ("w4a8-lqq", 1, 33, 328, 128, -1, 1), ("w4a8-lqq", 33, 9, 200, 128, 128, 1), ("w4a8-lqq", 16, 33, 512, -1, -1, 2),
 ]

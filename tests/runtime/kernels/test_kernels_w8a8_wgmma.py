@@ -67,6 +67,32 @@ def test_mixed_operand_puts_each_partitions_rows_in_output_order():
         assert torch.equal(got[:, rows.long()].cpu(), part.cpu())
 
 
+@pytest.mark.parametrize("n,k", [(33, 200), (5, 1000)])
+def test_liquidquant_operand_is_its_first_level_with_the_channel_scale(n, k):
+    _, tensors, meta = packed("w4a8-lqq", n, k, 128, seed=n)
+    operand = w8_operand("w4a8-lqq", tensors, meta)
+    assert torch.equal(operand["qweight"].cpu(), int8_weight("w4a8-lqq", tensors, meta).cpu())
+    assert torch.equal(operand["scales"].cpu(), tensors["channel_scales"].cpu().float().unsqueeze(0))
+
+
+def test_mixed_liquidquant_operand_is_one_per_channel_weight_in_output_order():
+    n, k, m = 50, 328, 3
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(7))
+    parts = []
+    for layout, rows, group in (("w4a8-lqq", perm[5:].sort().values, 128), ("w8", perm[:5].sort().values, -1)):
+        _, tensors, meta = packed(layout, len(rows), k, group, seed=len(rows))
+        parts.append((layout, tensors, meta, rows.to(torch.int32).to(DEVICE)))
+    tensors, meta = mixed_w8_operand(parts, n)
+    assert meta["group_size"] == -1 and tensors["scales"].shape == (1, n)
+    codes, scales = _acts(m, k, -1, seed=1)
+    got = int8_reference(codes, scales, -1, "w8", tensors, meta)
+    for layout, t, mt, rows in parts:
+        torch.testing.assert_close(got[:, rows.long()].cpu(), int8_reference(codes, scales, -1, layout, t, mt).cpu(),
+                                   rtol=1e-12, atol=0)
+    _, t, mt = packed("w8", 2, k, 128)  # g128 8-bit rows have per-group scales: no common operand
+    assert mixed_w8_operand([parts[0], ("w8", t, mt, torch.tensor([0, 1], dtype=torch.int32))], n - 3) is None
+
+
 def test_mixed_operand_declines_partitions_of_different_group_sizes():
     n, k = 20, 512
     parts = _mixed_parts(n, k, seed=2)
@@ -158,6 +184,23 @@ def test_gluon_w8a8_k_split_equals_triton_split_the_same_way(n, k, m, act_group,
 
 @pytest.mark.gpu
 @hopper
+@pytest.mark.parametrize("n,k,m,tile,split", [
+    (200, 1280, 33, (64, 128, 4, 4), 1), (129, 400, 1, (64, 64, 3, 4), 2), (4096, 4096, 300, (128, 128, 4, 8), 1),
+    (127, 3072, 70, (64, 128, 4, 4, True), 4), (300, 128, 17, (64, 64, 4, 4), 1), (96, 896, 9, (64, 64, 6, 4), 2)])
+def test_per_channel_w8a8_sums_over_k_with_the_triton_kernels_bits(n, k, m, tile, split):
+    """Per-channel weights and per-token activations: one int32 sum a split (ragged N, M = 1, one block, more
+    stages than blocks, two warpgroups), the Triton kernel's bits at the same split, the reference's values."""
+    _, tensors, meta = packed("w8", n, k, -1, seed=n + m)
+    codes, scales = _acts(m, k, -1, seed=m)
+    assert gluon_w8a8.per_channel(scales, tensors["scales"], k)
+    tri = int8_matmul(codes, scales, -1, "w8", tensors, meta, config=TileConfig(64, 64, split, 4, 3))
+    got = w8a8_wgmma_matmul(codes, scales, -1, tensors, meta, *tile, split_k=split)
+    assert torch.equal(got, tri)
+    assert rel_err(got, int8_reference(codes, scales, -1, "w8", tensors, meta)) < 1e-3
+
+
+@pytest.mark.gpu
+@hopper
 def test_int8_matmul_runs_the_first_launch_of_its_plan_with_the_triton_kernels_bits(monkeypatch):
     """Selection rules are checked by invariants: with no tuned tables, int8_matmul runs the first launch of the
     registry's plan for W8A8 (the A8 GEMV at decode sizes, this kernel, the Triton kernel), within the reference's
@@ -236,3 +279,36 @@ def test_w4a8_and_mixed_prefill_through_the_int8_operand_equal_their_triton_kern
             assert torch.equal(got, int8_matmul(codes, scales, 128, "w4a16", tensors, meta, config=tile))
         else:
             assert torch.equal(got, mixed_int8_matmul(codes, scales, 128, parts, n, config=tile))
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("m", [MIXLLM_OPERAND_MIN_M + 3, 2100])
+def test_mixed_liquidquant_prefill_is_one_per_channel_product_with_the_triton_kernels_bits(monkeypatch, m):
+    """A mixed LiquidQuant layer (LiquidQuant + per-channel 8-bit rows, per-token activations) from
+    MIXLLM_OPERAND_MIN_M tokens: the first launch of its plan, the TMA kernel on the per-channel operand (64- and
+    128-token tiles), gives the Triton mixed kernel's bits at its K split."""
+    operands = []
+
+    def spy(*args, **kwargs):
+        operands.append(tuple(args[3]["scales"].shape))
+        return w8a8_wgmma_matmul(*args, **kwargs)
+
+    monkeypatch.setattr(gluon_w8a8, "w8a8_wgmma_matmul", spy)
+    calls = record_kernel_launches(monkeypatch)
+    n, k = 300, 1024
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(m))
+    parts = []
+    for layout, rows, group in (("w4a8-lqq", perm[30:].sort().values, 128), ("w8", perm[:30].sort().values, -1)):
+        _, tensors, meta = packed(layout, len(rows), k, group, seed=len(rows))
+        parts.append((layout, tensors, meta, rows.to(torch.int32).to(DEVICE)))
+    codes, scales = _acts(m, k, -1, seed=m)
+    launch = planned_launch(monkeypatch, "a8_mixed", ("w4a8-lqq", "w8"), m, n, k, -1, torch.float16)
+    assert launch[0] == "gluon_sm90.w8a8_mixed"
+    calls.clear()
+    got = mixed_int8_matmul(codes, scales, -1, parts, n)
+    assert calls == [launch] and operands == [(1, n)]
+    tile = TileConfig(64, 64, a8_split(*launch), 4, 3)
+    assert torch.equal(got, mixed_int8_matmul(codes, scales, -1, parts, n, config=tile))
+    for layout, t, mt, rows in parts:
+        assert rel_err(got[:, rows.long()], int8_reference(codes, scales, -1, layout, t, mt)) < 1e-3

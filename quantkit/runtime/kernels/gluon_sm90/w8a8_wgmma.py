@@ -21,7 +21,13 @@ order — the Triton kernel's scheme, so the same bits at the same split.
 
 Same sums in the same order as the Triton kernel (block by block from zero, product of the two scales), so the
 result is bit-identical to :func:`quantkit.runtime.kernels.triton.int8_gemm.int8_matmul` for a ``w8`` weight at the
-same K split (the two launch rules may split differently: then the fp32 sums differ in their last bits). Requires K
+same K split (the two launch rules may split differently: then the fp32 sums differ in their last bits).
+
+Per-channel weights with per-token activations (the per-channel W8A8 recipes and a mixed LiquidQuant layer's int8
+operand) have no block scale at all: there the wgmmas chain into one int32 accumulator over the split's K range,
+one product group stays in flight while the next block loads, and the sum is converted and scaled once
+(:func:`per_channel`; LiquidGEMM Sec. 4's epilogue), as the Triton kernel does for these weights: the same bits
+again at the same K split. Requires K
 and the row strides to be multiples of 16 bytes (TMA) and groups that are multiples of 128 columns (or per-token
 activations): :func:`w8a8_wgmma_problem`. Reference: :func:`.reference.int8_reference`.
 """
@@ -31,6 +37,7 @@ from __future__ import annotations
 import torch
 
 from quantkit.runtime.kernels.jit import check_device
+from quantkit.runtime.kernels.triton.int8_gemm import MAX_CHANNEL_SUM_K
 from quantkit.runtime.kernels.triton.launch import act_groups_in_halves, groups_in_halves, split_plan
 from quantkit.runtime.kernels.scratch import split_workspace
 from quantkit.runtime.kernels.gluon_sm90.common import HAVE_GLUON, hopper_problem
@@ -108,7 +115,8 @@ if HAVE_GLUON:
     def _w8a8_wgmma_kernel(x_desc, w_desc, sa_ptr, sw_ptr, out_ptr, ws_ptr, ticket_ptr, M, N, K, stride_sm,
                            stride_om, act_hpg, act_groups, hpg, groups, blocks_per_split, BM: gl.constexpr,
                            BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, EVEN_N: gl.constexpr,
-                           AHEAD: gl.constexpr, SPLIT_K: gl.constexpr, num_warps: gl.constexpr):
+                           AHEAD: gl.constexpr, SPLIT_K: gl.constexpr, PER_CHANNEL: gl.constexpr,
+                           num_warps: gl.constexpr):
         # grouped program order: GROUP_M token tiles share each weight tile while it is in L2
         pid = gl.program_id(0)
         num_m = gl.cdiv(M, BM)
@@ -140,30 +148,51 @@ if HAVE_GLUON:
         rm = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, acc_l))
         rn = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_l))
         rm_in = gl.minimum(rm, M - 1)
-        acc = gl.zeros([BM, BN], gl.float32, acc_l)
-        part = gl.zeros([BM, BN], gl.int32, acc_l)
-        if AHEAD:
+        if PER_CHANNEL:
+            # one scale per token and per weight row: the int32 sum spans the split's K range (exact while
+            # |sum| < 2^31: K·128² < 2^31, per_channel) and is scaled once; block i + STAGES - 1 is loaded
+            # into the slot of block i - 1 once that block's products are done (one product group in flight)
+            part = gl.zeros([BM, BN], gl.int32, acc_l)
+            for kb in range(kb_begin, kb_end):
+                rel = kb - kb_begin
+                slot = rel % STAGES
+                mbarrier.wait(bars.index(slot), (rel // STAGES) & 1)
+                part = warpgroup_mma(xs.index(slot), ws.index(slot).permute((1, 0)), part, use_acc=True,
+                                     is_async=True)
+                part = warpgroup_mma_wait(num_outstanding=1, deps=(part, ))
+                if kb + STAGES - 1 < kb_end:
+                    _load_block(x_desc, w_desc, xs, ws, bars, rel + STAGES - 1, kb + STAGES - 1, off_m, off_n,
+                                STAGES)
+            part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
             sa, sw = _block_scales(sa_ptr, sw_ptr, kb_begin, rm_in, rn, N, stride_sm, act_hpg, act_groups, hpg,
                                    groups, EVEN_N)
-        for kb in range(kb_begin, kb_end):
-            rel = kb - kb_begin
-            # block kb + STAGES - 1 into the slot block kb - 1 left (its products were waited for)
-            if kb + STAGES - 1 < kb_end:
-                _load_block(x_desc, w_desc, xs, ws, bars, rel + STAGES - 1, kb + STAGES - 1, off_m, off_n, STAGES)
-            part = _mma_block(xs, ws, bars, rel, part, STAGES)
+            acc = (part.to(gl.float32) * sa[:, None]) * sw[None, :]  # the Triton kernel's order: its bits
+        else:
+            acc = gl.zeros([BM, BN], gl.float32, acc_l)
+            part = gl.zeros([BM, BN], gl.int32, acc_l)
             if AHEAD:
-                # the next block's scales load while this block's products run and it is scaled: a whole
-                # iteration to arrive (the last iteration reloads its own)
-                sa_next, sw_next = _block_scales(sa_ptr, sw_ptr, gl.minimum(kb + 1, kb_end - 1), rm_in, rn, N,
-                                                 stride_sm, act_hpg, act_groups, hpg, groups, EVEN_N)
-            else:
-                # the block's scales load while its products run
-                sa, sw = _block_scales(sa_ptr, sw_ptr, kb, rm_in, rn, N, stride_sm, act_hpg, act_groups, hpg,
-                                       groups, EVEN_N)
-            part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
-            acc += _i2f(part) * (sw[None, :] * sa[:, None])
-            if AHEAD:
-                sa, sw = sa_next, sw_next
+                sa, sw = _block_scales(sa_ptr, sw_ptr, kb_begin, rm_in, rn, N, stride_sm, act_hpg, act_groups,
+                                       hpg, groups, EVEN_N)
+            for kb in range(kb_begin, kb_end):
+                rel = kb - kb_begin
+                # block kb + STAGES - 1 into the slot block kb - 1 left (its products were waited for)
+                if kb + STAGES - 1 < kb_end:
+                    _load_block(x_desc, w_desc, xs, ws, bars, rel + STAGES - 1, kb + STAGES - 1, off_m, off_n,
+                                STAGES)
+                part = _mma_block(xs, ws, bars, rel, part, STAGES)
+                if AHEAD:
+                    # the next block's scales load while this block's products run and it is scaled: a whole
+                    # iteration to arrive (the last iteration reloads its own)
+                    sa_next, sw_next = _block_scales(sa_ptr, sw_ptr, gl.minimum(kb + 1, kb_end - 1), rm_in, rn,
+                                                     N, stride_sm, act_hpg, act_groups, hpg, groups, EVEN_N)
+                else:
+                    # the block's scales load while its products run
+                    sa, sw = _block_scales(sa_ptr, sw_ptr, kb, rm_in, rn, N, stride_sm, act_hpg, act_groups,
+                                           hpg, groups, EVEN_N)
+                part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
+                acc += _i2f(part) * (sw[None, :] * sa[:, None])
+                if AHEAD:
+                    sa, sw = sa_next, sw_next
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(i))
         if SPLIT_K == 1:
@@ -186,9 +215,17 @@ def w8a8_wgmma_problem(a_codes: torch.Tensor, act_group_size: int, layout: str, 
     return hopper_problem(a_codes, a_codes.shape[1], out, out_dtype, KERNEL, k_multiple=16)
 
 
+def per_channel(a_scales: torch.Tensor, scales: torch.Tensor, k: int) -> bool:
+    """Whether a product has one scale per token and one per weight row, so its int32 sum spans K and is scaled
+    once (LiquidGEMM Sec. 4's per-channel epilogue) instead of per 128-column block: per-token activation scales
+    [M, 1], weight scales [1, N], K no wider than :data:`MAX_CHANNEL_SUM_K`."""
+    return a_scales.shape[1] == 1 and scales.shape[0] == 1 and k <= MAX_CHANNEL_SUM_K
+
+
 def w8a8_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, tensors: dict,
                       meta: dict, bm: int = 64, bn: int = 128, stages: int = 4, num_warps: int = 4,
-                      ahead: bool = False, split_k: int = 1, out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16) -> torch.Tensor:
+                      ahead: bool = False, split_k: int = 1, out: torch.Tensor | None = None,
+                      out_dtype: torch.dtype = torch.float16) -> torch.Tensor:
     """Y [M, N] = dequant(A)·Ŵᵀ for int8 codes [M, K] with float32 scales [M, G] and a ``w8`` weight (module
     docstring); ``bm`` tokens × ``bn`` weight rows per program, ``stages`` K blocks in flight, ``num_warps`` 4 or
     8 (one or two warpgroups along the tokens; ``bm`` a multiple of 16·num_warps), ``ahead``: each block's scales
@@ -215,5 +252,5 @@ def w8a8_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
                              out.stride(0), act_groups_in_halves(act_group_size, k), a_scales.shape[1],
                              groups_in_halves(meta, n_tiles), scales.shape[0], 2 * tiles_per_split, BM=bm, BN=bn,
                              STAGES=stages, GROUP_M=8, EVEN_N=n % bn == 0, AHEAD=ahead, SPLIT_K=split,
-                             num_warps=num_warps)
+                             PER_CHANNEL=per_channel(a_scales, scales, k), num_warps=num_warps)
     return out

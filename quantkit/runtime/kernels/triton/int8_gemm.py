@@ -16,8 +16,9 @@ tiles, each two 128-column halves:
   0x4b400000, so after the products ``bitcast(acc) - 12582912.0`` is its exact float value (the fast I2F,
   valid while |sum| < 2^22: 128·127·128 < 2^21), then it is scaled by weight-group × activation-group scale
   (step 2) into the fp32 accumulator;
-* LiquidQuant weights with per-token activations have no per-group float scale at all: one int32 accumulator
-  spans K and the per-channel scale s_c and token scale are applied once in the epilogue (LiquidGEMM Sec. 4);
+* LiquidQuant weights and per-channel ``w8`` weights with per-token activations have no per-group float scale at
+  all: one int32 accumulator spans K and the per-channel scale (s_c, the w8 row's scale) and the token scale are
+  applied once in the epilogue (LiquidGEMM Sec. 4);
 * the epilogue stores to ``cols[n]`` — the output column of the partition's row n — so partitions of a
   mixed-precision layer scatter into one output (MixLLM Sec. 3.4, "fused epilogue … basically costless").
 """
@@ -41,6 +42,7 @@ MODES = {"w8": W8, "w4a16": ASYM4, "w4a8-lqq": LQQ}
 _W8, _LQQ = tl.constexpr(W8), tl.constexpr(LQQ)  # the same, readable inside @jit code
 I2F_BIAS_INT = tl.constexpr(0x4B400000)  # bit pattern of 12582912.0 = 1.5·2^23 (MixLLM Sec. 3.3, Fig. 4)
 I2F_BIAS_FLOAT = tl.constexpr(12582912.0)
+MAX_CHANNEL_SUM_K = 2**31 // 128**2  # the widest K whose int32 sum of int8 products cannot overflow
 
 
 @kernel
@@ -147,7 +149,7 @@ def _int8_tile(a_ptr, sa_ptr, w_ptr, p_ptr, cs_ptr, cols_ptr, out_ptr, ws_ptr, t
             acc_i = _half_dot(a_ptr, rm_in, stride_am, K, t, 1, w_lo, w_hi, planes, acc_i, MODE, EVEN_K)
     if not HALF_EPI:
         acc = acc_i.to(tl.float32) * tl.load(sa_ptr + rm_in * stride_sm)[None, :]
-    if MODE == _LQQ:
+    if MODE == _LQQ or (MODE == _W8 and not HALF_EPI):  # the per-channel scale: LiquidQuant's s_c, a w8 row's
         acc = acc * tl.load(cs_ptr + rn_in).to(tl.float32)[:, None]
     if SCATTER:
         cols = tl.load(cols_ptr + rn_in)
@@ -214,7 +216,8 @@ def _weight_args(layout: str, tensors: dict, meta: dict, n_tiles: int, act_group
     cs = tensors["channel_scales"] if mode == LQQ else params
     return {"w": w, "p": params, "cs": cs, "n": int(meta["out_features"]), "w_row": w.shape[1],
             "hpg": groups_in_halves(meta, n_tiles), "groups": int(meta["num_groups"]), "mode": mode,
-            "half_epi": mode != LQQ or act_group_size != -1}
+            "half_epi": not (act_group_size == -1 and (mode == LQQ or (mode == W8 and params.shape[0] == 1
+                                                                        and n_tiles * 256 <= MAX_CHANNEL_SUM_K)))}
 
 
 def check_act(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, k: int) -> None:

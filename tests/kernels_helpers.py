@@ -108,14 +108,14 @@ def record_kernel_launches(monkeypatch) -> list:
 
 
 def planned_launch(monkeypatch, op: str, layouts: tuple, m: int, n: int, k: int, act_group: int,
-                   dtype: torch.dtype) -> tuple:
+                   dtype: torch.dtype, weight_group: int | None = None) -> tuple:
     """(kernel name, launch config) of the first entry of the registry's plan that can run this product on DEVICE,
     with the tuned launch tables hidden (``QUANTKIT_TUNED_TABLES=0`` for the rest of the test, so the entry points
     see the same plan): the launch the entry point runs first."""
     from quantkit.runtime.kernels import gemm, registry
 
     monkeypatch.setenv(registry.ENV_TABLES, "0")
-    p = gemm.problem_for(op, tuple(layouts), m, n, k, act_group, dtype, torch.device(DEVICE))
+    p = gemm.problem_for(op, tuple(layouts), m, n, k, act_group, dtype, torch.device(DEVICE), weight_group)
     first = next(c for c in registry.plan(p) if c.ok)
     return first.kernel.name, first.config
 

@@ -19,6 +19,7 @@ METHOD_PROBLEMS = {
     "mixed": ("a8_mixed", ("w4a16", "w8"), 128),
     "mixed-lqq": ("a8_mixed", ("w4a8-lqq", "w8"), -1),
 }
+PER_CHANNEL_METHODS = {"w8a8-ch", "w4a8-lqq", "mixed-lqq"}  # one float scale per weight row (GemmProblem.weight_group)
 
 
 def parse_gpu(text: str) -> tuple[tuple[int, int], int]:
@@ -64,8 +65,10 @@ def explain_rows(shapes: list[tuple[int, int]], ms: list[int], methods: list[str
             for method in methods:
                 if method.split("+")[0] not in METHOD_PROBLEMS:
                     continue
-                op, layouts, act = METHOD_PROBLEMS[method.split("+")[0]]
-                p = GemmProblem(op, layouts, m, n, k, act, torch.float16, capability, sms, toolchains, device)
+                base = method.split("+")[0]
+                op, layouts, act = METHOD_PROBLEMS[base]
+                p = GemmProblem(op, layouts, m, n, k, act, torch.float16, capability, sms, toolchains, device,
+                                -1 if base in PER_CHANNEL_METHODS else None)
                 entries = explain(p)
                 chosen = entries[-1]
                 rows.append({"shape": f"{n}x{k}", "m": m, "method": method, "kernel": chosen[0],

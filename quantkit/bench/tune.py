@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from quantkit.bench.explain import METHOD_PROBLEMS
+from quantkit.bench.explain import METHOD_PROBLEMS, PER_CHANNEL_METHODS
 from quantkit.errors import QuantkitError
 
 MAX_REL_ERR = {"a8": 1e-3, "a8_mixed": 1e-3, "a16": 1e-2}  # fp16 outputs of fp16 products (a16) round coarser
@@ -126,7 +126,8 @@ def _tune_point(method, m, n, k, timer, build_problem, gemm, kernel_named, plan)
     op, layouts, act = METHOD_PROBLEMS[method]
     prob = build_problem(method, m, n, k)
     x0 = prob.inputs[0]
-    p = gemm.problem_for(op, layouts, m, n, k, act, torch.float16, x0[0].device)
+    p = gemm.problem_for(op, layouts, m, n, k, act, torch.float16, x0[0].device,
+                         -1 if method in PER_CHANNEL_METHODS else None)
     ref = reference_output(method, x0, prob.state["meta"])
     default = next(c for c in plan(p) if c.ok)  # what the priority list alone runs first
     default_y = prob.fn(*x0).clone()

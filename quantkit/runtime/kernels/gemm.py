@@ -40,7 +40,7 @@ from quantkit.runtime.kernels.registry import (GemmKernel, GemmProblem, bind, de
                                                run, run_config)
 from quantkit.runtime.kernels.triton import int8_gemm as triton_int8
 from quantkit.runtime.kernels.triton import w4a16 as triton_w4a16
-from quantkit.runtime.kernels.triton.int8_operand import mixed_w8_operand, w8_operand
+from quantkit.runtime.kernels.triton.int8_operand import mixed_w8_operand, scale_group, w8_operand
 from quantkit.runtime.kernels.triton.launch import TileConfig, split_plan
 
 HOPPER = (9, 0)
@@ -362,7 +362,7 @@ class GluonW8a8(RuleKernel):
     rule_name = "heuristic.w8a8_gluon_launch"
 
     def rule(self, p):
-        return rules.w8a8_gluon_launch(p.m, p.n, p.k, _sms(p), p.act_group == -1)
+        return rules.w8a8_gluon_launch(p.m, p.n, p.k, _sms(p), p.per_channel)
 
     def candidates(self, p):
         return _w8a8_candidates(p)
@@ -388,8 +388,7 @@ class GluonW8a8Mixed(RuleKernel):
     def can_implement(self, p):
         if not all(lay in ("w8", "w4a16", "w4a8-lqq") for lay in p.layouts):
             return False, "MixLLM W4A8, LiquidQuant and W8A8 partitions only"
-        lqq = "w4a8-lqq" in p.layouts
-        if lqq and p.act_group != -1:
+        if "w4a8-lqq" in p.layouts and p.act_group != -1:
             return False, "LiquidQuant rows with per-token activations only"
         if p.m < rules.MIXLLM_OPERAND_MIN_M:
             return False, f"takes layers from {rules.MIXLLM_OPERAND_MIN_M} tokens"
@@ -401,32 +400,32 @@ class GluonW8a8Mixed(RuleKernel):
     rule_name = "heuristic.w8a8_gluon_launch"
 
     def rule(self, p):
-        return rules.w8a8_gluon_launch(p.m, p.n, p.k, _sms(p), p.act_group == -1)
+        return rules.w8a8_gluon_launch(p.m, p.n, p.k, _sms(p), p.per_channel)
 
     def candidates(self, p):
         return _w8a8_candidates(p)
 
     def accepts(self, p, c, cfg):
+        if weight_group_of(c.parts) is None or len({int(pt[2]["in_features"]) for pt in c.parts}) != 1:
+            return "partitions whose int8 operands differ in K or in the columns a scale covers"
         why = w8a8_wgmma.w8a8_wgmma_problem(c.a_codes, c.act_group, "w8", c.parts[0][2], c.out, c.out_dtype)
         if why is None and gluon.config_declined(w8a8_wgmma.KERNEL, cfg):
             why = "this launch did not build here"
         return why
 
     def launch(self, p, c, cfg):
-        operand = mixed_w8_operand(list(c.parts), c.out_features)
-        if operand is None:  # partitions of different K or group sizes
-            return None
+        operand = mixed_w8_operand(list(c.parts), c.out_features)  # accepts checked the partitions match
         return gluon.launch_or_decline(w8a8_wgmma.KERNEL, cfg, lambda: w8a8_wgmma.w8a8_wgmma_matmul(
             c.a_codes, c.a_scales, c.act_group, *operand, *cfg, c.out, c.out_dtype))
 
 
 def _w8a8_candidates(p: GemmProblem) -> list:
-    """The W8A8 TMA kernel's tune space: 64-token tiles of 64 or 128 rows, each at its K splits; with per-token
-    activations also 128×128 tiles of two warpgroups (three or four stages)."""
+    """The W8A8 TMA kernel's tune space: 64-token tiles of 64 or 128 rows, each at its K splits; for per-channel
+    products also 128×128 tiles of two warpgroups (three or four stages)."""
     if p.m < 17:
         return []
     tiles = rules.cdiv(p.m, 64)
-    wide = [(128, 128, st, 8, False, 1) for st in (3, 4)] if p.act_group == -1 else []
+    wide = [(128, 128, st, 8, False, 1) for st in (3, 4)] if p.per_channel else []
     return [(64, bn, 4, 4, True, s) for bn in (128, 64)
             for s in _splits(p, tiles * rules.cdiv(p.n, bn), (1, 2, 4))] + wide
 
@@ -640,12 +639,19 @@ for _k in (CudaLqqCluster(), CudaA8Gemv(), GluonLqqKPair(), GluonLqq(), GluonW8a
 
 @functools.lru_cache(maxsize=4096)
 def problem_for(op: str, layouts: tuple[str, ...], m: int, n: int, k: int, act_group: int, dtype: torch.dtype,
-                device: torch.device) -> GemmProblem:
+                device: torch.device, weight_group: int | None = None) -> GemmProblem:
     """The :class:`.registry.GemmProblem` of a call on ``device`` (its capability and real SM count); cached, so a
     layer's calls at one token count share one problem."""
     cap, sms = device_traits(device)
     return GemmProblem(op, tuple(layouts), int(m), int(n), int(k), int(act_group), dtype, cap, sms, toolchains(),
-                       device_name(device))
+                       device_name(device), weight_group)
+
+
+def weight_group_of(parts: list) -> int | None:
+    """The :attr:`.registry.GemmProblem.weight_group` of a layer's partitions ((layout, tensors, meta, rows)): their
+    common operand scale group (:func:`.triton.int8_operand.scale_group`), None where they differ."""
+    groups = {scale_group(layout, meta) for layout, _, meta, _ in parts}
+    return groups.pop() if len(groups) == 1 else None
 
 
 @functools.lru_cache(maxsize=16)
@@ -677,7 +683,7 @@ def int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: i
     call = A8Call(a_codes, a_scales, act_group_size, [(layout, tensors, meta, None)], int(meta["out_features"]),
                   out_dtype, out, config, use_asm)
     p = problem_for("a8", (layout,), a_codes.shape[0], int(meta["out_features"]), int(meta["in_features"]),
-                    act_group_size, out_dtype, a_codes.device)
+                    act_group_size, out_dtype, a_codes.device, scale_group(layout, meta))
     if launch_config is not None:
         return run_config(p, call, kernel, launch_config)
     return run(p, call, forced_kernel("a8", kernel))
@@ -702,7 +708,7 @@ def mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
         triton_int8.check_layout(layout)
     call = A8Call(a_codes, a_scales, act_group_size, list(parts), out_features, out_dtype, out, config, None, bn_b)
     p = problem_for("a8_mixed", tuple(pt[0] for pt in parts), a_codes.shape[0], out_features, k, act_group_size,
-                    out_dtype, a_codes.device)
+                    out_dtype, a_codes.device, weight_group_of(parts))
     if launch_config is not None:
         return run_config(p, call, kernel, launch_config)
     if launches == 0:
@@ -755,5 +761,5 @@ def bind_int8(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int
     op = "a8" if len(parts) == 1 else "a8_mixed"
     call = A8Call(a_codes, a_scales, act_group_size, list(parts), out_features, out_dtype)
     p = problem_for(op, tuple(pt[0] for pt in parts), a_codes.shape[0], out_features, k, act_group_size, out_dtype,
-                    a_codes.device)
+                    a_codes.device, weight_group_of(parts))
     return bind(p, call, forced_kernel(op, None))

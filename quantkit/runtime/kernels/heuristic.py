@@ -27,7 +27,7 @@ SMS_WITHOUT_GPU = 132  # the SM count the rules size waves by where there is no 
 WGMMA_MIN_M = 32  # tokens from which the Hopper wgmma kernels take a product: one 32-token wgmma tile is full
 DEQUANT_MIN_M = 513  # W4A16 from here: dequantize Ŵ once and call cuBLAS (compute-bound; the dequant is ~NK bytes)
 MIXLLM_OPERAND_MIN_M = 512  # MixLLM g128 formats from here: write the int8 operand once, then the W8A8 TMA kernel
-W8A8_WIDE_TILE_WAVES = 1.5  # per-token W8A8 launches of this many waves of 128×128 tiles take those tiles
+W8A8_WIDE_TILE_WAVES = 1.5  # per-channel W8A8 launches of this many waves of 128×128 tiles take those tiles
 CLUSTER_MAX_ROW_TILES = 32  # LiquidQuant layers of at most this many 64-row tiles take the cluster kernel
 CLUSTER_MAX_M = 512
 
@@ -138,17 +138,17 @@ def w4a16_gluon_launch(m: int, n: int, k: int, sms: int) -> tuple[str, tuple] | 
     return None
 
 
-def w8a8_gluon_launch(m: int, n: int, k: int, sms: int, per_token: bool = False
+def w8a8_gluon_launch(m: int, n: int, k: int, sms: int, per_channel: bool = False
                       ) -> tuple[int, int, int, int, bool, int] | None:
     """(tokens, weight rows, stages, warps, scales a block ahead, K split) of the Gluon W8A8 TMA kernel from 17 tokens:
     64-token tiles, 128 rows a program where that leaves more than a wave of programs (else 64), K split while the
-    launch has fewer programs than three waves. With per-token activations (``per_token``: the per-channel
-    products, whose int32 sums span K) and 128-token tiles filling more than :data:`W8A8_WIDE_TILE_WAVES` waves,
+    launch has fewer programs than three waves. For per-channel products (``per_channel``: per-token activations and
+    one weight scale per row, whose int32 sums span K) with 128-token tiles filling :data:`W8A8_WIDE_TILE_WAVES` waves,
     128×128 tiles of two warpgroups, three stages (fewer weight reads per product; 1.1-1.2× the 64-token tiles at
     M ≥ 1024 on an H200, docs/BENCHMARKS.md)."""
     if m < 17:
         return None
-    if per_token and cdiv(m, 128) * cdiv(n, 128) >= W8A8_WIDE_TILE_WAVES * sms:
+    if per_channel and cdiv(m, 128) * cdiv(n, 128) >= W8A8_WIDE_TILE_WAVES * sms:
         return 128, 128, 3, 8, False, 1
     token_tiles = cdiv(m, 64)
     bn = 128 if token_tiles * cdiv(n, 128) > sms else 64

@@ -44,8 +44,9 @@ class GemmProblem:
     token count ``m``, output features ``n`` (the whole layer's for a mixed one), input features ``k``,
     ``act_group`` (activation group size, -1 per token, 0 for ``a16``), ``dtype`` (the activation dtype of ``a16``
     or the output dtype of the int8 ops), the device's ``capability`` and ``sms`` ((0, 0) and 0 off a GPU), and the
-    optional ``toolchains`` installed (CuPy's NVRTC for the CUDA kernels, Triton's Gluon for the Hopper ones), and
-    the ``device`` name whose tuned tables apply."""
+    optional ``toolchains`` installed (CuPy's NVRTC for the CUDA kernels, Triton's Gluon for the Hopper ones), the
+    ``device`` name whose tuned tables apply, and ``weight_group``: the columns each float scale of the weight's int8
+    operand covers (-1 one per row: per-channel W8, LiquidQuant; None not known, or partitions that differ)."""
 
     op: str
     layouts: tuple[str, ...]
@@ -58,6 +59,13 @@ class GemmProblem:
     sms: int = 0
     toolchains: frozenset[str] = frozenset()  # optional compilers present: "cupy" (NVRTC), "gluon"
     device: str = ""  # the GPU's name, which selects the tuned launch tables (quantkit.runtime.kernels.tables)
+    weight_group: int | None = None
+
+    @property
+    def per_channel(self) -> bool:
+        """One scale per token and one per weight row: the int8 products' sums can span K
+        (:func:`.triton.int8_gemm.per_channel_sum`)."""
+        return self.act_group == -1 and self.weight_group == -1
 
     def describe(self) -> str:
         """One line naming the problem, e.g. ``a8 w4a8-lqq M=16 N=4096 K=4096 act=-1 float16 sm_90 132 SMs``."""

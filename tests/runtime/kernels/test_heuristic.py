@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import quantkit.runtime.kernels.gemm  # noqa: F401  (registers the kernels)
-from quantkit.bench.explain import METHOD_PROBLEMS
+from quantkit.bench.explain import METHOD_PROBLEMS, PER_CHANNEL_METHODS
 from quantkit.runtime.kernels import heuristic as rules
 from quantkit.runtime.kernels.registry import PRIORITY, GemmProblem, plan
 from quantkit.runtime.kernels.triton.launch import split_plan
@@ -24,7 +24,8 @@ def _problems(sms_list=(132, 78, 16)):
         for n, k in SHAPES:
             for m in MS:
                 for sms in sms_list:
-                    yield method, GemmProblem(op, layouts, m, n, k, act, torch.float16, (9, 0), sms, HOPPER_TOOLS)
+                    yield method, GemmProblem(op, layouts, m, n, k, act, torch.float16, (9, 0), sms, HOPPER_TOOLS,
+                                              "", -1 if method in PER_CHANNEL_METHODS else None)
 
 
 def test_every_default_launch_is_in_its_kernels_tune_space():
@@ -36,6 +37,23 @@ def test_every_default_launch_is_in_its_kernels_tune_space():
             assert configs, (kernel.name, p.describe())
             if configs[0] is not None:
                 assert configs[0] in kernel.candidates(p), (kernel.name, p.describe(), configs[0])
+
+
+def test_wide_w8a8_tiles_serve_per_channel_products_of_enough_waves_only():
+    """128×128 tiles (int32 sums over K) for per-channel products of at least W8A8_WIDE_TILE_WAVES waves; g128 weights
+    with per-token activations (per-block sums) keep the 64-token tiles the block epilogue overlaps."""
+    from quantkit.runtime.kernels.gemm import GluonW8a8
+
+    wide = (128, 128, 3, 8, False, 1)
+    for sms in (16, 132):
+        for n, k in SHAPES:
+            for m in MS:
+                big = rules.cdiv(m, 128) * rules.cdiv(n, 128) >= rules.W8A8_WIDE_TILE_WAVES * sms
+                for group in (-1, 128, None):
+                    p = GemmProblem("a8", ("w8",), m, n, k, -1, torch.float16, (9, 0), sms, HOPPER_TOOLS, "", group)
+                    cfg = GluonW8a8().rule(p)
+                    if m >= 17:
+                        assert (cfg == wide) == (big and group == -1), (p.describe(), group, cfg)
 
 
 def test_every_problem_has_a_kernel_and_the_last_of_each_list_takes_everything():

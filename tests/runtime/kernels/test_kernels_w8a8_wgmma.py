@@ -23,6 +23,7 @@ from quantkit.runtime.kernels.reference import int8_reference, int8_weight  # no
 from quantkit.runtime.kernels.gluon_sm90.w8a8_wgmma import w8a8_wgmma_matmul, w8a8_wgmma_problem  # noqa: E402
 from quantkit.runtime.kernels.gluon_sm90.common import HAVE_GLUON  # noqa: E402
 from quantkit.runtime.kernels.gluon_sm90 import w8a8_wgmma as gluon_w8a8  # noqa: E402
+from quantkit.runtime.kernels.triton.int8_gemm import per_channel_sum  # noqa: E402
 from tests.kernels_helpers import (DEVICE, a8_split, packed, planned_launch, record_kernel_launches,  # noqa: E402
                                    rel_err)
 
@@ -91,6 +92,23 @@ def test_mixed_liquidquant_operand_is_one_per_channel_weight_in_output_order():
                                    rtol=1e-12, atol=0)
     _, t, mt = packed("w8", 2, k, 128)  # g128 8-bit rows have per-group scales: no common operand
     assert mixed_w8_operand([parts[0], ("w8", t, mt, torch.tensor([0, 1], dtype=torch.int32))], n - 3) is None
+
+
+def test_the_mixed_tma_kernel_declines_partitions_whose_operands_differ():
+    """LiquidQuant rows (one scale a row) next to g128 8-bit rows have no common operand: the kernel turns the call
+    down by name in ``accepts``, so the registry runs the next kernel and a forced choice says why."""
+    from quantkit.runtime.kernels.gemm import A8Call, GluonW8a8Mixed, problem_for, weight_group_of
+
+    k = 512
+    _, lqq, lqq_meta = packed("w4a8-lqq", 30, k, 128)
+    _, w8, w8_meta = packed("w8", 2, k, 128)
+    parts = [("w4a8-lqq", lqq, lqq_meta, torch.arange(30, dtype=torch.int32)),
+             ("w8", w8, w8_meta, torch.arange(30, 32, dtype=torch.int32))]
+    assert weight_group_of(parts) is None
+    codes, scales = _acts(600, k, -1, seed=1)
+    call = A8Call(codes, scales, -1, parts, 32, torch.float16)
+    p = problem_for("a8_mixed", ("w4a8-lqq", "w8"), 600, 32, k, -1, torch.float16, codes.device, None)
+    assert "differ" in GluonW8a8Mixed().accepts(p, call, (64, 64, 4, 4, True, 1))
 
 
 def test_mixed_operand_declines_partitions_of_different_group_sizes():
@@ -186,13 +204,15 @@ def test_gluon_w8a8_k_split_equals_triton_split_the_same_way(n, k, m, act_group,
 @hopper
 @pytest.mark.parametrize("n,k,m,tile,split", [
     (200, 1280, 33, (64, 128, 4, 4), 1), (129, 400, 1, (64, 64, 3, 4), 2), (4096, 4096, 300, (128, 128, 4, 8), 1),
-    (127, 3072, 70, (64, 128, 4, 4, True), 4), (300, 128, 17, (64, 64, 4, 4), 1), (96, 896, 9, (64, 64, 6, 4), 2)])
+    (127, 3072, 70, (64, 128, 4, 4, True), 4), (300, 128, 17, (64, 64, 4, 4), 1), (96, 896, 9, (64, 64, 6, 4), 2),
+    (4096, 4096, 600, (128, 128, 3, 8, False), 1), (200, 1280, 129, (128, 128, 3, 8, False), 2)])
 def test_per_channel_w8a8_sums_over_k_with_the_triton_kernels_bits(n, k, m, tile, split):
     """Per-channel weights and per-token activations: one int32 sum a split (ragged N, M = 1, one block, more
-    stages than blocks, two warpgroups), the Triton kernel's bits at the same split, the reference's values."""
+    stages than blocks, two warpgroups, the launch rule's 128×128×3 tile), the Triton kernel's bits at the same
+    split, the reference's values."""
     _, tensors, meta = packed("w8", n, k, -1, seed=n + m)
     codes, scales = _acts(m, k, -1, seed=m)
-    assert gluon_w8a8.per_channel(scales, tensors["scales"], k)
+    assert per_channel_sum(-1, tensors["scales"].shape[0], tensors["qweight"].shape[1])
     tri = int8_matmul(codes, scales, -1, "w8", tensors, meta, config=TileConfig(64, 64, split, 4, 3))
     got = w8a8_wgmma_matmul(codes, scales, -1, tensors, meta, *tile, split_k=split)
     assert torch.equal(got, tri)
@@ -296,15 +316,15 @@ def test_mixed_liquidquant_prefill_is_one_per_channel_product_with_the_triton_ke
 
     monkeypatch.setattr(gluon_w8a8, "w8a8_wgmma_matmul", spy)
     calls = record_kernel_launches(monkeypatch)
-    n, k = 300, 1024
+    n, k = 4096, 1024  # at 2100 tokens the launch rule takes 128×128 tiles
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(m))
     parts = []
-    for layout, rows, group in (("w4a8-lqq", perm[30:].sort().values, 128), ("w8", perm[:30].sort().values, -1)):
+    for layout, rows, group in (("w4a8-lqq", perm[400:].sort().values, 128), ("w8", perm[:400].sort().values, -1)):
         _, tensors, meta = packed(layout, len(rows), k, group, seed=len(rows))
         parts.append((layout, tensors, meta, rows.to(torch.int32).to(DEVICE)))
     codes, scales = _acts(m, k, -1, seed=m)
-    launch = planned_launch(monkeypatch, "a8_mixed", ("w4a8-lqq", "w8"), m, n, k, -1, torch.float16)
-    assert launch[0] == "gluon_sm90.w8a8_mixed"
+    launch = planned_launch(monkeypatch, "a8_mixed", ("w4a8-lqq", "w8"), m, n, k, -1, torch.float16, -1)
+    assert launch[0] == "gluon_sm90.w8a8_mixed" and launch[1][:2] == ((128, 128) if m > 2000 else (64, 128))
     calls.clear()
     got = mixed_int8_matmul(codes, scales, -1, parts, n)
     assert calls == [launch] and operands == [(1, n)]

@@ -26,7 +26,7 @@ same K split (the two launch rules may split differently: then the fp32 sums dif
 Per-channel weights with per-token activations (the per-channel W8A8 recipes and a mixed LiquidQuant layer's int8
 operand) have no block scale at all: there the wgmmas chain into one int32 accumulator over the split's K range,
 one product group stays in flight while the next block loads, and the sum is converted and scaled once
-(:func:`per_channel`; LiquidGEMM Sec. 4's epilogue), as the Triton kernel does for these weights: the same bits
+(:func:`.triton.int8_gemm.per_channel_sum`; LiquidGEMM Sec. 4's epilogue), as the Triton kernel does for these weights: the same bits
 again at the same K split. Requires K
 and the row strides to be multiples of 16 bytes (TMA) and groups that are multiples of 128 columns (or per-token
 activations): :func:`w8a8_wgmma_problem`. Reference: :func:`.reference.int8_reference`.
@@ -37,7 +37,8 @@ from __future__ import annotations
 import torch
 
 from quantkit.runtime.kernels.jit import check_device
-from quantkit.runtime.kernels.triton.int8_gemm import MAX_CHANNEL_SUM_K
+from quantkit.formats.nibble_planes import padded_k
+from quantkit.runtime.kernels.triton.int8_gemm import per_channel_sum
 from quantkit.runtime.kernels.triton.launch import act_groups_in_halves, groups_in_halves, split_plan
 from quantkit.runtime.kernels.scratch import split_workspace
 from quantkit.runtime.kernels.gluon_sm90.common import HAVE_GLUON, hopper_problem
@@ -150,7 +151,7 @@ if HAVE_GLUON:
         rm_in = gl.minimum(rm, M - 1)
         if PER_CHANNEL:
             # one scale per token and per weight row: the int32 sum spans the split's K range (exact while
-            # |sum| < 2^31: K·128² < 2^31, per_channel) and is scaled once; block i + STAGES - 1 is loaded
+            # |sum| < 2^31: K·128² < 2^31, per_channel_sum) and is scaled once; block i + STAGES - 1 is loaded
             # into the slot of block i - 1 once that block's products are done (one product group in flight)
             part = gl.zeros([BM, BN], gl.int32, acc_l)
             for kb in range(kb_begin, kb_end):
@@ -215,13 +216,6 @@ def w8a8_wgmma_problem(a_codes: torch.Tensor, act_group_size: int, layout: str, 
     return hopper_problem(a_codes, a_codes.shape[1], out, out_dtype, KERNEL, k_multiple=16)
 
 
-def per_channel(a_scales: torch.Tensor, scales: torch.Tensor, k: int) -> bool:
-    """Whether a product has one scale per token and one per weight row, so its int32 sum spans K and is scaled
-    once (LiquidGEMM Sec. 4's per-channel epilogue) instead of per 128-column block: per-token activation scales
-    [M, 1], weight scales [1, N], K no wider than :data:`MAX_CHANNEL_SUM_K`."""
-    return a_scales.shape[1] == 1 and scales.shape[0] == 1 and k <= MAX_CHANNEL_SUM_K
-
-
 def w8a8_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, tensors: dict,
                       meta: dict, bm: int = 64, bn: int = 128, stages: int = 4, num_warps: int = 4,
                       ahead: bool = False, split_k: int = 1, out: torch.Tensor | None = None,
@@ -252,5 +246,6 @@ def w8a8_wgmma_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_s
                              out.stride(0), act_groups_in_halves(act_group_size, k), a_scales.shape[1],
                              groups_in_halves(meta, n_tiles), scales.shape[0], 2 * tiles_per_split, BM=bm, BN=bn,
                              STAGES=stages, GROUP_M=8, EVEN_N=n % bn == 0, AHEAD=ahead, SPLIT_K=split,
-                             PER_CHANNEL=per_channel(a_scales, scales, k), num_warps=num_warps)
+                             PER_CHANNEL=per_channel_sum(act_group_size, scales.shape[0], padded_k(k)),
+                             num_warps=num_warps)
     return out

@@ -45,6 +45,13 @@ I2F_BIAS_FLOAT = tl.constexpr(12582912.0)
 MAX_CHANNEL_SUM_K = 2**31 // 128**2  # the widest K whose int32 sum of int8 products cannot overflow
 
 
+def per_channel_sum(act_group_size: int, weight_groups: int, kp: int) -> bool:
+    """Whether a product of int8 codes has one scale per token (per-token activations) and one per weight row
+    (``weight_groups`` 1), so its int32 sum spans the padded K ``kp`` (exact while ``kp`` ≤
+    :data:`MAX_CHANNEL_SUM_K`) and is scaled once: the condition both int8 kernels share, so they keep the same bits."""
+    return act_group_size == -1 and weight_groups == 1 and kp <= MAX_CHANNEL_SUM_K
+
+
 @kernel
 def _load_act(a_ptr, rm_in, stride_am, K, k0, WIDTH: tl.constexpr, EVEN_K: tl.constexpr):
     """Activation codes [WIDTH, BM] of columns k0 .. k0 + WIDTH - 1 (zero past K) of tokens ``rm_in``."""
@@ -216,8 +223,8 @@ def _weight_args(layout: str, tensors: dict, meta: dict, n_tiles: int, act_group
     cs = tensors["channel_scales"] if mode == LQQ else params
     return {"w": w, "p": params, "cs": cs, "n": int(meta["out_features"]), "w_row": w.shape[1],
             "hpg": groups_in_halves(meta, n_tiles), "groups": int(meta["num_groups"]), "mode": mode,
-            "half_epi": not (act_group_size == -1 and (mode == LQQ or (mode == W8 and params.shape[0] == 1
-                                                                        and n_tiles * 256 <= MAX_CHANNEL_SUM_K)))}
+            "half_epi": not ((mode == LQQ and act_group_size == -1)
+                             or (mode == W8 and per_channel_sum(act_group_size, params.shape[0], n_tiles * 256)))}
 
 
 def check_act(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, k: int) -> None:

@@ -40,8 +40,9 @@ def test_every_default_launch_is_in_its_kernels_tune_space():
 
 
 def test_wide_w8a8_tiles_serve_per_channel_products_of_enough_waves_only():
-    """128×128 tiles (int32 sums over K) for per-channel products of at least W8A8_WIDE_TILE_WAVES waves; g128 weights
-    with per-token activations (per-block sums) keep the 64-token tiles the block epilogue overlaps."""
+    """128×128 tiles (int32 sums over K) for per-channel products of at least W8A8_WIDE_TILE_WAVES waves, and no K
+    split below W8A8_CHANNEL_SPLIT_MIN_TILES; g128 weights with per-token activations (per-block sums) keep the
+    64-token tiles the block epilogue overlaps."""
     from quantkit.runtime.kernels.gemm import GluonW8a8
 
     wide = (128, 128, 3, 8, False, 1)
@@ -54,6 +55,8 @@ def test_wide_w8a8_tiles_serve_per_channel_products_of_enough_waves_only():
                     cfg = GluonW8a8().rule(p)
                     if m >= 17:
                         assert (cfg == wide) == (big and group == -1), (p.describe(), group, cfg)
+                        if group == -1 and rules.k_tiles(k) < rules.W8A8_CHANNEL_SPLIT_MIN_TILES:
+                            assert cfg[5] == 1, (p.describe(), cfg)  # short K: per-channel sums are not split
 
 
 def test_every_problem_has_a_kernel_and_the_last_of_each_list_takes_everything():

@@ -168,7 +168,8 @@ def estimate_bytes(model: torch.nn.Module, recipe, plan, source_dtype: torch.dty
     """A lower bound of the checkpoint's size, known before quantizing: each quantized linear's codes at its
     bit-widths (the plan's per channel, else the recipe's), every other tensor in the source dtype (shared ones
     once); scales, zero points and headers come on top."""
-    from quantkit.model.walk import iter_linears
+    from quantkit.model.walk import iter_linears, output_linear
+    from quantkit.quant.apply import LM_HEAD_BITS
 
     codes: dict[str, int] = {}
     for name, lin in iter_linears(model):
@@ -178,6 +179,10 @@ def estimate_bytes(model: torch.nn.Module, recipe, plan, source_dtype: torch.dty
         n, k = lin.weight.shape
         bits = int(plan.row_bits(name).sum()) if plan is not None and name in plan.layers else spec.bits * n
         codes[f"{name}.weight"] = bits * k // 8
+    head = output_linear(model) if recipe.lm_head else None
+    if head is not None:  # quantize_lm_head: 4-bit codes; a tied embedding stays and is counted below
+        name, lin = head
+        codes[f"{name}.weight"] = LM_HEAD_BITS * lin.weight.numel() // 8
     total = sum(codes.values())
     elt = torch.empty((), dtype=source_dtype).element_size()
     seen = set()
@@ -326,7 +331,8 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
     _warn_expert_coverage(result.calibration, warn_all)
     layouts = choose_layouts(result.weights, target, export, warn_all, fp8_token_activations(rec))
     info = {**_manifest_info(model_ref, loaded.model, rec, plan, plan_raw, target, export, source_dtype, n_params),
-            "calibration": result.calibration, "avg_bits": result.avg_bits, "online_rotation": result.online_rotation}
+            "calibration": result.calibration, "avg_bits": result.avg_bits, "online_rotation": result.online_rotation,
+            "weight_only": result.weight_only}
     if not distributed.is_main():  # every process holds the same records; process 0 writes them
         distributed.barrier()
         return {}

@@ -52,8 +52,8 @@ def _refuse(export: str, recipe: Recipe, why: str) -> QuantkitError:
 
 def check_recipe_export(recipe: Recipe, export: str, plan_is_mixed: bool) -> None:
     """Refuse, from the recipe and plan alone, what a GPTQ/AWQ checkpoint cannot represent: activation
-    quantization (W4A8/W8A8), an online input rotation, LiquidQuant two-level weights, a mixed-precision plan, per-layer overrides
-    (config.json holds one bits/group_size/sym), bit-widths the format lacks, AWQ with GPTQ act-order whose
+    quantization (W4A8/W8A8), an online input rotation, LiquidQuant two-level weights, a mixed-precision plan, per-layer
+    overrides (config.json holds one bits/group_size/sym), a quantized lm_head, bit-widths the format lacks, AWQ with GPTQ act-order whose
     groups follow the sweep order (a g_idx; static groups keep consecutive groups and need none)."""
     if export == "quantkit":
         return
@@ -71,6 +71,8 @@ def check_recipe_export(recipe: Recipe, export: str, plan_is_mixed: bool) -> Non
         raise _refuse(export, recipe, "the plan mixes bit-widths across output channels")
     if recipe.overrides:
         raise _refuse(export, recipe, f"it has {len(recipe.overrides)} per-layer override(s)")
+    if recipe.lm_head:
+        raise _refuse(export, recipe, "it quantizes the output projection (lm_head: true)")
     if export in ("gptq", "gptq_v2") and w.bits not in GPTQ_BITS:
         raise _refuse(export, recipe, f"{w.bits}-bit weights")
     if export == "awq":

@@ -14,8 +14,9 @@ from quantkit.checkpoint.atomic import MANIFEST_NAME
 from quantkit.errors import QuantkitError
 
 FORMAT = "quantkit.checkpoint"
-FORMAT_VERSION = 2  # 2: a linear may carry an online input rotation (written only then; else 1)
-ROTATION_VERSION = 2
+FORMAT_VERSION = 3  # the newest version written; each is written only where a checkpoint needs it, else 1
+ROTATION_VERSION = 2  # a linear may carry an online input rotation
+LINEAR_ACTIVATION_VERSION = 3  # a linear may carry its own activation entry (a weight-only lm_head in an A8 model)
 DENSE = "dense"  # layout name of tensors stored as they are (embeddings, norms, biases, skipped linears)
 
 _REQUIRED = {"format": str, "format_version": int, "quantkit_version": str, "recipe": dict, "source": dict,

@@ -81,10 +81,11 @@ def read_tensors(folder: Path, manifest: dict, verify: bool = False) -> dict[str
     return out
 
 
-def _act_spec(manifest: dict):
+def _act_spec(holder: dict):
+    """The ActQuant of a manifest's ``activation`` entry, or of a linear entry's own (None: weights only)."""
     from quantkit.runtime.dispatch import ActQuant
 
-    a = manifest.get("activation")
+    a = holder.get("activation")
     return None if not a else ActQuant(int(a["bits"]), int(a["group_size"]), bool(a.get("sym", True)),
                                        bool(a.get("fp8", False)))
 
@@ -148,7 +149,8 @@ def build_model(folder: Path, manifest: dict, tensors: dict[str, torch.Tensor], 
         except AttributeError:
             raise QuantkitError(f"checkpoint '{folder}' quantizes '{name}', which its config.json model does not "
                                 "have; the manifest and config.json do not belong together") from None
-        set_module(model, name, build_quant_linear(entry, tensors, act, dtype, cache_dense))
+        set_module(model, name, build_quant_linear(entry, tensors, _act_spec(entry) if "activation" in entry else act,
+                                                   dtype, cache_dense))
         owned.update(k for k, v in manifest["tensors"].items() if v.get("linear") == name)
         if entry.get("bias"):
             owned.add(entry["bias"])

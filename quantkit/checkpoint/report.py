@@ -23,11 +23,12 @@ def summarize(folder: str | Path, manifest: dict | None = None) -> dict:
     schemes: Counter = Counter()
     act_bits = (manifest.get("activation") or {}).get("bits")
     for lin in manifest["linears"].values():
+        lin_act_bits = (lin["activation"] or {}).get("bits") if "activation" in lin else act_bits  # lm_head: none
         for p in lin["partitions"]:
             elems[int(p["bits"])] += int(p["n_rows"]) * int(lin["in_features"])
             layouts[p["layout"]] += 1
             fp8 = bool((p.get("meta") or {}).get("fp8"))
-            schemes[(p["layout"], ("FP8 " if fp8 else "") + scheme(int(p["bits"]), act_bits))] += 1
+            schemes[(p["layout"], ("FP8 " if fp8 else "") + scheme(int(p["bits"]), lin_act_bits))] += 1
     total = sum(elems.values()) or 1
     quant_bytes = sum(e["nbytes"] for e in manifest["tensors"].values() if "linear" in e)
     disk = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())

@@ -49,12 +49,16 @@ def partial_dir(out: Path) -> Path:
 
 
 def check_streamable(rec, export: str) -> None:
-    """Refuse, in one line, what a layer-at-a-time pack cannot do: whole-model rotations and engine exports."""
+    """Refuse, in one line, what a layer-at-a-time pack cannot do: whole-model rotations, engine exports and a
+    quantized output projection."""
     if rec.activation.rotate or rec.activation.online_rotate:
         raise QuantkitError(f"--stream/--resume cannot fold the rotations of recipe '{rec.name}' (they change every "
                             "layer and the embeddings together): drop --stream/--resume")
     if export != "quantkit":
         raise QuantkitError(f"--stream/--resume write quantkit checkpoints; drop them to export --format {export}")
+    if rec.lm_head:
+        raise QuantkitError(f"--stream/--resume quantize the decoder layers only; recipe '{rec.name}' also quantizes "
+                            "the output projection (lm_head: true): drop --stream/--resume, or lm_head")
 
 
 def source_folder(model_ref: str) -> Path:

@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from quantkit.checkpoint.atomic import MANIFEST_NAME, atomic_directory
 from quantkit.checkpoint.choose import record_parts
-from quantkit.checkpoint.manifest import DENSE, FORMAT, ROTATION_VERSION
+from quantkit.checkpoint.manifest import DENSE, FORMAT, LINEAR_ACTIVATION_VERSION, ROTATION_VERSION
 from quantkit.checkpoint.shards import nbytes, shard_record, tensor_sha256, write_json, write_shards
 from quantkit.quant.partition import WeightRecord, record_bits
 from quantkit.quant.records import QuantizedWeight
@@ -154,14 +154,19 @@ def build_checkpoint(model: nn.Module, records: dict[str, WeightRecord], layouts
     """Assemble tensors, manifest and config of a checkpoint. ``info`` carries the manifest's descriptive fields:
     quantkit_version, source, recipe (dict), plan_sha256, plan_file, target, export, activation, calibration,
     avg_bits, and optionally online_rotation ({"seed", "linears"}: each of those linears' entry gets its
-    ``input_rotation``, and the manifest format version 2)."""
+    ``input_rotation``, and the manifest format version 2) and weight_only (linear names whose entry gets
+    ``"activation": null``: their inputs stay unquantized whatever the manifest's ``activation``)."""
     tensors, linears, aliases = pack_model(model, records, layouts, source_dtype)
     entries = tensor_entries(tensors, linears)
     info = dict(info)
     online = info.pop("online_rotation", None)
     version = 1
+    for name in info.pop("weight_only", None) or ():  # the manifest's activation entry does not apply to it
+        linears[name]["activation"] = None
+        if info.get("activation") is not None:  # a reader of an older version would quantize its inputs
+            version = LINEAR_ACTIVATION_VERSION
     if online:  # the linear's kernels read W·Q, so its input must rotate first: readers before version 2 cannot
-        version = ROTATION_VERSION
+        version = max(version, ROTATION_VERSION)
         for name in online["linears"]:
             width = model.get_submodule(name).in_features
             linears[name]["input_rotation"] = {"seed": int(online["seed"]), "width": int(width)}

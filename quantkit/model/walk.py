@@ -69,12 +69,35 @@ def iter_linears(model: nn.Module, include_lm_head: bool = False) -> Iterator[tu
     for i, layer in enumerate(layers):
         yield from layer_linears(layer, f"{path}.{i}").items()
     if include_lm_head:
-        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        if isinstance(head, nn.Linear):
-            for name, mod in model.named_modules():
-                if mod is head:
-                    yield name, head
-                    break
+        head = output_linear(model)
+        if head is not None:
+            yield head
+
+
+def output_linear(model: nn.Module) -> tuple[str, nn.Linear] | None:
+    """(name, Linear) of the model's output projection (lm_head), None where it has none that is an nn.Linear."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if isinstance(head, nn.Linear):
+        for name, mod in model.named_modules():
+            if mod is head:
+                return name, head
+    return None
+
+
+def untie_output_embeddings(model: nn.Module) -> bool:
+    """Give the output projection its own copy of a weight it shares with the input embeddings, and mark the config
+    untied (transformers ties them again at load otherwise); True where they were tied. Quantizing or rotating the
+    head then leaves the embeddings as they are, and the checkpoint holds both matrices."""
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if embed is None or head is None or head.weight is not embed.weight:
+        return False
+    head.weight = nn.Parameter(embed.weight.detach().clone())
+    model.config.tie_word_embeddings = False
+    text_config = getattr(model.config, "get_text_config", None)
+    if text_config is not None:
+        text_config().tie_word_embeddings = False
+    return True
 
 
 def get_module(model: nn.Module, name: str) -> nn.Module:

@@ -19,7 +19,7 @@ import torch.nn as nn
 
 from quantkit.errors import QuantkitError
 from quantkit.model.layerwise import run_layerwise
-from quantkit.model.walk import iter_linears
+from quantkit.model.walk import iter_linears, output_linear, untie_output_embeddings
 from quantkit.quant.layerquant import write_weight
 from quantkit.quant.partition import (WeightRecord, dequantize_record, quantize_partitioned, record_bits,
                                       record_to)
@@ -43,6 +43,7 @@ class QuantizeResult:
     calibration: dict | None = None
     act_handles: list = field(default_factory=list)
     online_rotation: dict | None = None  # {"seed", "linears"}: inputs rotated at run time (quant.rotate)
+    weight_only: list[str] = field(default_factory=list)  # quantized linears whose inputs stay unquantized (lm_head)
 
     def summary(self) -> dict:
         return {"recipe": self.recipe.name, "linears": len(self.weights), "avg_bits": self.avg_bits,
@@ -152,6 +153,26 @@ def calibration_options(recipe: Recipe, max_positions: int | None, dataset: str 
     return info
 
 
+LM_HEAD_BITS, LM_HEAD_GROUP = 4, 128  # recipe lm_head: true — the output projection's grid
+
+
+def quantize_lm_head(model: nn.Module) -> tuple[str, WeightRecord]:
+    """Quantize the output projection in place (fake-quant) to 4-bit asymmetric codes in groups of 128 by
+    round-to-nearest — recipe ``lm_head: true``, GPTQModel's ``lm_head=True`` — after untying it from the input
+    embeddings, which stay as they are; returns (its name, its record). Its activations stay unquantized."""
+    from quantkit.quant.rtn import rtn_quantize
+
+    head = output_linear(model)
+    if head is None:
+        raise QuantkitError("recipe field 'lm_head: true' needs a model whose output projection is a linear layer; "
+                            "drop lm_head for this model")
+    name, lin = head
+    untie_output_embeddings(model)
+    record = rtn_quantize(lin.weight.data.float(), LM_HEAD_BITS, LM_HEAD_GROUP, False)
+    write_weight(lin, dequantize_record(record))
+    return name, record
+
+
 def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, device: str | None = None,
                    progress_factory: ProgressFactory | None = None, dataset: str | None = None,
                    samples: int | None = None, seqlen: int | None = None,
@@ -160,7 +181,9 @@ def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, devic
 
     Returns the integer records (what ``quantkit pack`` writes) and attaches A8 input hooks when the recipe
     quantizes activations; its residual rotation and SmoothQuant folds change the model's other weights too, and
-    its online rotation gives o_proj / down_proj a rotating input hook (``online_rotation`` in the result).
+    its online rotation gives o_proj / down_proj a rotating input hook (``online_rotation`` in the result). With
+    ``lm_head: true`` the output projection is quantized too (:func:`quantize_lm_head`, weight-only) and counts in
+    the average bits.
     ``device`` is where layer-by-layer calibration runs (default: the model's device). ``calib_ids`` [n, T]
     replaces the recipe's calibration windows (benchmarks, tests); ``text_column`` names the text column of a
     record-file ``dataset``.
@@ -223,9 +246,13 @@ def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, devic
 
         handles = attach_act_quant(targets, recipe.activation.bits, recipe.activation.group_size,
                                    recipe.activation.sym, recipe.activation.fp8)
+    weight_only = []
+    if recipe.lm_head:
+        name, records[name] = quantize_lm_head(model)
+        weight_only.append(name)
     total = sum(record_bits(r)[0] for r in records.values())
     elems = sum(record_bits(r)[1] for r in records.values())
-    return QuantizeResult(records, recipe, total / elems, calib, handles, online)
+    return QuantizeResult(records, recipe, total / elems, calib, handles, online, weight_only)
 
 
 class LayerQuantizer:

@@ -35,6 +35,8 @@ Schema (every field optional except ``weight.method``; unknown fields are errors
       fp8: false              # e4m3 instead of int8 (bits 8)
       group_size: 32          # KV4: key tokens per block, value channels per group (KIVI)
       residual: 128           # KV4: latest tokens kept in fp16 (a whole number of groups)
+    lm_head: false            # true: the output projection too, 4-bit g128 asymmetric by round-to-nearest and
+                              #   weight-only (GPTQModel's lm_head=True; tied embeddings are untied first)
     overrides:                # per-layer, by fnmatch pattern on the linear's name; later entries win
       - {pattern: "*.down_proj", bits: 8}
       - {pattern: "model.layers.0.*", skip: true}
@@ -139,6 +141,7 @@ class Recipe:
     bit_specs: dict[int, BitSpec] = field(default_factory=dict)
     overrides: list[Override] = field(default_factory=list)
     kv: KVSpec | None = None
+    lm_head: bool = False
     description: str = ""
     source: str = ""
 
@@ -192,6 +195,8 @@ class Recipe:
              "overrides": [asdict(o) for o in self.overrides]}
         if self.kv is not None:
             d["kv"] = asdict(self.kv)
+        if self.lm_head:
+            d["lm_head"] = True
         return d
 
 
@@ -252,7 +257,8 @@ def parse_recipe(data: dict, source: str = "") -> Recipe:
     """Validate a recipe mapping (from YAML) into a :class:`Recipe`; errors name the offending field."""
     if not isinstance(data, dict):
         raise QuantkitError(f"recipe {source} must be a YAML mapping at the top level")
-    allowed = {"name", "description", "weight", "activation", "calibration", "bit_specs", "overrides", "kv"}
+    allowed = {"name", "description", "weight", "activation", "calibration", "bit_specs", "overrides", "kv",
+               "lm_head"}
     for key in data:
         if key not in allowed:
             raise QuantkitError(f"recipe field '{key}' is unknown; allowed: {', '.join(sorted(allowed))}")
@@ -331,9 +337,14 @@ def parse_recipe(data: dict, source: str = "") -> Recipe:
             kv = _build(KVSpec, raw_kv, "kv")
         except ValueError as e:
             raise QuantkitError(f"recipe field 'kv': {e}") from None
+    lm_head = data.get("lm_head", False)
+    if not isinstance(lm_head, bool):
+        raise QuantkitError(f"recipe field 'lm_head' is true (quantize the output projection, 4-bit g128) or false, "
+                            f"got {lm_head!r}")
     name = data.get("name") or Path(source).stem or "recipe"
     return Recipe(name=str(name), weight=weight, activation=act, calibration=calib, bit_specs=bit_specs,
-                  overrides=overrides, kv=kv, description=str(data.get("description", "")), source=source)
+                  overrides=overrides, kv=kv, lm_head=lm_head, description=str(data.get("description", "")),
+                  source=source)
 
 
 def shipped_recipes() -> list[str]:

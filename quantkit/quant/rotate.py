@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 
 from quantkit.errors import QuantkitError
-from quantkit.model.walk import find_decoder_layers
+from quantkit.model.walk import find_decoder_layers, untie_output_embeddings
 
 
 def hadamard(n: int) -> torch.Tensor:
@@ -214,12 +214,7 @@ def rotate_model(model: nn.Module, seed: int = 0) -> torch.Tensor:
                                 "(a recipe without 'rotated' or quarot)")
     hidden = embed.weight.shape[1]
     q = rotation_matrix(hidden, seed)
-    if head.weight is embed.weight:  # tied: lm_head gets its own copy before the two diverge
-        head.weight = nn.Parameter(embed.weight.detach().clone())
-        model.config.tie_word_embeddings = False
-        text_config = getattr(model.config, "get_text_config", None)
-        if text_config is not None:
-            text_config().tie_word_embeddings = False
+    untie_output_embeddings(model)  # tied: lm_head gets its own copy before the two diverge
     _set(embed.weight, embed.weight.detach().double() @ q.to(embed.weight.device))
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp

@@ -59,6 +59,7 @@ def test_overrides_by_pattern(tmp_path):
     ({"weight": {"method": "gptq", "grid": "lqq", "bits": 3}}, "weight.bits"),
     ({"weight": {"method": "rtn", "bits": 8}, "activation": {"bits": 8, "smooth": -0.1}}, "activation.smooth"),
     ({"weight": {"method": "rtn", "bits": 8}, "activation": {"bits": 8, "smooth": "yes"}}, "activation.smooth"),
+    ({"weight": {"method": "rtn"}, "lm_head": "yes"}, "lm_head"),
 ])
 def test_malformed_recipe_names_the_field(data, field):
     with pytest.raises(QuantkitError, match=f"'{field}'".replace("[", r"\[").replace("]", r"\]")):
@@ -82,6 +83,12 @@ def test_unknown_recipe_and_bad_yaml(tmp_path):
     bad.write_text("weight: {method: rtn\n")
     with pytest.raises(QuantkitError, match="not valid YAML"):
         load_recipe(str(bad))
+
+
+def test_lm_head_is_off_unless_asked_and_round_trips():
+    assert not load_recipe("rtn-w4a16-g128").lm_head and "lm_head" not in load_recipe("rtn-w4a16-g128").to_dict()
+    r = parse_recipe({"weight": {"method": "rtn"}, "lm_head": True}, "test.yaml")
+    assert r.lm_head and parse_recipe(r.to_dict(), "test.yaml").lm_head
 
 
 def test_a_recipe_round_trips_through_json_as_manifests_store_it():

@@ -1,0 +1,97 @@
+"""Recipe ``lm_head: true``: the output projection quantized too (4-bit g128 asymmetric, round to nearest,
+weight-only), untied from the input embeddings; packed, it loads as a QuantLinear on unquantized inputs and gives the
+fake-quant model's logits exactly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from quantkit.checkpoint import load_packed, read_manifest
+from quantkit.errors import QuantkitError
+from quantkit.model import load_model
+from quantkit.pack import estimate_bytes, run_pack
+from quantkit.quant.apply import LM_HEAD_BITS, LM_HEAD_GROUP, quantize_model
+from quantkit.quant.grid import dequantize
+from quantkit.quant.recipe import load_recipe
+from quantkit.quant.rtn import rtn_quantize
+from quantkit.runtime import QuantLinear
+from tests.conftest import build_tiny_model, shipped_tokenizer
+
+FAST = dict(device="cpu", progress=False)
+RECIPES = {  # the shipped recipe of the same name with lm_head: true
+    "rtn-w4a16-g128": "weight: {method: rtn, bits: 4, group_size: 128, sym: false}\n",
+    "lqq-w4a8-rtn": "weight: {method: lqq, bits: 4, group_size: 128, sym: false}\n"
+                    "activation: {bits: 8, group_size: -1, sym: true}\n",
+}
+
+
+@pytest.fixture(scope="module")
+def tied_dir(tmp_path_factory):
+    """A tiny Qwen2 with tied embeddings (its lm_head reads the embedding matrix), 96-wide so the head has a last
+    group shorter than 128."""
+    d = tmp_path_factory.mktemp("tied")
+    tok = shipped_tokenizer()
+    build_tiny_model("qwen2", seed=3, vocab_size=len(tok), hidden_size=96, tie_word_embeddings=True).save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+def _recipe(tmp_path, base: str) -> str:
+    path = tmp_path / f"{base}-head.yaml"
+    path.write_text(f"name: {base}-head\n" + RECIPES[base] + "lm_head: true\n")
+    return str(path)
+
+
+def _ids(vocab: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (2, 29), generator=torch.Generator().manual_seed(1))
+
+
+def test_the_head_is_quantized_by_rtn_and_the_embeddings_are_untouched(tied_dir, tmp_path):
+    loaded = load_model(str(tied_dir), device="cpu")
+    model = loaded.model
+    embed = model.get_input_embeddings().weight.detach().clone()
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    result = quantize_model(model, loaded.tokenizer, load_recipe(_recipe(tmp_path, "rtn-w4a16-g128")), device="cpu")
+    want = dequantize(rtn_quantize(embed.float(), LM_HEAD_BITS, LM_HEAD_GROUP, False))
+    assert torch.equal(model.lm_head.weight.detach().float(), want.to(model.lm_head.weight.dtype).float())
+    assert torch.equal(model.get_input_embeddings().weight, embed)  # untied first: the embeddings stay exact
+    assert model.config.tie_word_embeddings is False
+    assert result.weight_only == ["lm_head"] and "lm_head" in result.weights
+    assert result.avg_bits == 4.0
+
+
+@pytest.mark.parametrize("base", ["rtn-w4a16-g128", "lqq-w4a8-rtn"])
+def test_a_packed_quantized_head_gives_the_fake_quant_logits(tied_dir, tmp_path, base):
+    recipe = _recipe(tmp_path, base)
+    ids = _ids(len(shipped_tokenizer()))
+    loaded = load_model(str(tied_dir), device="cpu")
+    quantize_model(loaded.model, loaded.tokenizer, load_recipe(recipe), device="cpu")
+    with torch.no_grad():
+        want = loaded.model(ids).logits
+    out = tmp_path / "out"
+    summary = run_pack(str(tied_dir), recipe, str(out), **FAST)
+    manifest = read_manifest(out)
+    assert manifest["linears"]["lm_head"]["activation"] is None
+    assert manifest["format_version"] == (3 if manifest["activation"] is not None else 1)
+    assert "model.embed_tokens.weight" in manifest["tensors"] and not manifest["aliases"]
+    assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is False
+    model = load_packed(out, device="cpu", verify=True, load_tokenizer=False).model
+    assert isinstance(model.lm_head, QuantLinear) and model.lm_head.act is None
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, want)
+    fp = load_model(str(tied_dir), device="cpu").model
+    assert estimate_bytes(fp, load_recipe(recipe), None, torch.float32) <= summary["bytes_on_disk"]
+    assert "w4a16 W4A16" in " ".join(summary["layout_schemes"]) or "reference W4A16" in " ".join(
+        summary["layout_schemes"])  # the head's scheme names no activation bits
+
+
+def test_engine_exports_and_streaming_refuse_a_quantized_head(tied_dir, tmp_path):
+    recipe = _recipe(tmp_path, "rtn-w4a16-g128")
+    with pytest.raises(QuantkitError, match="quantizes the output projection"):
+        run_pack(str(tied_dir), recipe, str(tmp_path / "gptq"), export="gptq", **FAST)
+    with pytest.raises(QuantkitError, match="lm_head: true\\): drop --stream/--resume, or lm_head"):
+        run_pack(str(tied_dir), recipe, str(tmp_path / "stream"), stream=True, **FAST)
+    assert not (tmp_path / "gptq").exists() and not (tmp_path / "stream").exists()

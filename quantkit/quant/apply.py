@@ -156,10 +156,13 @@ def calibration_options(recipe: Recipe, max_positions: int | None, dataset: str 
 LM_HEAD_BITS, LM_HEAD_GROUP = 4, 128  # recipe lm_head: true — the output projection's grid
 
 
-def quantize_lm_head(model: nn.Module) -> tuple[str, WeightRecord]:
-    """Quantize the output projection in place (fake-quant) to 4-bit asymmetric codes in groups of 128 by
-    round-to-nearest — recipe ``lm_head: true``, GPTQModel's ``lm_head=True`` — after untying it from the input
-    embeddings, which stay as they are; returns (its name, its record). Its activations stay unquantized."""
+def quantize_lm_head(model: nn.Module, recipe: Recipe, hidden: torch.Tensor | None = None,
+                     device: str | None = None) -> tuple[str, WeightRecord]:
+    """Quantize the output projection in place (fake-quant) to 4-bit asymmetric codes in groups of 128 — recipe
+    ``lm_head: true``, GPTQModel's ``lm_head=True`` — after untying it from the input embeddings, which stay as they
+    are; returns (its name, its record). A GPTQ recipe given the last decoder layer's outputs ``hidden`` [n, T, H]
+    (of the already quantized layers) solves it by GPTQ (Algorithm 1) on the final norm's outputs, with the recipe's
+    act-order, dampening and block size; otherwise round-to-nearest. Its activations stay unquantized."""
     from quantkit.quant.rtn import rtn_quantize
 
     head = output_linear(model)
@@ -168,9 +171,40 @@ def quantize_lm_head(model: nn.Module) -> tuple[str, WeightRecord]:
                             "drop lm_head for this model")
     name, lin = head
     untie_output_embeddings(model)
-    record = rtn_quantize(lin.weight.data.float(), LM_HEAD_BITS, LM_HEAD_GROUP, False)
+    if hidden is not None and recipe.weight.method == "gptq":
+        record = _gptq_head(model, lin, hidden, recipe, device or str(hidden.device))
+    else:
+        record = rtn_quantize(lin.weight.data.float(), LM_HEAD_BITS, LM_HEAD_GROUP, False)
     write_weight(lin, dequantize_record(record))
     return name, record
+
+
+def _gptq_head(model: nn.Module, head: nn.Linear, hidden: torch.Tensor, recipe: Recipe, device: str) -> WeightRecord:
+    """GPTQ of the output projection on H = 2/n Σ x xᵀ of x = final_norm(hidden), every data-parallel process's
+    windows together."""
+    from quantkit.quant.gptq import GPTQ
+    from quantkit.quant.hessian import HessianAccumulator
+
+    norm = getattr(getattr(model, "model", None), "norm", None)
+    if not isinstance(norm, nn.Module):
+        raise QuantkitError("recipe field 'lm_head: true' with GPTQ needs the final norm at model.model.norm; drop "
+                            "lm_head for this model")
+    homes = [(m, next(m.parameters()).device) for m in (norm, head)]
+    acc = HessianAccumulator(head.in_features, device)
+    w = recipe.weight
+    try:
+        for m, _ in homes:
+            m.to(device)
+        with torch.no_grad():
+            for window in hidden.split(1):
+                acc.add(norm(window.to(device)))
+        acc.reduce_across_processes()
+        record = GPTQ(head, "lm_head", acc).quantize(LM_HEAD_BITS, LM_HEAD_GROUP, False, w.block_size, w.damp,
+                                                     w.act_order, w.static_groups)
+    finally:
+        for m, home in homes:
+            m.to(home)
+    return record_to(record, "cpu")
 
 
 def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, device: str | None = None,
@@ -182,8 +216,8 @@ def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, devic
     Returns the integer records (what ``quantkit pack`` writes) and attaches A8 input hooks when the recipe
     quantizes activations; its residual rotation and SmoothQuant folds change the model's other weights too, and
     its online rotation gives o_proj / down_proj a rotating input hook (``online_rotation`` in the result). With
-    ``lm_head: true`` the output projection is quantized too (:func:`quantize_lm_head`, weight-only) and counts in
-    the average bits.
+    ``lm_head: true`` the output projection is quantized too (:func:`quantize_lm_head`, weight-only; by GPTQ on the
+    calibration windows in GPTQ recipes) and counts in the average bits.
     ``device`` is where layer-by-layer calibration runs (default: the model's device). ``calib_ids`` [n, T]
     replaces the recipe's calibration windows (benchmarks, tests); ``text_column`` names the text column of a
     record-file ``dataset``.
@@ -211,7 +245,7 @@ def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, devic
     method = recipe.weight.method
     needs_data = recipe.uses_calibration
     records: dict[str, WeightRecord] = {}
-    calib = None
+    calib = hidden = None
     if not needs_data:
         ctx = progress_factory("quantize", len(targets)) if progress_factory else None
         update = ctx.__enter__() if ctx else None
@@ -236,10 +270,12 @@ def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, devic
                                             text_column)
         from quantkit import distributed
 
-        records, coverage = _quantize_layerwise(model, recipe, plan, targets, distributed.shard(ids), device, method,
-                                                progress_factory)
+        records, coverage, hidden = _quantize_layerwise(model, recipe, plan, targets, distributed.shard(ids), device,
+                                                        method, progress_factory)
         if coverage:
             calib.update(expert_calibration(coverage, method))
+        if not recipe.lm_head:
+            hidden = None  # the last layer's outputs serve the head's GPTQ only
     handles = []
     if recipe.activation.enabled:
         from quantkit.quant.act import attach_act_quant
@@ -248,7 +284,7 @@ def quantize_model(model: nn.Module, tokenizer, recipe: Recipe, plan=None, devic
                                    recipe.activation.sym, recipe.activation.fp8)
     weight_only = []
     if recipe.lm_head:
-        name, records[name] = quantize_lm_head(model)
+        name, records[name] = quantize_lm_head(model, recipe, hidden, device)
         weight_only.append(name)
     total = sum(record_bits(r)[0] for r in records.values())
     elems = sum(record_bits(r)[1] for r in records.values())
@@ -346,12 +382,12 @@ def _quantize_layerwise(model, recipe, plan, targets, ids, device, method, progr
     ctx = progress_factory(f"{method} layers", None) if progress_factory else None
     update = ctx.__enter__() if ctx else None
     try:
-        run_layerwise(model, ids, device, on_layer=step, progress=update,
-                      batch_size=calibration_batch_size(ids.shape[1]))
+        hidden = run_layerwise(model, ids, device, on_layer=step, progress=update,
+                               batch_size=calibration_batch_size(ids.shape[1]))
     finally:
         if ctx:
             ctx.__exit__(None, None, None)
-    return step.records, step.coverage
+    return step.records, step.coverage, hidden
 
 
 def _count_expert_tokens(layer: nn.Module, prefix: str, batches,

@@ -35,8 +35,9 @@ Schema (every field optional except ``weight.method``; unknown fields are errors
       fp8: false              # e4m3 instead of int8 (bits 8)
       group_size: 32          # KV4: key tokens per block, value channels per group (KIVI)
       residual: 128           # KV4: latest tokens kept in fp16 (a whole number of groups)
-    lm_head: false            # true: the output projection too, 4-bit g128 asymmetric by round-to-nearest and
-                              #   weight-only (GPTQModel's lm_head=True; tied embeddings are untied first)
+    lm_head: false            # true: the output projection too, 4-bit g128 asymmetric, weight-only, by GPTQ in
+                              #   GPTQ recipes, else round-to-nearest (GPTQModel's lm_head=True; tied embeddings
+                              #   are untied first)
     overrides:                # per-layer, by fnmatch pattern on the linear's name; later entries win
       - {pattern: "*.down_proj", bits: 8}
       - {pattern: "model.layers.0.*", skip: true}

@@ -1,6 +1,6 @@
-"""Recipe ``lm_head: true``: the output projection quantized too (4-bit g128 asymmetric, round to nearest,
-weight-only), untied from the input embeddings; packed, it loads as a QuantLinear on unquantized inputs and gives the
-fake-quant model's logits exactly."""
+"""Recipe ``lm_head: true``: the output projection quantized too (4-bit g128 asymmetric, weight-only; GPTQ in GPTQ
+recipes, else round to nearest), untied from the input embeddings; packed, it loads as a QuantLinear on unquantized
+inputs and gives the fake-quant model's logits exactly."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ from tests.conftest import build_tiny_model, shipped_tokenizer
 FAST = dict(device="cpu", progress=False)
 RECIPES = {  # the shipped recipe of the same name with lm_head: true
     "rtn-w4a16-g128": "weight: {method: rtn, bits: 4, group_size: 128, sym: false}\n",
+    "gptq-w4a16-g128": "weight: {method: gptq, bits: 4, group_size: 128, sym: false, act_order: true}\n"
+                       "calibration: {samples: 4, seqlen: 32}\n",
     "lqq-w4a8-rtn": "weight: {method: lqq, bits: 4, group_size: 128, sym: false}\n"
                     "activation: {bits: 8, group_size: -1, sym: true}\n",
 }
@@ -63,7 +65,7 @@ def test_the_head_is_quantized_by_rtn_and_the_embeddings_are_untouched(tied_dir,
     assert result.avg_bits == 4.0
 
 
-@pytest.mark.parametrize("base", ["rtn-w4a16-g128", "lqq-w4a8-rtn"])
+@pytest.mark.parametrize("base", ["rtn-w4a16-g128", "lqq-w4a8-rtn", "gptq-w4a16-g128"])
 def test_a_packed_quantized_head_gives_the_fake_quant_logits(tied_dir, tmp_path, base):
     recipe = _recipe(tmp_path, base)
     ids = _ids(len(shipped_tokenizer()))
@@ -86,6 +88,28 @@ def test_a_packed_quantized_head_gives_the_fake_quant_logits(tied_dir, tmp_path,
     assert estimate_bytes(fp, load_recipe(recipe), None, torch.float32) <= summary["bytes_on_disk"]
     assert "w4a16 W4A16" in " ".join(summary["layout_schemes"]) or "reference W4A16" in " ".join(
         summary["layout_schemes"])  # the head's scheme names no activation bits
+
+
+def test_gptq_recipes_solve_the_head_on_the_final_norms_outputs(tied_dir, tmp_path):
+    """GPTQ's head: the Hessian of final_norm(last layer's outputs) over the calibration windows; its output error
+    on those inputs is below round-to-nearest's (GPTQ's objective), and the codes differ from RTN's."""
+    from quantkit.model.layerwise import run_layerwise
+    from quantkit.quant.apply import calibration_inputs, quantize_lm_head
+    from quantkit.quant.partition import dequantize_record
+
+    recipe = load_recipe(_recipe(tmp_path, "gptq-w4a16-g128"))
+    loaded = load_model(str(tied_dir), device="cpu")
+    model = loaded.model
+    ids, _ = calibration_inputs(loaded.tokenizer, recipe, 256)
+    with torch.no_grad():
+        hidden = run_layerwise(model, ids, "cpu")
+        x = model.model.norm(hidden).reshape(-1, hidden.shape[-1])
+    w = model.lm_head.weight.detach().clone().float()
+    _, gptq = quantize_lm_head(model, recipe, hidden, "cpu")
+    rtn = rtn_quantize(w, LM_HEAD_BITS, LM_HEAD_GROUP, False)
+    err = {name: float((x @ (dequantize_record(r) - w).t()).square().sum()) for name, r in (("gptq", gptq),
+                                                                                             ("rtn", rtn))}
+    assert err["gptq"] < err["rtn"] and not torch.equal(gptq.codes, rtn.codes)
 
 
 def test_engine_exports_and_streaming_refuse_a_quantized_head(tied_dir, tmp_path):

@@ -46,11 +46,12 @@ def _memory_plan(model_ref: str, rec, plan, load_dtype: torch.dtype, compute: st
 
     calib = rec.calibration
     bits = plan.achieved_bits if plan is not None else rec.weight.bits
+    head = None if not rec.lm_head else ("gptq" if rec.weight.method == "gptq" else "rtn")
     memory = pack_plan(model_shape(model_ref), load_dtype, compute, rec.uses_calibration,
-                       samples or calib.samples, seqlen or calib.seqlen, bits)
+                       samples or calib.samples, seqlen or calib.seqlen, bits, head)
     half = ("load it in half precision (--dtype bf16)" if load_dtype == torch.float32 else
             "use a machine with more memory")
-    if not (rec.activation.rotate or rec.activation.online_rotate):
+    if not (rec.activation.rotate or rec.activation.online_rotate or rec.lm_head):  # what --stream cannot do
         half = f"{half}, or pack one decoder layer at a time (--stream)"
     check_plan(memory, compute, {"cpu": f"the weights stay in CPU memory while packing: {half}",
                                  "gpu": "use fewer or shorter calibration windows (--calib-samples, --calib-seqlen) "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 
+from quantkit.checkpoint.manifest import linear_activation
 from quantkit.errors import QuantkitError
 
 # single-partition linears: (layout, activations quantized to 8 bits?) → the method timing that kernel
@@ -41,7 +42,8 @@ def runtime_linears(manifest: dict, fuse: bool | None = None) -> dict[str, dict]
     names = linear_names(manifest)
     if fuse is None:
         fuse = os.environ.get(ENV_SWITCH) != "0"
-    specs = {n: spec_of_entry(linears[n], manifest.get("tensors"), manifest.get("activation")) for n in names}
+    specs = {n: spec_of_entry(linears[n], manifest.get("tensors"), linear_activation(linears[n], manifest))
+             for n in names}
     groups = sibling_groups(names, specs.__getitem__) if fuse else []
     first = {members[0]: (parent, members) for parent, members in groups}
     fused = {n for _, members in groups for n in members}
@@ -109,7 +111,7 @@ def checkpoint_methods(manifest: dict, where: str = "the checkpoint") -> list[st
     from quantkit.bench.problems import METHODS
 
     act = manifest.get("activation")
-    found = {linear_method(entry, act) for entry in runtime_linears(manifest).values()}
+    found = {linear_method(entry, linear_activation(entry, manifest)) for entry in runtime_linears(manifest).values()}
     methods = [m for m in METHODS if m in found and m != "fp16"]
     if not methods:
         if any((p.get("meta") or {}).get("fp8") for e in manifest["linears"].values() for p in e["partitions"]):

@@ -16,13 +16,19 @@ from quantkit.errors import QuantkitError
 FORMAT = "quantkit.checkpoint"
 FORMAT_VERSION = 3  # the newest version written; each is written only where a checkpoint needs it, else 1
 ROTATION_VERSION = 2  # a linear may carry an online input rotation
-LINEAR_ACTIVATION_VERSION = 3  # a linear may carry its own activation entry (a weight-only lm_head in an A8 model)
+LINEAR_ACTIVATION_VERSION = 3  # a linear may carry its own activation entry (a quantized, weight-only lm_head)
 DENSE = "dense"  # layout name of tensors stored as they are (embeddings, norms, biases, skipped linears)
 
 _REQUIRED = {"format": str, "format_version": int, "quantkit_version": str, "recipe": dict, "source": dict,
              "export": str, "target": str, "linears": dict, "tensors": dict, "aliases": dict}
 _TENSOR_KEYS = ("shard", "dtype", "shape", "sha256", "layout")
 _PART_KEYS = ("bits", "layout", "meta", "tensors", "rows")
+
+
+def linear_activation(entry: dict, manifest: dict) -> dict | None:
+    """The activation entry a linear runs with: its own where it has one (``"activation": null``: a weight-only
+    linear such as a quantized lm_head), else the manifest's (None: weights only)."""
+    return entry["activation"] if "activation" in entry else manifest.get("activation")
 
 
 def is_checkpoint(path: str | Path) -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from quantkit.checkpoint.manifest import read_manifest, shard_contents
+from quantkit.checkpoint.manifest import linear_activation, read_manifest, shard_contents
 from quantkit.checkpoint.shards import check_shard, read_shard, tensor_sha256
 from quantkit.errors import QuantkitError
 
@@ -81,11 +81,10 @@ def read_tensors(folder: Path, manifest: dict, verify: bool = False) -> dict[str
     return out
 
 
-def _act_spec(holder: dict):
-    """The ActQuant of a manifest's ``activation`` entry, or of a linear entry's own (None: weights only)."""
+def _act_spec(a: dict | None):
+    """The ActQuant of an activation entry (:func:`.manifest.linear_activation`; None: weights only)."""
     from quantkit.runtime.dispatch import ActQuant
 
-    a = holder.get("activation")
     return None if not a else ActQuant(int(a["bits"]), int(a["group_size"]), bool(a.get("sym", True)),
                                        bool(a.get("fp8", False)))
 
@@ -141,7 +140,6 @@ def build_model(folder: Path, manifest: dict, tensors: dict[str, torch.Tensor], 
     from quantkit.model.walk import set_module
 
     model = _empty_model(folder, dtype)
-    act = _act_spec(manifest)
     owned: set[str] = set()
     for name, entry in manifest["linears"].items():
         try:
@@ -149,8 +147,8 @@ def build_model(folder: Path, manifest: dict, tensors: dict[str, torch.Tensor], 
         except AttributeError:
             raise QuantkitError(f"checkpoint '{folder}' quantizes '{name}', which its config.json model does not "
                                 "have; the manifest and config.json do not belong together") from None
-        set_module(model, name, build_quant_linear(entry, tensors, _act_spec(entry) if "activation" in entry else act,
-                                                   dtype, cache_dense))
+        act = _act_spec(linear_activation(entry, manifest))
+        set_module(model, name, build_quant_linear(entry, tensors, act, dtype, cache_dense))
         owned.update(k for k, v in manifest["tensors"].items() if v.get("linear") == name)
         if entry.get("bias"):
             owned.add(entry["bias"])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from quantkit.checkpoint.manifest import read_manifest
+from quantkit.checkpoint.manifest import linear_activation, read_manifest
 
 
 def summarize(folder: str | Path, manifest: dict | None = None) -> dict:
@@ -21,9 +21,8 @@ def summarize(folder: str | Path, manifest: dict | None = None) -> dict:
     elems: Counter = Counter()
     layouts: Counter = Counter()
     schemes: Counter = Counter()
-    act_bits = (manifest.get("activation") or {}).get("bits")
     for lin in manifest["linears"].values():
-        lin_act_bits = (lin["activation"] or {}).get("bits") if "activation" in lin else act_bits  # lm_head: none
+        lin_act_bits = (linear_activation(lin, manifest) or {}).get("bits")
         for p in lin["partitions"]:
             elems[int(p["bits"])] += int(p["n_rows"]) * int(lin["in_features"])
             layouts[p["layout"]] += 1

@@ -163,8 +163,7 @@ def build_checkpoint(model: nn.Module, records: dict[str, WeightRecord], layouts
     version = 1
     for name in info.pop("weight_only", None) or ():  # the manifest's activation entry does not apply to it
         linears[name]["activation"] = None
-        if info.get("activation") is not None:  # a reader of an older version would quantize its inputs
-            version = LINEAR_ACTIVATION_VERSION
+        version = LINEAR_ACTIVATION_VERSION  # older readers would quantize its inputs or not know the recipe field
     if online:  # the linear's kernels read W·Q, so its input must rotate first: readers before version 2 cannot
         version = max(version, ROTATION_VERSION)
         for name in online["linears"]:

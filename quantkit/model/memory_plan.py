@@ -39,6 +39,7 @@ class ModelShape:
     vocab: int = 0
     layers: int = 0
     linear_rows: int = 0  # output features summed over the quantizable linears
+    tied_head: bool = False  # the LM head reads the input embedding's matrix
 
 
 def meta_model(model_ref: str, dtype: torch.dtype | None = None):
@@ -73,8 +74,10 @@ def model_shape(model_ref: str) -> ModelShape:
     blocks = find_decoder_layers(model)[1]
     layer = max(sum(p.numel() for p in block.parameters()) for block in blocks)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = embed is not None and head is not None and head.weight is embed.weight
     return ModelShape(params, linears, layer, int(text.hidden_size), getattr(text, "max_position_embeddings", None),
-                      int(getattr(text, "vocab_size", 0) or 0), len(blocks), rows)
+                      int(getattr(text, "vocab_size", 0) or 0), len(blocks), rows, tied)
 
 
 @dataclass(frozen=True)
@@ -104,8 +107,11 @@ def _size(dtype: torch.dtype) -> int:
 
 
 def pack_plan(shape: ModelShape, load_dtype: torch.dtype, compute: str, calibrated: bool, samples: int,
-              seqlen: int, code_bits: float) -> MemoryPlan:
-    """The lower bounds of ``quantkit pack`` (module docstring); ``code_bits`` the recipe's average weight bits."""
+              seqlen: int, code_bits: float, lm_head: str | None = None) -> MemoryPlan:
+    """The lower bounds of ``quantkit pack`` (module docstring); ``code_bits`` the recipe's average weight bits.
+    ``lm_head`` "rtn" or "gptq": the recipe quantizes the LM head too (recipe ``lm_head: true``): a tied head's own
+    copy in CPU memory, its 4-bit codes on disk, and for GPTQ its float32 weight and solution with the last layer's
+    outputs on the compute device."""
     b = _size(load_dtype)
     seqlen = min(seqlen, shape.positions or seqlen)  # calibration windows are cut to the model's positions
     cpu = shape.parameters * b + shape.linear_parameters
@@ -115,7 +121,18 @@ def pack_plan(shape: ModelShape, load_dtype: torch.dtype, compute: str, calibrat
         gpu = shape.layer_parameters * b + hidden
     elif calibrated:
         cpu += hidden
-    return MemoryPlan("pack", cpu, gpu, int(shape.linear_parameters * code_bits / 8))
+    head = shape.vocab * shape.hidden
+    disk = int(shape.linear_parameters * code_bits / 8)
+    if lm_head is not None:
+        disk += head // 2
+        cpu += head * b if shape.tied_head else 0
+        if lm_head == "gptq" and calibrated:
+            step = 8 * head + hidden // 2
+            if compute != "cpu":
+                gpu = max(gpu, step)
+            else:
+                cpu += 8 * head
+    return MemoryPlan("pack", cpu, gpu, disk)
 
 
 def stream_plan(shape: ModelShape, load_dtype: torch.dtype, code_bits: float, compute: str = "cpu",

@@ -86,18 +86,19 @@ def output_linear(model: nn.Module) -> tuple[str, nn.Linear] | None:
 
 def untie_output_embeddings(model: nn.Module) -> bool:
     """Give the output projection its own copy of a weight it shares with the input embeddings, and mark the config
-    untied (transformers ties them again at load otherwise); True where they were tied. Quantizing or rotating the
-    head then leaves the embeddings as they are, and the checkpoint holds both matrices."""
+    untied whether they shared one or not (transformers would tie them at load otherwise); True where they were
+    tied. Quantizing or rotating the head then leaves the embeddings as they are, and the checkpoint holds both
+    matrices."""
     embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if embed is None or head is None or head.weight is not embed.weight:
-        return False
-    head.weight = nn.Parameter(embed.weight.detach().clone())
+    shared = embed is not None and head is not None and head.weight is embed.weight
+    if shared:
+        head.weight = nn.Parameter(embed.weight.detach().clone())
     model.config.tie_word_embeddings = False
     text_config = getattr(model.config, "get_text_config", None)
     if text_config is not None:
         text_config().tie_word_embeddings = False
-    return True
+    return shared
 
 
 def get_module(model: nn.Module, name: str) -> nn.Module:

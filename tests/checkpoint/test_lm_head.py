@@ -77,7 +77,7 @@ def test_a_packed_quantized_head_gives_the_fake_quant_logits(tied_dir, tmp_path,
     summary = run_pack(str(tied_dir), recipe, str(out), **FAST)
     manifest = read_manifest(out)
     assert manifest["linears"]["lm_head"]["activation"] is None
-    assert manifest["format_version"] == (3 if manifest["activation"] is not None else 1)
+    assert manifest["format_version"] == 3
     assert "model.embed_tokens.weight" in manifest["tensors"] and not manifest["aliases"]
     assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is False
     model = load_packed(out, device="cpu", verify=True, load_tokenizer=False).model
@@ -119,3 +119,28 @@ def test_engine_exports_and_streaming_refuse_a_quantized_head(tied_dir, tmp_path
     with pytest.raises(QuantkitError, match="lm_head: true\\): drop --stream/--resume, or lm_head"):
         run_pack(str(tied_dir), recipe, str(tmp_path / "stream"), stream=True, **FAST)
     assert not (tmp_path / "gptq").exists() and not (tmp_path / "stream").exists()
+
+
+def test_bench_maps_the_head_to_the_weight_only_kernel(tied_dir, tmp_path):
+    """``quantkit bench PACKED`` times what each linear runs: the head of an A8 checkpoint is W4A16."""
+    from quantkit.bench.packed_targets import checkpoint_methods
+
+    out = tmp_path / "sm90"
+    run_pack(str(tied_dir), _recipe(tmp_path, "lqq-w4a8-rtn"), str(out), target="sm90", **FAST)
+    manifest = read_manifest(out)
+    assert {p["layout"] for p in manifest["linears"]["lm_head"]["partitions"]} == {"w4a16"}
+    assert checkpoint_methods(manifest) == ["fp16", "w4a16", "w4a8-lqq+aq"]
+
+
+def test_the_memory_plan_counts_the_head_and_untying_always_marks_the_config():
+    from quantkit.model.memory_plan import ModelShape, pack_plan
+    from quantkit.model.walk import untie_output_embeddings
+
+    shape = ModelShape(10**6, 8 * 10**5, 10**5, 64, 256, 1000, 2, 2000, tied_head=True)
+    base = pack_plan(shape, torch.float16, "cuda", True, 4, 32, 4.0)
+    gptq = pack_plan(shape, torch.float16, "cuda", True, 4, 32, 4.0, "gptq")
+    assert gptq.gpu_bytes >= 8 * 1000 * 64 > base.gpu_bytes and gptq.cpu_bytes == base.cpu_bytes + 2 * 1000 * 64
+    assert gptq.disk_bytes == base.disk_bytes + 1000 * 64 // 2
+    model = build_tiny_model("llama", seed=1)  # separate weights, a config that claims them tied
+    model.config.tie_word_embeddings = True
+    assert not untie_output_embeddings(model) and model.config.tie_word_embeddings is False

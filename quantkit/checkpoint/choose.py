@@ -52,9 +52,10 @@ def _refuse(export: str, recipe: Recipe, why: str) -> QuantkitError:
 
 def check_recipe_export(recipe: Recipe, export: str, plan_is_mixed: bool) -> None:
     """Refuse, from the recipe and plan alone, what a GPTQ/AWQ checkpoint cannot represent: activation
-    quantization (W4A8/W8A8), an online input rotation, LiquidQuant two-level weights, a mixed-precision plan, per-layer
-    overrides (config.json holds one bits/group_size/sym), a quantized lm_head, bit-widths the format lacks, AWQ with GPTQ act-order whose
-    groups follow the sweep order (a g_idx; static groups keep consecutive groups and need none)."""
+    quantization (W4A8/W8A8), an online input rotation, LiquidQuant two-level weights, a mixed-precision plan,
+    per-layer overrides (config.json holds one bits/group_size/sym), a quantized lm_head, bit-widths the format
+    lacks, AWQ with GPTQ act-order whose groups follow the sweep order (a g_idx; static groups keep consecutive
+    groups and need none)."""
     if export == "quantkit":
         return
     w = recipe.weight

@@ -26,10 +26,11 @@ same K split (the two launch rules may split differently: then the fp32 sums dif
 Per-channel weights with per-token activations (the per-channel W8A8 recipes and a mixed LiquidQuant layer's int8
 operand) have no block scale at all: there the wgmmas chain into one int32 accumulator over the split's K range,
 one product group stays in flight while the next block loads, and the sum is converted and scaled once
-(:func:`.triton.int8_gemm.per_channel_sum`; LiquidGEMM Sec. 4's epilogue), as the Triton kernel does for these weights: the same bits
-again at the same K split. Requires K
-and the row strides to be multiples of 16 bytes (TMA) and groups that are multiples of 128 columns (or per-token
-activations): :func:`w8a8_wgmma_problem`. Reference: :func:`.reference.int8_reference`.
+(:func:`.triton.int8_gemm.per_channel_sum`; LiquidGEMM Sec. 4's epilogue), as the Triton kernel does for these
+weights: the same bits again at the same K split.
+
+Requires K and the row strides to be multiples of 16 bytes (TMA) and groups that are multiples of 128 columns (or
+per-token activations): :func:`w8a8_wgmma_problem`. Reference: :func:`.reference.int8_reference`.
 """
 
 from __future__ import annotations

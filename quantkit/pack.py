@@ -170,7 +170,7 @@ def estimate_bytes(model: torch.nn.Module, recipe, plan, source_dtype: torch.dty
     bit-widths (the plan's per channel, else the recipe's), every other tensor in the source dtype (shared ones
     once); scales, zero points and headers come on top."""
     from quantkit.model.walk import iter_linears, output_linear
-    from quantkit.quant.apply import LM_HEAD_BITS
+    from quantkit.quant.recipe import LM_HEAD_BITS
 
     codes: dict[str, int] = {}
     for name, lin in iter_linears(model):
@@ -331,6 +331,9 @@ def run_pack(model_ref: str, recipe: str, output: str, *, plan: str | None = Non
     _release_weights(loaded.model, result.weights)
     _warn_expert_coverage(result.calibration, warn_all)
     layouts = choose_layouts(result.weights, target, export, warn_all, fp8_token_activations(rec))
+    if rec.lm_head and export != "quantkit":
+        warn_all(f"--format {export} marks the quantized lm_head in quantization_config (lm_head: true), which vLLM "
+                 "and GPTQModel read; a loader that keeps lm_head in full precision finds no lm_head.weight")
     info = {**_manifest_info(model_ref, loaded.model, rec, plan, plan_raw, target, export, source_dtype, n_params),
             "calibration": result.calibration, "avg_bits": result.avg_bits, "online_rotation": result.online_rotation,
             "weight_only": result.weight_only}

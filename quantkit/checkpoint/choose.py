@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from quantkit.errors import QuantkitError
 from quantkit.quant.partition import WeightRecord
-from quantkit.quant.recipe import Recipe
+from quantkit.quant.recipe import LM_HEAD_BITS, LM_HEAD_GROUP, LM_HEAD_SYM, Recipe
 from quantkit.quant.records import QuantizedWeight
 
 TARGETS = ("reference", "sm80", "sm90")
@@ -53,8 +53,8 @@ def _refuse(export: str, recipe: Recipe, why: str) -> QuantkitError:
 def check_recipe_export(recipe: Recipe, export: str, plan_is_mixed: bool) -> None:
     """Refuse, from the recipe and plan alone, what a GPTQ/AWQ checkpoint cannot represent: activation
     quantization (W4A8/W8A8), an online input rotation, LiquidQuant two-level weights, a mixed-precision plan,
-    per-layer overrides (config.json holds one bits/group_size/sym), a quantized lm_head, bit-widths the format
-    lacks, AWQ with GPTQ act-order whose groups follow the sweep order (a g_idx; static groups keep consecutive
+    per-layer overrides (config.json holds one bits/group_size/sym), a quantized lm_head on another grid than the
+    layers', bit-widths the format lacks, AWQ with GPTQ act-order whose groups follow the sweep order (a g_idx; static groups keep consecutive
     groups and need none)."""
     if export == "quantkit":
         return
@@ -72,8 +72,10 @@ def check_recipe_export(recipe: Recipe, export: str, plan_is_mixed: bool) -> Non
         raise _refuse(export, recipe, "the plan mixes bit-widths across output channels")
     if recipe.overrides:
         raise _refuse(export, recipe, f"it has {len(recipe.overrides)} per-layer override(s)")
-    if recipe.lm_head:
-        raise _refuse(export, recipe, "it quantizes the output projection (lm_head: true)")
+    if recipe.lm_head and (w.bits, w.group_size, w.sym) != (LM_HEAD_BITS, LM_HEAD_GROUP, LM_HEAD_SYM):
+        grid = f"{w.bits}-bit g{w.group_size} {'symmetric' if w.sym else 'asymmetric'}"
+        raise _refuse(export, recipe, f"its quantized lm_head is {LM_HEAD_BITS}-bit g{LM_HEAD_GROUP} asymmetric, the "
+                                      f"other layers {grid}, and config.json holds one grid")
     if export in ("gptq", "gptq_v2") and w.bits not in GPTQ_BITS:
         raise _refuse(export, recipe, f"{w.bits}-bit weights")
     if export == "awq":

@@ -135,14 +135,17 @@ def tensor_entries(tensors: dict[str, torch.Tensor], linears: dict[str, dict]) -
     return entries
 
 
-def quantization_config(export: str, linears: dict[str, dict], info: dict, version: int = 1) -> dict:
-    """config.json ``quantization_config``: the GPTQ/AWQ layout's own (what transformers/vLLM read) or quantkit's."""
+def quantization_config(export: str, linears: dict[str, dict], info: dict, version: int = 1,
+                        lm_head: bool = False) -> dict:
+    """config.json ``quantization_config``: the GPTQ/AWQ layout's own (what transformers/vLLM read; ``lm_head``: the
+    output projection is quantized too, the key vLLM and GPTQModel read) or quantkit's."""
     if export != "quantkit":
         from quantkit.formats.registry import get_layout
 
         layout = next(iter(linears.values()))["partitions"][0]["layout"]
-        return get_layout(layout).quantization_config([p["meta"] for lin in linears.values()
-                                                       for p in lin["partitions"]])
+        qc = get_layout(layout).quantization_config([p["meta"] for lin in linears.values()
+                                                     for p in lin["partitions"]])
+        return {**qc, "lm_head": True} if lm_head else qc
     return {"quant_method": "quantkit", "format_version": version, "recipe": info["recipe"]["name"],
             "target": info["target"], "bits": info["recipe"]["weight"]["bits"],
             "group_size": info["recipe"]["weight"]["group_size"], "activation": info["activation"],
@@ -161,7 +164,8 @@ def build_checkpoint(model: nn.Module, records: dict[str, WeightRecord], layouts
     info = dict(info)
     online = info.pop("online_rotation", None)
     version = 1
-    for name in info.pop("weight_only", None) or ():  # the manifest's activation entry does not apply to it
+    weight_only = info.pop("weight_only", None) or ()
+    for name in weight_only:  # the manifest's activation entry does not apply to it
         linears[name]["activation"] = None
         version = LINEAR_ACTIVATION_VERSION  # older readers would quantize its inputs or not know the recipe field
     if online:  # the linear's kernels read W·Q, so its input must rotate first: readers before version 2 cannot
@@ -173,7 +177,7 @@ def build_checkpoint(model: nn.Module, records: dict[str, WeightRecord], layouts
                 "tensors": entries, "aliases": aliases}
     config = copy.deepcopy(model.config)
     config.dtype = source_dtype
-    config.quantization_config = quantization_config(info["export"], linears, info, version)
+    config.quantization_config = quantization_config(info["export"], linears, info, version, bool(weight_only))
     return PackedModel(tensors, manifest, config)
 
 

@@ -23,7 +23,7 @@ from quantkit.model.walk import iter_linears, output_linear, untie_output_embedd
 from quantkit.quant.layerquant import write_weight
 from quantkit.quant.partition import (WeightRecord, dequantize_record, quantize_partitioned, record_bits,
                                       record_to)
-from quantkit.quant.recipe import Recipe
+from quantkit.quant.recipe import LM_HEAD_BITS, LM_HEAD_GROUP, LM_HEAD_SYM, Recipe
 
 ProgressFactory = Callable[[str, int | None], AbstractContextManager]
 
@@ -153,9 +153,6 @@ def calibration_options(recipe: Recipe, max_positions: int | None, dataset: str 
     return info
 
 
-LM_HEAD_BITS, LM_HEAD_GROUP = 4, 128  # recipe lm_head: true — the output projection's grid
-
-
 def quantize_lm_head(model: nn.Module, recipe: Recipe, hidden: torch.Tensor | None = None,
                      device: str | None = None) -> tuple[str, WeightRecord]:
     """Quantize the output projection in place (fake-quant) to 4-bit asymmetric codes in groups of 128 — recipe
@@ -174,7 +171,7 @@ def quantize_lm_head(model: nn.Module, recipe: Recipe, hidden: torch.Tensor | No
     if hidden is not None and recipe.weight.method == "gptq":
         record = _gptq_head(model, lin, hidden, recipe, device or str(hidden.device))
     else:
-        record = rtn_quantize(lin.weight.data.float(), LM_HEAD_BITS, LM_HEAD_GROUP, False)
+        record = rtn_quantize(lin.weight.data.float(), LM_HEAD_BITS, LM_HEAD_GROUP, LM_HEAD_SYM)
     write_weight(lin, dequantize_record(record))
     return name, record
 
@@ -199,8 +196,8 @@ def _gptq_head(model: nn.Module, head: nn.Linear, hidden: torch.Tensor, recipe: 
             for window in hidden.split(1):
                 acc.add(norm(window.to(device)))
         acc.reduce_across_processes()
-        record = GPTQ(head, "lm_head", acc).quantize(LM_HEAD_BITS, LM_HEAD_GROUP, False, w.block_size, w.damp,
-                                                     w.act_order, w.static_groups)
+        record = GPTQ(head, "lm_head", acc).quantize(LM_HEAD_BITS, LM_HEAD_GROUP, LM_HEAD_SYM, w.block_size,
+                                                     w.damp, w.act_order, w.static_groups)
     finally:
         for m, home in homes:
             m.to(home)

@@ -61,6 +61,7 @@ from quantkit.quant.kv import KVSpec
 from quantkit.resources import shipped_dir
 
 METHODS = ("rtn", "gptq", "awq", "lqq")
+LM_HEAD_BITS, LM_HEAD_GROUP, LM_HEAD_SYM = 4, 128, False  # the grid of a quantized output projection (lm_head: true)
 GRIDS = ("affine", "lqq", "fp8")  # one-level group-wise affine, LiquidQuant's two-level 4-bit grid, FP8 E4M3
 
 

@@ -13,9 +13,9 @@ from quantkit.checkpoint import load_packed, read_manifest
 from quantkit.errors import QuantkitError
 from quantkit.model import load_model
 from quantkit.pack import estimate_bytes, run_pack
-from quantkit.quant.apply import LM_HEAD_BITS, LM_HEAD_GROUP, quantize_model
+from quantkit.quant.apply import quantize_model
 from quantkit.quant.grid import dequantize
-from quantkit.quant.recipe import load_recipe
+from quantkit.quant.recipe import LM_HEAD_BITS, LM_HEAD_GROUP, load_recipe
 from quantkit.quant.rtn import rtn_quantize
 from quantkit.runtime import QuantLinear
 from tests.conftest import build_tiny_model, shipped_tokenizer
@@ -112,10 +112,32 @@ def test_gptq_recipes_solve_the_head_on_the_final_norms_outputs(tied_dir, tmp_pa
     assert err["gptq"] < err["rtn"] and not torch.equal(gptq.codes, rtn.codes)
 
 
-def test_engine_exports_and_streaming_refuse_a_quantized_head(tied_dir, tmp_path):
+@pytest.mark.parametrize("base,export", [("gptq-w4a16-g128", "gptq"), ("rtn-w4a16-g128", "awq")])
+def test_engine_exports_mark_the_quantized_head_for_vllm(tied_dir, tmp_path, base, export):
+    """GPTQ and AWQ checkpoints hold the head in their own layout and say so in quantization_config (``lm_head``,
+    the key vLLM and GPTQModel read); quantkit loads them to the fake-quant logits."""
+    recipe = _recipe(tmp_path, base)
+    ids = _ids(len(shipped_tokenizer()))
+    loaded = load_model(str(tied_dir), device="cpu")
+    quantize_model(loaded.model, loaded.tokenizer, load_recipe(recipe), device="cpu")
+    with torch.no_grad():
+        want = loaded.model(ids).logits
+    out, said = tmp_path / export, []
+    run_pack(str(tied_dir), recipe, str(out), export=export, warn=said.append, **FAST)
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert qc["lm_head"] is True and any("lm_head: true" in w for w in said)
+    assert {f"lm_head.{t}" for t in ("qweight", "qzeros", "scales")} <= set(read_manifest(out)["tensors"])
+    model = load_packed(out, device="cpu", load_tokenizer=False).model
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, want)
+
+
+def test_exports_on_another_grid_and_streaming_refuse_a_quantized_head(tied_dir, tmp_path):
+    sym = tmp_path / "sym-head.yaml"
+    sym.write_text("name: sym-head\nweight: {method: rtn, bits: 4, group_size: 128, sym: true}\nlm_head: true\n")
+    with pytest.raises(QuantkitError, match="quantized lm_head is 4-bit g128 asymmetric, the other layers 4-bit g128 symmetric"):
+        run_pack(str(tied_dir), str(sym), str(tmp_path / "gptq"), export="gptq", **FAST)
     recipe = _recipe(tmp_path, "rtn-w4a16-g128")
-    with pytest.raises(QuantkitError, match="quantizes the output projection"):
-        run_pack(str(tied_dir), recipe, str(tmp_path / "gptq"), export="gptq", **FAST)
     with pytest.raises(QuantkitError, match="lm_head: true\\): drop --stream/--resume, or lm_head"):
         run_pack(str(tied_dir), recipe, str(tmp_path / "stream"), stream=True, **FAST)
     assert not (tmp_path / "gptq").exists() and not (tmp_path / "stream").exists()

@@ -40,7 +40,6 @@ def assert_fp8_product(got, codes, scales, tensors, want):
     err = (got.double() - want.double()).abs()
     ulp = 2.0 ** -10 if want.dtype == torch.float16 else 2.0 ** -7  # both sides rounded: one ulp of the result
     ratio = float(((err - ulp * want.double().abs()).clamp_min(0) / mag.clamp_min(1e-30)).max())
-    print(f"fp8 product error / sum of magnitudes: {ratio:.3g}")
     assert ratio <= FP8_SUM_BOUND, f"error {ratio:.3g} of the sum of magnitudes"
 
 

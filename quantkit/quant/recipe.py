@@ -339,7 +339,8 @@ def parse_recipe(data: dict, source: str = "") -> Recipe:
             kv = _build(KVSpec, raw_kv, "kv")
         except ValueError as e:
             raise QuantkitError(f"recipe field 'kv': {e}") from None
-    lm_head = data.get("lm_head", False)
+    lm_head = data.get("lm_head")
+    lm_head = False if lm_head is None else lm_head  # 'lm_head:' alone is the default, as for the sections
     if not isinstance(lm_head, bool):
         raise QuantkitError(f"recipe field 'lm_head' is true (quantize the output projection, 4-bit g128) or false, "
                             f"got {lm_head!r}")

@@ -87,6 +87,7 @@ def test_unknown_recipe_and_bad_yaml(tmp_path):
 
 def test_lm_head_is_off_unless_asked_and_round_trips():
     assert not load_recipe("rtn-w4a16-g128").lm_head and "lm_head" not in load_recipe("rtn-w4a16-g128").to_dict()
+    assert not parse_recipe({"weight": {"method": "rtn"}, "lm_head": None}, "test.yaml").lm_head  # 'lm_head:' alone
     r = parse_recipe({"weight": {"method": "rtn"}, "lm_head": True}, "test.yaml")
     assert r.lm_head and parse_recipe(r.to_dict(), "test.yaml").lm_head
 

@@ -135,11 +135,15 @@ MixedFn = Callable[..., torch.Tensor]
 @dataclass(frozen=True)
 class MixedKernel:
     """A one-launch kernel for a layer's partitions (module docstring): the callable, the predicate
-    ``supports(layouts, act)`` saying which layers it can run, the device types it runs on."""
+    ``supports(layouts, act)`` saying which layers it can run, the device types it runs on, and optionally the
+    prepared form of :func:`register`'s ``bind`` (here ``bind(x, parts, out_features, act, shared)``) with its
+    ``selection``."""
 
     fn: MixedFn
     supports: Callable[[tuple[str, ...], ActQuant | None], bool]
     devices: tuple[str, ...]
+    bind: Callable | None = None
+    selection: Callable[[], object] | None = None
 
 
 _KERNELS: dict[tuple[str, str], Kernel] = {}
@@ -175,10 +179,12 @@ def unregister(layout: str, devices: tuple[str, ...] = ("cuda",)) -> None:
 
 
 def register_mixed(fn: MixedFn, supports: Callable[[tuple[str, ...], ActQuant | None], bool], *,
-                   devices: tuple[str, ...] = ("cuda",)) -> MixedKernel:
+                   devices: tuple[str, ...] = ("cuda",), bind: Callable | None = None,
+                   selection: Callable[[], object] | None = None) -> MixedKernel:
     """Make ``fn`` the one-launch kernel of mixed-precision layers on each device type in ``devices``, for the
-    layers whose (partition layouts, activation quantization) ``supports`` accepts (MixLLM Sec. 3.4)."""
-    kernel = MixedKernel(fn, supports, tuple(devices))
+    layers whose (partition layouts, activation quantization) ``supports`` accepts (MixLLM Sec. 3.4). ``bind`` and
+    ``selection`` as for :func:`register`, with ``bind(x, parts, out_features, act, shared)``."""
+    kernel = MixedKernel(fn, supports, tuple(devices), bind, selection)
     for dev in kernel.devices:
         _MIXED[dev] = kernel
     return kernel

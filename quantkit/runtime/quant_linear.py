@@ -18,7 +18,7 @@ Paths, first that applies (:mod:`quantkit.runtime.dispatch` on the input's devic
 
 * a mixed-precision linear whose partitions the registered one-launch mixed kernel supports → that kernel
   (MixLLM Sec. 3.4: one activation quantization, each partition's epilogue scattering into its output columns),
-  bias added once after;
+  through the launch it prepared for the token count like a single-partition layer's, bias added once after;
 * a kernel registered for some partition's layout → every partition runs as its own sub-GEMM (kernel, or torch
   for a partition without one) and its outputs are scattered to its rows; a single-partition layer keeps, per
   token count and dtype, the launch its kernel prepared (``bind`` of :func:`quantkit.runtime.dispatch.register`),
@@ -30,6 +30,7 @@ Paths, first that applies (:mod:`quantkit.runtime.dispatch` on the input's devic
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -38,7 +39,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from quantkit.quant.records import QuantizedWeight
-from quantkit.runtime.dispatch import ActQuant, Kernel, SharedActivation, kernel_for, mixed_kernel_for
+from quantkit.runtime.dispatch import ActQuant, Kernel, MixedKernel, SharedActivation, kernel_for, mixed_kernel_for
 from quantkit.runtime.norm_codes import adopt_norm_codes
 
 
@@ -185,10 +186,11 @@ class QuantLinear(nn.Module):
             self._launches.clear()
         self.__dict__.pop("_launch_ptrs", None)
 
-    def _bound_forward(self, kernel: Kernel, shared: SharedActivation) -> torch.Tensor | None:
-        """The single-partition product through the launch the kernel prepared for this token count and dtype
-        (``bind`` of :func:`quantkit.runtime.dispatch.register`), made on the first call and kept; None where the
-        kernel prepares none or this call does not fit it (the kernel's entry then runs it)."""
+    def _bound_forward(self, kernel: Kernel | MixedKernel, shared: SharedActivation,
+                       bind: Callable[[], Callable | None]) -> torch.Tensor | None:
+        """The product through the launch the kernel prepared for this token count and dtype (``bind`` of
+        :func:`quantkit.runtime.dispatch.register` / ``register_mixed``, called as ``bind()`` on the first call and
+        kept); None where the kernel prepares none or this call does not fit it (the kernel's entry then runs it)."""
         if torch.compiler.is_compiling():
             return None
         x = shared.x
@@ -200,7 +202,7 @@ class QuantLinear(nn.Module):
         # hooks (accelerate's offload) swap buffers in _buffers without going through setattr, and a prepared launch
         # holds the tensors it was made with: addresses that change under it drop the layer's launches for good
         # (keeping them would keep every old copy alive; rebinding each call would cost more than it saves)
-        ptrs = tuple(t.data_ptr() for t in self._buffers.values() if t is not None)
+        ptrs = tuple(t.data_ptr() for t in self.buffers())  # a mixed layer's partitions are in child modules
         last = self.__dict__.get("_launch_ptrs")
         if ptrs != last:
             self._launches.clear()
@@ -214,7 +216,7 @@ class QuantLinear(nn.Module):
         if run is _UNBOUND:
             if len(self._launches) >= MAX_LAUNCHES:  # many prompt lengths: keep the cache small
                 self._launches.clear()
-            run = self._launches[key] = kernel.bind(x, self._tensors(""), self._parts[0][2], self.act, shared)
+            run = self._launches[key] = bind()
         return None if run is None else run(x, shared)
 
     def _kernel_forward(self, kernel: Kernel, shared: SharedActivation, holder_name: str,
@@ -288,7 +290,10 @@ class QuantLinear(nn.Module):
         layouts = tuple(layout for _, layout, _, _ in self._parts)
         one_launch = mixed_kernel_for(layouts, self.act, x.device) if mixed else None
         if one_launch is not None:
-            y = one_launch.fn(shared.x, self._mixed_parts(), self.out_features, self.act, shared=shared)
+            y = None if one_launch.bind is None else self._bound_forward(one_launch, shared, lambda: one_launch.bind(
+                shared.x, self._mixed_parts(), self.out_features, self.act, shared))
+            if y is None:
+                y = one_launch.fn(shared.x, self._mixed_parts(), self.out_features, self.act, shared=shared)
             y = y.to(x.dtype)
             return (y if bias is None else y + bias).reshape(*lead, self.out_features)
         kernels = [kernel_for(layout, x.device) for layout in layouts]
@@ -299,7 +304,8 @@ class QuantLinear(nn.Module):
                                           bias)
             return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         if not mixed:
-            y = None if kernels[0].bind is None else self._bound_forward(kernels[0], shared)
+            y = None if kernels[0].bind is None else self._bound_forward(kernels[0], shared, lambda: kernels[0].bind(
+                shared.x, self._tensors(""), self._parts[0][2], self.act, shared))
             if y is None:
                 y = self._kernel_forward(kernels[0], shared, "", self._parts[0][2])
             y = y if bias is None else y + bias

@@ -103,7 +103,9 @@ def count_kernel_calls(monkeypatch, device: str) -> dict[str, int]:
                                 dataclasses.replace(kernel, fn=counted(layout, kernel.fn), bind=bind))
     mixed = dispatch.registered_mixed().get(device)
     if mixed is not None:
-        monkeypatch.setitem(dispatch._MIXED, device, dataclasses.replace(mixed, fn=counted("mixed", mixed.fn)))
+        bind = None if mixed.bind is None else counted_bind("mixed", mixed.bind)
+        monkeypatch.setitem(dispatch._MIXED, device, dataclasses.replace(mixed, fn=counted("mixed", mixed.fn),
+                                                                         bind=bind))
     return calls
 
 

@@ -113,6 +113,56 @@ def test_buffers_swapped_past_the_module_stop_its_prepared_launches(stand_in):
     assert sum(ref() is not None for ref in olds) == 0
 
 
+def _mixed_linear() -> QuantLinear:
+    """A W4.4A8 layer: 36 4-bit rows and 4 8-bit rows of a 40×256 weight, A8 activations."""
+    rows8 = torch.tensor([1, 9, 20, 33], dtype=torch.int32)
+    rows4 = torch.tensor([r for r in range(40) if r not in rows8.tolist()], dtype=torch.int32)
+    parts = []
+    for layout, rows, bits in (("w4a16", rows4, 4), ("w8", rows8, 8)):
+        _, tensors, meta = packed(layout, len(rows), 256, 128, seed=bits)
+        parts.append(PackedPart(layout, meta, tensors, rows.to(DEVICE), bits))
+    return QuantLinear(256, 40, parts, act=ActQuant(8, 128)).to(DEVICE)
+
+
+def test_a_mixed_layer_binds_its_one_launch_kernel_once_per_token_count(monkeypatch):
+    """The one-launch mixed kernel's prepared launch (register_mixed's ``bind``) is made once per token count and
+    dropped for good when a hook swaps a partition's buffers (they sit in child modules)."""
+    state = {"binds": 0, "bound_calls": 0, "entry_calls": 0}
+    ql = _mixed_linear()
+
+    def reference(x):
+        with monkeypatch.context() as m:
+            m.setattr(dispatch, "_MIXED", {})
+            m.setattr(dispatch, "_KERNELS", {})
+            return ql(x)
+
+    def entry(x, parts, out_features, act, shared=None):
+        state["entry_calls"] += 1
+        return reference(x)
+
+    def bind(x, parts, out_features, act, shared):
+        state["binds"] += 1
+        assert [p[0] for p in parts] == ["w4a16", "w8"] and out_features == 40
+
+        def run(x, shared):
+            state["bound_calls"] += 1
+            return reference(x)
+        return run
+
+    monkeypatch.delenv(dispatch.ENV_SWITCH, raising=False)
+    monkeypatch.setattr(dispatch, "_MIXED", dict(dispatch._MIXED))
+    dispatch.register_mixed(entry, lambda layouts, act: True, devices=(DEVICE,), bind=bind, selection=lambda: "a")
+    x1, x3 = torch.randn(1, 256).half().to(DEVICE), torch.randn(3, 256).half().to(DEVICE)
+    want = reference(x1)
+    for _ in range(3):
+        assert torch.equal(ql(x1), want)
+    ql(x3)
+    assert state == {"binds": 2, "bound_calls": 4, "entry_calls": 0}
+    ql.part8._buffers["qweight"] = ql.part8._buffers["qweight"].clone()  # an offload hook's swap
+    assert torch.equal(ql(x1), want)
+    assert state["binds"] == 2 and state["entry_calls"] == 1 and not ql._launches
+
+
 def test_a_call_the_prepared_launch_declines_runs_the_entry(stand_in):
     ql = _linear()
     stand_in["set_layer"](ql)

@@ -12,7 +12,7 @@ from quantkit.runtime.kernels import jit  # noqa: F401  (must precede every trit
 
 from quantkit.runtime import dispatch  # noqa: E402
 from quantkit.runtime.kernels.entry import (fp8_binder, fp8_kernel, layout_binder, layout_kernel,  # noqa: E402
-                                            mixed_kernel, mixed_supported, rms_norm_entry)
+                                            mixed_binder, mixed_kernel, mixed_supported, rms_norm_entry)
 from quantkit.runtime.kernels.registry import selection_state  # noqa: E402
 
 for _layout in ("w4a16", "w4a8-lqq", "w8"):
@@ -20,5 +20,5 @@ for _layout in ("w4a16", "w4a8-lqq", "w8"):
                       bind=layout_binder(_layout), selection=selection_state)
 dispatch.register("fp8", fp8_kernel, quantizes_activations=True, shared_activation=True, bind=fp8_binder,
                   selection=selection_state)
-dispatch.register_mixed(mixed_kernel, mixed_supported)
+dispatch.register_mixed(mixed_kernel, mixed_supported, bind=mixed_binder, selection=selection_state)
 dispatch.register_norm(rms_norm_entry)

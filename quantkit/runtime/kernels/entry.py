@@ -226,6 +226,19 @@ def mixed_kernel(x: torch.Tensor, parts: list, out_features: int, act: ActQuant 
                              out_features, out_dtype=_out_dtype(x))
 
 
+def mixed_binder(x: torch.Tensor, parts: list, out_features: int, act: ActQuant | None,
+                 shared: SharedActivation):
+    """The dispatch ``bind`` of the one-launch mixed kernel: the ``a8_mixed`` choice made once for this layer and
+    token count with its launch prepared (:func:`.gemm.bind_int8` over both partitions), as ``f(x, shared) -> y |
+    None``, or None where that kernel has no prepared form (then :func:`mixed_kernel` serves every call)."""
+    if torch.compiler.is_compiling() or not mixed_supported(tuple(p[0] for p in parts), act):
+        return None
+    codes, scales = a8_activation(shared)
+    run = bind_int8(codes, scales, act.group_size, [(lay, dict(t), meta, rows) for lay, t, meta, rows in parts],
+                    out_features, _out_dtype(x))
+    return None if run is None else (lambda x, shared: run(*a8_activation(shared)))
+
+
 def rms_norm_entry(x: torch.Tensor, weight: torch.Tensor, eps: float, act: ActQuant | None
              ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """The registered RMSNorm kernel (:mod:`quantkit.runtime.kernels.triton.rms_norm`): y of x [M, K], and the A8 codes and scales of y that

@@ -506,6 +506,13 @@ class TritonInt8Mixed(TritonTiles):
         return triton_int8.triton_mixed_int8_matmul(c.a_codes, c.a_scales, c.act_group, list(c.parts),
                                                     c.out_features, c.out_dtype, c.config or cfg, c.out, c.bn_b)
 
+    def bind(self, p, c, cfg):
+        if c.out is not None:
+            return super().bind(p, c, cfg)
+        return (triton_int8.BoundTritonInt8.create_mixed(c.a_codes, c.a_scales, c.act_group, list(c.parts),
+                                                         c.out_features, c.out_dtype, c.config or cfg, c.bn_b)
+                or super().bind(p, c, cfg))
+
 
 # --- a16 --------------------------------------------------------------------------------------------------------
 

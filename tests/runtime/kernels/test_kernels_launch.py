@@ -132,6 +132,34 @@ def test_bound_int8_launch_gives_the_unbound_bits_and_declines_what_it_cannot_ta
         assert bound(codes, scales) is None  # another stream: the split-K workspace is the prepared stream's
 
 
+@pytest.mark.skipif(not CUDA, reason="prepared launches exist for compiled kernels only")
+@pytest.mark.parametrize("layouts,act_group,config", [
+    (("w4a16", "w8"), 128, TileConfig(64, 16, 1)), (("w4a8-lqq", "w8"), -1, TileConfig(64, 16, 2))])
+def test_bound_mixed_launch_gives_the_unbound_bits(layouts, act_group, config):
+    from quantkit.quant.act import quantize_activation_int
+    from quantkit.runtime.kernels.triton import int8_gemm
+
+    perm = torch.randperm(200, generator=torch.Generator().manual_seed(0))
+    parts = []
+    for layout, rows in zip(layouts, (perm[20:].sort().values, perm[:20].sort().values)):
+        group = -1 if layout == "w8" and act_group == -1 else 128
+        _, tensors, meta = packed(layout, len(rows), 1024, group, seed=len(rows))
+        parts.append((layout, tensors, meta, rows.to(torch.int32).to(DEVICE)))
+
+    def acts(seed, m=16):
+        codes, scales = quantize_activation_int(torch.randn(m, 1024, generator=torch.Generator().manual_seed(seed)),
+                                                8, act_group)
+        return codes.to(DEVICE), scales.float().to(DEVICE)
+
+    bound = int8_gemm.BoundTritonInt8.create_mixed(*acts(0), act_group, parts, 200, torch.float16, config)
+    assert bound is not None
+    for seed in (1, 2):
+        codes, scales = acts(seed)
+        assert torch.equal(bound(codes, scales), int8_gemm.triton_mixed_int8_matmul(codes, scales, act_group, parts,
+                                                                                    200, config=config))
+    assert bound(*acts(3, m=9)) is None  # another token count
+
+
 def test_launches_are_prepared_for_compiled_kernels_only():
     _, tensors, meta = packed("w4a16", 40, 256, 128)
     bound = w4a16.BoundTritonW4a16.create(torch.randn(16, 256).half().to(DEVICE), tensors, meta)

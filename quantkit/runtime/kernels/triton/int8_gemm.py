@@ -277,12 +277,13 @@ def _launch(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, 
 
 
 class BoundTritonInt8:
-    """:func:`triton_int8_matmul` of one layer at one token count, with its launch prepared once
-    (:class:`~quantkit.runtime.kernels.jit.PreparedLaunch`): a call checks the codes and scales against the first
-    call's shape, strides and dtype, allocates the output and launches; a call that differs, or one the prepared
-    launch turns down, returns None (the caller then runs :func:`triton_int8_matmul`)."""
+    """:func:`triton_int8_matmul` (or :func:`triton_mixed_int8_matmul`) of one layer at one token count, with its
+    launch prepared once (:class:`~quantkit.runtime.kernels.jit.PreparedLaunch`): a call checks the codes and scales
+    against the first call's shape, strides and dtype, allocates the output and launches; a call that differs, or
+    one the prepared launch turns down, returns None (the caller then runs the unprepared entry)."""
 
     SLOTS = (0, 1, 6)  # the codes', the scales' and the output's positions in the kernel's arguments
+    MIXED_SLOTS = (0, 1, 12)  # the same in the one-launch mixed kernel's
 
     def __init__(self, prepared: PreparedLaunch, a_codes: torch.Tensor, a_scales: torch.Tensor, n: int,
                  out_dtype: torch.dtype):
@@ -303,6 +304,18 @@ class BoundTritonInt8:
         prepared = PreparedLaunch.create(fn, grid, tuple(args), kwargs, cls.SLOTS)
         return None if prepared is None else cls(prepared, a_codes, a_scales, n, out_dtype)
 
+    @classmethod
+    def create_mixed(cls, a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, parts: list,
+                     out_features: int, out_dtype: torch.dtype, config: TileConfig | None = None,
+                     bn_b: int | None = None) -> BoundTritonInt8 | None:
+        """The bound one-launch mixed kernel for activations like these (:func:`triton_mixed_int8_matmul`), or
+        None where launches cannot be prepared here."""
+        out = torch.empty(a_codes.shape[0], out_features, dtype=out_dtype, device=a_codes.device)
+        fn, grid, *args, kwargs = _mixed_launch(a_codes, a_scales, act_group_size, parts, out_features, config, out,
+                                                bn_b)
+        prepared = PreparedLaunch.create(fn, grid, tuple(args), kwargs, cls.MIXED_SLOTS)
+        return None if prepared is None else cls(prepared, a_codes, a_scales, out_features, out_dtype)
+
     def __call__(self, a_codes: torch.Tensor, a_scales: torch.Tensor) -> torch.Tensor | None:
         if ((a_codes.shape, a_codes.stride(), a_codes.dtype) != self.codes
                 or (a_scales.shape, a_scales.stride(), a_scales.dtype) != self.scales):
@@ -321,6 +334,16 @@ def triton_mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_
     (the 4-bit one, whichever order ``parts`` has), the rest the second, and each epilogue scatters into its rows
     (int32 [N_part] output indices). ``bn_b``: rows per program of the second partition (default
     :func:`.heuristic.mixed_second_bn`: half of BN for 8-bit rows at small M)."""
+    out = torch.empty(a_codes.shape[0], out_features, dtype=out_dtype, device=a_codes.device) if out is None else out
+    fn, grid, *args, kwargs = _mixed_launch(a_codes, a_scales, act_group_size, parts, out_features, config, out, bn_b)
+    launch_kernel(fn, grid, *args, **kwargs)
+    return out
+
+
+def _mixed_launch(a_codes: torch.Tensor, a_scales: torch.Tensor, act_group_size: int, parts: list,
+                  out_features: int, config: TileConfig | None, out: torch.Tensor, bn_b: int | None) -> tuple:
+    """(kernel, grid, *arguments, {constexprs and options}) of :func:`triton_mixed_int8_matmul`'s launch, the codes
+    at argument 0, the scales at 1 and out at 12 (:data:`BoundTritonInt8.MIXED_SLOTS`)."""
     if len(parts) != 2:
         raise ValueError(f"the one-launch mixed kernel takes 2 partitions, got {len(parts)}")
     k = int(parts[0][2]["in_features"])
@@ -340,7 +363,6 @@ def triton_mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_
     if args[0]["mode"] == W8 and args[1]["mode"] != W8:
         args.reverse()  # the wider 8-bit rows go second, where their programs may get fewer rows (bn_b)
     a, b = args
-    out = torch.empty(m, out_features, dtype=out_dtype, device=a_codes.device) if out is None else out
     cfg = config or triton_tile(m, a["n"] + b["n"], k, sms_of(a_codes.device))
     tiles_per_split, split = split_plan(n_tiles, cfg.split_k)
     # the second partition's programs get fewer rows when it has more bytes per row (MixLLM's 8-bit rows next to
@@ -350,11 +372,10 @@ def triton_mixed_int8_matmul(a_codes: torch.Tensor, a_scales: torch.Tensor, act_
     grid = (tiles_a + -(-b["n"] // bn_b), -(-m // cfg.bm), split)
     # split-K slots: [M, out_features] partial sums, partition B's after A's in each row
     ws, tickets = split_workspace(a_codes.device, m * out_features, split, grid[0] * grid[1])
-    launch_kernel(_int8_mixed_kernel, grid, a_codes, a_scales, m, k, a_codes.stride(0), a_scales.stride(0),
-                  act_groups_in_halves(act_group_size, k), a_scales.shape[1], n_tiles, tiles_per_split, out.stride(0),
-                  out_features, out, ws, tickets, tiles_a, a["w"], a["p"], a["cs"], a["cols"], a["n"], a["w_row"],
-                  a["hpg"], a["groups"], b["w"], b["p"], b["cs"], b["cols"], b["n"], b["w_row"], b["hpg"], b["groups"],
-                  MODE_A=a["mode"], HALF_EPI_A=a["half_epi"], MODE_B=b["mode"], HALF_EPI_B=b["half_epi"], BN=cfg.bn,
-                  BN_B=bn_b, BM=cfg.bm, SPLIT_K=split, EVEN_K=k % 256 == 0, USE_ASM=USE_ASM, num_warps=cfg.num_warps,
-                  num_stages=cfg.num_stages)
-    return out
+    return (_int8_mixed_kernel, grid, a_codes, a_scales, m, k, a_codes.stride(0), a_scales.stride(0),
+            act_groups_in_halves(act_group_size, k), a_scales.shape[1], n_tiles, tiles_per_split, out.stride(0),
+            out_features, out, ws, tickets, tiles_a, a["w"], a["p"], a["cs"], a["cols"], a["n"], a["w_row"],
+            a["hpg"], a["groups"], b["w"], b["p"], b["cs"], b["cols"], b["n"], b["w_row"], b["hpg"], b["groups"],
+            dict(MODE_A=a["mode"], HALF_EPI_A=a["half_epi"], MODE_B=b["mode"], HALF_EPI_B=b["half_epi"], BN=cfg.bn,
+                 BN_B=bn_b, BM=cfg.bm, SPLIT_K=split, EVEN_K=k % 256 == 0, USE_ASM=USE_ASM,
+                 num_warps=cfg.num_warps, num_stages=cfg.num_stages))

@@ -202,7 +202,8 @@ class QuantLinear(nn.Module):
         # hooks (accelerate's offload) swap buffers in _buffers without going through setattr, and a prepared launch
         # holds the tensors it was made with: addresses that change under it drop the layer's launches for good
         # (keeping them would keep every old copy alive; rebinding each call would cost more than it saves)
-        ptrs = tuple(t.data_ptr() for t in self.buffers())  # a mixed layer's partitions are in child modules
+        holders = [self] + [self._holder(h) for h, *_ in self._parts if h]  # a mixed layer's partitions: children
+        ptrs = tuple(t.data_ptr() for m in holders for t in m._buffers.values() if t is not None)
         last = self.__dict__.get("_launch_ptrs")
         if ptrs != last:
             self._launches.clear()

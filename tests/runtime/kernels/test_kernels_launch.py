@@ -160,6 +160,34 @@ def test_bound_mixed_launch_gives_the_unbound_bits(layouts, act_group, config):
     assert bound(*acts(3, m=9)) is None  # another token count
 
 
+@pytest.mark.skipif(not CUDA, reason="prepared launches exist for compiled kernels only")
+@pytest.mark.parametrize("m", [1, 4, 16, 100, 512])
+def test_a_bound_mixed_layer_gives_the_registry_kernels_bits_at_every_size(m):
+    """``gemm.bind_int8`` over two partitions (what a mixed QuantLinear prepares): the A8 GEMV at decode sizes, the
+    Triton one-launch kernel above, the TMA kernel over the int8 operand from 512 tokens — each the bits of
+    ``mixed_int8_matmul`` for the same call."""
+    from quantkit.quant.act import quantize_activation_int
+    from quantkit.runtime.kernels import gemm
+
+    rows8 = torch.arange(0, 4096, 10, dtype=torch.int32)
+    rows4 = torch.tensor(sorted(set(range(4096)) - set(rows8.tolist())), dtype=torch.int32)
+    parts = []
+    for layout, rows in (("w4a16", rows4), ("w8", rows8)):
+        _, tensors, meta = packed(layout, len(rows), 1024, 128, seed=len(rows))
+        parts.append((layout, tensors, meta, rows.to(DEVICE)))
+
+    def acts(seed):
+        codes, scales = quantize_activation_int(torch.randn(m, 1024, generator=torch.Generator().manual_seed(seed)),
+                                                8, 128)
+        return codes.to(DEVICE), scales.float().to(DEVICE)
+
+    bound = gemm.bind_int8(*acts(0), 128, parts, 4096, torch.float16)
+    assert bound is not None
+    for seed in (1, 2):
+        codes, scales = acts(seed)
+        assert torch.equal(bound(codes, scales), gemm.mixed_int8_matmul(codes, scales, 128, parts, 4096))
+
+
 def test_launches_are_prepared_for_compiled_kernels_only():
     _, tensors, meta = packed("w4a16", 40, 256, 128)
     bound = w4a16.BoundTritonW4a16.create(torch.randn(16, 256).half().to(DEVICE), tensors, meta)

@@ -51,6 +51,15 @@ def _ids(vocab: int) -> torch.Tensor:
     return torch.randint(0, vocab, (2, 29), generator=torch.Generator().manual_seed(1))
 
 
+def _fake_quant_logits(model_dir, recipe: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token ids, the logits of the model quantized in place by ``recipe``) — what a packed checkpoint must give."""
+    ids = _ids(len(shipped_tokenizer()))
+    loaded = load_model(str(model_dir), device="cpu")
+    quantize_model(loaded.model, loaded.tokenizer, load_recipe(recipe), device="cpu")
+    with torch.no_grad():
+        return ids, loaded.model(ids).logits
+
+
 def test_the_head_is_quantized_by_rtn_and_the_embeddings_are_untouched(tied_dir, tmp_path):
     loaded = load_model(str(tied_dir), device="cpu")
     model = loaded.model
@@ -68,11 +77,7 @@ def test_the_head_is_quantized_by_rtn_and_the_embeddings_are_untouched(tied_dir,
 @pytest.mark.parametrize("base", ["rtn-w4a16-g128", "lqq-w4a8-rtn", "gptq-w4a16-g128"])
 def test_a_packed_quantized_head_gives_the_fake_quant_logits(tied_dir, tmp_path, base):
     recipe = _recipe(tmp_path, base)
-    ids = _ids(len(shipped_tokenizer()))
-    loaded = load_model(str(tied_dir), device="cpu")
-    quantize_model(loaded.model, loaded.tokenizer, load_recipe(recipe), device="cpu")
-    with torch.no_grad():
-        want = loaded.model(ids).logits
+    ids, want = _fake_quant_logits(tied_dir, recipe)
     out = tmp_path / "out"
     summary = run_pack(str(tied_dir), recipe, str(out), **FAST)
     manifest = read_manifest(out)
@@ -117,11 +122,7 @@ def test_engine_exports_mark_the_quantized_head_for_vllm(tied_dir, tmp_path, bas
     """GPTQ and AWQ checkpoints hold the head in their own layout and say so in quantization_config (``lm_head``,
     the key vLLM and GPTQModel read); quantkit loads them to the fake-quant logits."""
     recipe = _recipe(tmp_path, base)
-    ids = _ids(len(shipped_tokenizer()))
-    loaded = load_model(str(tied_dir), device="cpu")
-    quantize_model(loaded.model, loaded.tokenizer, load_recipe(recipe), device="cpu")
-    with torch.no_grad():
-        want = loaded.model(ids).logits
+    ids, want = _fake_quant_logits(tied_dir, recipe)
     out, said = tmp_path / export, []
     run_pack(str(tied_dir), recipe, str(out), export=export, warn=said.append, **FAST)
     qc = json.loads((out / "config.json").read_text())["quantization_config"]

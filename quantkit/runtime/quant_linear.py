@@ -103,6 +103,9 @@ class QuantLinear(nn.Module):
             for tname, t in p.tensors.items():
                 holder.register_buffer(tname, t)
             self._parts.append((holder_name, p.layout, dict(p.meta), int(p.bits)))
+        # a mixed layer's partition holders, whose buffers a prepared launch reads too (_bound_forward); not self: a
+        # reference cycle would keep a replaced layer's tensors alive until the garbage collector runs
+        self.__dict__["_part_holders"] = tuple(self._holder(h) for h, *_ in self._parts if h)
         if mixed and covered != self.out_features:
             raise ValueError(f"partitions cover {covered} output rows, the linear has {self.out_features}")
         if bias is not None:
@@ -202,8 +205,7 @@ class QuantLinear(nn.Module):
         # hooks (accelerate's offload) swap buffers in _buffers without going through setattr, and a prepared launch
         # holds the tensors it was made with: addresses that change under it drop the layer's launches for good
         # (keeping them would keep every old copy alive; rebinding each call would cost more than it saves)
-        holders = [self] + [self._holder(h) for h, *_ in self._parts if h]  # a mixed layer's partitions: children
-        ptrs = tuple(t.data_ptr() for m in holders for t in m._buffers.values() if t is not None)
+        ptrs = tuple(t.data_ptr() for m in (self, *self._part_holders) for t in m._buffers.values() if t is not None)
         last = self.__dict__.get("_launch_ptrs")
         if ptrs != last:
             self._launches.clear()
